@@ -1,0 +1,42 @@
+"""dmscale: Differentiable Model Scaling (DMS, ICML 2024) for PyTorch.
+
+Learn how wide and how deep a network should be under a MACs, parameter or latency budget,
+with one differentiable top-k per structural dimension, then export a smaller model.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> import dmscale as dms
+    >>> net = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(),
+    ...                     nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    >>> x = torch.randn(1, 3, 16, 16)
+    >>> searcher = dms.prepare(net, x, dms.SearchConfig(resource="macs", target=0.5))
+    >>> small = searcher.export()
+    >>> _ = dms.detach(net)
+"""
+
+from ._compat import ensure_torchvision
+from .discover import UnsupportedLayerError, discover
+from .export import StructureError, apply_structure
+from .handlers import Handler, register_handler
+from .masks import detach
+from .resources import count
+from .search import SearchConfig, Searcher, prepare
+from .topk import DifferentiableTopK
+
+__all__ = [
+    "prepare",
+    "SearchConfig",
+    "Searcher",
+    "count",
+    "apply_structure",
+    "detach",
+    "discover",
+    "register_handler",
+    "Handler",
+    "DifferentiableTopK",
+    "UnsupportedLayerError",
+    "StructureError",
+    "ensure_torchvision",
+]
+__version__ = "0.1.0"

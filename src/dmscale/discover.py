@@ -1,0 +1,578 @@
+"""Find a model's structural dimensions by running it once on example inputs.
+
+The :class:`Tracer` runs the model under a ``TorchFunctionMode`` and forward hooks. Handled
+layers (conv, linear, norms, ... see :mod:`dmscale.handlers`) are opaque operations; every
+other torch function is mapped by :mod:`dmscale.rules`. The result, a :class:`SearchSpace`,
+holds:
+
+* width dimensions: sets of channels that must be kept or removed together (a conv's output
+  channels tied through residual adds, SE gates, depthwise convs and norms);
+* depth dimensions: per stage (parent module), the residual blocks ``y = act(x + f(x))``
+  whose branch f can be removed;
+* per handled layer, the dimension slot of each of its input and output channels.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 1))
+    >>> space = discover(net, (torch.randn(1, 3, 8, 8),))
+    >>> [(d.name, d.size) for d in space.width]
+    [('0', 8)]
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from .graph import PIN, Event, Label, LayerRecord, ModuleCall, UnionFind
+from .handlers import Handler, handler_for
+from .rules import _tensors, apply_rule
+
+__all__ = ["discover", "SearchSpace", "WidthDim", "DepthDim", "Block", "Tracer", "UnsupportedLayerError"]
+
+
+class UnsupportedLayerError(ValueError):
+    """A layer with weights that dmscale cannot shrink (no handler registered for its type)."""
+
+
+@dataclass
+class WidthDim:
+    """One searchable width: ``size`` channel slots, owned by the layers in ``producers``."""
+
+    name: str
+    size: int
+    producers: list[str]
+
+
+@dataclass
+class Block:
+    """A residual block ``y = post(x + branch(x))`` whose branch output is ``branch_module``."""
+
+    name: str
+    branch_module: str
+    post_module: str | None = None  # activation module applied after the add, if any
+    post_function: str | None = None  # or activation function name
+
+
+@dataclass
+class DepthDim:
+    """The removable residual blocks of one stage (children of one parent module)."""
+
+    name: str
+    blocks: list[Block]
+    min_keep: int
+
+
+@dataclass
+class LayerSlots:
+    """Per channel of a handled layer: its global slot (index into the concatenated mask of
+    all width dims) or ``-1`` when the channel is fixed."""
+
+    name: str
+    handler: str
+    in_slots: np.ndarray | None
+    out_slots: np.ndarray | None
+    macs: int = 0
+
+
+@dataclass
+class SearchSpace:
+    """Everything discovery found: dims, layers and where their channels live."""
+
+    width: list[WidthDim]
+    depth: list[DepthDim]
+    layers: dict[str, LayerSlots]
+    pinned_reasons: dict[str, str]
+    total_macs: int
+    module_macs: dict[str, int]
+    n_slots: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.n_slots = sum(d.size for d in self.width)
+
+    def slot_offsets(self) -> list[int]:
+        out, acc = [], 0
+        for d in self.width:
+            out.append(acc)
+            acc += d.size
+        return out
+
+    def block_of(self, name: str) -> tuple[int, int] | None:
+        """(depth dim, block) whose block module contains module/param ``name``."""
+        for j, dd in enumerate(self.depth):
+            for i, b in enumerate(dd.blocks):
+                if name == b.name or name.startswith(b.name + "."):
+                    return j, i
+        return None
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, tracer: "Tracer") -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        tr = self.tracer
+        if tr.opaque_depth == 0 and not tr.busy:
+            tr.busy = True
+            try:
+                tr.on_function(getattr(func, "__name__", str(func)), args, kwargs, out)
+            finally:
+                tr.busy = False
+        return out
+
+
+class Tracer:
+    """Records channel labels and residual patterns while a model runs once."""
+
+    def __init__(self, model: nn.Module, exclude: Iterable[str] = ()) -> None:
+        self.model = model
+        self.uf = UnionFind()
+        self.exclude = tuple(exclude)
+        self._info: dict[int, tuple[torch.Tensor, int, Label | None]] = {}
+        self._next_node = 0
+        self.producer: dict[int, Event] = {}
+        self.consumers: dict[int, int] = {}
+        self.calls: list[ModuleCall] = []
+        self.layers: dict[str, LayerRecord] = {}
+        self.produced: list[tuple[str, np.ndarray]] = []
+        self.pin_reasons: dict[int, str] = {}
+        self.opaque_depth = 0
+        self.busy = False
+        self.names = {m: n for n, m in model.named_modules()}
+
+    # ------------------------------------------------------------------ labels and nodes
+    def label_of(self, t: Any) -> Label | None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        entry = self._info.get(id(t))
+        return entry[2] if entry is not None and entry[0] is t else None
+
+    def node_of(self, t: torch.Tensor) -> int:
+        entry = self._info.get(id(t))
+        if entry is not None and entry[0] is t:
+            return entry[1]
+        node = self._new_node()
+        self._info[id(t)] = (t, node, None)
+        return node
+
+    def _new_node(self) -> int:
+        self._next_node += 1
+        return self._next_node
+
+    def set_label(self, t: torch.Tensor, dim: int, ids: np.ndarray) -> None:
+        if dim < 0 or dim >= t.dim() or t.shape[dim] != len(ids):
+            self.pin_ids(ids, "internal: label does not match the tensor shape")
+            return
+        t_node = self._info[id(t)][1] if id(t) in self._info and self._info[id(t)][0] is t else self._new_node()
+        self._info[id(t)] = (t, t_node, Label(dim, ids))
+
+    def pin_ids(self, ids: np.ndarray, reason: str) -> None:
+        for x in ids.tolist():
+            r = self.uf.find(x)
+            if r != PIN:
+                self.pin_reasons.setdefault(r, reason)
+                self.uf.union(r, PIN)
+
+    def pin_label(self, lab: Label | None, reason: str) -> None:
+        if lab is not None:
+            self.pin_ids(lab.ids, reason)
+
+    def take_channel_label(self, lab: Label | None, dim: int, what: str) -> np.ndarray | None:
+        """The ids of ``lab`` if it sits on ``dim``; otherwise pin it and return None."""
+        if lab is None:
+            return None
+        if lab.dim == dim:
+            return lab.ids
+        self.pin_ids(lab.ids, f"{what}: channels on dim {lab.dim}, layer reads dim {dim}")
+        return None
+
+    def produce(self, name: str, n: int) -> np.ndarray:
+        ids = self.uf.new(n)
+        self.produced.append((name, ids))
+        return ids
+
+    def record_layer(self, name: str, handler: str, in_ids: np.ndarray | None, out_ids: np.ndarray | None) -> None:
+        prev = self.layers.get(name)
+        if prev is None:
+            self.layers[name] = LayerRecord(name, handler, in_ids, out_ids)
+            return
+        for ids in (prev.in_ids, prev.out_ids, in_ids, out_ids):  # shared weights: fixed
+            if ids is not None:
+                self.pin_ids(ids, f"layer {name} is called more than once")
+        prev.calls += 1
+
+    # ------------------------------------------------------------------ events
+    def on_function(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
+        outs = _tensors(out)
+        ins = _tensors(args) + _tensors(kwargs)
+        if name == "__setitem__":
+            for t in ins:
+                self.pin_label(self.label_of(t), "in-place item assignment")
+            return
+        if not outs:
+            return
+        in_nodes = [self.node_of(t) for t in ins]
+        if any(self.label_of(t) is not None for t in ins):
+            apply_rule(self, name, args, kwargs, out)
+        self._finish_event(name, ins, in_nodes, outs, None)
+
+    def _finish_event(self, name: str, ins: list[torch.Tensor], in_nodes: list[int], outs: list[torch.Tensor], module: str | None) -> None:
+        for n in in_nodes:
+            self.consumers[n] = self.consumers.get(n, 0) + 1
+        out_nodes = []
+        for t in outs:
+            lab = self.label_of(t)
+            node = self._new_node()
+            self._info[id(t)] = (t, node, lab)
+            out_nodes.append(node)
+        ev = Event(name, in_nodes, out_nodes, module)
+        for n in out_nodes:
+            self.producer[n] = ev
+
+    # ------------------------------------------------------------------ module hooks
+    def _is_opaque(self, name: str, module: nn.Module) -> bool:
+        return self._excluded(name) or handler_for(module) is not None
+
+    def _excluded(self, name: str) -> bool:
+        return any(name == e or name.startswith(e + ".") for e in self.exclude)
+
+    def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.busy:
+            return
+        name = self.names.get(module, "?")
+        if self.opaque_depth > 0:
+            if self._is_opaque(name, module):
+                self.opaque_depth += 1
+            return
+        ins = _tensors(args) + _tensors(kwargs)
+        call = ModuleCall(name, len(self.calls), self.node_of(ins[0]) if ins else None)
+        self.calls.append(call)
+        if self._is_opaque(name, module):
+            self.opaque_depth += 1
+
+    def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        if self.busy:
+            return
+        name = self.names.get(module, "?")
+        if self._is_opaque(name, module):
+            self.opaque_depth -= 1
+            if self.opaque_depth > 0:
+                return
+            self.busy = True
+            try:
+                self._opaque_call(name, module, args, kwargs, out)
+            finally:
+                self.busy = False
+        elif self.opaque_depth > 0:
+            return
+        call = next(c for c in reversed(self.calls) if c.name == name and not c.done)
+        call.done = True
+        call.output_nodes = [self.node_of(t) for t in _tensors(out)]
+
+    def _opaque_call(self, name: str, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        ins = _tensors(args) + _tensors(kwargs)
+        outs = [t for t in _tensors(out) if not any(t is i for i in ins)]
+        in_nodes = [self.node_of(t) for t in ins]
+        for t in outs:
+            self._info.pop(id(t), None)
+        handler = None if self._excluded(name) else handler_for(module)
+        if handler is None:
+            for t in ins:
+                self.pin_label(self.label_of(t), f"excluded module {name}")
+        else:
+            handler.trace(self, name, module, args, out)
+        self._finish_event(name, ins, in_nodes, outs, name)
+
+    @contextlib.contextmanager
+    def hooks(self) -> Iterator[None]:
+        handles = []
+        for m in self.model.modules():
+            handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+            handles.append(m.register_forward_hook(self._post_hook, with_kwargs=True))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def run(self, example_inputs: Any) -> tuple[Any, FlopCounterMode]:
+        args, kwargs = split_inputs(example_inputs)
+        counter = FlopCounterMode(display=False)
+        with counter, self.hooks(), _Mode(self):
+            out = self.model(*args, **kwargs)
+        self.busy = True
+        for t in _tensors(_outputs(out)):
+            self.pin_label(self.label_of(t), "model output")
+        self.busy = False
+        return out, counter
+
+
+def split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
+    """Tensor -> ((t,), {}); tuple/list -> (tuple, {}); dict -> ((), dict)."""
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    raise TypeError(
+        "example_inputs must be a tensor, a tuple of positional inputs or a dict of keyword "
+        f"inputs, got {type(example_inputs).__name__}"
+    )
+
+
+def _outputs(out: Any) -> Any:
+    if isinstance(out, dict):
+        return list(out.values())
+    if hasattr(out, "to_tuple"):
+        return out.to_tuple()
+    return out
+
+
+# ---------------------------------------------------------------------- unsupported layers
+
+
+def check_supported(model: nn.Module, exclude: Iterable[str]) -> None:
+    """Raise for a leaf layer with weights that has no handler and is not excluded."""
+    exclude = tuple(exclude)
+    for name, m in model.named_modules():
+        if any(name == e or name.startswith(e + ".") for e in exclude):
+            continue
+        if handler_for(m) is not None or any(True for _ in m.children()):
+            continue
+        own = [n for n, _ in m.named_parameters(recurse=False)]
+        if own:
+            raise UnsupportedLayerError(
+                f"layer {name!r} ({type(m).__name__}) has weights {own} but dmscale has no "
+                f"handler for {type(m).__name__}, so it cannot be shrunk. Exclude it "
+                f"(SearchConfig(exclude=[{name!r}]) or --exclude {name}) to keep its widths "
+                "fixed, or register a handler with dmscale.register_handler."
+            )
+
+
+# ---------------------------------------------------------------------- depth
+
+
+def find_blocks(tr: Tracer) -> list[tuple[str, Block]]:
+    """Residual blocks: module calls whose output is post(add(input, branch))."""
+    seen_io: set[tuple[int, int]] = set()
+    call_count: dict[str, int] = {}
+    for c in tr.calls:
+        call_count[c.name] = call_count.get(c.name, 0) + 1
+    found: list[tuple[str, Block]] = []
+    modules = dict(tr.model.named_modules())
+    for call in tr.calls:
+        if call.name in ("", "?") or call_count[call.name] != 1 or len(call.output_nodes) != 1:
+            continue
+        if call.input_node is None or tr._is_opaque(call.name, modules[call.name]):
+            continue
+        y = call.output_nodes[0]
+        if (call.input_node, y) in seen_io:
+            continue
+        block = _match_block(tr, call, y, call_count)
+        if block is not None:
+            seen_io.add((call.input_node, y))
+            parent = call.name.rpartition(".")[0]
+            found.append((parent, block))
+    return found
+
+
+_ACTIVATIONS = {"relu", "relu_", "relu6", "silu", "silu_", "gelu", "hardswish", "hardswish_"}
+_ADDS = {"add", "add_", "__add__", "__radd__", "__iadd__"}
+
+
+def _match_block(tr: Tracer, call: ModuleCall, y: int, call_count: dict[str, int]) -> Block | None:
+    inside = lambda c: c.name.startswith(call.name + ".")  # noqa: E731
+    post_module = post_function = None
+    ev = tr.producer.get(y)
+    if ev is None:
+        return None
+    if ev.name not in _ADDS:
+        post = [c for c in tr.calls if inside(c) and c.output_nodes == [y] and c.done]
+        if ev.name in _ACTIVATIONS and len(ev.inputs) == 1:
+            act_input = ev.inputs[0]
+        elif ev.module is not None:
+            return None
+        else:
+            return None
+        modules = dict(tr.model.named_modules())
+        post_call = next((c for c in reversed(post) if c.input_node == act_input), None)
+        if post_call is not None and not any(True for _ in modules[post_call.name].parameters()):
+            post_module = post_call.name
+        else:
+            post_function = ev.name.rstrip("_")
+        ev = tr.producer.get(act_input)
+        if ev is None or ev.name not in _ADDS or tr.consumers.get(act_input, 0) != 1:
+            return None
+    if len(ev.inputs) != 2 or call.input_node not in ev.inputs:
+        return None
+    z = ev.inputs[1] if ev.inputs[0] == call.input_node else ev.inputs[0]
+    if z == call.input_node or tr.consumers.get(z, 0) != 1:
+        return None
+    branch = [c for c in tr.calls if inside(c) and c.output_nodes == [z] and c.done
+              and call_count[c.name] == 1]
+    if not branch:
+        return None
+    return Block(call.name, branch[-1].name, post_module, post_function)
+
+
+# ---------------------------------------------------------------------- search space
+
+
+def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
+             depth: bool | Iterable[str] = True) -> SearchSpace:
+    """Trace ``model`` once (eval mode, no grad) and build its :class:`SearchSpace`.
+
+    Args:
+        exclude: module names (or prefixes) whose widths stay fixed and that are not traced.
+        depth: True to find residual stages automatically, False for none, or an explicit
+            list of stage (parent module) names to search.
+    """
+    exclude = tuple(exclude)
+    check_supported(model, exclude)
+    tr = Tracer(model, exclude)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            _, counter = tr.run(example_inputs)
+    finally:
+        model.train(was_training)
+    module_macs = _module_macs(model, counter)
+    blocks = find_blocks(tr) if depth else []
+    if depth is not True and depth:
+        wanted = set(depth)
+        blocks = [(p, b) for p, b in blocks if p in wanted]
+        missing = wanted - {p for p, _ in blocks}
+        if missing:
+            raise ValueError(f"depth stages {sorted(missing)} have no residual block with an identity shortcut")
+    blocks = [(p, b) for p, b in blocks if not tr._excluded(b.name)]
+    return _build(tr, blocks, module_macs, counter.get_total_flops() // 2)
+
+
+def _module_macs(model: nn.Module, counter: FlopCounterMode) -> dict[str, int]:
+    root = type(model).__name__
+    out: dict[str, int] = {}
+    for key, ops in counter.get_flop_counts().items():
+        if key == root:
+            out[""] = sum(ops.values()) // 2
+        elif key.startswith(root + "."):
+            out[key[len(root) + 1:]] = sum(ops.values()) // 2
+    return out
+
+
+def _build(tr: Tracer, blocks: list[tuple[str, Block]], module_macs: dict[str, int], total_macs: int) -> SearchSpace:
+    uf = tr.uf
+    # second-level union: all channels produced by one layer belong to one dimension
+    dim_uf = UnionFind()
+    root_token: dict[int, int] = {}
+
+    def token(root: int) -> int:
+        if root == PIN:
+            return PIN
+        if root not in root_token:
+            root_token[root] = int(dim_uf.new(1)[0])
+        return root_token[root]
+
+    for _, ids in tr.produced:
+        toks = [token(uf.find(x)) for x in ids.tolist()]
+        for t in toks[1:]:
+            dim_uf.union(toks[0], t)
+    # slots: each element root gets (dim, slot) in order of first production
+    dims: dict[int, WidthDim] = {}
+    slot_of_root: dict[int, tuple[int, int]] = {}
+    reasons: dict[str, str] = {}
+    order: list[int] = []
+    for name, ids in tr.produced:
+        for x in ids.tolist():
+            r = uf.find(x)
+            if r == PIN or r in slot_of_root:
+                continue
+            droot = dim_uf.find(token(r))
+            if droot == PIN:
+                continue
+            if droot not in dims:
+                dims[droot] = WidthDim(name, 0, [])
+                order.append(droot)
+            d = dims[droot]
+            if name not in d.producers:
+                d.producers.append(name)
+            slot_of_root[r] = (droot, d.size)
+            d.size += 1
+    for name, ids in tr.produced:  # report why a producer's channels are fixed
+        r = uf.find(int(ids[0]))
+        if r == PIN or dim_uf.find(token(r)) == PIN:
+            reasons[name] = _pin_reason(tr, ids)
+    width = [dims[r] for r in order]
+    offset = {r: o for r, o in zip(order, np.cumsum([0] + [d.size for d in width[:-1]]).tolist())}
+
+    def slots(ids: np.ndarray | None) -> np.ndarray | None:
+        if ids is None:
+            return None
+        out = np.full(len(ids), -1, dtype=np.int64)
+        for i, x in enumerate(ids.tolist()):
+            r = uf.find(x)
+            if r in slot_of_root:
+                droot, s = slot_of_root[r]
+                out[i] = offset[droot] + s
+        return out
+
+    layers = {
+        name: LayerSlots(name, rec.handler, slots(rec.in_ids), slots(rec.out_ids), module_macs.get(name, 0))
+        for name, rec in tr.layers.items()
+    }
+    depth = _stages(tr.model, blocks)
+    return SearchSpace(width, depth, layers, reasons, total_macs, module_macs)
+
+
+def _stages(model: nn.Module, blocks: list[tuple[str, Block]]) -> list[DepthDim]:
+    """Group blocks into stages: maximal runs of consecutive sibling blocks.
+
+    A sibling that is not a removable block (a strided or widening block) ends a run, so a
+    stage's blocks share one residual stream. A stage keeps at least one block unless a
+    non-removable sibling already keeps the stage alive.
+    """
+    modules = dict(model.named_modules())
+    by_parent: dict[str, list[Block]] = {}
+    for parent, b in blocks:
+        by_parent.setdefault(parent, []).append(b)
+    stages: list[DepthDim] = []
+    for parent, bl in by_parent.items():
+        container = modules[parent] if parent else model
+        children = [parent + "." + n if parent else n for n, _ in container.named_children()]
+        is_block = {b.name: b for b in bl}
+        runs: list[list[Block]] = [[]]
+        for child in children:
+            if child in is_block:
+                runs[-1].append(is_block[child])
+            elif runs[-1]:
+                runs.append([])
+        runs = [r for r in runs if r]
+        whole = len(runs) == 1 and len(runs[0]) == len(children)
+        for r in runs:
+            first, last = r[0].name.rpartition(".")[2], r[-1].name.rpartition(".")[2]
+            name = (parent or "<root>") if len(runs) == 1 else f"{parent}[{first}:{last}]"
+            stages.append(DepthDim(name, r, 1 if whole else 0))
+    return stages
+
+
+def _pin_reason(tr: Tracer, ids: np.ndarray) -> str:
+    for x in ids.tolist():
+        # the reason was stored under the root at the time of pinning; walk the original ids
+        if x in tr.pin_reasons:
+            return tr.pin_reasons[x]
+    for r, why in tr.pin_reasons.items():
+        if tr.uf.find(r) == PIN:
+            return why
+    return "fixed"

@@ -1,0 +1,266 @@
+"""Layer handlers: how a layer maps channel labels, and how it is physically shrunk.
+
+A handler is registered for a module type. During discovery the layer is one opaque
+operation: the handler reads the label of its input, says which channel ids its input and
+output carry, and the tracer does not look inside. At export, ``prune`` slices the weights.
+Users register handlers for their own layers with :func:`register_handler`.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> conv = nn.Conv2d(4, 6, 3)
+    >>> HANDLERS_BY_NAME["conv"].prune(conv, torch.tensor([0, 2]), torch.tensor([1, 3, 5]))
+    >>> tuple(conv.weight.shape), conv.in_channels, conv.out_channels
+    ((3, 2, 3, 3), 2, 3)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from .discover import Tracer
+
+__all__ = [
+    "Handler",
+    "ParamDims",
+    "register_handler",
+    "handler_for",
+    "HANDLERS_BY_NAME",
+]
+
+# param name -> {tensor dim: "in" | "out"}: which channel side each weight dim follows
+ParamDims = dict[str, dict[int, str]]
+
+
+@dataclass
+class Handler:
+    """How one family of layers is traced, costed and shrunk.
+
+    Attributes:
+        name: a short unique name, stored in structure files.
+        trace: ``(tracer, name, module, args, output) -> None``; must call
+            ``tracer.record_layer`` and set the output label.
+        prune: ``(module, in_keep, out_keep) -> None``: slice in place (``None`` = keep all).
+        param_dims: ``module -> ParamDims``: which channel side each parameter dim follows.
+        macs_dims: which sides scale the layer's MACs (("in", "out") for a dense conv,
+            ("out",) for a depthwise conv whose input and output are the same channels).
+            A layer whose MACs scale with "in" mixes its input channels: its input is
+            multiplied by the channel masks during the search.
+        channel_dim: the dim of the layer's first input that holds the channels.
+    """
+
+    name: str
+    trace: Callable[..., None]
+    prune: Callable[[nn.Module, torch.Tensor | None, torch.Tensor | None], None]
+    param_dims: Callable[[nn.Module], ParamDims]
+    macs_dims: Callable[[nn.Module], tuple[str, ...]]
+    channel_dim: int = 1
+
+
+_REGISTRY: list[tuple[type, Handler]] = []
+HANDLERS_BY_NAME: dict[str, Handler] = {}
+
+
+def register_handler(module_type: type, handler: Handler) -> None:
+    """Register ``handler`` for ``module_type`` (and subclasses); later ones win."""
+    _REGISTRY.insert(0, (module_type, handler))
+    HANDLERS_BY_NAME[handler.name] = handler
+
+
+def handler_for(module: nn.Module) -> Handler | None:
+    """The handler of the most recently registered type that ``module`` is an instance of."""
+    for typ, handler in _REGISTRY:
+        if isinstance(module, typ):
+            return handler
+    return None
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _slice_param(module: nn.Module, name: str, dim: int, keep: torch.Tensor | None) -> None:
+    p = getattr(module, name, None)
+    if p is None or keep is None:
+        return
+    data = p.data.index_select(dim, keep.to(p.device)).clone()
+    if isinstance(p, nn.Parameter):
+        setattr(module, name, nn.Parameter(data, requires_grad=p.requires_grad))
+    else:
+        setattr(module, name, data)
+
+
+def _is_depthwise(conv: nn.Module) -> bool:
+    return conv.groups > 1 and conv.groups == conv.in_channels == conv.out_channels
+
+
+# ----------------------------------------------------------------------------- conv
+
+
+def _conv_trace(tr: "Tracer", name: str, m: nn.Module, args: tuple, out: torch.Tensor) -> None:
+    x = args[0]
+    lab = tr.label_of(x)
+    if m.groups == 1:
+        in_ids = tr.take_channel_label(lab, 1, f"input of {name}")
+        out_ids = tr.produce(name, m.out_channels)
+        tr.record_layer(name, "conv", in_ids, out_ids)
+        tr.set_label(out, 1, out_ids)
+    elif _is_depthwise(m) and lab is not None and lab.dim == 1:
+        tr.record_layer(name, "conv", lab.ids, lab.ids)
+        tr.set_label(out, 1, lab.ids)
+    else:  # grouped or channel-multiplier conv: widths fixed (see README)
+        tr.pin_label(lab, f"grouped conv {name} (groups={m.groups})")
+        tr.record_layer(name, "conv", None, None)
+
+
+def _conv_prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tensor | None) -> None:
+    _slice_param(m, "weight", 0, out_keep)
+    _slice_param(m, "bias", 0, out_keep)
+    if _is_depthwise(m):
+        m.in_channels = m.out_channels = m.groups = m.weight.shape[0]
+        return
+    _slice_param(m, "weight", 1, in_keep)
+    m.out_channels = m.weight.shape[0]
+    m.in_channels = m.weight.shape[1] * m.groups
+
+
+def _conv_param_dims(m: nn.Module) -> ParamDims:
+    if _is_depthwise(m):
+        return {"weight": {0: "out"}, "bias": {0: "out"}}
+    return {"weight": {0: "out", 1: "in"}, "bias": {0: "out"}}
+
+
+def _conv_macs_dims(m: nn.Module) -> tuple[str, ...]:
+    return ("out",) if _is_depthwise(m) else ("in", "out")
+
+
+CONV = Handler("conv", _conv_trace, _conv_prune, _conv_param_dims, _conv_macs_dims)
+
+# ----------------------------------------------------------------------------- linear
+
+
+def _linear_trace(tr: "Tracer", name: str, m: nn.Linear, args: tuple, out: torch.Tensor) -> None:
+    x = args[0]
+    in_ids = tr.take_channel_label(tr.label_of(x), x.dim() - 1, f"input of {name}")
+    out_ids = tr.produce(name, m.out_features)
+    tr.record_layer(name, "linear", in_ids, out_ids)
+    tr.set_label(out, out.dim() - 1, out_ids)
+
+
+def _linear_prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tensor | None) -> None:
+    _slice_param(m, "weight", 0, out_keep)
+    _slice_param(m, "bias", 0, out_keep)
+    _slice_param(m, "weight", 1, in_keep)
+    m.out_features, m.in_features = m.weight.shape
+
+
+LINEAR = Handler(
+    "linear",
+    _linear_trace,
+    _linear_prune,
+    lambda m: {"weight": {0: "out", 1: "in"}, "bias": {0: "out"}},
+    lambda m: ("in", "out"),
+    channel_dim=-1,
+)
+
+# ----------------------------------------------------------------------------- norms
+
+
+def _channelwise_trace(kind: str, dim_of: Callable[[torch.Tensor], int]) -> Callable[..., None]:
+    """A layer that acts on each channel of dim ``dim_of(x)`` on its own (BN, per-channel GN)."""
+
+    def trace(tr: "Tracer", name: str, m: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        x = args[0]
+        lab = tr.label_of(x)
+        dim = dim_of(x)
+        if lab is not None and lab.dim == dim and _channelwise_ok(m):
+            tr.record_layer(name, kind, lab.ids, lab.ids)
+            tr.set_label(out, dim, lab.ids)
+        else:
+            tr.pin_label(lab, f"{type(m).__name__} {name} mixes channels")
+            tr.record_layer(name, kind, None, None)
+
+    return trace
+
+
+def _channelwise_ok(m: nn.Module) -> bool:
+    if isinstance(m, nn.GroupNorm):
+        return m.num_groups == m.num_channels
+    return True
+
+
+def _norm_prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tensor | None) -> None:
+    keep = out_keep if out_keep is not None else in_keep
+    if keep is None:
+        return
+    for pname in ("weight", "bias", "running_mean", "running_var"):
+        _slice_param(m, pname, 0, keep)
+    n = int(keep.numel())
+    if isinstance(m, nn.GroupNorm):
+        m.num_groups = m.num_channels = n
+    else:
+        m.num_features = n
+
+
+_NORM_DIMS = lambda m: {"weight": {0: "out"}, "bias": {0: "out"}}  # noqa: E731
+
+BATCHNORM = Handler(
+    "batchnorm", _channelwise_trace("batchnorm", lambda x: 1), _norm_prune, _NORM_DIMS,
+    lambda m: ("out",),
+)
+GROUPNORM = Handler(
+    "groupnorm", _channelwise_trace("groupnorm", lambda x: 1), _norm_prune, _NORM_DIMS,
+    lambda m: ("out",),
+)
+
+
+def _layernorm_trace(tr: "Tracer", name: str, m: nn.LayerNorm, args: tuple, out: torch.Tensor) -> None:
+    x = args[0]
+    lab = tr.label_of(x)
+    n_norm = len(m.normalized_shape)
+    if lab is not None and lab.dim < x.dim() - n_norm:  # normalises other dims only
+        tr.record_layer(name, "layernorm", None, None)
+        tr.set_label(out, lab.dim, lab.ids)
+        return
+    tr.pin_label(lab, f"LayerNorm {name} normalises over the channels")
+    tr.record_layer(name, "layernorm", None, None)
+
+
+LAYERNORM = Handler(
+    "layernorm", _layernorm_trace, lambda m, i, o: None, lambda m: {}, lambda m: (),
+)
+
+# ----------------------------------------------------------------------------- embedding
+
+
+def _embedding_trace(tr: "Tracer", name: str, m: nn.Embedding, args: tuple, out: torch.Tensor) -> None:
+    out_ids = tr.produce(name, m.embedding_dim)
+    tr.record_layer(name, "embedding", None, out_ids)
+    tr.set_label(out, out.dim() - 1, out_ids)
+
+
+def _embedding_prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tensor | None) -> None:
+    _slice_param(m, "weight", 1, out_keep)
+    m.embedding_dim = m.weight.shape[1]
+
+
+EMBEDDING = Handler(
+    "embedding", _embedding_trace, _embedding_prune, lambda m: {"weight": {1: "out"}},
+    lambda m: (), channel_dim=-1,
+)
+
+for _typ, _h in [
+    (nn.Embedding, EMBEDDING),
+    (nn.LayerNorm, LAYERNORM),
+    (nn.GroupNorm, GROUPNORM),
+    (nn.modules.batchnorm._BatchNorm, BATCHNORM),
+    (nn.Linear, LINEAR),
+    (nn.Conv1d, CONV),
+    (nn.Conv2d, CONV),
+    (nn.Conv3d, CONV),
+]:
+    register_handler(_typ, _h)

@@ -1,0 +1,207 @@
+"""Attach masks to a user's model with hooks, and remove them again.
+
+A :class:`Gates` submodule (registered on the model as ``dms_gates``) holds one
+:class:`~dmscale.topk.DifferentiableTopK` per width and depth dimension. Hooks:
+
+* a forward pre-hook on the model computes every dimension's mask once per forward;
+* a forward pre-hook on each layer that consumes searchable channels multiplies its input by
+  the channels' masks, ``X * m`` with m shaped 1xCx1x1 (conv) or C (linear) (paper A.1.1);
+* a forward hook on each removable block's branch multiplies the branch output by the
+  block's depth mask, so the block computes ``post(x + f(x) * m_i)`` (Sec. 3.2).
+
+Masks act on activations only: no weight is changed and no class is swapped. All hooks are
+instances of :class:`DMSHook`, found again by type in :func:`detach`.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> gates = Gates.attach(net, dims=[(8, 1, 1, 1.0)], depth=[], consumers={"2": (-1, torch.arange(8))}, branches={})
+    >>> isinstance(net.dms_gates, Gates)
+    True
+    >>> _ = detach(net)
+    >>> hasattr(net, "dms_gates")
+    False
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from .topk import DifferentiableTopK
+
+__all__ = ["Gates", "DMSHook", "detach", "GATES_NAME"]
+
+GATES_NAME = "dms_gates"
+
+
+class DMSHook:
+    """Base class of every hook dmscale attaches (so that :func:`detach` finds them)."""
+
+
+class _ComputeMasks(DMSHook):
+    def __init__(self, gates: "Gates") -> None:
+        self.gates = gates
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        self.gates.compute()
+
+
+class _MaskInput(DMSHook):
+    """Pre-hook: multiply the layer's first input by the masks of its channels."""
+
+    def __init__(self, gates: "Gates", key: str, dim: int) -> None:
+        self.gates, self.key, self.dim = gates, key, dim
+
+    def __call__(self, module: nn.Module, args: tuple) -> tuple | None:
+        if not args or not self.gates.enabled:
+            return None
+        x = args[0]
+        m = self.gates.channel_mask(self.key)  # (C,)
+        dim = self.dim % x.dim()
+        shape = [1] * x.dim()
+        shape[dim] = m.numel()
+        return (x * m.view(shape).to(x.dtype),) + tuple(args[1:])
+
+
+class _MaskBranch(DMSHook):
+    """Forward hook: multiply a residual branch's output by its block's depth mask."""
+
+    def __init__(self, gates: "Gates", dim: int, block: int) -> None:
+        self.gates, self.dim, self.block = gates, dim, block
+
+    def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        if not self.gates.enabled:
+            return None
+        m = self.gates.depth_mask(self.dim)[self.block]
+        return out * m.to(out.dtype)
+
+
+class Gates(nn.Module):
+    """The structural parameters of one search and the masks they produce."""
+
+    def __init__(self, width: list[DifferentiableTopK], depth: list[DifferentiableTopK]) -> None:
+        super().__init__()
+        self.width = nn.ModuleList(width)
+        self.depth = nn.ModuleList(depth)
+        self.mode = "soft"  # "soft" | "hard"
+        self.enabled = True
+        self.depth_frozen = False  # width-only phase: depth masks hard
+        self._masks: torch.Tensor | None = None
+        self._depth_masks: list[torch.Tensor] | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def attach(
+        cls,
+        model: nn.Module,
+        dims: list[tuple[int, int, int, float]],
+        depth: list[tuple[int, int, int, float]],
+        consumers: dict[str, tuple[int, torch.Tensor]],
+        branches: dict[str, tuple[int, int]],
+        importance: str = "taylor",
+        normalize: bool = True,
+    ) -> "Gates":
+        """Create the gates, register them on ``model`` and attach every hook.
+
+        Args:
+            dims / depth: per dimension ``(size, step, min_keep, temperature)``.
+            consumers: layer name -> (channel dim of its input, global slot per channel,
+                -1 for a fixed channel).
+            branches: module name -> (depth dim, block index).
+        """
+        if hasattr(model, GATES_NAME):
+            raise ValueError(
+                f"model already has a {GATES_NAME!r} submodule: it is prepared for a search "
+                "already; call dmscale.detach(model) first"
+            )
+        make = lambda spec: DifferentiableTopK(  # noqa: E731
+            spec[0], step=spec[1], min_keep=spec[2], temperature=spec[3],
+            importance=importance, normalize=normalize,
+        )
+        gates = cls([make(s) for s in dims], [make(s) for s in depth])
+        model.add_module(GATES_NAME, gates)
+        modules = dict(model.named_modules())
+        model.register_forward_pre_hook(_ComputeMasks(gates))
+        for name, (dim, slots) in consumers.items():
+            key = "idx_" + name.replace(".", "__")
+            gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
+            modules[name].register_forward_pre_hook(_MaskInput(gates, key, dim))
+        for name, (j, i) in branches.items():
+            modules[name].register_forward_hook(_MaskBranch(gates, j, i))
+        return gates
+
+    # ------------------------------------------------------------------ masks
+    def compute(self) -> None:
+        """Compute every mask once for this forward (and hook Taylor importance)."""
+        track = torch.is_grad_enabled() and self.training and self.mode == "soft"
+        parts = [self._mask(t, track) for t in self.width]
+        one = torch.ones(1, device=self._device(), dtype=self._dtype())
+        self._masks = torch.cat(parts + [one]) if parts else one
+        self._depth_masks = [t.hard_mask() if self.depth_frozen else self._mask(t, track)
+                             for t in self.depth]
+
+    def _mask(self, topk: DifferentiableTopK, track: bool) -> torch.Tensor:
+        if self.mode == "hard":
+            return topk.hard_mask()
+        unit = topk.unit_soft_mask()
+        if track and unit.requires_grad:
+            value = unit.detach()
+            unit.register_hook(lambda g, t=topk, v=value: t.update_importance(v, g))
+        return topk.expand(unit)
+
+    def channel_mask(self, key: str) -> torch.Tensor:
+        if self._masks is None:
+            self.compute()
+        return self._masks[getattr(self, key)]
+
+    def depth_mask(self, j: int) -> torch.Tensor:
+        if self._depth_masks is None:
+            self.compute()
+        return self._depth_masks[j]
+
+    def _device(self) -> torch.device:
+        return self.width[0].a.device if len(self.width) else (
+            self.depth[0].a.device if len(self.depth) else torch.device("cpu"))
+
+    def _dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @contextlib.contextmanager
+    def use(self, mode: str | None = None, enabled: bool = True) -> Iterator[None]:
+        """Temporarily switch mask mode ("soft"/"hard") or disable masking."""
+        prev = (self.mode, self.enabled)
+        self.mode = mode or self.mode
+        self.enabled = enabled
+        self._masks = self._depth_masks = None
+        try:
+            yield
+        finally:
+            self.mode, self.enabled = prev
+            self._masks = self._depth_masks = None
+
+
+def _strip_hooks(module: nn.Module) -> None:
+    for attr in ("_forward_pre_hooks", "_forward_hooks"):
+        hooks: dict[int, Any] = getattr(module, attr)
+        for key in [k for k, fn in hooks.items() if isinstance(fn, DMSHook)]:
+            del hooks[key]
+            for extra in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+                          "_forward_hooks_always_called"):
+                getattr(module, extra, {}).pop(key, None)
+
+
+def detach(model: nn.Module) -> nn.Module:
+    """Remove every dmscale hook and the ``dms_gates`` submodule; returns ``model``.
+
+    The model is back to its original modules, state_dict keys and outputs.
+    """
+    for m in model.modules():
+        _strip_hooks(m)
+    if GATES_NAME in model._modules:
+        del model._modules[GATES_NAME]
+    return model

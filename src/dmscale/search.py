@@ -1,0 +1,351 @@
+"""The Searcher: config, resource loss and schedule, hard masks, export and state.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> import dmscale as dms
+    >>> net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    >>> x = torch.randn(2, 16)
+    >>> searcher = dms.prepare(net, x, dms.SearchConfig(resource="params", target=0.5))
+    >>> loss = net(x).pow(2).mean() + searcher.resource_loss(progress=1.0)
+    >>> loss.backward()
+    >>> small = searcher.export()
+    >>> searcher.resources()["hard"] == dms.count(small, x)["params"]
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from .discover import SearchSpace, discover
+from .export import FORMAT, export_model
+from .handlers import handler_for
+from .importance import IMPORTANCE_METRICS
+from .masks import GATES_NAME, Gates
+from .resources import RESOURCES, CostModel
+
+__all__ = ["SearchConfig", "Searcher", "prepare"]
+
+
+@dataclass
+class SearchConfig:
+    """What to search and under which budget.
+
+    Attributes:
+        resource: "macs", "params" or "latency".
+        target: <= 1: a fraction of the supernet's cost; > 1: an absolute count.
+        resource_weight: lambda_resource of Eq. 5.
+        schedule: "exp" (r_t decays from the supernet's cost to the target, Eq. 10) or
+            "constant" (r_t = target from the start).
+        importance: "taylor" (Eq. 4), "snip", "fisher" or "index".
+        normalize: rank-normalise importance (Eq. 2); False is the paper's ablation.
+        width_temperature / depth_temperature: lambda = temperature * N (1 and 4, A.1.1).
+        min_width: smallest width a dimension may keep (x_min, A.1.1).
+        width_step: channels per unit in a coarse search space (1 = fine-grained).
+        dim_overrides: per width-dimension name, {"min": int, "step": int}.
+        search_width: search widths.
+        search_depth: True: every residual stage found; False: none; a list: those stages.
+        exclude: module names (or prefixes) whose widths stay fixed.
+        width_only_from: progress from which depth is frozen at its hard value and only
+            widths are searched (the extra width-only phase of A.1.2); None = never.
+    """
+
+    resource: str = "macs"
+    target: float = 0.5
+    resource_weight: float = 1.0
+    schedule: str = "exp"
+    importance: str = "taylor"
+    normalize: bool = True
+    width_temperature: float = 1.0
+    depth_temperature: float = 4.0
+    min_width: int = 1
+    width_step: int = 1
+    dim_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
+    search_width: bool = True
+    search_depth: bool | list[str] = True
+    exclude: list[str] = field(default_factory=list)
+    width_only_from: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.resource not in RESOURCES:
+            raise ValueError(f"resource must be one of {RESOURCES}, got {self.resource!r}")
+        if not (isinstance(self.target, (int, float)) and self.target > 0 and math.isfinite(self.target)):
+            raise ValueError(f"target must be a positive number (<= 1: fraction, > 1: absolute), got {self.target!r}")
+        if self.resource_weight < 0:
+            raise ValueError(f"resource_weight must be >= 0, got {self.resource_weight}")
+        if self.schedule not in ("exp", "constant"):
+            raise ValueError(f"schedule must be 'exp' or 'constant', got {self.schedule!r}")
+        if self.importance not in IMPORTANCE_METRICS:
+            raise ValueError(f"importance must be one of {sorted(IMPORTANCE_METRICS)}, got {self.importance!r}")
+        if self.min_width < 1:
+            raise ValueError(f"min_width must be >= 1, got {self.min_width}")
+        if self.width_step < 1:
+            raise ValueError(f"width_step must be >= 1, got {self.width_step}")
+        if self.width_temperature <= 0 or self.depth_temperature <= 0:
+            raise ValueError("temperatures must be > 0, got "
+                             f"width={self.width_temperature}, depth={self.depth_temperature}")
+        if self.width_only_from is not None and not 0 <= self.width_only_from <= 1:
+            raise ValueError(f"width_only_from must be in [0, 1] or None, got {self.width_only_from}")
+        if not (self.search_width or self.search_depth):
+            raise ValueError("nothing to search: search_width and search_depth are both off")
+        self.exclude = list(self.exclude)
+
+
+class Searcher:
+    """A DMS search attached to a model. Create it with :func:`prepare`."""
+
+    def __init__(self, model: nn.Module, example_inputs: Any, config: SearchConfig) -> None:
+        self.model = model
+        self.config = config
+        self.example_inputs = example_inputs
+        space = discover(model, example_inputs, config.exclude,
+                         depth=config.search_depth if config.search_depth else False)
+        if not config.search_width:
+            space = _without_width(space)
+        if not space.width and not space.depth:
+            raise ValueError(
+                f"found nothing to search in {type(model).__name__}: every width is fixed "
+                f"({_reasons(space)}) and no residual block has an identity shortcut"
+            )
+        self.space = space
+        self.gates = self._attach(space)
+        self._costs: dict[str, Any] = {}
+        self.supernet_cost = float(self._exact_cost(hard=None))
+        self.target_cost = self._resolve_target()
+
+    # ------------------------------------------------------------------ setup
+    def _attach(self, space: SearchSpace) -> Gates:
+        cfg = self.config
+        dims = []
+        for d in space.width:
+            over = cfg.dim_overrides.get(d.name, {})
+            step = int(over.get("step", cfg.width_step))
+            min_keep = min(d.size, int(over.get("min", cfg.min_width)))
+            dims.append((d.size, step, min_keep, cfg.width_temperature))
+        depth = [(len(d.blocks), 1, d.min_keep, cfg.depth_temperature) for d in space.depth]
+        modules = dict(self.model.named_modules())
+        consumers = {}
+        for name, layer in space.layers.items():
+            handler = handler_for(modules[name])
+            if layer.in_slots is None or (layer.in_slots < 0).all():
+                continue
+            if "in" in handler.macs_dims(modules[name]):
+                consumers[name] = (handler.channel_dim, layer.in_slots)
+        branches = {b.branch_module: (j, i) for j, d in enumerate(space.depth) for i, b in enumerate(d.blocks)}
+        return Gates.attach(self.model, dims, depth, consumers, branches,
+                            importance=cfg.importance, normalize=cfg.normalize)
+
+    def _cost_model(self, resource: str | None = None) -> Any:
+        resource = resource or self.config.resource
+        if resource not in self._costs:
+            if resource == "latency":
+                from .latency import LatencyCostModel
+
+                self._costs[resource] = LatencyCostModel(self.model, self.space, self.example_inputs)
+            else:
+                self._costs[resource] = CostModel(self.model, self.space, resource)
+        return self._costs[resource]
+
+    def _resolve_target(self) -> float:
+        t = float(self.config.target)
+        target = t * self.supernet_cost if t <= 1 else t
+        low, high = self.profile()["min"], self.profile()["max"]
+        if not low - 1e-9 <= target <= high + 1e-9:
+            raise ValueError(
+                f"target {self.config.resource} = {target:,.0f} is outside what this search "
+                f"space can reach: [{low:,.0f} (smallest), {high:,.0f} (supernet)]"
+            )
+        return target
+
+    # ------------------------------------------------------------------ masks
+    def _masks(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(width mask with trailing 1, flat depth mask) of kind "soft", "hard", "open", "min"."""
+        def pick(t: Any) -> torch.Tensor:
+            if kind == "soft":
+                return t.soft_mask()
+            if kind == "hard":
+                return t.hard_mask()
+            m = torch.ones(t.size, dtype=torch.float32, device=t.a.device)
+            if kind == "min":
+                keep = min(t.size, t.min_units * t.step)
+                m[keep:] = 0.0
+            return m
+
+        g = self.gates
+        one = torch.ones(1, device=self._device())
+        width = torch.cat([pick(t) for t in g.width] + [one])
+        depth_frozen = self._depth_frozen and kind == "soft"
+        depth_parts = [t.hard_mask() if depth_frozen else pick(t) for t in g.depth]
+        depth = torch.cat(depth_parts) if depth_parts else torch.zeros(0, device=self._device())
+        return width, depth
+
+    _depth_frozen = False
+
+    def _device(self) -> torch.device:
+        return next(self.gates.parameters()).device
+
+    def _exact_cost(self, hard: str | None, resource: str | None = None) -> float:
+        kind = "open" if hard is None else hard
+        with torch.no_grad():
+            w, d = self._masks(kind)
+            return float(self._cost_model(resource)(w, d))
+
+    # ------------------------------------------------------------------ public API
+    def model_parameters(self) -> Iterator[nn.Parameter]:
+        """The model's own parameters (everything but the structural ones)."""
+        for name, p in self.model.named_parameters():
+            if not name.startswith(GATES_NAME + "."):
+                yield p
+
+    def structure_parameters(self) -> Iterator[nn.Parameter]:
+        """The learnable pruning ratios ``a``, one per dimension."""
+        return iter([t.a for t in list(self.gates.width) + list(self.gates.depth)])
+
+    def target_at(self, progress: float) -> float:
+        """r_t at ``progress`` in [0, 1] (Eq. 10, or constant)."""
+        p = min(max(float(progress), 0.0), 1.0)
+        if self.config.schedule == "constant":
+            return self.target_cost
+        ratio = self.target_cost / self.supernet_cost
+        return ratio**p * self.supernet_cost
+
+    def soft_cost(self) -> torch.Tensor:
+        """r_c from the current soft masks (differentiable in every ``a``)."""
+        w, d = self._masks("soft")
+        return self._cost_model()(w, d)
+
+    def resource_loss(self, progress: float = 1.0) -> torch.Tensor:
+        """``resource_weight * log(r_c / r_t)`` when r_c > r_t, else 0 (Eq. 6).
+
+        From ``width_only_from`` on, depth masks are frozen at their hard values.
+        """
+        frozen = self.config.width_only_from is not None and progress >= self.config.width_only_from
+        self.freeze_depth(frozen)
+        r_c = self.soft_cost()
+        r_t = self.target_at(progress)
+        if float(r_c) <= r_t:
+            return r_c.new_zeros(()).float()
+        return (self.config.resource_weight * torch.log(r_c / r_t)).float()
+
+    def freeze_depth(self, frozen: bool = True) -> None:
+        """Fix depth at its hard value (width-only phase): hard depth masks, no gradient."""
+        self._depth_frozen = frozen
+        self.gates.depth_frozen = frozen
+        for t in self.gates.depth:
+            t.a.requires_grad_(not frozen)
+
+    def resources(self) -> dict[str, Any]:
+        """Soft and hard cost now, the final target and the supernet's cost."""
+        with torch.no_grad():
+            soft = float(self.soft_cost())
+        return {
+            "resource": self.config.resource,
+            "soft": soft,
+            "hard": self._exact_cost("hard"),
+            "target": self.target_cost,
+            "supernet": self.supernet_cost,
+        }
+
+    def profile(self) -> dict[str, float]:
+        """Smallest and largest cost this search space can reach."""
+        return {"min": self._exact_cost("min"), "max": self._exact_cost(None)}
+
+    @contextlib.contextmanager
+    def hardened(self) -> Iterator[nn.Module]:
+        """Run the model with 0/1 masks: exactly the function :meth:`export` computes."""
+        with self.gates.use("hard"):
+            yield self.model
+
+    def structure(self) -> dict[str, Any]:
+        """The found structure as a JSON-able dict (input of :func:`dmscale.apply_structure`)."""
+        with torch.no_grad():
+            width_mask, depth_mask = self._masks("hard")
+        keep = width_mask.cpu().numpy() > 0.5
+        keep_depth = depth_mask.cpu().numpy() > 0.5
+        modules = dict(self.model.named_modules())
+        layers = {}
+        for name, layer in self.space.layers.items():
+            spec_in = _kept(layer.in_slots, keep)
+            spec_out = _kept(layer.out_slots, keep)
+            if spec_in is None and spec_out is None:
+                continue
+            m = modules[name]
+            shapes = {p: list(t.shape) for p, t in m.named_parameters(recurse=False)}
+            layers[name] = {"handler": layer.handler, "in": spec_in, "out": spec_out, "shapes": shapes}
+        removed, depth, k = [], [], 0
+        for d in self.space.depth:
+            kept_blocks = []
+            for b in d.blocks:
+                if keep_depth[k]:
+                    kept_blocks.append(b.name)
+                else:
+                    removed.append({"name": b.name, "post_module": b.post_module, "post_function": b.post_function})
+                k += 1
+            depth.append({"name": d.name, "blocks": [b.name for b in d.blocks], "kept": kept_blocks})
+        width, off = [], 0
+        for d in self.space.width:
+            kept_slots = np.nonzero(keep[off:off + d.size])[0].tolist()
+            width.append({"name": d.name, "size": d.size, "kept": len(kept_slots), "producers": d.producers})
+            off += d.size
+        return {"format": FORMAT, "resource": self.resources(), "width": width, "depth": depth,
+                "layers": layers, "removed_blocks": removed}
+
+    def export(self) -> nn.Module:
+        """A new, physically smaller model computing what :meth:`hardened` computes."""
+        return export_model(self.model, self.structure())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: structural parameters, importance, config, target."""
+        return {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
+                "config": asdict(self.config), "target_cost": self.target_cost,
+                "supernet_cost": self.supernet_cost, "depth_frozen": self._depth_frozen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (same model architecture and config)."""
+        if asdict(self.config) != state["config"]:
+            raise ValueError(f"searcher config differs from the saved one: {state['config']} vs {asdict(self.config)}")
+        self.gates.load_state_dict(state["gates"])
+        self.target_cost = float(state["target_cost"])
+        self.supernet_cost = float(state["supernet_cost"])
+        self.freeze_depth(bool(state.get("depth_frozen", False)))
+
+
+def _kept(slots: np.ndarray | None, keep: np.ndarray) -> list[int] | None:
+    if slots is None or (slots < 0).all():
+        return None
+    mask = (slots < 0) | keep[np.where(slots < 0, 0, slots)]
+    return None if mask.all() else np.nonzero(mask)[0].tolist()
+
+
+def _without_width(space: SearchSpace) -> SearchSpace:
+    layers = {n: type(l)(l.name, l.handler, None, None, l.macs) for n, l in space.layers.items()}
+    return SearchSpace([], space.depth, layers, space.pinned_reasons, space.total_macs, space.module_macs)
+
+
+def _reasons(space: SearchSpace) -> str:
+    items = list(space.pinned_reasons.items())[:3]
+    return "; ".join(f"{k}: {v}" for k, v in items) or "no layer with searchable channels"
+
+
+def prepare(model: nn.Module, example_inputs: Any, config: SearchConfig | None = None) -> Searcher:
+    """Attach a DMS search to ``model`` in place (hooks + a ``dms_gates`` submodule).
+
+    On any error the model is left as it was.
+    """
+    config = config or SearchConfig()
+    try:
+        return Searcher(model, example_inputs, config)
+    except Exception:
+        from .masks import detach
+
+        if GATES_NAME in model._modules:
+            detach(model)
+        raise

@@ -1,0 +1,174 @@
+"""The differentiable top-k operator of DMS (paper Sec. 3.1, Eq. 1-3, App. A.1.1).
+
+One :class:`DifferentiableTopK` models one structural hyperparameter k (a width, a number of
+heads, a number of blocks) out of N elements with a single learnable pruning ratio ``a``:
+
+* importance normalisation (Eq. 2): ``c'_i = #{j : c_i > c_j} / N``, ties broken by index
+  (the lower index counts as more important), so c' is evenly spread on [0, 1);
+* soft mask (Eq. 3): ``m_i = sigmoid(lambda * (c'_i - a))`` with lambda = N for widths and
+  4N for depths and heads; ``dm_i/da = -lambda * m_i * (1 - m_i)``;
+* hard count ``k = round((1 - a) * N)``; the hard mask keeps the k highest-ranked elements;
+* a coarse search space (App. A.1.1): ``step`` contiguous elements form one unit that shares
+  one importance and one mask, and ``a`` is clamped to ``[0, 1 - n_min / N]`` (in units).
+
+Example:
+    >>> import torch
+    >>> from dmscale.topk import DifferentiableTopK
+    >>> topk = DifferentiableTopK(8)
+    >>> with torch.no_grad():
+    ...     _ = topk.a.fill_(0.5)
+    >>> topk.hard_count(), topk.hard_mask().tolist()
+    (4, [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .importance import IMPORTANCE_METRICS, update_importance
+
+__all__ = ["DifferentiableTopK", "normalized_rank"]
+
+
+def normalized_rank(c: torch.Tensor) -> torch.Tensor:
+    """Eq. 2: ``c'_i = (1/N) #{j : c_i > c_j}`` with ties broken deterministically.
+
+    Among equal importances the element with the lower index ranks higher, so an all-zero
+    importance (the start of a search) keeps the first elements.
+
+    Example:
+        >>> normalized_rank(torch.tensor([0.3, 0.1, 0.3, 0.9])).tolist()
+        [0.5, 0.0, 0.25, 0.75]
+    """
+    n = c.numel()
+    # ascending sort of the flipped vector, stable: among ties the higher index comes first
+    order = torch.argsort(c.detach().flip(0), stable=True)
+    original = (n - 1) - order
+    rank = torch.empty(n, dtype=c.dtype, device=c.device)
+    rank[original] = torch.arange(n, dtype=c.dtype, device=c.device)
+    return rank / n
+
+
+class DifferentiableTopK(nn.Module):
+    """A learnable top-k over ``size`` elements (grouped in units of ``step``).
+
+    Args:
+        size: number of elements N (channels, heads, blocks).
+        step: elements per unit; units share importance and mask (coarse search space).
+        min_keep: smallest number of elements the search may keep (x_min); rounded up to units.
+        temperature: lambda multiplier, lambda = temperature * n_units (1 for width, 4 for
+            depth and heads, paper A.1.1).
+        importance: "taylor" (default), "snip", "fisher" or "index".
+        normalize: rank-normalise importance (Eq. 2); False is the paper's ablation c' = c.
+        decay: moving-average decay of the importance (0.99, Eq. 4).
+    """
+
+    def __init__(
+        self,
+        size: int,
+        step: int = 1,
+        min_keep: int = 1,
+        temperature: float = 1.0,
+        importance: str = "taylor",
+        normalize: bool = True,
+        decay: float = 0.99,
+    ) -> None:
+        super().__init__()
+        if size < 1:
+            raise ValueError(f"DifferentiableTopK needs size >= 1, got {size}")
+        if step < 1:
+            raise ValueError(f"step must be >= 1, got {step}")
+        if not 0 <= min_keep <= size:
+            raise ValueError(f"min_keep must be in [0, {size}], got {min_keep}")
+        if importance not in IMPORTANCE_METRICS:
+            raise ValueError(
+                f"importance must be one of {sorted(IMPORTANCE_METRICS)}, got {importance!r}"
+            )
+        self.size = int(size)
+        self.step = int(step)
+        self.n_units = math.ceil(size / step)
+        self.min_units = math.ceil(min_keep / step) if min_keep else 0
+        self.temperature = float(temperature)
+        self.metric = importance
+        self.normalize = bool(normalize)
+        self.decay = float(decay)
+        self.a = nn.Parameter(torch.zeros(()))
+        init = torch.zeros(self.n_units)
+        if importance == "index":  # static: earlier units are more important
+            init = torch.arange(self.n_units, 0, -1, dtype=torch.float32)
+        self.register_buffer("importance", init)
+        # unit -> element expansion; the last unit may be shorter than `step`
+        unit_of = torch.arange(size) // step
+        self.register_buffer("unit_of_element", unit_of, persistent=False)
+
+    @property
+    def lam(self) -> float:
+        """lambda of Eq. 3: temperature * N (N counted in units)."""
+        return self.temperature * self.n_units
+
+    @property
+    def max_ratio(self) -> float:
+        """Upper bound of ``a``: 1 - n_min / N (in units)."""
+        return 1.0 - self.min_units / self.n_units
+
+    def clamp_(self) -> None:
+        """Project ``a`` into [0, 1 - n_min/N] in place (called before every mask)."""
+        with torch.no_grad():
+            self.a.clamp_(0.0, self.max_ratio)
+
+    def normalized_importance(self) -> torch.Tensor:
+        """c' per unit (Eq. 2), or the raw importance when normalisation is off."""
+        c = self.importance
+        return normalized_rank(c) if self.normalize else c
+
+    def unit_soft_mask(self) -> torch.Tensor:
+        """Eq. 3 per unit: sigmoid(lambda * (c' - a)); differentiable in ``a``."""
+        self.clamp_()
+        c = self.normalized_importance().to(self.a.dtype)
+        return torch.sigmoid(self.lam * (c - self.a))
+
+    def hard_count(self) -> int:
+        """Units kept: k = round((1 - a) * N), at least n_min (Sec. 3.1.1)."""
+        self.clamp_()
+        k = int(torch.round((1.0 - self.a.detach()) * self.n_units).item())
+        return max(self.min_units, min(self.n_units, k))
+
+    def unit_hard_mask(self) -> torch.Tensor:
+        """0/1 per unit: the k highest-ranked units (c > a when normalisation is off)."""
+        if not self.normalize:
+            self.clamp_()
+            return (self.importance > self.a.detach()).to(self.a.dtype)
+        rank = normalized_rank(self.importance) * self.n_units  # 0 = least important
+        k = self.hard_count()
+        return (rank >= self.n_units - k).to(self.a.dtype)
+
+    def expand(self, unit_mask: torch.Tensor) -> torch.Tensor:
+        """Unit mask (n_units,) -> element mask (size,)."""
+        if self.step == 1:
+            return unit_mask
+        return unit_mask[self.unit_of_element]
+
+    def soft_mask(self) -> torch.Tensor:
+        """Element soft mask (size,)."""
+        return self.expand(self.unit_soft_mask())
+
+    def hard_mask(self) -> torch.Tensor:
+        """Element hard mask (size,) with exactly the kept elements at 1."""
+        return self.expand(self.unit_hard_mask())
+
+    def kept_elements(self) -> list[int]:
+        """Indices of the elements the hard mask keeps."""
+        return torch.nonzero(self.hard_mask() > 0.5).flatten().tolist()
+
+    def update_importance(self, unit_mask: torch.Tensor, grad: torch.Tensor) -> None:
+        """Moving-average importance update from the task-loss gradient (Eq. 4)."""
+        update_importance(self.importance, unit_mask, grad, self.metric, self.decay)
+
+    def extra_repr(self) -> str:
+        return (
+            f"size={self.size}, step={self.step}, min_units={self.min_units}, "
+            f"lam={self.lam:g}, importance={self.metric}"
+        )

@@ -94,6 +94,17 @@ class Gates(nn.Module):
         self._masks: torch.Tensor | None = None
         self._depth_masks: list[torch.Tensor] | None = None
 
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        """Identity: when the model is an ``nn.Sequential``, the gates are its last child
+        (until :func:`detach`) and must pass the output through unchanged."""
+        return x
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
+        state = self.__dict__.copy()
+        state["_masks"] = state["_depth_masks"] = None
+        return state
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def attach(

@@ -6,8 +6,8 @@ touches (safe: those channels are never searched). Rules only pass a label throu
 function treats every channel on its own, so that removing a channel changes nothing else.
 
 Example:
-    >>> sorted(ELEMENTWISE)[:3]
-    ['__add__', '__and__', '__iadd__']
+    >>> "add_" in ELEMENTWISE and "conv2d" not in RULES
+    True
 """
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ class Searcher:
         self.freeze_depth(frozen)
         r_c = self.soft_cost()
         r_t = self.target_at(progress)
-        if float(r_c) <= r_t:
+        if float(r_c.detach()) <= r_t:
             return r_c.new_zeros(()).float()
         return (self.config.resource_weight * torch.log(r_c / r_t)).float()
 
@@ -257,6 +257,66 @@ class Searcher:
     def profile(self) -> dict[str, float]:
         """Smallest and largest cost this search space can reach."""
         return {"min": self._exact_cost("min"), "max": self._exact_cost(None)}
+
+    def meet_target(self, iterations: int = 40) -> dict[str, float]:
+        """Budget solver: bring the hard structure to the largest cost not above the target.
+
+        The search ends near, not exactly at, r_t. First one common offset is added to every
+        ``a`` (binary search; the hard cost is non-increasing in it), then single units are
+        given back greedily, each time the one that adds the least cost, while the hard cost
+        stays under the target. Returns :meth:`resources` afterwards.
+        """
+        topks = list(self.gates.width) + ([] if self._depth_frozen else list(self.gates.depth))
+        base = [float(t.a.detach()) for t in topks]
+
+        def cost_at(offset: float) -> float:
+            with torch.no_grad():
+                for t, a0 in zip(topks, base):
+                    t.a.fill_(a0 + offset)
+                    t.clamp_()
+            return self._exact_cost("hard")
+
+        lo, hi = -1.0, 1.0  # cost_at(lo) is the largest, cost_at(hi) the smallest
+        if cost_at(lo) <= self.target_cost:
+            hi = lo
+        for _ in range(iterations):
+            if hi - lo < 1e-6:
+                break
+            mid = (lo + hi) / 2
+            if cost_at(mid) <= self.target_cost:
+                hi = mid
+            else:
+                lo = mid
+        cost_at(hi)
+        self._give_back_units(topks)
+        return self.resources()
+
+    def _give_back_units(self, topks: list[Any]) -> None:
+        """Greedy: add one unit to the dim whose unit costs least, while under target."""
+        def set_count(t: Any, k: int) -> None:
+            with torch.no_grad():
+                t.a.fill_(1.0 - (k + 0.25) / t.n_units)  # round((1-a)N) = k, clear of .5
+                t.clamp_()
+
+        current = self._exact_cost("hard")
+        for _ in range(10 * sum(t.n_units for t in topks)):
+            best: tuple[float, Any, int] | None = None
+            for t in topks:
+                k = t.hard_count()
+                if k >= t.n_units:
+                    continue
+                old_a = float(t.a.detach())
+                set_count(t, k + 1)
+                cost = self._exact_cost("hard")
+                with torch.no_grad():
+                    t.a.fill_(old_a)
+                if cost <= self.target_cost and (best is None or cost < best[0]):
+                    best = (cost, t, k + 1)
+            if best is None:
+                break
+            current = best[0]
+            set_count(best[1], best[2])
+        self._last_cost = current
 
     @contextlib.contextmanager
     def hardened(self) -> Iterator[nn.Module]:

@@ -7,6 +7,11 @@ heads, a number of blocks) out of N elements with a single learnable pruning rat
   (the lower index counts as more important), so c' is evenly spread on [0, 1);
 * soft mask (Eq. 3): ``m_i = sigmoid(lambda * (c'_i - a))`` with lambda = N for widths and
   4N for depths and heads; ``dm_i/da = -lambda * m_i * (1 - m_i)``;
+* centring (on by default, ``centered=False`` is Eq. 3 verbatim): c' is taken at the middle
+  of its rank bin, ``c'_i + 1/(2N)``. Eq. 2 puts c' on {0, ..., (N-1)/N} while k = round((1-a)N),
+  so verbatim the soft masks sum to k - 1/2 and a layer at its minimum width (k = 1) is
+  costed at half its size; centred, the soft count equals k and m_i > 0.5 exactly on the
+  kept elements;
 * hard count ``k = round((1 - a) * N)``; the hard mask keeps the k highest-ranked elements;
 * a coarse search space (App. A.1.1): ``step`` contiguous elements form one unit that shares
   one importance and one mask, and ``a`` is clamped to ``[0, 1 - n_min / N]`` (in units).
@@ -30,7 +35,22 @@ from torch import nn
 
 from .importance import IMPORTANCE_METRICS, update_importance
 
-__all__ = ["DifferentiableTopK", "normalized_rank"]
+__all__ = ["DifferentiableTopK", "normalized_rank", "integer_rank"]
+
+
+def integer_rank(c: torch.Tensor) -> torch.Tensor:
+    """``#{j : c_i > c_j}`` as integers (0 = least important), ties broken by index.
+
+    Example:
+        >>> integer_rank(torch.tensor([0.3, 0.1, 0.3, 0.9])).tolist()
+        [2, 0, 1, 3]
+    """
+    n = c.numel()
+    # ascending sort of the flipped vector, stable: among ties the higher index comes first
+    order = torch.argsort(c.detach().flip(0), stable=True)
+    rank = torch.empty(n, dtype=torch.long, device=c.device)
+    rank[(n - 1) - order] = torch.arange(n, device=c.device)
+    return rank
 
 
 def normalized_rank(c: torch.Tensor) -> torch.Tensor:
@@ -43,13 +63,7 @@ def normalized_rank(c: torch.Tensor) -> torch.Tensor:
         >>> normalized_rank(torch.tensor([0.3, 0.1, 0.3, 0.9])).tolist()
         [0.5, 0.0, 0.25, 0.75]
     """
-    n = c.numel()
-    # ascending sort of the flipped vector, stable: among ties the higher index comes first
-    order = torch.argsort(c.detach().flip(0), stable=True)
-    original = (n - 1) - order
-    rank = torch.empty(n, dtype=c.dtype, device=c.device)
-    rank[original] = torch.arange(n, dtype=c.dtype, device=c.device)
-    return rank / n
+    return integer_rank(c).to(c.dtype) / c.numel()
 
 
 class DifferentiableTopK(nn.Module):
@@ -63,6 +77,7 @@ class DifferentiableTopK(nn.Module):
             depth and heads, paper A.1.1).
         importance: "taylor" (default), "snip", "fisher" or "index".
         normalize: rank-normalise importance (Eq. 2); False is the paper's ablation c' = c.
+        centered: shift normalised importance by half a rank bin (see the module docs).
         decay: moving-average decay of the importance (0.99, Eq. 4).
     """
 
@@ -75,6 +90,7 @@ class DifferentiableTopK(nn.Module):
         importance: str = "taylor",
         normalize: bool = True,
         decay: float = 0.99,
+        centered: bool = True,
     ) -> None:
         super().__init__()
         if size < 1:
@@ -83,6 +99,10 @@ class DifferentiableTopK(nn.Module):
             raise ValueError(f"step must be >= 1, got {step}")
         if not 0 <= min_keep <= size:
             raise ValueError(f"min_keep must be in [0, {size}], got {min_keep}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
         if importance not in IMPORTANCE_METRICS:
             raise ValueError(
                 f"importance must be one of {sorted(IMPORTANCE_METRICS)}, got {importance!r}"
@@ -90,10 +110,14 @@ class DifferentiableTopK(nn.Module):
         self.size = int(size)
         self.step = int(step)
         self.n_units = math.ceil(size / step)
-        self.min_units = math.ceil(min_keep / step) if min_keep else 0
+        # fewest units whose smallest choice (the short last unit among them) has min_keep
+        last = size - (self.n_units - 1) * step
+        self.min_units = 0 if min_keep == 0 else (
+            1 if min_keep <= last else 1 + math.ceil((min_keep - last) / step))
         self.temperature = float(temperature)
         self.metric = importance
         self.normalize = bool(normalize)
+        self.centered = bool(centered) and bool(normalize)
         self.decay = float(decay)
         self.a = nn.Parameter(torch.zeros(()))
         init = torch.zeros(self.n_units)
@@ -120,9 +144,11 @@ class DifferentiableTopK(nn.Module):
             self.a.clamp_(0.0, self.max_ratio)
 
     def normalized_importance(self) -> torch.Tensor:
-        """c' per unit (Eq. 2), or the raw importance when normalisation is off."""
+        """c' per unit (Eq. 2, + 1/(2N) when centred), or the raw importance (ablation)."""
         c = self.importance
-        return normalized_rank(c) if self.normalize else c
+        if not self.normalize:
+            return c
+        return normalized_rank(c) + (0.5 / self.n_units if self.centered else 0.0)
 
     def unit_soft_mask(self) -> torch.Tensor:
         """Eq. 3 per unit: sigmoid(lambda * (c' - a)); differentiable in ``a``."""
@@ -131,17 +157,20 @@ class DifferentiableTopK(nn.Module):
         return torch.sigmoid(self.lam * (c - self.a))
 
     def hard_count(self) -> int:
-        """Units kept: k = round((1 - a) * N), at least n_min (Sec. 3.1.1)."""
+        """Units kept: k = round((1 - a) * N), at least n_min (Sec. 3.1.1).
+
+        Without normalisation (ablation) the count is #{c_i > a}, at least n_min.
+        """
         self.clamp_()
-        k = int(torch.round((1.0 - self.a.detach()) * self.n_units).item())
+        if self.normalize:
+            k = int(torch.round((1.0 - self.a.detach()) * self.n_units).item())
+        else:
+            k = int((self.importance > self.a.detach()).sum().item())
         return max(self.min_units, min(self.n_units, k))
 
     def unit_hard_mask(self) -> torch.Tensor:
-        """0/1 per unit: the k highest-ranked units (c > a when normalisation is off)."""
-        if not self.normalize:
-            self.clamp_()
-            return (self.importance > self.a.detach()).to(self.a.dtype)
-        rank = normalized_rank(self.importance) * self.n_units  # 0 = least important
+        """0/1 per unit: the k highest-ranked units (k from :meth:`hard_count`)."""
+        rank = integer_rank(self.importance)  # 0 = least important
         k = self.hard_count()
         return (rank >= self.n_units - k).to(self.a.dtype)
 

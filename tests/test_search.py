@@ -1,0 +1,159 @@
+"""The Searcher: config validation, target bounds, schedule (Eq. 10), loss (Eq. 6), state."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from zoo import ZOO
+
+import dmscale as dms
+from dmscale.tasks.models import SmallCNN
+
+
+def _resnet20():
+    entry = ZOO["resnet20"]
+    return entry.build(), torch.randn(2, *entry.input_shape[1:])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"resource": "flops"}, r"resource must be one of .*got 'flops'"),
+        ({"target": 0}, r"target must be a positive number.*got 0"),
+        ({"target": -1.0}, r"target must be a positive number.*got -1.0"),
+        ({"schedule": "linear"}, r"schedule must be 'exp' or 'constant', got 'linear'"),
+        ({"importance": "l2"}, r"importance must be one of .*got 'l2'"),
+        ({"min_width": 0}, r"min_width must be >= 1, got 0"),
+        ({"width_only_from": 1.5}, r"width_only_from must be in \[0, 1\] or None, got 1.5"),
+        ({"search_width": False, "search_depth": False}, r"nothing to search"),
+    ],
+)
+def test_config_validation(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        dms.SearchConfig(**kwargs)
+
+
+def test_infeasible_target_states_both_bounds_and_leaves_model_untouched():
+    model, x = _resnet20()
+    keys = list(model.state_dict())
+    supernet = dms.count(model, x)["macs"]
+    with pytest.raises(ValueError) as err:
+        dms.prepare(model, x, dms.SearchConfig(target=10.0))  # absolute: 10 MACs
+    msg = str(err.value)
+    assert "smallest" in msg and "supernet" in msg and f"{supernet:,}" in msg
+    assert list(model.state_dict()) == keys and not hasattr(model, "dms_gates")
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+    with pytest.raises(ValueError, match="outside what this search space can reach"):
+        dms.prepare(model, x, dms.SearchConfig(target=float(supernet * 2)))
+
+
+def test_profile_bounds_and_absolute_target():
+    model, x = _resnet20()
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5))
+    prof = searcher.profile()
+    assert prof["max"] == dms.count(model, x)["macs"] == searcher.supernet_cost
+    assert 0 < prof["min"] < 0.1 * prof["max"]
+    dms.detach(model)
+    absolute = dms.prepare(model, x, dms.SearchConfig(target=3_000_000.0))
+    assert absolute.target_cost == 3_000_000.0
+
+
+def test_schedule_matches_eq10_and_constant():
+    model, x = _resnet20()
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.25))
+    rs, rf = searcher.supernet_cost, searcher.target_cost
+    assert rf == pytest.approx(0.25 * rs)
+    for p in (0.0, 0.1, 0.5, 0.9, 1.0):
+        assert searcher.target_at(p) == pytest.approx((rf / rs) ** p * rs)
+    assert searcher.target_at(2.0) == pytest.approx(rf)  # clamped progress
+    searcher.config.schedule = "constant"
+    assert searcher.target_at(0.0) == pytest.approx(rf)
+
+
+def test_resource_loss_eq6_and_it_does_not_feed_importance():
+    model, x = _resnet20()
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5, resource_weight=2.0))
+    model.train()
+    r_c = float(searcher.soft_cost().detach())
+    loss = searcher.resource_loss(progress=1.0)
+    assert float(loss) == pytest.approx(2.0 * math.log(r_c / searcher.target_cost), rel=1e-5)
+    loss.backward()
+    grads = [p.grad for p in searcher.structure_parameters()]
+    assert all(g is not None and float(g) < 0 for g in grads), "loss must push every a up"
+    importance = [t.importance.clone() for t in searcher.gates.width]
+    assert all(float(c.abs().sum()) == 0 for c in importance)  # the resource loss fed nothing
+    assert float(searcher.resource_loss(progress=0.0)) == 0.0  # r_t = supernet cost at start
+
+
+def test_soft_cost_differentiable_in_every_structural_parameter():
+    model, x = _resnet20()
+    for resource in ("macs", "params"):
+        searcher = dms.prepare(model, x, dms.SearchConfig(resource=resource, target=0.5))
+        searcher.soft_cost().backward()
+        for p in searcher.structure_parameters():
+            assert p.grad is not None and float(p.grad) != 0
+        dms.detach(model)
+
+
+def test_width_only_phase_freezes_depth():
+    model, x = _resnet20()
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5, width_only_from=0.5))
+    searcher.resource_loss(progress=0.6).backward()
+    assert all(t.a.grad is None for t in searcher.gates.depth)
+    assert all(t.a.grad is not None for t in searcher.gates.width)
+    searcher.resource_loss(progress=0.1)
+    assert all(t.a.requires_grad for t in searcher.gates.depth)
+
+
+def test_meet_target_lands_just_under_the_target():
+    model, x = _resnet20()
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.4))
+    res = searcher.meet_target()
+    exact = dms.count(searcher.export(), x)["macs"]
+    assert exact == round(res["hard"]) <= searcher.target_cost
+    assert exact >= 0.98 * searcher.target_cost
+
+
+def _search_steps(model, searcher, opt, data, steps, start=0, total=20):
+    model.train()
+    for step in range(start, start + steps):
+        x, y = data[step % len(data)]
+        loss = nn.functional.cross_entropy(model(x), y) + searcher.resource_loss(progress=step / total)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _fresh(seed=0):
+    torch.manual_seed(seed)
+    model = SmallCNN(width=8)
+    x = torch.randn(2, 1, 28, 28)
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.4))
+    opt = torch.optim.SGD([
+        {"params": list(searcher.model_parameters()), "lr": 0.05, "momentum": 0.9},
+        {"params": list(searcher.structure_parameters()), "lr": 0.05, "momentum": 0.9},
+    ])
+    return model, searcher, opt
+
+
+def test_state_dict_round_trip_resumes_to_the_same_structure():
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(5)]
+    model, searcher, opt = _fresh()
+    _search_steps(model, searcher, opt, data, 20)
+    expected = searcher.structure()
+    # same search, interrupted after 8 steps and resumed in a new process-like setup
+    model, searcher, opt = _fresh()
+    _search_steps(model, searcher, opt, data, 8)
+    saved = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+             "search": searcher.state_dict(), "opt": opt.state_dict()}
+    model2, searcher2, opt2 = _fresh(seed=123)  # different init: everything comes from the state
+    model2.load_state_dict(saved["model"])
+    searcher2.load_state_dict(saved["search"])
+    opt2.load_state_dict(saved["opt"])
+    _search_steps(model2, searcher2, opt2, data, 12, start=8)
+    assert searcher2.structure()["layers"] == expected["layers"]
+    assert searcher2.structure()["removed_blocks"] == expected["removed_blocks"]

@@ -39,6 +39,10 @@ from .rules import _tensors, apply_rule
 __all__ = ["discover", "SearchSpace", "WidthDim", "DepthDim", "Block", "Tracer", "UnsupportedLayerError"]
 
 
+_PARAM_VIEWS = {"expand", "expand_as", "to", "type_as", "float", "half", "bfloat16",
+                "contiguous", "clone", "detach", "broadcast_to"}
+
+
 class UnsupportedLayerError(ValueError):
     """A layer with weights that dmscale cannot shrink (no handler registered for its type)."""
 
@@ -50,14 +54,16 @@ class WidthDim:
     name: str
     size: int
     producers: list[str]
+    kind: str = "width"  # "width" or "heads" (heads use the depth temperature, A.1.1)
 
 
 @dataclass
 class Block:
-    """A residual block ``y = post(x + branch(x))`` whose branch output is ``branch_module``."""
+    """A residual block ``y = post(x + f(x))``; a transformer block chains two branches,
+    ``x1 = x + attn(x); y = x1 + mlp(x1)``, and both share the block's depth mask."""
 
     name: str
-    branch_module: str
+    branch_modules: list[str]  # modules whose outputs are the residual branches f_j(x)
     post_module: str | None = None  # activation module applied after the add, if any
     post_function: str | None = None  # or activation function name
 
@@ -81,6 +87,9 @@ class LayerSlots:
     in_slots: np.ndarray | None
     out_slots: np.ndarray | None
     macs: int = 0
+    macs_sides: tuple[str, ...] = ()
+    virtual: bool = False
+    masked_norm: bool = False
 
 
 @dataclass
@@ -93,6 +102,7 @@ class SearchSpace:
     pinned_reasons: dict[str, str]
     total_macs: int
     module_macs: dict[str, int]
+    params: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)  # raw parameters
     n_slots: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +156,10 @@ class Tracer:
         self.calls: list[ModuleCall] = []
         self.layers: dict[str, LayerRecord] = {}
         self.produced: list[tuple[str, np.ndarray]] = []
+        self.produced_kind: dict[str, str] = {}
+        self.param_labels: dict[str, tuple[int, np.ndarray]] = {}
+        self.param_derived: dict[int, tuple[str, int]] = {}  # id(tensor) -> (param, ndim)
+        self.params = {id(p): n for n, p in model.named_parameters()}
         self.pin_reasons: dict[int, str] = {}
         self.opaque_depth = 0
         self.busy = False
@@ -197,15 +211,19 @@ class Tracer:
         self.pin_ids(lab.ids, f"{what}: channels on dim {lab.dim}, layer reads dim {dim}")
         return None
 
-    def produce(self, name: str, n: int) -> np.ndarray:
+    def produce(self, name: str, n: int, kind: str = "width") -> np.ndarray:
         ids = self.uf.new(n)
         self.produced.append((name, ids))
+        self.produced_kind[name] = kind
         return ids
 
-    def record_layer(self, name: str, handler: str, in_ids: np.ndarray | None, out_ids: np.ndarray | None) -> None:
+    def record_layer(self, name: str, handler: str, in_ids: np.ndarray | None, out_ids: np.ndarray | None,
+                     macs_sides: tuple[str, ...] | None = None, virtual: bool = False,
+                     masked_norm: bool = False, macs_override: int | None = None) -> None:
         prev = self.layers.get(name)
         if prev is None:
-            self.layers[name] = LayerRecord(name, handler, in_ids, out_ids)
+            self.layers[name] = LayerRecord(name, handler, in_ids, out_ids, 1, macs_sides, virtual,
+                                            masked_norm, macs_override)
             return
         for ids in (prev.in_ids, prev.out_ids, in_ids, out_ids):  # shared weights: fixed
             if ids is not None:
@@ -225,7 +243,45 @@ class Tracer:
         in_nodes = [self.node_of(t) for t in ins]
         if any(self.label_of(t) is not None for t in ins):
             apply_rule(self, name, args, kwargs, out)
+        elif name in _PARAM_VIEWS and len(outs) == 1 and ins:
+            src = self.param_source(ins[0])
+            if src is not None:
+                self.param_derived[id(outs[0])] = src
         self._finish_event(name, ins, in_nodes, outs, None)
+
+    def virtual_macs(self, name: str, module_macs: dict[str, int]) -> int:
+        """MACs of a virtual record ``<module>.core``: the module's minus its handled children's."""
+        owner = name.rpartition(".")[0]
+        inner = sum(module_macs.get(n, 0) for n, r in self.layers.items()
+                    if not r.virtual and n.startswith(owner + ".") and r.macs_override is None)
+        return module_macs.get(owner, 0) - inner
+
+    def param_source(self, t: Any) -> tuple[str, int] | None:
+        """(parameter name, its ndim) if ``t`` is a model parameter or a view/expand of one."""
+        if not isinstance(t, torch.Tensor):
+            return None
+        if id(t) in self.params and isinstance(t, nn.Parameter):
+            return self.params[id(t)], t.dim()
+        return self.param_derived.get(id(t))
+
+    def label_param(self, t: torch.Tensor, dim: int, ids: np.ndarray) -> bool:
+        """Record that a parameter's ``dim`` (right-aligned with ``t``) carries ``ids``."""
+        src = self.param_source(t)
+        if src is None:
+            return False
+        pname, pdim = src
+        k = dim - (t.dim() - pdim)
+        if k < 0:
+            return False
+        if pname in self.param_labels:
+            prev_dim, prev = self.param_labels[pname]
+            if prev_dim != k or len(prev) != len(ids):
+                self.pin_ids(ids, f"parameter {pname} used with two channel layouts")
+                return True
+            self.uf.union_arrays(prev, ids)
+        else:
+            self.param_labels[pname] = (k, ids)
+        return True
 
     def _finish_event(self, name: str, ins: list[torch.Tensor], in_nodes: list[int], outs: list[torch.Tensor], module: str | None) -> None:
         for n in in_nodes:
@@ -291,7 +347,8 @@ class Tracer:
             for t in ins:
                 self.pin_label(self.label_of(t), f"excluded module {name}")
         else:
-            handler.trace(self, name, module, args, out)
+            call_args = args if args else tuple(v for v in kwargs.values() if isinstance(v, torch.Tensor))[:1]
+            handler.trace(self, name, module, call_args, out)
         self._finish_event(name, ins, in_nodes, outs, name)
 
     @contextlib.contextmanager
@@ -385,7 +442,9 @@ def find_blocks(tr: Tracer) -> list[tuple[str, Block]]:
             seen_io.add((call.input_node, y))
             parent = call.name.rpartition(".")[0]
             found.append((parent, block))
-    return found
+    # a stage of blocks is itself a chain of residual adds: keep the innermost blocks only
+    names = [b.name for _, b in found]
+    return [(p, b) for p, b in found if not any(n.startswith(b.name + ".") for n in names)]
 
 
 _ACTIVATIONS = {"relu", "relu_", "relu6", "silu", "silu_", "gelu", "hardswish", "hardswish_"}
@@ -415,16 +474,31 @@ def _match_block(tr: Tracer, call: ModuleCall, y: int, call_count: dict[str, int
         ev = tr.producer.get(act_input)
         if ev is None or ev.name not in _ADDS or tr.consumers.get(act_input, 0) != 1:
             return None
-    if len(ev.inputs) != 2 or call.input_node not in ev.inputs:
-        return None
-    z = ev.inputs[1] if ev.inputs[0] == call.input_node else ev.inputs[0]
-    if z == call.input_node or tr.consumers.get(z, 0) != 1:
-        return None
-    branch = [c for c in tr.calls if inside(c) and c.output_nodes == [z] and c.done
-              and call_count[c.name] == 1]
-    if not branch:
-        return None
-    return Block(call.name, branch[-1].name, post_module, post_function)
+    branches: list[str] = []
+    for _ in range(4):  # walk back a chain of residual adds to the block's input
+        if ev is None or ev.name not in _ADDS or len(ev.inputs) != 2:
+            return None
+        a, b = ev.inputs
+        if call.input_node in (a, b):
+            z = b if a == call.input_node else a
+            rest = None
+        else:
+            rest_ev = [n for n in (a, b) if tr.producer.get(n) is not None and tr.producer[n].name in _ADDS]
+            if len(rest_ev) != 1:
+                return None
+            rest = rest_ev[0]
+            z = b if a == rest else a
+        if z == call.input_node or tr.consumers.get(z, 0) != 1:
+            return None
+        owner = [c for c in tr.calls if inside(c) and c.output_nodes[:1] == [z] and c.done
+                 and call_count[c.name] == 1]
+        if not owner:
+            return None
+        branches.append(owner[-1].name)
+        if rest is None:
+            return Block(call.name, branches[::-1], post_module, post_function)
+        ev = tr.producer.get(rest)
+    return None
 
 
 # ---------------------------------------------------------------------- search space
@@ -439,6 +513,9 @@ def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
         depth: True to find residual stages automatically, False for none, or an explicit
             list of stage (parent module) names to search.
     """
+    from .attention import register_available
+
+    register_available()
     exclude = tuple(exclude)
     check_supported(model, exclude)
     tr = Tracer(model, exclude)
@@ -474,6 +551,8 @@ def _module_macs(model: nn.Module, counter: FlopCounterMode) -> dict[str, int]:
 
 def _build(tr: Tracer, blocks: list[tuple[str, Block]], module_macs: dict[str, int], total_macs: int) -> SearchSpace:
     uf = tr.uf
+    rec_macs = {n: tr.virtual_macs(n, module_macs) for n, r in tr.layers.items() if r.virtual}
+    rec_macs.update({n: r.macs_override for n, r in tr.layers.items() if r.macs_override is not None})
     # second-level union: all channels produced by one layer belong to one dimension
     dim_uf = UnionFind()
     root_token: dict[int, int] = {}
@@ -503,7 +582,7 @@ def _build(tr: Tracer, blocks: list[tuple[str, Block]], module_macs: dict[str, i
             if droot == PIN:
                 continue
             if droot not in dims:
-                dims[droot] = WidthDim(name, 0, [])
+                dims[droot] = WidthDim(name, 0, [], tr.produced_kind.get(name, "width"))
                 order.append(droot)
             d = dims[droot]
             if name not in d.producers:
@@ -528,12 +607,22 @@ def _build(tr: Tracer, blocks: list[tuple[str, Block]], module_macs: dict[str, i
                 out[i] = offset[droot] + s
         return out
 
+    modules = dict(tr.model.named_modules())
+
+    def sides(rec: LayerRecord) -> tuple[str, ...]:
+        if rec.macs_sides is not None:
+            return rec.macs_sides
+        m = modules[rec.name]
+        return handler_for(m).macs_dims(m)
+
     layers = {
-        name: LayerSlots(name, rec.handler, slots(rec.in_ids), slots(rec.out_ids), module_macs.get(name, 0))
+        name: LayerSlots(name, rec.handler, slots(rec.in_ids), slots(rec.out_ids),
+                         rec_macs.get(name, module_macs.get(name, 0)), sides(rec), rec.virtual, rec.masked_norm)
         for name, rec in tr.layers.items()
     }
+    params = {name: (k, slots(ids)) for name, (k, ids) in tr.param_labels.items()}
     depth = _stages(tr.model, blocks)
-    return SearchSpace(width, depth, layers, reasons, total_macs, module_macs)
+    return SearchSpace(width, depth, layers, reasons, total_macs, module_macs, params)
 
 
 def _stages(model: nn.Module, blocks: list[tuple[str, Block]]) -> list[DepthDim]:

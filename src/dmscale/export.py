@@ -28,7 +28,7 @@ from torch import nn
 from .handlers import HANDLERS_BY_NAME, handler_for
 from .masks import detach
 
-__all__ = ["apply_structure", "export_model", "FORMAT", "StructureError"]
+__all__ = ["apply_structure", "export_model", "FORMAT", "StructureError", "SkipBlock"]
 
 FORMAT = "dmscale.structure/1"
 
@@ -39,6 +39,21 @@ _ACTIVATION_MODULES = {
 
 class StructureError(ValueError):
     """A structure does not fit the model it is applied to."""
+
+
+class SkipBlock(nn.Module):
+    """What a removed residual block becomes: ``post(x)`` (its post-add activation, if any).
+
+    Accepts and ignores the extra arguments the block was called with (attention masks,
+    position embeddings, caches of Hugging Face decoder layers).
+    """
+
+    def __init__(self, post: nn.Module | None = None) -> None:
+        super().__init__()
+        self.post = post
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return x if self.post is None else self.post(x)
 
 
 def _validate(model: nn.Module, structure: dict[str, Any]) -> None:
@@ -64,6 +79,13 @@ def _validate(model: nn.Module, structure: dict[str, Any]) -> None:
                     f"layer {name!r}.{pname}: structure was made for shape {list(shape)}, "
                     f"the model has {actual}"
                 )
+    for pname, spec in structure.get("params", {}).items():
+        try:
+            actual = list(model.get_parameter(pname).shape)
+        except AttributeError:
+            raise StructureError(f"structure slices parameter {pname!r}, which the model does not have") from None
+        if actual != list(spec["shape"]):
+            raise StructureError(f"parameter {pname!r}: structure was made for shape {spec['shape']}, the model has {actual}")
     for block in structure["removed_blocks"]:
         if block["name"] not in modules:
             raise StructureError(f"structure removes block {block['name']!r}, which the model does not have")
@@ -71,10 +93,52 @@ def _validate(model: nn.Module, structure: dict[str, Any]) -> None:
 
 def _replacement(model: nn.Module, block: dict[str, Any]) -> nn.Module:
     if block.get("post_module"):
-        return copy.deepcopy(model.get_submodule(block["post_module"]))
+        return SkipBlock(copy.deepcopy(model.get_submodule(block["post_module"])))
     if block.get("post_function"):
-        return _ACTIVATION_MODULES[block["post_function"]]()
-    return nn.Identity()
+        return SkipBlock(_ACTIVATION_MODULES[block["post_function"]]())
+    return SkipBlock()
+
+
+def _tied_groups(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """(module, attribute) pairs that share one Parameter object (tied weights)."""
+    by_id: dict[int, list[tuple[nn.Module, str]]] = {}
+    for m in model.modules():
+        for name, p in m.named_parameters(recurse=False):
+            by_id.setdefault(id(p), []).append((m, name))
+    return [g for g in by_id.values() if len(g) > 1]
+
+
+def _retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
+    for group in groups:
+        first = getattr(*group[0])
+        for m, name in group[1:]:
+            if getattr(m, name).shape != first.shape:
+                raise StructureError(f"tied weight {name} was pruned to two different shapes")
+            setattr(m, name, first)
+
+
+def _drop_hf_layers(model: nn.Module, removed: list[str]) -> None:
+    """Hugging Face decoder stacks: delete removed layers from the ModuleList and renumber
+    ``layer_idx`` (KV cache slots) and ``config.num_hidden_layers`` so generate() works."""
+    config = getattr(model, "config", None)
+    n_layers = getattr(config, "num_hidden_layers", None)
+    parents = {name.rpartition(".")[0] for name in removed}
+    for parent in parents:
+        stack = model.get_submodule(parent)
+        if not isinstance(stack, nn.ModuleList) or len(stack) != n_layers:
+            continue
+        keep = [i for i, layer in enumerate(stack) if not isinstance(layer, SkipBlock)]
+        layers = [stack[i] for i in keep]
+        for new_idx, layer in enumerate(layers):
+            for sub in layer.modules():
+                if hasattr(sub, "layer_idx"):
+                    sub.layer_idx = new_idx
+        setattr(model.get_submodule(parent.rpartition(".")[0]) if "." in parent else model,
+                parent.rpartition(".")[2], nn.ModuleList(layers))
+        types = getattr(config, "layer_types", None)
+        if isinstance(types, list) and len(types) == n_layers:
+            config.layer_types = [types[i] for i in keep]
+        config.num_hidden_layers = len(layers)
 
 
 def apply_structure(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
@@ -84,6 +148,7 @@ def apply_structure(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
     different size) a :class:`StructureError` names the layer and ``model`` is untouched.
     """
     _validate(model, structure)
+    tied = _tied_groups(model)
     replacements = {b["name"]: _replacement(model, b) for b in structure["removed_blocks"]}
     for name, spec in structure["layers"].items():
         if any(name.startswith(b + ".") for b in replacements):
@@ -92,9 +157,18 @@ def apply_structure(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
         keep_in = None if spec["in"] is None else torch.tensor(spec["in"], dtype=torch.long)
         keep_out = None if spec["out"] is None else torch.tensor(spec["out"], dtype=torch.long)
         HANDLERS_BY_NAME[spec["handler"]].prune(m, keep_in, keep_out)
+    for pname, spec in structure.get("params", {}).items():
+        owner, _, attr = pname.rpartition(".")
+        module = model.get_submodule(owner) if owner else model
+        p = getattr(module, attr)
+        data = p.data.index_select(spec["dim"], torch.tensor(spec["keep"], dtype=torch.long)).clone()
+        setattr(module, attr, nn.Parameter(data, requires_grad=p.requires_grad))
+    _retie(tied)
     for name, new in replacements.items():
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)
+    if replacements:
+        _drop_hf_layers(model, list(replacements))
     return model
 
 

@@ -109,3 +109,7 @@ class LayerRecord:
     in_ids: np.ndarray | None
     out_ids: np.ndarray | None
     calls: int = 1
+    macs_sides: tuple[str, ...] | None = None  # None: ask the handler
+    virtual: bool = False  # a cost term with no module of its own (attention core)
+    masked_norm: bool = False  # a norm whose statistics must use the kept channels only
+    macs_override: int | None = None  # MACs to cost instead of the module's flop count

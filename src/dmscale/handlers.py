@@ -62,20 +62,24 @@ class Handler:
     channel_dim: int = 1
 
 
-_REGISTRY: list[tuple[type, Handler]] = []
+_REGISTRY: list[tuple[type | Callable[[nn.Module], bool], Handler]] = []
 HANDLERS_BY_NAME: dict[str, Handler] = {}
 
 
-def register_handler(module_type: type, handler: Handler) -> None:
-    """Register ``handler`` for ``module_type`` (and subclasses); later ones win."""
+def register_handler(module_type: type | Callable[[nn.Module], bool], handler: Handler) -> None:
+    """Register ``handler`` for ``module_type`` (and subclasses), or for every module a
+    predicate ``module -> bool`` accepts; the most recent registration wins."""
     _REGISTRY.insert(0, (module_type, handler))
     HANDLERS_BY_NAME[handler.name] = handler
 
 
 def handler_for(module: nn.Module) -> Handler | None:
-    """The handler of the most recently registered type that ``module`` is an instance of."""
-    for typ, handler in _REGISTRY:
-        if isinstance(module, typ):
+    """The handler of the most recent registration that matches ``module``."""
+    for key, handler in _REGISTRY:
+        if isinstance(key, type):
+            if isinstance(module, key):
+                return handler
+        elif key(module):
             return handler
     return None
 
@@ -218,21 +222,55 @@ GROUPNORM = Handler(
 )
 
 
-def _layernorm_trace(tr: "Tracer", name: str, m: nn.LayerNorm, args: tuple, out: torch.Tensor) -> None:
-    x = args[0]
-    lab = tr.label_of(x)
-    n_norm = len(m.normalized_shape)
-    if lab is not None and lab.dim < x.dim() - n_norm:  # normalises other dims only
-        tr.record_layer(name, "layernorm", None, None)
-        tr.set_label(out, lab.dim, lab.ids)
+def _norm_last_dim_trace(kind: str) -> Callable[..., None]:
+    """LayerNorm / RMSNorm over the last dim: channel-wise affine, statistics over channels.
+
+    The channels pass through; during the search a hook recomputes the statistics over the
+    kept channels only (``masked_norm``), so hard masks equal the pruned norm exactly.
+    """
+
+    def trace(tr: "Tracer", name: str, m: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        x = args[0]
+        lab = tr.label_of(x)
+        shape = getattr(m, "normalized_shape", None)
+        one_dim = shape is None or len(tuple(shape)) == 1
+        if lab is not None and lab.dim == x.dim() - 1 and one_dim and out.shape == x.shape:
+            tr.record_layer(name, kind, lab.ids, lab.ids, macs_sides=(), masked_norm=True)
+            tr.set_label(out, lab.dim, lab.ids)
+            return
+        tr.pin_label(lab, f"{type(m).__name__} {name} normalises over several dims")
+        tr.record_layer(name, kind, None, None)
+
+    return trace
+
+
+def _last_dim_norm_prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tensor | None) -> None:
+    keep = out_keep if out_keep is not None else in_keep
+    if keep is None:
         return
-    tr.pin_label(lab, f"LayerNorm {name} normalises over the channels")
-    tr.record_layer(name, "layernorm", None, None)
+    _slice_param(m, "weight", 0, keep)
+    _slice_param(m, "bias", 0, keep)
+    if hasattr(m, "normalized_shape"):
+        m.normalized_shape = (int(keep.numel()),)
+    if hasattr(m, "hidden_size"):
+        m.hidden_size = int(keep.numel())
 
 
 LAYERNORM = Handler(
-    "layernorm", _layernorm_trace, lambda m, i, o: None, lambda m: {}, lambda m: (),
+    "layernorm", _norm_last_dim_trace("layernorm"), _last_dim_norm_prune, _NORM_DIMS, lambda m: (),
+    channel_dim=-1,
 )
+RMSNORM = Handler(
+    "rmsnorm", _norm_last_dim_trace("rmsnorm"), _last_dim_norm_prune, lambda m: {"weight": {0: "out"}},
+    lambda m: (), channel_dim=-1,
+)
+
+
+def _is_rmsnorm(m: nn.Module) -> bool:
+    """torch.nn.RMSNorm and the Hugging Face *RMSNorm classes (weight over the last dim)."""
+    w = getattr(m, "weight", None)
+    return type(m).__name__.endswith("RMSNorm") and isinstance(w, torch.Tensor) and w.dim() == 1
+
 
 # ----------------------------------------------------------------------------- embedding
 
@@ -254,6 +292,7 @@ EMBEDDING = Handler(
 )
 
 for _typ, _h in [
+    (_is_rmsnorm, RMSNORM),
     (nn.Embedding, EMBEDDING),
     (nn.LayerNorm, LAYERNORM),
     (nn.GroupNorm, GROUPNORM),

@@ -68,17 +68,53 @@ class _MaskInput(DMSHook):
         return (x * m.view(shape).to(x.dtype),) + tuple(args[1:])
 
 
+class _MaskedNorm(DMSHook):
+    """Forward hook on a LayerNorm/RMSNorm over channels: recompute the output with mean and
+    variance taken over the kept channels only (weighted by their masks), so that hard masks
+    give exactly the norm of the pruned model."""
+
+    def __init__(self, gates: "Gates", key: str) -> None:
+        self.gates, self.key = gates, key
+
+    def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        if not self.gates.enabled:
+            return None
+        x = args[0]
+        m = self.gates.channel_mask(self.key).to(torch.float32)  # (C,)
+        xf = x.to(torch.float32)
+        total = m.sum().clamp_min(1e-6)
+        eps = getattr(module, "eps", None)
+        eps = getattr(module, "variance_epsilon", 1e-6) if eps is None else eps
+        eps = torch.finfo(torch.float32).eps if eps is None else eps
+        if isinstance(module, nn.LayerNorm):
+            mean = (xf * m).sum(-1, keepdim=True) / total
+            var = (((xf - mean) ** 2) * m).sum(-1, keepdim=True) / total
+            y = (xf - mean) * torch.rsqrt(var + eps)
+        else:  # RMSNorm
+            y = xf * torch.rsqrt((xf * xf * m).sum(-1, keepdim=True) / total + eps)
+        weight = getattr(module, "weight", None)
+        bias = getattr(module, "bias", None)
+        if weight is not None:
+            y = y.to(x.dtype) * weight if not isinstance(module, nn.LayerNorm) else y * weight
+        if isinstance(bias, torch.Tensor):
+            y = y + bias
+        return y.to(out.dtype)
+
+
 class _MaskBranch(DMSHook):
     """Forward hook: multiply a residual branch's output by its block's depth mask."""
 
     def __init__(self, gates: "Gates", dim: int, block: int) -> None:
         self.gates, self.dim, self.block = gates, dim, block
 
-    def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+    def __call__(self, module: nn.Module, args: tuple, out: Any) -> Any:
         if not self.gates.enabled:
             return None
         m = self.gates.depth_mask(self.dim)[self.block]
-        return out * m.to(out.dtype)
+        if isinstance(out, torch.Tensor):
+            return out * m.to(out.dtype)
+        first = out[0]  # (output, attention weights, ...) as Hugging Face attention returns
+        return (first * m.to(first.dtype),) + tuple(out[1:])
 
 
 class Gates(nn.Module):
@@ -116,6 +152,7 @@ class Gates(nn.Module):
         branches: dict[str, tuple[int, int]],
         importance: str = "taylor",
         normalize: bool = True,
+        norms: dict[str, Any] | None = None,
     ) -> "Gates":
         """Create the gates, register them on ``model`` and attach every hook.
 
@@ -142,6 +179,10 @@ class Gates(nn.Module):
             key = "idx_" + name.replace(".", "__")
             gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
             modules[name].register_forward_pre_hook(_MaskInput(gates, key, dim))
+        for name, slots in (norms or {}).items():
+            key = "idx_" + name.replace(".", "__")
+            gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
+            modules[name].register_forward_hook(_MaskedNorm(gates, key))
         for name, (j, i) in branches.items():
             modules[name].register_forward_hook(_MaskBranch(gates, j, i))
         return gates

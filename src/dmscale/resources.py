@@ -147,7 +147,7 @@ class CostModel:
             if layer.macs == 0:
                 continue
             attributed += layer.macs
-            sides = handler_for(modules[name]).macs_dims(modules[name])
+            sides = layer.macs_sides
             f_in = self._group(layer.in_slots) if "in" in sides else -1
             f_out = self._group(layer.out_slots) if "out" in sides else -1
             rows.append((float(layer.macs), f_in, f_out, self._block(name)))
@@ -166,12 +166,16 @@ class CostModel:
         modules = dict(model.named_modules())
         covered: dict[str, tuple[int, int]] = {}
         for name, layer in space.layers.items():
+            if layer.virtual:
+                continue
             module = modules[name]
             for pname, dims in handler_for(module).param_dims(module).items():
                 sides = set(dims.values())
                 f_in = self._group(layer.in_slots) if "in" in sides else -1
                 f_out = self._group(layer.out_slots) if "out" in sides else -1
                 covered[f"{name}.{pname}" if name else pname] = (f_in, f_out)
+        for pname, (_, slots) in space.params.items():
+            covered[pname] = (self._group(slots), -1)
         rows = []
         for pname, p in model.named_parameters():
             if pname.startswith(GATES_NAME + "."):

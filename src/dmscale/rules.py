@@ -114,7 +114,9 @@ def elementwise(tr: "Tracer", name: str, args: tuple, kwargs: dict, out: Any) ->
             continue
         k = d - (n_out - t.dim())
         if 0 <= k < t.dim() and t.shape[k] == y.shape[d] and y.shape[d] > 1:
-            tr.pin_ids(aligned[0][1], f"{name} with an unlabelled {tuple(t.shape)} operand")
+            # a parameter (layer scale, position embedding) is sliced with the channels
+            if not tr.label_param(t, k, aligned[0][1]):
+                tr.pin_ids(aligned[0][1], f"{name} with an unlabelled {tuple(t.shape)} operand")
     ids = aligned[0][1]
     for _, other in aligned[1:]:
         tr.uf.union_arrays(ids, other)
@@ -339,11 +341,12 @@ def cat(tr: "Tracer", name: str, args: tuple, kwargs: dict, out: Any) -> None:
                for t, lab in zip(parts, labs)]
         tr.set_label(out, d, np.concatenate(ids))
         return
-    if any(lab is None for lab in labs):  # unlabelled part next to labelled channels
-        for lab in labs:
-            if lab is not None:
-                tr.pin_ids(lab.ids, f"{name} with an unlabelled part")
-        return
+    ref = next(lab for lab in labs if lab is not None)
+    for t, lab in zip(parts, labs):  # unlabelled part next to labelled channels
+        if lab is None and not tr.label_param(t, ref.dim - (out.dim() - t.dim()) if name != "stack" else ref.dim, ref.ids):
+            tr.pin_ids(ref.ids, f"{name} with an unlabelled part")
+            return
+    labs = [lab for lab in labs if lab is not None]
     first = labs[0].ids
     for lab in labs[1:]:
         tr.uf.union_arrays(first, lab.ids)

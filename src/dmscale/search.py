@@ -129,19 +129,22 @@ class Searcher:
             over = cfg.dim_overrides.get(d.name, {})
             step = int(over.get("step", cfg.width_step))
             min_keep = min(d.size, int(over.get("min", cfg.min_width)))
-            dims.append((d.size, step, min_keep, cfg.width_temperature))
+            temperature = cfg.depth_temperature if d.kind == "heads" else cfg.width_temperature
+            dims.append((d.size, step, min_keep, temperature))
         depth = [(len(d.blocks), 1, d.min_keep, cfg.depth_temperature) for d in space.depth]
         modules = dict(self.model.named_modules())
-        consumers = {}
+        consumers, norms = {}, {}
         for name, layer in space.layers.items():
-            handler = handler_for(modules[name])
-            if layer.in_slots is None or (layer.in_slots < 0).all():
+            if layer.virtual or layer.in_slots is None or (layer.in_slots < 0).all():
                 continue
-            if "in" in handler.macs_dims(modules[name]):
-                consumers[name] = (handler.channel_dim, layer.in_slots)
-        branches = {b.branch_module: (j, i) for j, d in enumerate(space.depth) for i, b in enumerate(d.blocks)}
+            if "in" in layer.macs_sides:
+                consumers[name] = (handler_for(modules[name]).channel_dim, layer.in_slots)
+            elif layer.masked_norm:
+                norms[name] = layer.in_slots
+        branches = {m: (j, i) for j, d in enumerate(space.depth) for i, b in enumerate(d.blocks)
+                    for m in b.branch_modules}
         return Gates.attach(self.model, dims, depth, consumers, branches,
-                            importance=cfg.importance, normalize=cfg.normalize)
+                            importance=cfg.importance, normalize=cfg.normalize, norms=norms)
 
     def _cost_model(self, resource: str | None = None) -> Any:
         resource = resource or self.config.resource
@@ -333,6 +336,8 @@ class Searcher:
         modules = dict(self.model.named_modules())
         layers = {}
         for name, layer in self.space.layers.items():
+            if layer.virtual:
+                continue
             spec_in = _kept(layer.in_slots, keep)
             spec_out = _kept(layer.out_slots, keep)
             if spec_in is None and spec_out is None:
@@ -355,8 +360,14 @@ class Searcher:
             kept_slots = np.nonzero(keep[off:off + d.size])[0].tolist()
             width.append({"name": d.name, "size": d.size, "kept": len(kept_slots), "producers": d.producers})
             off += d.size
+        params = {}
+        for pname, (dim, slots) in self.space.params.items():
+            kept = _kept(slots, keep)
+            if kept is not None:
+                params[pname] = {"dim": dim, "keep": kept,
+                                 "shape": list(self.model.get_parameter(pname).shape)}
         return {"format": FORMAT, "resource": self.resources(), "width": width, "depth": depth,
-                "layers": layers, "removed_blocks": removed}
+                "layers": layers, "params": params, "removed_blocks": removed}
 
     def export(self) -> nn.Module:
         """A new, physically smaller model computing what :meth:`hardened` computes."""
@@ -386,7 +397,8 @@ def _kept(slots: np.ndarray | None, keep: np.ndarray) -> list[int] | None:
 
 
 def _without_width(space: SearchSpace) -> SearchSpace:
-    layers = {n: type(l)(l.name, l.handler, None, None, l.macs) for n, l in space.layers.items()}
+    layers = {n: type(l)(l.name, l.handler, None, None, l.macs, l.macs_sides, l.virtual, l.masked_norm)
+              for n, l in space.layers.items()}
     return SearchSpace([], space.depth, layers, space.pinned_reasons, space.total_macs, space.module_macs)
 
 

@@ -1,0 +1,227 @@
+"""Attention heads: handlers for timm ViT, Hugging Face Llama-family, GPT-2 and BERT attention.
+
+An attention module is one opaque operation. Its heads become one searchable dimension
+named ``<module>.heads`` (lambda = 4N, paper A.1.1) whose element is a key/value group: with
+grouped-query attention (GQA) a unit is one KV head together with its query heads, so every
+remaining KV head keeps the same number of query heads and ``num_key_value_groups`` stays
+valid. The head mask multiplies each head's output before the output projection, which is
+``V' = V m_head`` of the paper (the Q and K masks only rescale scores of heads whose output
+is masked anyway).
+
+What is not searched, and why: the per-head dims (m_qk, m_v). These models derive the
+reshape and the softmax scale from one ``head_dim`` attribute (timm, GPT-2, BERT, Llama), so a
+smaller q/k head dim would change the function (scale) or break the reshape (v), and RoPE
+pairs dims i and i + D/2. Heads, FFN dims, the hidden dim and depth are searched.
+
+Example:
+    >>> import dmscale as dms
+    >>> _ = dms.ensure_torchvision()
+    >>> import timm, torch
+    >>> vit = timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=4)
+    >>> space = dms.discover(vit, torch.randn(1, 3, 32, 32))
+    >>> [d.size for d in space.width if d.name.endswith(".heads")][:2]
+    [3, 3]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._compat import ensure_torchvision
+from .handlers import Handler, _slice_param, handler_for, register_handler
+
+if TYPE_CHECKING:
+    from .discover import Tracer
+
+__all__ = ["AttentionSpec", "attention_handler", "CONV1D"]
+
+
+@dataclass
+class AttentionSpec:
+    """Where an attention module keeps its projections and head counts.
+
+    Attributes:
+        name: handler name (stored in structure files).
+        q, k, v: child names of separate projections, or None with ``qkv``.
+        qkv: child name of a fused projection laid out as (3, heads, head_dim).
+        o: child name of the output projection, None when the module returns the heads'
+            concatenated outputs (BERT: the projection lives in a sibling module).
+        heads: ``module -> (num_heads, num_kv_heads, head_dim)``.
+        update: ``(module, kept_units) -> None``: fix head-count attributes after pruning.
+    """
+
+    name: str
+    q: str | None
+    k: str | None
+    v: str | None
+    qkv: str | None
+    o: str | None
+    heads: Callable[[nn.Module], tuple[int, int, int]]
+    update: Callable[[nn.Module, int], None]
+
+
+def _first_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    for key in ("hidden_states", "x", "query"):
+        if isinstance(kwargs.get(key), torch.Tensor):
+            return kwargs[key]
+    return next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
+
+
+def _first_output(out: Any) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def attention_handler(spec: AttentionSpec) -> Handler:
+    """A :class:`Handler` for attention modules described by ``spec``."""
+
+    def trace(tr: "Tracer", name: str, m: nn.Module, args: tuple, out: Any, kwargs: dict | None = None) -> None:
+        x = _first_input(args, kwargs or {})
+        y = _first_output(out)
+        in_ids = tr.take_channel_label(tr.label_of(x), x.dim() - 1, f"input of {name}")
+        n_heads, n_kv, d = spec.heads(m)
+        group = n_heads // n_kv
+        units = tr.produce(name + ".heads", n_kv, kind="heads")
+        q_ids, kv_ids = np.repeat(units, group * d), np.repeat(units, d)
+
+        def child(attr: str | None, ins: np.ndarray | None, outs: np.ndarray | None) -> None:
+            if attr is None:
+                return
+            full = f"{name}.{attr}"
+            tr.record_layer(full, handler_for(m.get_submodule(attr)).name, ins, outs)
+
+        if spec.qkv is not None:
+            child(spec.qkv, in_ids, np.concatenate([q_ids, kv_ids, kv_ids]))
+        else:
+            child(spec.q, in_ids, q_ids)
+            child(spec.k, in_ids, kv_ids)
+            child(spec.v, in_ids, kv_ids)
+        # QK^T and AV: MACs proportional to the number of heads kept
+        tr.record_layer(name + ".core", "attention_core", units, None, macs_sides=("in",), virtual=True)
+        tr.record_layer(name, spec.name, units, None, macs_sides=(), macs_override=0)
+        if spec.o is not None:
+            o_mod = m.get_submodule(spec.o)
+            width = o_mod.weight.shape[0] if handler_for(o_mod).name == "linear" else o_mod.weight.shape[1]
+            o_ids = tr.produce(f"{name}.{spec.o}", width)
+            child(spec.o, q_ids, o_ids)
+            tr.set_label(y, y.dim() - 1, o_ids)
+        else:
+            tr.set_label(y, y.dim() - 1, q_ids)
+
+    def prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tensor | None) -> None:
+        if in_keep is not None:
+            spec.update(m, int(in_keep.numel()))
+
+    return Handler(spec.name, trace, prune, lambda m: {}, lambda m: (), channel_dim=-1)
+
+
+# ----------------------------------------------------------------------------- Conv1D (GPT-2)
+
+
+def _conv1d_trace(tr: "Tracer", name: str, m: nn.Module, args: tuple, out: torch.Tensor) -> None:
+    x = args[0]
+    in_ids = tr.take_channel_label(tr.label_of(x), x.dim() - 1, f"input of {name}")
+    out_ids = tr.produce(name, m.weight.shape[1])
+    tr.record_layer(name, "conv1d", in_ids, out_ids)
+    tr.set_label(out, out.dim() - 1, out_ids)
+
+
+def _conv1d_prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tensor | None) -> None:
+    _slice_param(m, "weight", 1, out_keep)  # Hugging Face Conv1D: weight is (in, out)
+    _slice_param(m, "bias", 0, out_keep)
+    _slice_param(m, "weight", 0, in_keep)
+    m.nf = m.weight.shape[1]
+    if hasattr(m, "nx"):
+        m.nx = m.weight.shape[0]
+
+
+CONV1D = Handler(
+    "conv1d", _conv1d_trace, _conv1d_prune, lambda m: {"weight": {1: "out", 0: "in"}, "bias": {0: "out"}},
+    lambda m: ("in", "out"), channel_dim=-1,
+)
+
+# ----------------------------------------------------------------------------- families
+
+
+def _set(**attrs: Callable[[nn.Module, int], int]) -> Callable[[nn.Module, int], None]:
+    def update(m: nn.Module, kept: int) -> None:
+        for attr, fn in attrs.items():
+            setattr(m, attr, fn(m, kept))
+    return update
+
+
+def _hf_qkvo_heads(m: nn.Module) -> tuple[int, int, int]:
+    d = m.head_dim
+    n_heads = m.q_proj.weight.shape[0] // d
+    n_kv = m.k_proj.weight.shape[0] // d
+    return n_heads, n_kv, d
+
+
+def _is_hf_qkvo(m: nn.Module) -> bool:
+    """Hugging Face Llama-family attention: q/k/v/o_proj Linears, head_dim, KV groups."""
+    return all(isinstance(getattr(m, c, None), nn.Linear) for c in ("q_proj", "k_proj", "v_proj", "o_proj")) \
+        and hasattr(m, "head_dim") and hasattr(m, "num_key_value_groups") and type(m).__module__.startswith("transformers")
+
+
+HF_QKVO = AttentionSpec("attn_hf_qkvo", "q_proj", "k_proj", "v_proj", None, "o_proj", _hf_qkvo_heads,
+                        _set())
+
+
+_REGISTERED: set[str] = set()
+
+
+def register_available() -> None:
+    """Register the families whose library the process has imported (no import cost)."""
+    import sys
+
+    if "transformers" in sys.modules and "transformers" not in _REGISTERED:
+        _REGISTERED.add("transformers")
+        _register_transformers()
+    if "timm" in sys.modules and "timm" not in _REGISTERED:
+        _REGISTERED.add("timm")
+        _register_timm()
+
+
+def _register_transformers() -> None:
+    register_handler(_is_hf_qkvo, attention_handler(HF_QKVO))
+    try:
+        from transformers.pytorch_utils import Conv1D
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+        from transformers.models.bert.modeling_bert import BertSelfAttention
+    except Exception:  # transformers missing or incompatible: nothing to register
+        Conv1D = GPT2Attention = BertSelfAttention = None
+    if Conv1D is not None:
+        register_handler(Conv1D, CONV1D)
+        register_handler(
+            lambda m: isinstance(m, GPT2Attention) and not m.is_cross_attention,
+            attention_handler(AttentionSpec(
+                "attn_gpt2", None, None, None, "c_attn", "c_proj",
+                lambda m: (m.num_heads, m.num_heads, m.head_dim),
+                _set(num_heads=lambda m, k: k, embed_dim=lambda m, k: k * m.head_dim,
+                     split_size=lambda m, k: k * m.head_dim))))
+        register_handler(BertSelfAttention, attention_handler(AttentionSpec(
+            "attn_bert", "query", "key", "value", None, None,
+            lambda m: (m.num_attention_heads, m.num_attention_heads, m.attention_head_size),
+            _set(num_attention_heads=lambda m, k: k, all_head_size=lambda m, k: k * m.attention_head_size))))
+
+
+def _register_timm() -> None:
+    try:
+        ensure_torchvision()
+        from timm.layers.attention import Attention as TimmAttention
+    except Exception:
+        TimmAttention = None
+    if TimmAttention is not None:
+        register_handler(
+            lambda m: type(m) is TimmAttention and m.gate is None,
+            attention_handler(AttentionSpec(
+                "attn_timm", None, None, None, "qkv", "proj",
+                lambda m: (m.num_heads, m.num_heads, m.head_dim),
+                _set(num_heads=lambda m, k: k, attn_dim=lambda m, k: k * m.head_dim))))
+

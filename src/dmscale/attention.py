@@ -173,6 +173,18 @@ HF_QKVO = AttentionSpec("attn_hf_qkvo", "q_proj", "k_proj", "v_proj", None, "o_p
                         _set())
 
 
+def _mha_trace(tr: "Tracer", name: str, m: nn.Module, args: tuple, out: Any) -> None:
+    """torch.nn.MultiheadAttention derives head_dim = embed_dim // num_heads and uses one
+    embed_dim for its input, its q/k/v width and its output: neither its heads nor the
+    hidden dim around it can shrink without changing the class. Both stay fixed."""
+    for t in args:
+        tr.pin_label(tr.label_of(t), f"nn.MultiheadAttention {name} (embed_dim and heads are fixed)")
+    tr.record_layer(name, "mha", None, None, macs_sides=())
+
+
+MHA = Handler("mha", _mha_trace, lambda m, i, o: None, lambda m: {}, lambda m: (), channel_dim=-1)
+register_handler(nn.MultiheadAttention, MHA)
+
 _REGISTERED: set[str] = set()
 
 

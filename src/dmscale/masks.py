@@ -44,11 +44,25 @@ class DMSHook:
 
 
 class _ComputeMasks(DMSHook):
-    def __init__(self, gates: "Gates") -> None:
+    def __init__(self, gates: "Gates", no_fastpath: bool = False) -> None:
         self.gates = gates
+        self.no_fastpath = no_fastpath
 
     def __call__(self, module: nn.Module, args: tuple) -> None:
         self.gates.compute()
+        if self.no_fastpath:  # the fused MHA/encoder kernel would bypass the layer hooks
+            self.gates._fastpath = torch.backends.mha.get_fastpath_enabled()
+            torch.backends.mha.set_fastpath_enabled(False)
+
+
+class _RestoreFastpath(DMSHook):
+    def __init__(self, gates: "Gates") -> None:
+        self.gates = gates
+
+    def __call__(self, module: nn.Module, args: tuple, out: Any) -> None:
+        prev = getattr(self.gates, "_fastpath", None)
+        if prev is not None:
+            torch.backends.mha.set_fastpath_enabled(prev)
 
 
 class _MaskInput(DMSHook):
@@ -174,7 +188,10 @@ class Gates(nn.Module):
         gates = cls([make(s) for s in dims], [make(s) for s in depth])
         model.add_module(GATES_NAME, gates)
         modules = dict(model.named_modules())
-        model.register_forward_pre_hook(_ComputeMasks(gates))
+        has_mha = any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
+        model.register_forward_pre_hook(_ComputeMasks(gates, no_fastpath=has_mha))
+        if has_mha:
+            model.register_forward_hook(_RestoreFastpath(gates))
         for name, (dim, slots) in consumers.items():
             key = "idx_" + name.replace(".", "__")
             gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)

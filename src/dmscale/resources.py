@@ -59,10 +59,14 @@ def count(model: nn.Module, example_inputs: Any) -> dict[str, int]:
     was_training = model.training
     model.eval()
     counter = FlopCounterMode(display=False)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    # the fused encoder kernel has no flop formula: count the unfused (same) computation
+    torch.backends.mha.set_fastpath_enabled(False)
     try:
         with torch.no_grad(), counter:
             model(*args, **kwargs)
     finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
         model.train(was_training)
     params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(GATES_NAME + "."))
     return {"macs": int(counter.get_total_flops()) // 2, "params": int(params)}

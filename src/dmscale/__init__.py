@@ -19,6 +19,7 @@ from ._compat import ensure_torchvision
 from .discover import UnsupportedLayerError, discover
 from .export import StructureError, apply_structure
 from .handlers import Handler, register_handler
+from .io import load, save
 from .masks import detach
 from .resources import count
 from .search import SearchConfig, Searcher, prepare
@@ -31,6 +32,8 @@ __all__ = [
     "count",
     "apply_structure",
     "detach",
+    "save",
+    "load",
     "discover",
     "register_handler",
     "Handler",

@@ -1,0 +1,555 @@
+"""The run configuration of the ``dmscale`` command: one dataclass, one table of options.
+
+Every option of the command line is declared once in :data:`OPTIONS` (flag, type, default,
+help, the subcommands that take it). The same table drives ``argparse`` (see
+:mod:`dmscale.cli`), the keys a ``--config`` YAML/JSON file may set, and the validation of
+:class:`RunConfig`. Precedence: built-in defaults < ``--config`` file < explicit flags.
+
+Example:
+    >>> cfg = RunConfig(task="digits", target=0.4, epochs=2)
+    >>> cfg.resolved().model, cfg.resolved().model_args, cfg.resolved().lr
+    ('resnet', {'depth': 20, 'width': 8}, 0.05)
+    >>> parse_mapping({"structure-lr": "0.01", "expand": "width=1.5,depth=2"})["expand"]
+    {'width': 1.5, 'depth': 2.0}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "Option",
+    "OPTIONS",
+    "RunConfig",
+    "TASKS",
+    "PIPELINES",
+    "load_config_file",
+    "parse_mapping",
+    "save_config",
+    "load_run_config",
+]
+
+TASKS = ("mnist", "digits", "imagefolder", "shakespeare")
+PIPELINES = ("np", "p", "p-")
+COMMANDS = ("pretrain", "search", "retrain", "export", "eval", "report")
+
+# the model of a task when --model is not given: (name, --model-args). ResNet-20 at half
+# width (8-16-32 channels) keeps the default MNIST search within a few minutes on 2 CPU cores.
+DEFAULT_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mnist": ("resnet", {"depth": 20, "width": 8}),
+    "digits": ("resnet", {"depth": 20, "width": 8}),
+    "imagefolder": ("resnet", {"depth": 20, "width": 16}),
+    "shakespeare": ("charcnn", {}),
+}
+
+
+class ConfigError(ValueError):
+    """A bad option value, config file or run directory: the CLI prints it on one line."""
+
+
+# ----------------------------------------------------------------------------- converters
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"expected a positive integer, got {value!r}")
+    try:
+        number = int(str(value), 10) if isinstance(value, str) else value
+    except ValueError:
+        raise ConfigError(f"expected a positive integer, got {value!r}") from None
+    if not isinstance(number, int) or number < 1:
+        raise ConfigError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"expected an integer, got {value!r}")
+    try:
+        return int(str(value), 10) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"expected an integer, got {value!r}") from None
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"expected a finite number, got {value!r}")
+    return number
+
+
+def _positive_float(value: Any) -> float:
+    number = _float(value)
+    if number <= 0:
+        raise ConfigError(f"expected a number > 0, got {value!r}")
+    return number
+
+
+def _nonneg_float(value: Any) -> float:
+    number = _float(value)
+    if number < 0:
+        raise ConfigError(f"expected a number >= 0, got {value!r}")
+    return number
+
+
+def _fraction(value: Any) -> float:
+    number = _float(value)
+    if not 0.0 <= number <= 1.0:
+        raise ConfigError(f"expected a number in [0, 1], got {value!r}")
+    return number
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool) or str(value) == "":
+        raise ConfigError(f"expected a non-empty string, got {value!r}")
+    return str(value)
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"expected true or false, got {value!r}")
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def convert(value: Any) -> str:
+        text = str(value)
+        if text not in choices:
+            raise ConfigError(f"expected one of {', '.join(choices)}; got {value!r}")
+        return text
+
+    convert.choices = choices  # type: ignore[attr-defined]
+    return convert
+
+
+def _scalar(text: str) -> Any:
+    """'3' -> 3, '0.5' -> 0.5, 'true' -> True, anything else stays a string."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _kv_dict(value: Any) -> dict[str, Any]:
+    """'depth=20,width=16' (or a mapping) -> {'depth': 20, 'width': 16}."""
+    if isinstance(value, dict):
+        return {str(k): v for k, v in value.items()}
+    text = _str(value)
+    out: dict[str, Any] = {}
+    for part in text.split(","):
+        key, sep, val = part.partition("=")
+        if not sep or not key.strip() or not val.strip():
+            raise ConfigError(f"expected KEY=VALUE[,KEY=VALUE...], got {text!r}")
+        out[key.strip()] = _scalar(val.strip())
+    return out
+
+
+def _expand(value: Any) -> dict[str, float]:
+    """'width=1.5,depth=2' -> {'width': 1.5, 'depth': 2.0}; either key may be left out."""
+    items = _kv_dict(value)
+    unknown = sorted(set(items) - {"width", "depth"})
+    if unknown:
+        raise ConfigError(f"expected width=W,depth=D, got unknown key(s) {unknown}")
+    out = {"width": 1.0, "depth": 1.0}
+    for key, val in items.items():
+        number = _float(val)
+        if number <= 0:
+            raise ConfigError(f"expand {key} must be > 0, got {val!r}")
+        out[key] = number
+    return out
+
+
+def _str_list(value: Any) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        items = [str(v) for v in value]
+    else:
+        items = _str(value).split(",")
+    items = [i.strip() for i in items if i.strip()]
+    return items
+
+
+# ----------------------------------------------------------------------------- options
+_ALL_TRAIN = ("pretrain", "search", "retrain")
+_SEARCHING = ("search",)
+_RUN_DIR = ("retrain", "export", "eval", "report")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: ``--flag`` on the command line and ``name`` in a config file."""
+
+    name: str
+    convert: Callable[[Any], Any]
+    default: Any
+    help: str
+    commands: tuple[str, ...]
+    group: str
+    metavar: str | None = None
+    flag_kind: str = "value"  # "value" | "flag" (store_true) | "append"
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        return getattr(self.convert, "choices", None)
+
+
+def _o(name: str, convert: Callable[[Any], Any], default: Any, help: str,
+       commands: tuple[str, ...], group: str, **kw: Any) -> Option:
+    return Option(name, convert, default, help, commands, group, **kw)
+
+
+OPTIONS: tuple[Option, ...] = (
+    # ---- data
+    _o("task", _choice(*TASKS), "mnist",
+       "built-in task: mnist (bundled MNIST, or a directory of MNIST IDX files with --data), "
+       "digits (scikit-learn 8x8 digits), imagefolder (a torchvision ImageFolder directory, "
+       "--data DIR), shakespeare (character-level language modelling on the bundled plays)",
+       ("pretrain", "search"), "data"),
+    _o("data", _str, None,
+       "data location: for mnist a directory with the four MNIST IDX files (raw or .gz; "
+       "default: the bundled copy); for imagefolder a directory of class folders (with "
+       "train/ and val/ or test/ subfolders, or one folder split 90/10)",
+       ("pretrain", "search", "retrain", "eval"), "data", metavar="PATH"),
+    _o("train_limit", _positive_int, None,
+       "use only the first N training examples (characters for shakespeare)",
+       ("pretrain", "search", "retrain"), "data", metavar="N"),
+    _o("test_limit", _positive_int, None,
+       "use only the first N test examples (characters for shakespeare)",
+       ("pretrain", "search", "retrain", "eval"), "data", metavar="N"),
+    _o("image_size", _positive_int, 32,
+       "imagefolder: images are resized to SIZE x SIZE", ("pretrain", "search"), "data",
+       metavar="SIZE"),
+    _o("seq_len", _positive_int, 64,
+       "shakespeare: characters per training sequence", ("pretrain", "search"), "data",
+       metavar="N"),
+    # ---- model
+    _o("model", _str, None,
+       "the supernet: resnet (CIFAR-style ResNet-20; default for images, with width=8 for "
+       "mnist and digits), smallcnn, "
+       "tv:NAME (a torchvision model, e.g. tv:resnet18), timm:NAME (e.g. timm:resnet18), "
+       "charcnn (causal convolutional char LM, default for shakespeare), llama (a small "
+       "Llama-style causal LM, transformers' LlamaForCausalLM)",
+       ("pretrain", "search"), "model", metavar="NAME"),
+    _o("model_args", _kv_dict, None,
+       "constructor arguments of the model, e.g. depth=20,width=16 for resnet, "
+       "hidden_size=128,num_hidden_layers=4 for llama",
+       ("pretrain", "search"), "model", metavar="K=V,..."),
+    _o("expand", _expand, None,
+       "enlarge the baseline model into the supernet (DMS_np, paper A.4): multiply every "
+       "width by W and the blocks per stage by D (built-in models only)",
+       ("pretrain", "search"), "model", metavar="width=W,depth=D"),
+    _o("init", _str, None,
+       "pipeline p / p-: start from these pretrained weights (a run directory of "
+       "`dmscale pretrain`, or its model.safetensors) instead of pretraining",
+       ("search",), "model", metavar="RUN"),
+    # ---- search
+    _o("pipeline", _choice(*PIPELINES), "np",
+       "np: search a randomly initialised supernet, then retrain the found model; "
+       "p: pretrain (or --init), search, retrain; p-: pretrain (or --init), then train only "
+       "the structural parameters (weights frozen), no retrain",
+       _SEARCHING, "search"),
+    _o("resource", _choice("macs", "params", "latency"), "macs",
+       "the budgeted resource", _SEARCHING, "search"),
+    _o("target", _positive_float, 0.5,
+       "the budget: <= 1 is a fraction of the supernet's cost, > 1 an absolute count",
+       _SEARCHING, "search", metavar="T"),
+    _o("resource_weight", _nonneg_float, 1.0,
+       "lambda_resource: weight of the resource loss log(r_c / r_t)", _SEARCHING, "search",
+       metavar="W"),
+    _o("structure_lr", _positive_float, 0.01,
+       "learning rate of the structural parameters (Adam, no weight decay)", _SEARCHING,
+       "search", metavar="LR"),
+    _o("importance", _choice("taylor", "snip", "fisher", "index"), "taylor",
+       "element importance: taylor (moving average of (m g)^2), snip, fisher, index",
+       _SEARCHING, "search"),
+    _o("schedule", _choice("exp", "constant"), "exp",
+       "target schedule: exp decays r_t from the supernet's cost to the target over the "
+       "search; constant uses the target from the start", _SEARCHING, "search"),
+    _o("search_dims", _choice("both", "width", "depth"), "both",
+       "what to search: widths, depths (residual blocks per stage) or both", _SEARCHING,
+       "search"),
+    _o("min_width", _positive_int, 1, "the smallest width any dimension may keep",
+       _SEARCHING, "search", metavar="N"),
+    _o("width_step", _positive_int, 1,
+       "channels per search unit (a coarse search space; 1 = every channel)", _SEARCHING,
+       "search", metavar="N"),
+    _o("exclude", _str_list, None,
+       "module names or glob patterns (e.g. 'model.layers.*.mlp') whose widths stay fixed; "
+       "comma-separated or repeated", _SEARCHING, "search", metavar="PATTERN",
+       flag_kind="append"),
+    _o("width_only_from", _fraction, None,
+       "from this fraction of the search on, freeze depth and search widths only",
+       _SEARCHING, "search", metavar="P"),
+    # ---- distillation
+    _o("teacher", _str, None,
+       "distil from a teacher (KL divergence on the logits) during search and retraining: "
+       "a run directory, a model.safetensors inside one, a torch.save'd nn.Module (.pt), or "
+       "'supernet' for the pretrained supernet itself (pipelines p / p-)",
+       ("search", "retrain"), "distillation", metavar="RUN|FILE|supernet"),
+    _o("distill_weight", _nonneg_float, 1.0,
+       "weight of the distillation loss (added to the task loss)", ("search", "retrain"),
+       "distillation", metavar="W"),
+    _o("distill_temperature", _positive_float, 1.0,
+       "softmax temperature of the distillation loss", ("search", "retrain"), "distillation",
+       metavar="T"),
+    # ---- training
+    _o("epochs", _positive_float, 1.0,
+       "epochs of the main phase: the search (search), pretraining (pretrain) or "
+       "retraining (retrain); fractions allowed", _ALL_TRAIN, "training", metavar="E"),
+    _o("pretrain_epochs", _nonneg_float, None,
+       "pipelines p / p-: epochs of pretraining (default: --epochs)", _SEARCHING,
+       "training", metavar="E"),
+    _o("retrain_epochs", _nonneg_float, None,
+       "pipelines np / p: epochs of retraining the found model (default: --epochs; 0 skips "
+       "it, run `dmscale retrain RUN` later)", _SEARCHING, "training", metavar="E"),
+    _o("retrain_init", _choice("inherit", "scratch"), "inherit",
+       "retrain the found model from the searched weights (inherit) or from a random "
+       "initialisation (scratch)", ("search", "retrain"), "training"),
+    _o("batch_size", _positive_int, 128, "examples (sequences) per step", _ALL_TRAIN + ("eval",),
+       "training", metavar="N"),
+    _o("optimizer", _choice("sgd", "adamw"), "sgd",
+       "optimizer of the weights: sgd (momentum, nesterov) or adamw", _ALL_TRAIN, "training"),
+    _o("lr", _positive_float, None,
+       "peak learning rate of the weights, cosine-decayed over each phase "
+       "(default: 0.05 for sgd, 0.002 for adamw)", _ALL_TRAIN, "training", metavar="LR"),
+    _o("weight_decay", _nonneg_float, None,
+       "weight decay of the weights (default: 5e-4 for sgd, 0.01 for adamw)", _ALL_TRAIN,
+       "training", metavar="WD"),
+    _o("warmup", _fraction, 0.02,
+       "fraction of each phase with a linear learning-rate warm-up", _ALL_TRAIN, "training",
+       metavar="P"),
+    # ---- run
+    _o("seed", _int, 0, "random seed (initialisation, data order)", _ALL_TRAIN, "run",
+       metavar="N"),
+    _o("out", _str, None,
+       "where to write: the run directory (pretrain, search, retrain), the exported model "
+       "(export), a JSON file of the metrics (eval), the report (report)",
+       COMMANDS, "run", metavar="DIR"),
+    _o("name", _str, None, "name of the run directory under runs/ (instead of a timestamp)",
+       _ALL_TRAIN, "run", metavar="NAME"),
+    _o("checkpoint_every", _positive_int, 100,
+       "write the resumable checkpoint every N steps (atomically)", _ALL_TRAIN, "run",
+       metavar="N"),
+    _o("stop_after", _positive_int, None,
+       "stop (with a checkpoint) once the run has taken N optimizer steps in total; "
+       "continue it later with --resume", _ALL_TRAIN, "run", metavar="N"),
+    _o("device", _choice("auto", "cpu", "cuda"), "auto",
+       "where to train: auto picks cuda when available", COMMANDS[:5], "run"),
+    _o("threads", _positive_int, None,
+       "CPU threads for torch (default: the cores not busy with other work, by the load "
+       "average; at least 1)",
+       COMMANDS[:5], "run", metavar="N"),
+    _o("quiet", _bool, False, "no progress bars or summaries, only errors", COMMANDS, "run",
+       flag_kind="flag"),
+)
+
+OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+# options that may differ from the saved config when a run is resumed
+RESUME_MUTABLE = frozenset({"stop_after", "checkpoint_every", "device", "threads", "quiet", "out"})
+
+
+# ----------------------------------------------------------------------------- run config
+@dataclass
+class RunConfig:
+    """Everything a run needs; saved resolved (``config.yaml``) in the run directory.
+
+    ``None`` means "the default that depends on other fields" (see :meth:`resolved`).
+    """
+
+    command: str = "search"
+    source: str | None = None  # the run a retrain / export / eval / report reads
+    task: str = "mnist"
+    data: str | None = None
+    train_limit: int | None = None
+    test_limit: int | None = None
+    image_size: int = 32
+    seq_len: int = 64
+    model: str | None = None
+    model_args: dict[str, Any] | None = None
+    expand: dict[str, float] | None = None
+    init: str | None = None
+    pipeline: str = "np"
+    resource: str = "macs"
+    target: float = 0.5
+    resource_weight: float = 1.0
+    structure_lr: float = 0.01
+    importance: str = "taylor"
+    schedule: str = "exp"
+    search_dims: str = "both"
+    min_width: int = 1
+    width_step: int = 1
+    exclude: list[str] | None = None
+    width_only_from: float | None = None
+    teacher: str | None = None
+    distill_weight: float = 1.0
+    distill_temperature: float = 1.0
+    epochs: float = 1.0
+    pretrain_epochs: float | None = None
+    retrain_epochs: float | None = None
+    retrain_init: str = "inherit"
+    batch_size: int = 128
+    optimizer: str = "sgd"
+    lr: float | None = None
+    weight_decay: float | None = None
+    warmup: float = 0.02
+    seed: int = 0
+    out: str | None = None
+    name: str | None = None
+    checkpoint_every: int = 100
+    stop_after: int | None = None
+    device: str = "auto"
+    threads: int | None = None
+    quiet: bool = False
+    task_info: dict[str, Any] = field(default_factory=dict)  # filled by the task (classes, vocab)
+
+    def __post_init__(self) -> None:
+        if self.command not in COMMANDS:
+            raise ConfigError(f"command must be one of {COMMANDS}, got {self.command!r}")
+        for opt in OPTIONS:
+            value = getattr(self, opt.name)
+            if value is None and opt.default is None:
+                continue
+            try:
+                setattr(self, opt.name, opt.convert(value))
+            except ConfigError as err:
+                raise ConfigError(f"{opt.flag}: {err}") from None
+        if self.teacher == "supernet" and self.command == "search" and self.pipeline == "np":
+            raise ConfigError("--teacher supernet needs a pretrained supernet: use --pipeline p "
+                              "or p-, or give a teacher run directory")
+        if self.init is not None and self.command == "search" and self.pipeline == "np":
+            raise ConfigError("--init loads pretrained weights, which pipeline np does not use: "
+                              "use --pipeline p or p-")
+
+    # ------------------------------------------------------------------ resolution
+    def resolved(self) -> RunConfig:
+        """A copy with every ``None`` default that depends on other fields filled in."""
+        cfg = replace(self)
+        if cfg.model is None:
+            cfg.model, default_args = DEFAULT_MODELS[cfg.task]
+            if cfg.model_args is None:
+                cfg.model_args = dict(default_args)
+        if cfg.model_args is None:
+            cfg.model_args = {}
+        if cfg.lr is None:
+            cfg.lr = 0.05 if cfg.optimizer == "sgd" else 0.002
+        if cfg.weight_decay is None:
+            cfg.weight_decay = 5e-4 if cfg.optimizer == "sgd" else 0.01
+        if cfg.exclude is None:
+            cfg.exclude = []
+        if cfg.pretrain_epochs is None:
+            cfg.pretrain_epochs = cfg.epochs
+        if cfg.retrain_epochs is None:
+            cfg.retrain_epochs = cfg.epochs
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {unknown}")
+        return cls(**data)
+
+
+# ----------------------------------------------------------------------------- files
+def parse_mapping(data: dict[str, Any], command: str | None = None, origin: str = "config") -> dict[str, Any]:
+    """Validate a mapping of option names (``structure-lr`` or ``structure_lr``) to values.
+
+    Raises:
+        ConfigError: an unknown key, a key the command does not take, or a bad value.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: expected a mapping of option names to values, got "
+                          f"{type(data).__name__}")
+    out: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        opt = OPTIONS_BY_NAME.get(key)
+        if opt is None:
+            valid = ", ".join(o.name.replace("_", "-") for o in OPTIONS
+                              if command is None or command in o.commands)
+            raise ConfigError(f"{origin}: unknown option {raw_key!r}; valid: {valid}")
+        if command is not None and command not in opt.commands:
+            raise ConfigError(f"{origin}: option {raw_key!r} does not apply to `dmscale {command}`")
+        if value is None:
+            out[key] = None
+            continue
+        try:
+            out[key] = opt.convert(value)
+        except ConfigError as err:
+            raise ConfigError(f"{origin}: {raw_key}: {err}") from None
+    return out
+
+
+def load_config_file(path: str | Path, command: str | None = None) -> dict[str, Any]:
+    """Read a YAML or JSON file of options (see :func:`parse_mapping`).
+
+    Raises:
+        ConfigError: the file is missing, not valid YAML/JSON, or holds a bad option.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config: no such file: {p}")
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"--config {p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {first}") from None
+    if data is None:
+        return {}
+    return parse_mapping(data, command, origin=f"--config {p}")
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write ``cfg`` as YAML (atomically)."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text("# dmscale run configuration (resolved)\n"
+                   + yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+    tmp.replace(p)
+
+
+def load_run_config(run_dir: str | Path) -> RunConfig:
+    """The resolved :class:`RunConfig` saved in ``run_dir/config.yaml``.
+
+    Raises:
+        ConfigError: ``run_dir`` is not a dmscale run directory.
+    """
+    p = Path(run_dir)
+    f = p / "config.yaml"
+    if not f.is_file():
+        what = "does not exist" if not p.exists() else "has no config.yaml"
+        raise ConfigError(f"{p} is not a dmscale run directory: it {what}")
+    data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+    try:
+        return RunConfig.from_dict(data)
+    except TypeError as err:
+        raise ConfigError(f"{f}: {err}") from None

@@ -1,0 +1,307 @@
+"""The report of a run: ``report.md`` with PNG plots, and the one-screen summary.
+
+Plots (matplotlib, Agg backend), written to ``<run>/plots/``:
+
+* ``width.png``: kept width of every searched dimension against the supernet's (like the
+  paper's Figure 4), from ``structure.json``;
+* ``depth.png``: removable residual blocks per stage, supernet vs kept;
+* ``cost.png``: the resource during the search (soft and hard) against the scheduled target
+  r_t and the final target, from ``metrics.jsonl``;
+* ``training.png``: task loss and accuracy (bits per character for language) per phase.
+
+Example:
+    >>> print(format_count(31_021_952), format_count(512))
+    31.02M 512
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["write_report", "format_summary", "read_metrics", "format_count"]
+
+PHASE_COLORS = {"pretrain": "tab:gray", "search": "tab:blue", "finish": "tab:purple",
+                "retrain": "tab:green"}
+
+
+def format_count(value: float | None) -> str:
+    """A count with a K/M/G suffix."""
+    if value is None:
+        return "-"
+    for unit, div in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= div:
+            return f"{value / div:.2f}{unit}"
+    return f"{value:.0f}"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` (a torn last line is skipped)."""
+    p = Path(run_dir) / "metrics.jsonl"
+    out = []
+    if p.is_file():
+        for line in p.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plot_width(structure: dict[str, Any], path: Path) -> bool:
+    width = structure.get("width") or []
+    if not width:
+        return False
+    plt = _plt()
+    names = [w["name"] for w in width]
+    sizes = [w["size"] for w in width]
+    kept = [w["kept"] for w in width]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(names) + 2), 4.2))
+    xs = range(len(names))
+    ax.bar(xs, sizes, color="#d0d7e1", label="supernet")
+    ax.bar(xs, kept, color="tab:blue", label="kept")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names, rotation=70, ha="right", fontsize=7 if len(names) > 20 else 8)
+    ax.set_ylabel("width (channels / features)")
+    ax.set_title("Kept width per searched dimension")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _plot_depth(structure: dict[str, Any], path: Path) -> bool:
+    depth = structure.get("depth") or []
+    if not depth:
+        return False
+    plt = _plt()
+    names = [d["name"] for d in depth]
+    total = [len(d["blocks"]) for d in depth]
+    kept = [len(d["kept"]) for d in depth]
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.8 * len(names) + 2), 3.6))
+    xs = range(len(names))
+    ax.bar(xs, total, color="#d0d7e1", label="supernet")
+    ax.bar(xs, kept, color="tab:orange", label="kept")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names)
+    ax.set_ylabel("removable residual blocks")
+    ax.set_title("Blocks per stage")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _plot_cost(records: list[dict[str, Any]], path: Path) -> bool:
+    rows = [r for r in records if "cost_soft" in r and r.get("event") is None]
+    if not rows:
+        return False
+    plt = _plt()
+    search_steps = max((r["step"] for r in rows if r["phase"] == "search"), default=0)
+    xs = [r["step"] + (search_steps if r["phase"] == "finish" else 0) for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.plot(xs, [r["cost_soft"] for r in rows], label="soft cost r_c", color="tab:blue")
+    ax.plot(xs, [r["cost_hard"] for r in rows], label="hard cost (exported)", color="tab:red", lw=1)
+    ax.plot(xs, [r["cost_target"] for r in rows], "--", label="target r_t", color="black")
+    ax.axhline(rows[-1]["cost_final"], ls=":", color="gray", label="final target")
+    if any(r["phase"] == "finish" for r in rows):
+        ax.axvline(search_steps, color="tab:purple", lw=0.8, label="structure-only finish")
+    ax.set_xlabel("search step")
+    ax.set_ylabel(rows[-1].get("resource", "cost") if "resource" in rows[-1] else "cost")
+    ax.set_title("Resource during the search")
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _plot_training(records: list[dict[str, Any]], path: Path, language: bool) -> bool:
+    rows = [r for r in records if r.get("event") is None and "task_loss" in r]
+    if not rows:
+        return False
+    evals = [r for r in records if r.get("event") == "eval"]
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for phase in PHASE_COLORS:
+        pr = [r for r in rows if r["phase"] == phase]
+        if pr:
+            ax1.plot([r["global_step"] for r in pr], [r["task_loss"] for r in pr],
+                     color=PHASE_COLORS[phase], label=phase, lw=1)
+            if not language:
+                ax2.plot([r["global_step"] for r in pr], [100 * r["train_acc"] for r in pr],
+                         color=PHASE_COLORS[phase], alpha=0.35, lw=1)
+        pe = [r for r in evals if r["phase"] == phase]
+        if pe:
+            key = "bpc" if language else "acc"
+            scale = 1 if language else 100
+            ax2.plot([r["global_step"] for r in pe], [scale * r[key] for r in pe], "o-",
+                     color=PHASE_COLORS[phase], label=f"{phase} (test)")
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("task loss")
+    ax1.set_title("Task loss")
+    ax1.legend(frameon=False, fontsize=8)
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("bits per character (test)" if language else "accuracy % (faint: training batches)")
+    ax2.set_title("Bits per character" if language else "Accuracy")
+    ax2.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _metric_line(evals: dict[str, Any], language: bool) -> str:
+    final = evals.get("final")
+    if not final:
+        return "-"
+    if language:
+        return (f"{final['bpc']:.3f} bits/char, perplexity {final['ppl']:.2f}, "
+                f"next-char accuracy {100 * final['acc']:.1f}%")
+    return f"{100 * final['acc']:.2f}% test accuracy"
+
+
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write ``report.md`` and ``plots/*.png`` for a run; returns the report's path."""
+    rd = Path(run_dir)
+    out = Path(out_dir) if out_dir is not None else rd
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    cfg = yaml.safe_load((rd / "config.yaml").read_text(encoding="utf-8")) if (rd / "config.yaml").is_file() else {}
+    structure = json.loads((rd / "structure.json").read_text()) if (rd / "structure.json").is_file() else None
+    state = json.loads((rd / "state.json").read_text()) if (rd / "state.json").is_file() else {}
+    summary = json.loads((rd / "summary.json").read_text()) if (rd / "summary.json").is_file() else {}
+    records = read_metrics(rd)
+    language = (cfg.get("task_info") or {}).get("kind") == "language"
+    plots: list[tuple[str, str]] = []
+    if structure is not None and _plot_width(structure, out / "plots" / "width.png"):
+        plots.append(("Kept width per layer (supernet in grey)", "plots/width.png"))
+    if structure is not None and _plot_depth(structure, out / "plots" / "depth.png"):
+        plots.append(("Blocks per stage", "plots/depth.png"))
+    if _plot_cost(records, out / "plots" / "cost.png"):
+        plots.append(("Cost against the target during the search", "plots/cost.png"))
+    if _plot_training(records, out / "plots" / "training.png", language):
+        plots.append(("Task loss and " + ("bits per character" if language else "accuracy"),
+                      "plots/training.png"))
+
+    counts = state.get("counts", {})
+    sup, found = counts.get("supernet", {}), counts.get("found", {})
+    evals = state.get("evals", {})
+    res = state.get("resources") or {}
+    lines = [f"# dmscale run: {rd.name}", ""]
+    lines += [f"- command: `dmscale {cfg.get('command', '?')}`"
+              + (f", pipeline `{cfg.get('pipeline')}`" if cfg.get("command") == "search" else ""),
+              f"- task: {summary.get('task', cfg.get('task'))}",
+              f"- model: `{cfg.get('model')}`" + (f" {cfg.get('model_args')}" if cfg.get("model_args") else "")
+              + (f", expanded {cfg.get('expand')}" if cfg.get("expand") else ""),
+              f"- status: {state.get('status', '?')}, {state.get('global_step', 0)} steps, "
+              f"{state.get('elapsed', 0):.0f} s",
+              f"- result: {_metric_line(evals, language)}", ""]
+    lines += ["| | supernet | found |", "|---|---:|---:|",
+              f"| MACs (one example) | {format_count(sup.get('macs'))} | {format_count(found.get('macs'))} |",
+              f"| parameters | {format_count(sup.get('params'))} | {format_count(found.get('params'))} |"]
+    if res:
+        lines.append(f"| {res['resource']} budget | | {format_count(res['hard'])} of target "
+                     f"{format_count(res['target'])} ({100 * res['hard'] / max(res['target'], 1):.1f}%) |")
+    lines.append("")
+    for name, ev in evals.items():
+        if name == "final":
+            continue
+        value = (f"{ev['bpc']:.3f} bits/char, ppl {ev['ppl']:.2f}" if language
+                 else f"{100 * ev['acc']:.2f}% accuracy")
+        note = " (the exported model, BatchNorm statistics re-estimated, before retraining)" if name == "search" else ""
+        lines.append(f"- after {name}{note}: {value}")
+    for w in state.get("warnings", []):
+        lines.append(f"- **warning**: {w}")
+    lines.append("")
+    if structure is not None:
+        dep = structure.get("depth") or []
+        if dep:
+            lines += ["## Depth", "", "| stage | removable blocks | kept |", "|---|---:|---:|"]
+            lines += [f"| {d['name']} | {len(d['blocks'])} | {len(d['kept'])} |" for d in dep]
+            lines.append("")
+        wid = structure.get("width") or []
+        if wid:
+            lines += ["## Width", "", "| dimension | supernet | kept |", "|---|---:|---:|"]
+            lines += [f"| {w['name']} | {w['size']} | {w['kept']} |" for w in wid]
+            lines.append("")
+    if plots:
+        lines += ["## Plots", ""]
+        for title, rel in plots:
+            lines += [f"### {title}", "", f"![{title}]({rel})", ""]
+    lines += ["## Configuration", "", "```yaml",
+              yaml.safe_dump({k: v for k, v in cfg.items() if k != "task_info"}, sort_keys=False).rstrip(),
+              "```", ""]
+    path = out / "report.md"
+    tmp = path.with_name("report.md.tmp")
+    tmp.write_text("\n".join(lines), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The one-screen summary printed at the end of a run."""
+    counts = summary.get("counts", {})
+    sup, found = counts.get("supernet", {}), counts.get("found", {})
+    language = summary.get("task_kind") == "language"
+    evals = summary.get("evals", {})
+    res = summary.get("resources") or {}
+    out = [f"dmscale {summary['command']} finished in {summary['elapsed']:.0f} s "
+           f"({summary['steps']} steps, phases: {' -> '.join(summary['phases'])})",
+           f"  task        {summary['task']}",
+           f"  model       {summary['model']}"
+           + (f" {summary['model_args']}" if summary.get("model_args") else "")
+           + (f", expanded {summary['expand']}" if summary.get("expand") else ""),
+           "",
+           f"  {'':14}{'supernet':>12}{'found':>12}",
+           f"  {'MACs':14}{format_count(sup.get('macs')):>12}{format_count(found.get('macs')):>12}",
+           f"  {'parameters':14}{format_count(sup.get('params')):>12}{format_count(found.get('params')):>12}"]
+    if res:
+        ok = res["hard"] <= res["target"] * (1 + 1e-9)
+        share = ""
+        if res.get("supernet"):
+            share = f" ({100 * res['hard'] / res['supernet']:.1f}% of the supernet)"
+        out.append(f"  budget        {res['resource']} {format_count(res['hard'])}{share} "
+                   f"{'<=' if ok else 'OVER'} target {format_count(res['target'])}")
+    st = summary.get("structure")
+    if st:
+        if st.get("depth"):
+            out.append("  depth         " + ", ".join(f"{n}: {k}/{t}" for n, t, k in st["depth"])
+                       + " removable blocks kept")
+        if st.get("width"):
+            kept = sum(k for _, _, k in st["width"])
+            total = sum(t for _, t, _ in st["width"])
+            ws = " ".join(f"{k}/{t}" for _, t, k in st["width"][:12])
+            more = " ..." if len(st["width"]) > 12 else ""
+            out.append(f"  width         {kept}/{total} kept over {len(st['width'])} dims: {ws}{more}")
+    out.append("")
+    for name, ev in evals.items():
+        if name == "final":
+            continue
+        if language:
+            value = f"{ev['bpc']:.3f} bits/char, perplexity {ev['ppl']:.2f}, next-char acc {100 * ev['acc']:.1f}%"
+        else:
+            value = f"accuracy {100 * ev['acc']:.2f}%"
+        note = " (exported, before retraining)" if name == "search" and "retrain" in evals else ""
+        out.append(f"  {('after ' + name):14}{value}{note}")
+    for w in summary.get("warnings", []):
+        out.append(f"  warning: {w}")
+    out.append("")
+    out.append(f"  run directory {summary['run_dir']}")
+    if summary.get("report"):
+        out.append(f"  report        {summary['report']}")
+    return "\n".join(out)

@@ -1,0 +1,246 @@
+"""Image classification tasks (MNIST, scikit-learn digits, ImageFolder) and image models.
+
+Data are held in memory as float tensors ``N x C x H x W``; a training batch is a slice of
+a per-epoch permutation drawn from ``(seed, epoch)``, so batches depend on the step alone.
+
+Models (``--model``):
+
+* ``resnet``: :class:`dmscale.tasks.models.ResNetCifar` (depth 20, width 16 by default);
+  ``--expand width=W,depth=D`` sets ``width_mult=W, depth_mult=D``.
+* ``smallcnn``: :class:`dmscale.tasks.models.SmallCNN`; ``--expand`` scales ``width`` and
+  ``blocks``.
+* ``tv:NAME``: ``torchvision.models.get_model(NAME, weights=None, num_classes=...)``; a first
+  convolution made for 3 channels is replaced when the images have another count.
+* ``timm:NAME``: ``timm.create_model(NAME, pretrained=False, num_classes=..., in_chans=...)``.
+
+Example:
+    >>> from dmscale.config import RunConfig
+    >>> task = build_image_task(RunConfig(task="mnist", train_limit=8, test_limit=4))
+    >>> task.describe()
+    'mnist: 8 training / 4 test images of 1x28x28, 10 classes'
+    >>> model = build_image_model("smallcnn", {"width": 4}, {"width": 2.0, "depth": 1.0}, task.info)
+    >>> model.stem[0].out_channels
+    8
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ConfigError, RunConfig
+from .registry import Task, _epoch_permutation, scaled
+
+__all__ = ["ClassificationTask", "build_image_task", "build_image_model"]
+
+
+class ClassificationTask(Task):
+    """Classification on in-memory tensors."""
+
+    kind = "classification"
+    metric = "acc"
+
+    def __init__(self, name: str, x_train: torch.Tensor, y_train: torch.Tensor,
+                 x_test: torch.Tensor, y_test: torch.Tensor, num_classes: int,
+                 classes: list[str] | None = None) -> None:
+        if len(x_train) == 0 or len(x_test) == 0:
+            raise ConfigError(f"task {name}: empty split ({len(x_train)} training, "
+                              f"{len(x_test)} test examples)")
+        self.name = name
+        self.x_train, self.y_train = x_train.contiguous(), y_train.contiguous()
+        self.x_test, self.y_test = x_test.contiguous(), y_test.contiguous()
+        self.num_classes = int(num_classes)
+        c, h, w = x_train.shape[1:]
+        self.info = {"kind": "classification", "num_classes": self.num_classes,
+                     "in_channels": int(c), "image_size": [int(h), int(w)]}
+        if classes is not None:
+            self.info["classes"] = list(classes)
+
+    def example_inputs(self) -> torch.Tensor:
+        return self.x_test[:1].clone()
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return max(1, len(self.x_train) // batch_size)
+
+    def train_batch(self, step: int, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.x_train)
+        spe = self.steps_per_epoch(batch_size)
+        epoch, k = divmod(step, spe)
+        perm = _epoch_permutation(n, epoch, seed)
+        idx = perm[k * batch_size:(k + 1) * batch_size]
+        return self.x_train[idx], self.y_train[idx]
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batch_size: int = 256, device: torch.device | str = "cpu",
+                 limit: int | None = None) -> dict[str, float]:
+        was = model.training
+        model.eval()
+        n = len(self.x_test) if limit is None else min(limit, len(self.x_test))
+        correct, loss = 0, 0.0
+        try:
+            for i in range(0, n, batch_size):
+                x = self.x_test[i:min(i + batch_size, n)].to(device)
+                y = self.y_test[i:min(i + batch_size, n)].to(device)
+                logits = self.forward(model, x).float()
+                loss += float(F.cross_entropy(logits, y, reduction="sum"))
+                correct += int((logits.argmax(-1) == y).sum())
+        finally:
+            model.train(was)
+        return {"acc": correct / n, "loss": loss / n, "examples": n}
+
+    def describe(self) -> str:
+        c, h, w = self.x_train.shape[1:]
+        return (f"{self.name}: {len(self.x_train):,} training / {len(self.x_test):,} test images "
+                f"of {c}x{h}x{w}, {self.num_classes} classes")
+
+
+def _limit(x: torch.Tensor, y: torch.Tensor, limit: int | None, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if limit is None:
+        return x, y
+    if limit > len(x):
+        raise ConfigError(f"--{what}-limit {limit} exceeds the {len(x)} {what} examples")
+    return x[:limit], y[:limit]
+
+
+def _imagefolder(cfg: RunConfig) -> ClassificationTask:
+    if not cfg.data:
+        raise ConfigError("task imagefolder needs --data DIR (a directory of class folders)")
+    root = Path(cfg.data)
+    if not root.is_dir():
+        raise ConfigError(f"--data {root}: not a directory")
+    from .._compat import ensure_torchvision
+
+    if not ensure_torchvision():
+        raise ConfigError("task imagefolder needs torchvision: pip install -e .[vision]")
+    from torchvision import datasets, transforms
+
+    size = cfg.image_size
+    tf = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor(),
+                             transforms.Normalize([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])])
+
+    def load(path: Path, limit: int | None = None) -> tuple[datasets.ImageFolder, torch.Tensor, torch.Tensor]:
+        try:
+            ds = datasets.ImageFolder(str(path), transform=tf)
+        except (FileNotFoundError, RuntimeError) as err:
+            raise ConfigError(f"--data {path}: {err}") from None
+        n = len(ds) if limit is None else min(limit, len(ds))
+        order = list(range(len(ds)))
+        if limit is not None:  # a class-balanced prefix: interleave the classes
+            g = torch.Generator().manual_seed(0)
+            order = torch.randperm(len(ds), generator=g).tolist()
+        xs, ys = [], []
+        for i in order[:n]:
+            x, y = ds[i]
+            xs.append(x)
+            ys.append(y)
+        return ds, torch.stack(xs), torch.tensor(ys, dtype=torch.long)
+
+    split_test = next((root / s for s in ("val", "test") if (root / s).is_dir()), None)
+    if (root / "train").is_dir() and split_test is not None:
+        ds, x_train, y_train = load(root / "train", cfg.train_limit)
+        ds_test, x_test, y_test = load(split_test, cfg.test_limit)
+        if ds_test.classes != ds.classes:
+            raise ConfigError(f"--data {root}: {split_test.name}/ has classes {ds_test.classes}, "
+                              f"train/ has {ds.classes}")
+    else:
+        ds, x, y = load(root)
+        g = torch.Generator().manual_seed(0)
+        perm = torch.randperm(len(x), generator=g)
+        n_test = max(1, len(x) // 10)
+        x_test, y_test = x[perm[:n_test]], y[perm[:n_test]]
+        x_train, y_train = x[perm[n_test:]], y[perm[n_test:]]
+        x_train, y_train = _limit(x_train, y_train, cfg.train_limit, "train")
+        x_test, y_test = _limit(x_test, y_test, cfg.test_limit, "test")
+    return ClassificationTask("imagefolder", x_train, y_train, x_test, y_test,
+                              len(ds.classes), ds.classes)
+
+
+def build_image_task(cfg: RunConfig) -> ClassificationTask:
+    """MNIST (bundled or ``--data``), digits or an ImageFolder, as ``cfg`` says."""
+    if cfg.task == "mnist":
+        from ..data import mnist_tensors
+
+        if cfg.data is not None and not Path(cfg.data).is_dir():
+            raise ConfigError(f"--data {cfg.data}: not a directory of MNIST IDX files")
+        x, y, xt, yt = mnist_tensors(cfg.data, train_limit=cfg.train_limit, test_limit=cfg.test_limit)
+        return ClassificationTask("mnist", x, y, xt, yt, 10)
+    if cfg.task == "digits":
+        from ..data import digits_tensors
+
+        x, y, xt, yt = digits_tensors(seed=0)
+        x, y = _limit(x, y, cfg.train_limit, "train")
+        xt, yt = _limit(xt, yt, cfg.test_limit, "test")
+        return ClassificationTask("digits", x, y, xt, yt, 10)
+    if cfg.task == "imagefolder":
+        return _imagefolder(cfg)
+    raise ConfigError(f"not an image task: {cfg.task!r}")
+
+
+def _replace_first_conv(model: nn.Module, in_channels: int) -> None:
+    """Swap the first Conv2d (made for 3 channels) for one reading ``in_channels``."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Conv2d):
+            if m.in_channels == in_channels:
+                return
+            new = nn.Conv2d(in_channels, m.out_channels, m.kernel_size, m.stride, m.padding,
+                            m.dilation, m.groups if m.groups == 1 else in_channels,
+                            m.bias is not None, m.padding_mode)
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, new)
+            return
+
+
+def build_image_model(name: str, args: dict[str, Any], expand: dict[str, float],
+                      info: dict[str, Any]) -> nn.Module:
+    """The image model ``name`` for ``info`` (classes, channels), enlarged by ``expand``."""
+    n_cls, c_in = int(info["num_classes"]), int(info["in_channels"])
+    enlarged = expand.get("width", 1.0) != 1.0 or expand.get("depth", 1.0) != 1.0
+    if name == "resnet":
+        from .models import ResNetCifar
+
+        kw = {"depth": 20, "width": 16, **args}
+        kw["width_mult"] = float(kw.get("width_mult", 1.0)) * expand["width"]
+        kw["depth_mult"] = float(kw.get("depth_mult", 1.0)) * expand["depth"]
+        try:
+            return ResNetCifar(num_classes=n_cls, in_channels=c_in, **kw)
+        except ValueError as err:
+            raise ConfigError(f"--model-args for resnet: {err}") from None
+    if name == "smallcnn":
+        from .models import SmallCNN
+
+        kw = {"width": 32, "blocks": 2, **args}
+        kw["width"] = scaled(int(kw["width"]), expand["width"])
+        kw["blocks"] = scaled(int(kw["blocks"]), expand["depth"])
+        return SmallCNN(in_channels=c_in, num_classes=n_cls, **kw)
+    if enlarged:
+        raise ConfigError(f"--expand works on the built-in models (resnet, smallcnn, charcnn, llama), "
+                          f"not on {name}: pick a larger {name.split(':')[0]} model instead")
+    if name.startswith("tv:"):
+        from .._compat import ensure_torchvision
+
+        if not ensure_torchvision():
+            raise ConfigError("--model tv:... needs torchvision: pip install -e .[vision]")
+        import torchvision
+
+        try:
+            model = torchvision.models.get_model(name[3:], weights=None, num_classes=n_cls, **args)
+        except ValueError as err:
+            raise ConfigError(f"--model {name}: {err}") from None
+        _replace_first_conv(model, c_in)
+        return model
+    if name.startswith("timm:"):
+        from .._compat import ensure_torchvision
+
+        ensure_torchvision()
+        try:
+            import timm
+        except ImportError:
+            raise ConfigError("--model timm:... needs timm: pip install -e .[vision]") from None
+        if not timm.is_model(name[5:]):
+            raise ConfigError(f"--model {name}: timm has no model {name[5:]!r}")
+        return timm.create_model(name[5:], pretrained=False, num_classes=n_cls, in_chans=c_in, **args)
+    raise ConfigError(f"unknown image model {name!r}")

@@ -1,0 +1,168 @@
+"""Built-in tasks and models of the ``dmscale`` command, by name.
+
+A :class:`Task` owns its data (in memory), draws training batches deterministically from
+``(seed, step)`` -- so an interrupted run resumes on exactly the batches it would have seen --
+computes the task loss and evaluates a model. :func:`build_model` makes the supernet from a
+name (``resnet``, ``smallcnn``, ``tv:NAME``, ``timm:NAME``, ``charcnn``, ``llama``) and the
+task's ``info`` alone (classes, channels, vocabulary), so a run directory can rebuild its
+model without loading any data.
+
+Example:
+    >>> from dmscale.config import RunConfig
+    >>> cfg = RunConfig(task="digits").resolved()
+    >>> task = build_task(cfg)
+    >>> model, exclude = build_model(cfg, task.info)
+    >>> x, y = task.train_batch(step=0, batch_size=4, seed=0)
+    >>> tuple(task.forward(model, x).shape), exclude
+    ((4, 10), [])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ConfigError, RunConfig
+
+__all__ = ["Task", "build_task", "build_model", "MODEL_NAMES", "distill_loss"]
+
+MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama")
+
+
+class Task:
+    """Base class of the built-in tasks.
+
+    Attributes:
+        name: the task's name (``--task``).
+        kind: ``"classification"`` or ``"language"``.
+        metric: the headline metric of :meth:`evaluate` (``"acc"`` or ``"bpc"``).
+        info: what :func:`build_model` needs (saved in the run's config).
+    """
+
+    name: str = ""
+    kind: str = "classification"
+    metric: str = "acc"
+    higher_is_better: bool = True
+    info: dict[str, Any]
+
+    def example_inputs(self) -> torch.Tensor:
+        """One input example (batch of 1): the unit of MACs and the tracing input."""
+        raise NotImplementedError
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        raise NotImplementedError
+
+    def train_batch(self, step: int, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of global ``step``: a pure function of ``(step, batch_size, seed)``."""
+        raise NotImplementedError
+
+    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        """Logits of ``model`` on ``inputs`` (the last dim holds classes or characters)."""
+        out = model(inputs)
+        return out.logits if hasattr(out, "logits") else out
+
+    def task_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def batch_metric(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
+        """Accuracy of one batch (next-character accuracy for language)."""
+        return float((logits.argmax(-1) == targets).float().mean())
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batch_size: int = 256, device: torch.device | str = "cpu",
+                 limit: int | None = None) -> dict[str, float]:
+        """Metrics on the test split (the first ``limit`` examples when given)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line about the data."""
+        raise NotImplementedError
+
+    def format_metrics(self, metrics: dict[str, float]) -> str:
+        if self.kind == "language":
+            return (f"bits/char {metrics['bpc']:.3f}, perplexity {metrics['ppl']:.2f}, "
+                    f"next-char accuracy {100 * metrics['acc']:.1f}%")
+        return f"accuracy {100 * metrics['acc']:.2f}% (loss {metrics['loss']:.3f})"
+
+
+def _epoch_permutation(n: int, epoch: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch * 7_919) % (2**63 - 1))
+    return torch.randperm(n, generator=g)
+
+
+def build_task(cfg: RunConfig) -> Task:
+    """The task of ``cfg`` with its data loaded.
+
+    Raises:
+        ConfigError: the data cannot be found or read, or a limit is too large.
+    """
+    try:
+        if cfg.task in ("mnist", "digits", "imagefolder"):
+            from .image import build_image_task
+
+            return build_image_task(cfg)
+        if cfg.task == "shakespeare":
+            from .language import ShakespeareTask
+
+            return ShakespeareTask(cfg)
+    except (FileNotFoundError, NotADirectoryError, ModuleNotFoundError, ValueError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"task {cfg.task}: {err}") from None
+    raise ConfigError(f"unknown task {cfg.task!r}")
+
+
+def build_model(cfg: RunConfig, info: dict[str, Any]) -> tuple[nn.Module, list[str]]:
+    """The supernet named by ``cfg.model`` for a task with ``info``.
+
+    Returns:
+        ``(model, exclude)``: ``exclude`` lists module names whose widths the search must
+        keep fixed for this model (added to ``--exclude``).
+
+    Raises:
+        ConfigError: unknown model name, bad ``--model-args``, or ``--expand`` on a model
+            that cannot be enlarged.
+    """
+    name = cfg.model or ("charcnn" if info.get("kind") == "language" else "resnet")
+    args = dict(cfg.model_args or {})
+    expand = cfg.expand or {"width": 1.0, "depth": 1.0}
+    kind = info.get("kind", "classification")
+    language = name in ("charcnn", "llama")
+    if language != (kind == "language"):
+        want = "charcnn or llama" if kind == "language" else "an image model (resnet, smallcnn, tv:, timm:)"
+        raise ConfigError(f"--model {name} does not fit task {cfg.task!r}: use {want}")
+    try:
+        if name in ("resnet", "smallcnn") or name.startswith(("tv:", "timm:")):
+            from .image import build_image_model
+
+            return build_image_model(name, args, expand, info), []
+        if name in ("charcnn", "llama"):
+            from .language import build_language_model
+
+            return build_language_model(name, args, expand, info)
+    except TypeError as err:  # a constructor rejected --model-args
+        raise ConfigError(f"--model-args for {name}: {err}") from None
+    raise ConfigError(f"unknown --model {name!r}: expected one of {', '.join(MODEL_NAMES)}")
+
+
+def distill_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher || student) of the softened distributions over the last dim, times T^2.
+
+    Example:
+        >>> z = torch.randn(3, 5)
+        >>> float(distill_loss(z, z, 2.0)) == 0.0
+        True
+    """
+    t = float(temperature)
+    s = F.log_softmax(student.reshape(-1, student.shape[-1]) / t, dim=-1)
+    q = F.log_softmax(teacher.reshape(-1, teacher.shape[-1]).detach() / t, dim=-1)
+    return F.kl_div(s, q, log_target=True, reduction="batchmean") * (t * t)
+
+
+def scaled(value: int, factor: float, minimum: int = 1) -> int:
+    """``round(value * factor)``, at least ``minimum``."""
+    return max(minimum, int(math.floor(value * factor + 0.5)))

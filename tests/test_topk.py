@@ -522,3 +522,9 @@ def test_centered_soft_count_equals_hard_count(n: int) -> None:
             assert t.hard_count() == k
         assert float(centred.soft_mask().sum()) == pytest.approx(k, abs=0.02)
         assert float(verbatim.soft_mask().sum()) == pytest.approx(k - 0.5, abs=0.02)
+
+
+def test_differentiable_topk_satisfies_the_gate_protocol() -> None:
+    from dmscale.topk import StructuralGate
+
+    assert isinstance(DifferentiableTopK(4), StructuralGate)

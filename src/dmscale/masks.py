@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from .topk import DifferentiableTopK
+from .topk import DifferentiableTopK, StructuralGate
 
 __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME"]
 
@@ -134,7 +134,7 @@ class _MaskBranch(DMSHook):
 class Gates(nn.Module):
     """The structural parameters of one search and the masks they produce."""
 
-    def __init__(self, width: list[DifferentiableTopK], depth: list[DifferentiableTopK]) -> None:
+    def __init__(self, width: list[StructuralGate], depth: list[StructuralGate]) -> None:
         super().__init__()
         self.width = nn.ModuleList(width)
         self.depth = nn.ModuleList(depth)
@@ -214,7 +214,7 @@ class Gates(nn.Module):
         self._depth_masks = [t.hard_mask() if self.depth_frozen else self._mask(t, track)
                              for t in self.depth]
 
-    def _mask(self, topk: DifferentiableTopK, track: bool) -> torch.Tensor:
+    def _mask(self, topk: StructuralGate, track: bool) -> torch.Tensor:
         if self.mode == "hard":
             return topk.hard_mask()
         unit = topk.unit_soft_mask()

@@ -29,13 +29,47 @@ Example:
 from __future__ import annotations
 
 import math
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from .importance import IMPORTANCE_METRICS, update_importance
 
-__all__ = ["DifferentiableTopK", "normalized_rank", "integer_rank"]
+__all__ = ["DifferentiableTopK", "StructuralGate", "normalized_rank", "integer_rank"]
+
+
+@runtime_checkable
+class StructuralGate(Protocol):
+    """What the rest of dmscale needs from a width/depth gate.
+
+    :class:`DifferentiableTopK` is the paper's gate; a baseline (Gumbel gates, straight-through
+    top-k, ...) can be dropped in beside it by implementing these members.
+    """
+
+    a: nn.Parameter  # the learnable structural parameter(s)
+    size: int  # elements N
+    n_units: int  # units (elements grouped by step)
+    step: int
+    min_units: int
+    importance: torch.Tensor
+
+    @property
+    def max_ratio(self) -> float: ...
+
+    def clamp_(self) -> None: ...
+
+    def unit_soft_mask(self) -> torch.Tensor: ...
+
+    def expand(self, unit_mask: torch.Tensor) -> torch.Tensor: ...
+
+    def soft_mask(self) -> torch.Tensor: ...
+
+    def hard_mask(self) -> torch.Tensor: ...
+
+    def hard_count(self) -> int: ...
+
+    def update_importance(self, unit_mask: torch.Tensor, grad: torch.Tensor) -> None: ...
 
 
 def integer_rank(c: torch.Tensor) -> torch.Tensor:

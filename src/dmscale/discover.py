@@ -55,6 +55,9 @@ class WidthDim:
     size: int
     producers: list[str]
     kind: str = "width"  # "width" or "heads" (heads use the depth temperature, A.1.1)
+    # slot groups (local indices) of which at least one must stay: one per layer that
+    # writes only part of this width (a branch of a concat added to a residual stream)
+    required: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -589,6 +592,18 @@ def _build(tr: Tracer, blocks: list[tuple[str, Block]], module_macs: dict[str, i
                 d.producers.append(name)
             slot_of_root[r] = (droot, d.size)
             d.size += 1
+    for name, ids in tr.produced:  # every producer, and the part of a width it writes
+        local = sorted({slot_of_root[uf.find(x)][1] for x in ids.tolist() if uf.find(x) in slot_of_root})
+        if not local:
+            continue
+        droot = slot_of_root[uf.find(int(ids[0]))][0] if uf.find(int(ids[0])) in slot_of_root else None
+        if droot is None:
+            continue
+        d = dims[droot]
+        if name not in d.producers:
+            d.producers.append(name)
+        if len(local) < d.size and local not in d.required:
+            d.required.append(local)
     for name, ids in tr.produced:  # report why a producer's channels are fixed
         r = uf.find(int(ids[0]))
         if r == PIN or dim_uf.find(token(r)) == PIN:

@@ -50,10 +50,13 @@ class SkipBlock(nn.Module):
 
     def __init__(self, post: nn.Module | None = None) -> None:
         super().__init__()
+        if post is not None and getattr(post, "inplace", False):
+            post.inplace = False  # the input may still be needed (a shortcut, a concat)
         self.post = post
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return x if self.post is None else self.post(x)
+        # a new tensor, like the block's own output: callers may modify it in place
+        return x.clone() if self.post is None else self.post(x)
 
 
 def _validate(model: nn.Module, structure: dict[str, Any]) -> None:

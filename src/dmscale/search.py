@@ -128,7 +128,8 @@ class Searcher:
         for d in space.width:
             over = cfg.dim_overrides.get(d.name, {})
             step = int(over.get("step", cfg.width_step))
-            min_keep = min(d.size, int(over.get("min", cfg.min_width)))
+            # at least one unit for each layer that writes part of this width
+            min_keep = min(d.size, max(int(over.get("min", cfg.min_width)), len(d.required) * step))
             temperature = cfg.depth_temperature if d.kind == "heads" else cfg.width_temperature
             dims.append((d.size, step, min_keep, temperature))
         depth = [(len(d.blocks), 1, d.min_keep, cfg.depth_temperature) for d in space.depth]
@@ -143,8 +144,11 @@ class Searcher:
                 norms[name] = layer.in_slots
         branches = {m: (j, i) for j, d in enumerate(space.depth) for i, b in enumerate(d.blocks)
                     for m in b.branch_modules}
-        return Gates.attach(self.model, dims, depth, consumers, branches,
-                            importance=cfg.importance, normalize=cfg.normalize, norms=norms)
+        gates = Gates.attach(self.model, dims, depth, consumers, branches,
+                             importance=cfg.importance, normalize=cfg.normalize, norms=norms)
+        for d, topk in zip(space.width, gates.width):
+            topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]
+        return gates
 
     def _cost_model(self, resource: str | None = None) -> Any:
         resource = resource or self.config.resource

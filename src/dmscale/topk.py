@@ -161,6 +161,9 @@ class DifferentiableTopK(nn.Module):
         # unit -> element expansion; the last unit may be shorter than `step`
         unit_of = torch.arange(size) // step
         self.register_buffer("unit_of_element", unit_of, persistent=False)
+        # groups of units of which the hard mask keeps at least one (set by the searcher:
+        # the channels one layer writes into a shared width, so no layer loses them all)
+        self.required_groups: list[torch.Tensor] = []
 
     @property
     def lam(self) -> float:
@@ -203,10 +206,29 @@ class DifferentiableTopK(nn.Module):
         return max(self.min_units, min(self.n_units, k))
 
     def unit_hard_mask(self) -> torch.Tensor:
-        """0/1 per unit: the k highest-ranked units (k from :meth:`hard_count`)."""
+        """0/1 per unit: the k highest-ranked units (k from :meth:`hard_count`).
+
+        When ``required_groups`` are set and a group has no kept unit, its best unit takes
+        the place of the lowest-ranked kept unit that no group needs (k is unchanged).
+        """
         rank = integer_rank(self.importance)  # 0 = least important
         k = self.hard_count()
-        return (rank >= self.n_units - k).to(self.a.dtype)
+        keep = rank >= self.n_units - k
+        for group in self.required_groups:
+            if keep[group].any() or k == 0:
+                continue
+            needed = torch.zeros_like(keep)
+            for g in self.required_groups:
+                kept = g[keep[g]]
+                if len(kept) == 1:
+                    needed[kept] = True
+            spare = keep & ~needed
+            if not spare.any():
+                continue
+            drop = torch.nonzero(spare).flatten()[rank[spare].argmin()]
+            keep[drop] = False
+            keep[group[rank[group].argmax()]] = True
+        return keep.to(self.a.dtype)
 
     def expand(self, unit_mask: torch.Tensor) -> torch.Tensor:
         """Unit mask (n_units,) -> element mask (size,)."""

@@ -88,8 +88,7 @@ class CostModel:
     and returns a float64 scalar.
     """
 
-    def __init__(self, model: nn.Module, space: SearchSpace, resource: str,
-                 latency: dict[str, Any] | None = None) -> None:
+    def __init__(self, model: nn.Module, space: SearchSpace, resource: str) -> None:
         if resource not in ("macs", "params"):
             raise ValueError(f"CostModel resource must be 'macs' or 'params', got {resource!r}")
         self.resource = resource

@@ -56,6 +56,9 @@ class SearchConfig:
         exclude: module names (or prefixes) whose widths stay fixed.
         width_only_from: progress from which depth is frozen at its hard value and only
             widths are searched (the extra width-only phase of A.1.2); None = never.
+        latency_options: keyword arguments of :class:`dmscale.latency.LatencyCostModel`
+            (ratios, budget_s, quantile, calibrate, profile: a saved profile, e.g. measured
+            on the target device). Latency is in microseconds: a target > 1 is in us.
     """
 
     resource: str = "macs"
@@ -73,6 +76,7 @@ class SearchConfig:
     search_depth: bool | list[str] = True
     exclude: list[str] = field(default_factory=list)
     width_only_from: float | None = None
+    latency_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.resource not in RESOURCES:
@@ -156,7 +160,8 @@ class Searcher:
             if resource == "latency":
                 from .latency import LatencyCostModel
 
-                self._costs[resource] = LatencyCostModel(self.model, self.space, self.example_inputs)
+                self._costs[resource] = LatencyCostModel(self.model, self.space, self.example_inputs,
+                                                         **self.config.latency_options)
             else:
                 self._costs[resource] = CostModel(self.model, self.space, resource)
         return self._costs[resource]
@@ -379,15 +384,26 @@ class Searcher:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: structural parameters, importance, config, target."""
-        return {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
-                "config": asdict(self.config), "target_cost": self.target_cost,
-                "supernet_cost": self.supernet_cost, "depth_frozen": self._depth_frozen}
+        state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
+                 "config": asdict(self.config), "target_cost": self.target_cost,
+                 "supernet_cost": self.supernet_cost, "depth_frozen": self._depth_frozen}
+        if "latency" in self._costs:  # a resumed search keeps the measured cost scale
+            state["latency_profile"] = self._costs["latency"].state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (same model architecture and config)."""
-        if asdict(self.config) != state["config"]:
+        saved = dict(state["config"])
+        current = asdict(self.config)
+        saved.pop("latency_options", None), current.pop("latency_options", None)
+        if current != saved:
             raise ValueError(f"searcher config differs from the saved one: {state['config']} vs {asdict(self.config)}")
         self.gates.load_state_dict(state["gates"])
+        if "latency_profile" in state:
+            from .latency import LatencyCostModel
+
+            options = {**self.config.latency_options, "profile": state["latency_profile"]}
+            self._costs["latency"] = LatencyCostModel(self.model, self.space, self.example_inputs, **options)
         self.target_cost = float(state["target_cost"])
         self.supernet_cost = float(state["supernet_cost"])
         self.freeze_depth(bool(state.get("depth_frozen", False)))

@@ -32,36 +32,55 @@ from torch import nn
 
 from .export import apply_structure
 
-__all__ = ["save", "load", "STRUCTURE_FILE", "WEIGHTS_FILE"]
+__all__ = ["save", "load", "save_weights", "load_weights", "STRUCTURE_FILE", "WEIGHTS_FILE"]
 
 STRUCTURE_FILE = "structure.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
-def save(model: nn.Module, structure: dict[str, Any], directory: str | os.PathLike[str]) -> None:
-    """Write ``structure.json`` and ``model.safetensors`` of an exported model."""
+def save_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
+    """Write ``model``'s weights as safetensors, atomically (tied tensors stored once)."""
     from safetensors.torch import save_model
 
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    save_model(model, str(tmp), force_contiguous=True)
+    os.replace(tmp, p)
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike[str]) -> nn.Module:
+    """Load safetensors weights into ``model`` (strict); a clear error when they do not fit."""
+    from safetensors.torch import load_model
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no weights file {p}")
+    try:
+        load_model(model, str(p), strict=True)
+    except RuntimeError as err:
+        lines = str(err).strip().splitlines()
+        raise ValueError(f"weights in {p} do not fit the model: "
+                         f"{' '.join(s.strip() for s in lines[:3])[:300]}") from None
+    return model
+
+
+def save(model: nn.Module, structure: dict[str, Any], directory: str | os.PathLike[str]) -> None:
+    """Write ``structure.json`` and ``model.safetensors`` of an exported model."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / (STRUCTURE_FILE + ".tmp")
     tmp.write_text(json.dumps(structure, indent=1))
     os.replace(tmp, out / STRUCTURE_FILE)
-    tmp = out / (WEIGHTS_FILE + ".tmp")
-    save_model(model, str(tmp))
-    os.replace(tmp, out / WEIGHTS_FILE)
+    save_weights(model, out / WEIGHTS_FILE)
 
 
 def load(model: nn.Module, directory: str | os.PathLike[str]) -> nn.Module:
     """Shrink ``model`` (built like the original supernet) to the saved structure and load
     the saved weights; returns ``model``."""
-    from safetensors.torch import load_model
-
     src = Path(directory)
     for name in (STRUCTURE_FILE, WEIGHTS_FILE):
         if not (src / name).is_file():
             raise FileNotFoundError(f"{src / name} is missing: expected a directory written by dmscale.save")
     structure = json.loads((src / STRUCTURE_FILE).read_text())
     apply_structure(model, structure)
-    load_model(model, str(src / WEIGHTS_FILE), strict=True)
-    return model
+    return load_weights(model, src / WEIGHTS_FILE)

@@ -57,6 +57,7 @@ from torch import nn
 
 import dmscale as dms
 
+from . import io as _io
 from .config import (
     OPTIONS_BY_NAME,
     RESUME_MUTABLE,
@@ -65,6 +66,7 @@ from .config import (
     load_run_config,
     save_config,
 )
+from .io import save_weights
 from .tasks.registry import Task, build_model, build_task, distill_loss
 
 __all__ = [
@@ -104,34 +106,12 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_weights(model: nn.Module, path: str | Path) -> None:
-    """Save ``model``'s state dict as safetensors, atomically (shared tensors once)."""
-    from safetensors.torch import save_model
-
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    save_model(model, str(tmp), force_contiguous=True)
-    os.replace(tmp, p)
-
-
 def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
-    """Load safetensors weights into ``model`` (strict).
-
-    Raises:
-        ConfigError: the file is missing or does not fit ``model``.
-    """
-    from safetensors.torch import load_model
-
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"no weights file {p}")
+    """:func:`dmscale.io.load_weights` with its errors as :class:`ConfigError` (one line)."""
     try:
-        load_model(model, str(p), strict=True)
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()
-        raise ConfigError(f"weights in {p} do not fit the model: "
-                          f"{' '.join(s.strip() for s in first[:3])[:300]}") from None
-    return model
+        return _io.load_weights(model, path)
+    except (FileNotFoundError, ValueError) as err:
+        raise ConfigError(str(err)) from None
 
 
 def resolve_device(name: str) -> torch.device:

@@ -8,10 +8,13 @@ valid. The head mask multiplies each head's output before the output projection,
 ``V' = V m_head`` of the paper (the Q and K masks only rescale scores of heads whose output
 is masked anyway).
 
-What is not searched, and why: the per-head dims (m_qk, m_v). These models derive the
-reshape and the softmax scale from one ``head_dim`` attribute (timm, GPT-2, BERT, Llama), so a
-smaller q/k head dim would change the function (scale) or break the reshape (v), and RoPE
-pairs dims i and i + D/2. Heads, FFN dims, the hidden dim and depth are searched.
+Per-head dims (the paper's m_qk and m_v) are searched for timm ``Attention``, as one dim
+``<module>.head_dim`` shared by q, k and v (timm reshapes all three with one ``head_dim``):
+their channels get the mask m_head x m_hd on the qkv projection's output, and the export
+keeps the supernet's softmax scale (``fused_attn = False``: the explicit path uses the stored
+``scale``; fused SDPA would rescale by the new head dim). Not searched: Hugging Face and
+nn.MultiheadAttention head dims (the scale is derived from the head dim, GPT-2 from the value
+dim, and RoPE rotates dims i and i + D/2 together).
 
 Example:
     >>> import dmscale as dms
@@ -52,7 +55,10 @@ class AttentionSpec:
         o: child name of the output projection, None when the module returns the heads'
             concatenated outputs (BERT: the projection lives in a sibling module).
         heads: ``module -> (num_heads, num_kv_heads, head_dim)``.
-        update: ``(module, kept_units) -> None``: fix head-count attributes after pruning.
+        update: ``(module, kept_units, kept_head_dim) -> None``: fix head-count and head-dim
+            attributes after pruning (``kept_head_dim`` None: head dim not searched).
+        head_dim: ``module -> bool``: search the per-head dim too (one dim shared by q, k and
+            v, m_qk = m_v), where the model code allows it.
     """
 
     name: str
@@ -62,7 +68,8 @@ class AttentionSpec:
     qkv: str | None
     o: str | None
     heads: Callable[[nn.Module], tuple[int, int, int]]
-    update: Callable[[nn.Module, int], None]
+    update: Callable[[nn.Module, int, int | None], None]
+    head_dim: Callable[[nn.Module], bool] = lambda m: False
 
 
 def _first_input(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -88,23 +95,32 @@ def attention_handler(spec: AttentionSpec) -> Handler:
         n_heads, n_kv, d = spec.heads(m)
         group = n_heads // n_kv
         units = tr.produce(name + ".heads", n_kv, kind="heads")
-        q_ids, kv_ids = np.repeat(units, group * d), np.repeat(units, d)
+        dims = None
+        if spec.head_dim(m) and group == 1:  # (head, dim) channels: mask m_head * m_hd
+            dims = tr.produce(name + ".head_dim", d)
+            q_ids = kv_ids = tr.product(units, dims)
+        else:
+            q_ids, kv_ids = np.repeat(units, group * d), np.repeat(units, d)
 
-        def child(attr: str | None, ins: np.ndarray | None, outs: np.ndarray | None) -> None:
+        masked = dims is not None  # Q' = Q m_qk m_head etc. (A.1.1) on the projections' outputs
+
+        def child(attr: str | None, ins: np.ndarray | None, outs: np.ndarray | None,
+                  mask_output: bool = False) -> None:
             if attr is None:
                 return
             full = f"{name}.{attr}"
-            tr.record_layer(full, handler_for(m.get_submodule(attr)).name, ins, outs)
+            tr.record_layer(full, handler_for(m.get_submodule(attr)).name, ins, outs, mask_output=mask_output)
 
         if spec.qkv is not None:
-            child(spec.qkv, in_ids, np.concatenate([q_ids, kv_ids, kv_ids]))
+            child(spec.qkv, in_ids, np.concatenate([q_ids, kv_ids, kv_ids]), masked)
         else:
-            child(spec.q, in_ids, q_ids)
-            child(spec.k, in_ids, kv_ids)
-            child(spec.v, in_ids, kv_ids)
-        # QK^T and AV: MACs proportional to the number of heads kept
-        tr.record_layer(name + ".core", "attention_core", units, None, macs_sides=("in",), virtual=True)
-        tr.record_layer(name, spec.name, units, None, macs_sides=(), macs_override=0)
+            child(spec.q, in_ids, q_ids, masked)
+            child(spec.k, in_ids, kv_ids, masked)
+            child(spec.v, in_ids, kv_ids, masked)
+        # QK^T and AV: MACs proportional to the heads kept (x the head dim kept, if searched)
+        tr.record_layer(name + ".core", "attention_core", units, dims,
+                        macs_sides=("in", "out") if masked else ("in",), virtual=True)
+        tr.record_layer(name, spec.name, units, dims, macs_sides=(), macs_override=0)
         if spec.o is not None:
             o_mod = m.get_submodule(spec.o)
             width = o_mod.weight.shape[0] if handler_for(o_mod).name == "linear" else o_mod.weight.shape[1]
@@ -115,8 +131,9 @@ def attention_handler(spec: AttentionSpec) -> Handler:
             tr.set_label(y, y.dim() - 1, q_ids)
 
     def prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tensor | None) -> None:
-        if in_keep is not None:
-            spec.update(m, int(in_keep.numel()))
+        n_heads, n_kv, d = spec.heads(m)
+        units = n_kv if in_keep is None else int(in_keep.numel())
+        spec.update(m, units, None if out_keep is None else int(out_keep.numel()))
 
     return Handler(spec.name, trace, prune, lambda m: {}, lambda m: (), channel_dim=-1)
 
@@ -149,11 +166,27 @@ CONV1D = Handler(
 # ----------------------------------------------------------------------------- families
 
 
-def _set(**attrs: Callable[[nn.Module, int], int]) -> Callable[[nn.Module, int], None]:
-    def update(m: nn.Module, kept: int) -> None:
+def _set(**attrs: Callable[[nn.Module, int], int]) -> Callable[[nn.Module, int, int | None], None]:
+    def update(m: nn.Module, kept: int, head_dim: int | None) -> None:
         for attr, fn in attrs.items():
             setattr(m, attr, fn(m, kept))
     return update
+
+
+def _update_timm(m: nn.Module, kept: int, head_dim: int | None) -> None:
+    if head_dim is not None and head_dim != m.head_dim:
+        m.head_dim = head_dim
+        # fused SDPA would scale by 1/sqrt(new head_dim); the explicit path keeps m.scale,
+        # the scale the supernet (and the hardened search) used
+        m.fused_attn = False
+    m.num_heads = kept
+    m.attn_dim = kept * m.head_dim
+
+
+def _timm_head_dim_ok(m: nn.Module) -> bool:
+    """timm reshapes q, k, v with one head_dim and scales by the stored self.scale on the
+    non-fused path; a q/k norm over head_dim would change with the kept dims."""
+    return isinstance(m.q_norm, nn.Identity) and isinstance(m.k_norm, nn.Identity) and hasattr(m, "scale")
 
 
 def _hf_qkvo_heads(m: nn.Module) -> tuple[int, int, int]:
@@ -234,6 +267,5 @@ def _register_timm() -> None:
             lambda m: type(m) is TimmAttention and m.gate is None,
             attention_handler(AttentionSpec(
                 "attn_timm", None, None, None, "qkv", "proj",
-                lambda m: (m.num_heads, m.num_heads, m.head_dim),
-                _set(num_heads=lambda m, k: k, attn_dim=lambda m, k: k * m.head_dim))))
+                lambda m: (m.num_heads, m.num_heads, m.head_dim), _update_timm, _timm_head_dim_ok)))
 

@@ -93,6 +93,7 @@ class LayerSlots:
     macs_sides: tuple[str, ...] = ()
     virtual: bool = False
     masked_norm: bool = False
+    mask_output: bool = False
 
 
 @dataclass
@@ -106,10 +107,13 @@ class SearchSpace:
     total_macs: int
     module_macs: dict[str, int]
     params: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)  # raw parameters
-    n_slots: int = field(init=False)
+    # derived slots after the base ones: mask = mask[a] * mask[b] (-1: 1), e.g. (head, head dim)
+    derived: list[tuple[int, int]] = field(default_factory=list)
+    n_slots: int = field(init=False)  # base + derived; the fixed-channel entry has this index
 
     def __post_init__(self) -> None:
-        self.n_slots = sum(d.size for d in self.width)
+        self.n_base_slots = sum(d.size for d in self.width)
+        self.n_slots = self.n_base_slots + len(self.derived)
 
     def slot_offsets(self) -> list[int]:
         out, acc = [], 0
@@ -160,6 +164,7 @@ class Tracer:
         self.layers: dict[str, LayerRecord] = {}
         self.produced: list[tuple[str, np.ndarray]] = []
         self.produced_kind: dict[str, str] = {}
+        self.products: dict[int, tuple[int, int]] = {}  # product id -> (id a, id b)
         self.param_labels: dict[str, tuple[int, np.ndarray]] = {}
         self.param_derived: dict[int, tuple[str, int]] = {}  # id(tensor) -> (param, ndim)
         self.params = {id(p): n for n, p in model.named_parameters()}
@@ -220,13 +225,21 @@ class Tracer:
         self.produced_kind[name] = kind
         return ids
 
+    def product(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Ids for the grid a x b (a-major) whose mask is mask(a_i) * mask(b_j)."""
+        ids = self.uf.new(len(a) * len(b))
+        for k, (x, y) in enumerate((x, y) for x in a.tolist() for y in b.tolist()):
+            self.products[int(ids[k])] = (x, y)
+        return ids
+
     def record_layer(self, name: str, handler: str, in_ids: np.ndarray | None, out_ids: np.ndarray | None,
                      macs_sides: tuple[str, ...] | None = None, virtual: bool = False,
-                     masked_norm: bool = False, macs_override: int | None = None) -> None:
+                     masked_norm: bool = False, macs_override: int | None = None,
+                     mask_output: bool = False) -> None:
         prev = self.layers.get(name)
         if prev is None:
             self.layers[name] = LayerRecord(name, handler, in_ids, out_ids, 1, macs_sides, virtual,
-                                            masked_norm, macs_override)
+                                            masked_norm, macs_override, mask_output)
             return
         for ids in (prev.in_ids, prev.out_ids, in_ids, out_ids):  # shared weights: fixed
             if ids is not None:
@@ -611,15 +624,33 @@ def _build(tr: Tracer, blocks: list[tuple[str, Block]], module_macs: dict[str, i
     width = [dims[r] for r in order]
     offset = {r: o for r, o in zip(order, np.cumsum([0] + [d.size for d in width[:-1]]).tolist())}
 
+    def base_slot(x: int) -> int:
+        r = uf.find(x)
+        if r not in slot_of_root:
+            return -1
+        droot, s = slot_of_root[r]
+        return offset[droot] + s
+
+    n_base = sum(d.size for d in width)
+    derived: list[tuple[int, int]] = []
+    derived_of_root: dict[int, int] = {}
+    for pid, (a, b) in tr.products.items():
+        r = uf.find(pid)
+        if r == PIN or r in derived_of_root:
+            continue
+        sa, sb = base_slot(a), base_slot(b)
+        if sa < 0 and sb < 0:
+            continue
+        derived_of_root[r] = n_base + len(derived)
+        derived.append((sa, sb))
+
     def slots(ids: np.ndarray | None) -> np.ndarray | None:
         if ids is None:
             return None
         out = np.full(len(ids), -1, dtype=np.int64)
         for i, x in enumerate(ids.tolist()):
             r = uf.find(x)
-            if r in slot_of_root:
-                droot, s = slot_of_root[r]
-                out[i] = offset[droot] + s
+            out[i] = derived_of_root[r] if r in derived_of_root else base_slot(x)
         return out
 
     modules = dict(tr.model.named_modules())
@@ -632,12 +663,13 @@ def _build(tr: Tracer, blocks: list[tuple[str, Block]], module_macs: dict[str, i
 
     layers = {
         name: LayerSlots(name, rec.handler, slots(rec.in_ids), slots(rec.out_ids),
-                         rec_macs.get(name, module_macs.get(name, 0)), sides(rec), rec.virtual, rec.masked_norm)
+                         rec_macs.get(name, module_macs.get(name, 0)), sides(rec), rec.virtual, rec.masked_norm,
+                         rec.mask_output)
         for name, rec in tr.layers.items()
     }
     params = {name: (k, slots(ids)) for name, (k, ids) in tr.param_labels.items()}
     depth = _stages(tr.model, blocks)
-    return SearchSpace(width, depth, layers, reasons, total_macs, module_macs, params)
+    return SearchSpace(width, depth, layers, reasons, total_macs, module_macs, params, derived)
 
 
 def _stages(model: nn.Module, blocks: list[tuple[str, Block]]) -> list[DepthDim]:

@@ -113,3 +113,4 @@ class LayerRecord:
     virtual: bool = False  # a cost term with no module of its own (attention core)
     masked_norm: bool = False  # a norm whose statistics must use the kept channels only
     macs_override: int | None = None  # MACs to cost instead of the module's flop count
+    mask_output: bool = False  # multiply the layer's output by its channels' masks (q/k/v)

@@ -34,13 +34,45 @@ from torch import nn
 
 from .topk import DifferentiableTopK, StructuralGate
 
-__all__ = ["Gates", "DMSHook", "detach", "GATES_NAME"]
+__all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask"]
 
 GATES_NAME = "dms_gates"
 
 
 class DMSHook:
     """Base class of every hook dmscale attaches (so that :func:`detach` finds them)."""
+
+
+def assemble_width_mask(parts: list[torch.Tensor], derived_a: torch.Tensor, derived_b: torch.Tensor,
+                        like: torch.Tensor | None = None) -> torch.Tensor:
+    """The global width mask: every dim's element mask, then the derived (product) slots
+    ``m[a] * m[b]`` (a or b = -1: factor 1), then a trailing 1 for fixed channels."""
+    ref = parts[0] if parts else like
+    one = torch.ones(1, device=ref.device if ref is not None else None,
+                     dtype=ref.dtype if ref is not None else torch.float32)
+    base = torch.cat(parts) if parts else one[:0]
+    if len(derived_a):
+        ext = torch.cat([base, one])
+        n = base.numel()
+        a = torch.where(derived_a < 0, n, derived_a)
+        b = torch.where(derived_b < 0, n, derived_b)
+        return torch.cat([base, ext[a] * ext[b], one])
+    return torch.cat([base, one])
+
+
+class _MaskOutput(DMSHook):
+    """Forward hook: multiply a layer's output by its channels' masks (Q' = Q m_qk m_head)."""
+
+    def __init__(self, gates: "Gates", key: str, dim: int) -> None:
+        self.gates, self.key, self.dim = gates, key, dim
+
+    def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        if not self.gates.enabled:
+            return None
+        m = self.gates.channel_mask(self.key)
+        shape = [1] * out.dim()
+        shape[self.dim % out.dim()] = m.numel()
+        return out * m.view(shape).to(out.dtype)
 
 
 class _ComputeMasks(DMSHook):
@@ -167,6 +199,8 @@ class Gates(nn.Module):
         importance: str = "taylor",
         normalize: bool = True,
         norms: dict[str, Any] | None = None,
+        outputs: dict[str, tuple[int, Any]] | None = None,
+        derived: list[tuple[int, int]] | None = None,
     ) -> "Gates":
         """Create the gates, register them on ``model`` and attach every hook.
 
@@ -186,6 +220,9 @@ class Gates(nn.Module):
             importance=importance, normalize=normalize,
         )
         gates = cls([make(s) for s in dims], [make(s) for s in depth])
+        pairs = torch.tensor(derived or [], dtype=torch.long).reshape(-1, 2)
+        gates.register_buffer("derived_a", pairs[:, 0].clone(), persistent=False)
+        gates.register_buffer("derived_b", pairs[:, 1].clone(), persistent=False)
         model.add_module(GATES_NAME, gates)
         modules = dict(model.named_modules())
         has_mha = any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
@@ -200,6 +237,10 @@ class Gates(nn.Module):
             key = "idx_" + name.replace(".", "__")
             gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
             modules[name].register_forward_hook(_MaskedNorm(gates, key))
+        for name, (dim, slots) in (outputs or {}).items():
+            key = "out_" + name.replace(".", "__")
+            gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
+            modules[name].register_forward_hook(_MaskOutput(gates, key, dim))
         for name, (j, i) in branches.items():
             modules[name].register_forward_hook(_MaskBranch(gates, j, i))
         return gates
@@ -209,8 +250,8 @@ class Gates(nn.Module):
         """Compute every mask once for this forward (and hook Taylor importance)."""
         track = torch.is_grad_enabled() and self.training and self.mode == "soft"
         parts = [self._mask(t, track) for t in self.width]
-        one = torch.ones(1, device=self._device(), dtype=self._dtype())
-        self._masks = torch.cat(parts + [one]) if parts else one
+        self._masks = assemble_width_mask(parts, self.derived_a, self.derived_b,
+                                          like=torch.ones(1, device=self._device(), dtype=self._dtype()))
         self._depth_masks = [t.hard_mask() if self.depth_frozen else self._mask(t, track)
                              for t in self.depth]
 

@@ -29,7 +29,7 @@ from .discover import SearchSpace, discover
 from .export import FORMAT, export_model
 from .handlers import handler_for
 from .importance import IMPORTANCE_METRICS
-from .masks import GATES_NAME, Gates
+from .masks import GATES_NAME, Gates, assemble_width_mask
 from .resources import RESOURCES, CostModel
 
 __all__ = ["SearchConfig", "Searcher", "prepare"]
@@ -138,8 +138,10 @@ class Searcher:
             dims.append((d.size, step, min_keep, temperature))
         depth = [(len(d.blocks), 1, d.min_keep, cfg.depth_temperature) for d in space.depth]
         modules = dict(self.model.named_modules())
-        consumers, norms = {}, {}
+        consumers, norms, outputs = {}, {}, {}
         for name, layer in space.layers.items():
+            if layer.mask_output and layer.out_slots is not None and (layer.out_slots >= 0).any():
+                outputs[name] = (handler_for(modules[name]).channel_dim, layer.out_slots)
             if layer.virtual or layer.in_slots is None or (layer.in_slots < 0).all():
                 continue
             if "in" in layer.macs_sides:
@@ -149,7 +151,8 @@ class Searcher:
         branches = {m: (j, i) for j, d in enumerate(space.depth) for i, b in enumerate(d.blocks)
                     for m in b.branch_modules}
         gates = Gates.attach(self.model, dims, depth, consumers, branches,
-                             importance=cfg.importance, normalize=cfg.normalize, norms=norms)
+                             importance=cfg.importance, normalize=cfg.normalize, norms=norms,
+                             outputs=outputs, derived=space.derived)
         for d, topk in zip(space.width, gates.width):
             topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]
         return gates
@@ -192,8 +195,8 @@ class Searcher:
             return m
 
         g = self.gates
-        one = torch.ones(1, device=self._device())
-        width = torch.cat([pick(t) for t in g.width] + [one])
+        width = assemble_width_mask([pick(t) for t in g.width], g.derived_a, g.derived_b,
+                                    like=torch.ones(1, device=self._device()))
         depth_frozen = self._depth_frozen and kind == "soft"
         depth_parts = [t.hard_mask() if depth_frozen else pick(t) for t in g.depth]
         depth = torch.cat(depth_parts) if depth_parts else torch.zeros(0, device=self._device())
@@ -417,8 +420,8 @@ def _kept(slots: np.ndarray | None, keep: np.ndarray) -> list[int] | None:
 
 
 def _without_width(space: SearchSpace) -> SearchSpace:
-    layers = {n: type(l)(l.name, l.handler, None, None, l.macs, l.macs_sides, l.virtual, l.masked_norm)
-              for n, l in space.layers.items()}
+    layers = {n: type(l)(l.name, l.handler, None, None, l.macs, l.macs_sides, l.virtual, l.masked_norm,
+                         l.mask_output) for n, l in space.layers.items()}
     return SearchSpace([], space.depth, layers, space.pinned_reasons, space.total_macs, space.module_macs)
 
 

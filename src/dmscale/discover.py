@@ -474,13 +474,10 @@ def _match_block(tr: Tracer, call: ModuleCall, y: int, call_count: dict[str, int
     if ev is None:
         return None
     if ev.name not in _ADDS:
+        if ev.name not in _ACTIVATIONS or len(ev.inputs) != 1:
+            return None
+        act_input = ev.inputs[0]
         post = [c for c in tr.calls if inside(c) and c.output_nodes == [y] and c.done]
-        if ev.name in _ACTIVATIONS and len(ev.inputs) == 1:
-            act_input = ev.inputs[0]
-        elif ev.module is not None:
-            return None
-        else:
-            return None
         modules = dict(tr.model.named_modules())
         post_call = next((c for c in reversed(post) if c.input_node == act_input), None)
         if post_call is not None and not any(True for _ in modules[post_call.name].parameters()):
@@ -704,11 +701,7 @@ def _stages(model: nn.Module, blocks: list[tuple[str, Block]]) -> list[DepthDim]
 
 
 def _pin_reason(tr: Tracer, ids: np.ndarray) -> str:
-    for x in ids.tolist():
-        # the reason was stored under the root at the time of pinning; walk the original ids
+    for x in ids.tolist():  # a reason is stored under the set's root at the time of pinning
         if x in tr.pin_reasons:
             return tr.pin_reasons[x]
-    for r, why in tr.pin_reasons.items():
-        if tr.uf.find(r) == PIN:
-            return why
-    return "fixed"
+    return "tied (residual add, concat, ...) to channels that are fixed"

@@ -251,7 +251,7 @@ class Gates(nn.Module):
         track = torch.is_grad_enabled() and self.training and self.mode == "soft"
         parts = [self._mask(t, track) for t in self.width]
         self._masks = assemble_width_mask(parts, self.derived_a, self.derived_b,
-                                          like=torch.ones(1, device=self._device(), dtype=self._dtype()))
+                                          like=torch.ones(1, device=self._device()))
         self._depth_masks = [t.hard_mask() if self.depth_frozen else self._mask(t, track)
                              for t in self.depth]
 
@@ -277,9 +277,6 @@ class Gates(nn.Module):
     def _device(self) -> torch.device:
         return self.width[0].a.device if len(self.width) else (
             self.depth[0].a.device if len(self.depth) else torch.device("cpu"))
-
-    def _dtype(self) -> torch.dtype:
-        return torch.float32
 
     @contextlib.contextmanager
     def use(self, mode: str | None = None, enabled: bool = True) -> Iterator[None]:

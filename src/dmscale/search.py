@@ -313,7 +313,6 @@ class Searcher:
                 t.a.fill_(1.0 - (k + 0.25) / t.n_units)  # round((1-a)N) = k, clear of .5
                 t.clamp_()
 
-        current = self._exact_cost("hard")
         for _ in range(10 * sum(t.n_units for t in topks)):
             best: tuple[float, Any, int] | None = None
             for t in topks:
@@ -329,9 +328,7 @@ class Searcher:
                     best = (cost, t, k + 1)
             if best is None:
                 break
-            current = best[0]
             set_count(best[1], best[2])
-        self._last_cost = current
 
     @contextlib.contextmanager
     def hardened(self) -> Iterator[nn.Module]:

@@ -72,15 +72,6 @@ class AttentionSpec:
     head_dim: Callable[[nn.Module], bool] = lambda m: False
 
 
-def _first_input(args: tuple, kwargs: dict) -> torch.Tensor:
-    if args and isinstance(args[0], torch.Tensor):
-        return args[0]
-    for key in ("hidden_states", "x", "query"):
-        if isinstance(kwargs.get(key), torch.Tensor):
-            return kwargs[key]
-    return next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
-
-
 def _first_output(out: Any) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out[0]
 
@@ -88,8 +79,8 @@ def _first_output(out: Any) -> torch.Tensor:
 def attention_handler(spec: AttentionSpec) -> Handler:
     """A :class:`Handler` for attention modules described by ``spec``."""
 
-    def trace(tr: "Tracer", name: str, m: nn.Module, args: tuple, out: Any, kwargs: dict | None = None) -> None:
-        x = _first_input(args, kwargs or {})
+    def trace(tr: "Tracer", name: str, m: nn.Module, args: tuple, out: Any) -> None:
+        x = args[0]  # the tracer passes the first tensor input (hidden_states) positionally
         y = _first_output(out)
         in_ids = tr.take_channel_label(tr.label_of(x), x.dim() - 1, f"input of {name}")
         n_heads, n_kv, d = spec.heads(m)
@@ -131,7 +122,7 @@ def attention_handler(spec: AttentionSpec) -> Handler:
             tr.set_label(y, y.dim() - 1, q_ids)
 
     def prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tensor | None) -> None:
-        n_heads, n_kv, d = spec.heads(m)
+        _, n_kv, _ = spec.heads(m)
         units = n_kv if in_keep is None else int(in_keep.numel())
         spec.update(m, units, None if out_keep is None else int(out_keep.numel()))
 

@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .graph import PIN, Event, Label, LayerRecord, ModuleCall, UnionFind
-from .handlers import Handler, handler_for
+from .handlers import handler_for
 from .rules import _tensors, apply_rule
 
 __all__ = ["discover", "SearchSpace", "WidthDim", "DepthDim", "Block", "Tracer", "UnsupportedLayerError"]
@@ -112,15 +112,7 @@ class SearchSpace:
     n_slots: int = field(init=False)  # base + derived; the fixed-channel entry has this index
 
     def __post_init__(self) -> None:
-        self.n_base_slots = sum(d.size for d in self.width)
-        self.n_slots = self.n_base_slots + len(self.derived)
-
-    def slot_offsets(self) -> list[int]:
-        out, acc = [], 0
-        for d in self.width:
-            out.append(acc)
-            acc += d.size
-        return out
+        self.n_slots = sum(d.size for d in self.width) + len(self.derived)
 
     def block_of(self, name: str) -> tuple[int, int] | None:
         """(depth dim, block) whose block module contains module/param ``name``."""

@@ -164,7 +164,8 @@ def apply_structure(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
         owner, _, attr = pname.rpartition(".")
         module = model.get_submodule(owner) if owner else model
         p = getattr(module, attr)
-        data = p.data.index_select(spec["dim"], torch.tensor(spec["keep"], dtype=torch.long)).clone()
+        keep = torch.tensor(spec["keep"], dtype=torch.long, device=p.device)
+        data = p.data.index_select(spec["dim"], keep).clone()
         setattr(module, attr, nn.Parameter(data, requires_grad=p.requires_grad))
     _retie(tied)
     for name, new in replacements.items():

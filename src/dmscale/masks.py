@@ -130,8 +130,8 @@ class _MaskedNorm(DMSHook):
         xf = x.to(torch.float32)
         total = m.sum().clamp_min(1e-6)
         eps = getattr(module, "eps", None)
-        eps = getattr(module, "variance_epsilon", 1e-6) if eps is None else eps
-        eps = torch.finfo(torch.float32).eps if eps is None else eps
+        eps = getattr(module, "variance_epsilon", None) if eps is None else eps
+        eps = torch.finfo(x.dtype).eps if eps is None else eps  # nn.RMSNorm(eps=None)
         if isinstance(module, nn.LayerNorm):
             mean = (xf * m).sum(-1, keepdim=True) / total
             var = (((xf - mean) ** 2) * m).sum(-1, keepdim=True) / total
@@ -175,6 +175,18 @@ class Gates(nn.Module):
         self.depth_frozen = False  # width-only phase: depth masks hard
         self._masks: torch.Tensor | None = None
         self._depth_masks: list[torch.Tensor] | None = None
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "Gates":
+        """``model.to(device)`` moves the gates; ``model.half()`` / ``.to(bfloat16)`` does
+        not lower their precision: ``a`` and importance stay float32 (k = round((1-a)N)
+        and the moving average need it; masks are cast to the activations' dtype)."""
+        super()._apply(fn, recurse)
+        for t in list(self.width) + list(self.depth):
+            if t.a.dtype != torch.float32:
+                t.a.data = t.a.data.float()
+            if t.importance.dtype != torch.float32:
+                t.importance = t.importance.float()
+        return self
 
     def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         """Identity: when the model is an ``nn.Sequential``, the gates are its last child

@@ -96,12 +96,7 @@ class CostModel:
         self._groups: list[torch.Tensor] = []
         self._group_key: dict[bytes, int] = {}
         self._block_index = self._flat_blocks(space)
-        rows: list[tuple[float, int, int, int]] = []
-        if resource == "macs":
-            rows = self._macs_rows(model, space)
-        else:
-            rows = self._params_rows(model, space)
-        self.constant = 0.0
+        rows = self._macs_rows(model, space) if resource == "macs" else self._params_rows(model, space)
         kept = [r for r in rows if not (r[1] < 0 and r[2] < 0 and r[3] < 0)]
         self.constant = float(sum(r[0] for r in rows if r[1] < 0 and r[2] < 0 and r[3] < 0))
         g, b = len(self._groups), len(self._block_index)
@@ -143,7 +138,6 @@ class CostModel:
         return -1 if jb is None else self._block_index[jb]
 
     def _macs_rows(self, model: nn.Module, space: SearchSpace) -> list[tuple[float, int, int, int]]:
-        modules = dict(model.named_modules())
         rows = []
         attributed = 0
         for name, layer in space.layers.items():

@@ -202,9 +202,9 @@ def permute(tr: "Tracer", name: str, args: tuple, kwargs: dict, out: Any) -> Non
     if lab is None:
         return
     n = x.dim()
-    if name in ("permute",):
-        dims = args[1:] if len(args) > 2 or not isinstance(_arg(args, kwargs, 1, "dims"), (list, tuple)) else args[1]
-        dims = [_norm_dim(int(v), n) for v in (dims or kwargs["dims"])]
+    if name == "permute":
+        dims = kwargs.get("dims") or (args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:])
+        dims = [_norm_dim(int(v), n) for v in dims]
         tr.set_label(out, dims.index(lab.dim), lab.ids)
         return
     if name in ("transpose", "swapaxes", "swapdims", "transpose_"):
@@ -314,7 +314,8 @@ def split(tr: "Tracer", name: str, args: tuple, kwargs: dict, out: Any) -> None:
             tr.set_label(o, lab.dim, lab.ids)
         return
     sizes = {o.shape[dim] for o in outs}
-    if name not in ("chunk", "split") or len(sizes) != 1 or len(outs) * sizes.pop() != len(lab.ids):
+    # split() takes sizes written in the model code: they would not follow a pruned width
+    if name != "chunk" or len(sizes) != 1 or len(outs) * sizes.pop() != len(lab.ids):
         # hard-coded sizes or offsets would take the wrong channels once some are removed
         return unknown(tr, name, args, kwargs, out)
     # equal parts stay equal only if they are pruned alike: tie part i's channel j to part 0's
@@ -360,6 +361,8 @@ def reduction(tr: "Tracer", name: str, args: tuple, kwargs: dict, out: Any) -> N
     if lab is None:
         return
     dim = _arg(args, kwargs, 1, "dim")
+    if name in ("max", "min") and isinstance(dim, torch.Tensor):  # torch.max(a, b): elementwise
+        return elementwise(tr, name, args, kwargs, out)
     if name == "norm":
         dim = _arg(args, kwargs, 2, "dim")
     keepdim = bool(_arg(args, kwargs, 2 if name != "norm" else 3, "keepdim", False))

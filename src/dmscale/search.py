@@ -155,6 +155,10 @@ class Searcher:
                              outputs=outputs, derived=space.derived)
         for d, topk in zip(space.width, gates.width):
             topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]
+        # the gates live where the model lives (prepare may come after model.to(device))
+        param = next(iter(self.model.parameters()), None)
+        if param is not None:
+            gates.to(param.device)
         return gates
 
     def _cost_model(self, resource: str | None = None) -> Any:
@@ -172,7 +176,8 @@ class Searcher:
     def _resolve_target(self) -> float:
         t = float(self.config.target)
         target = t * self.supernet_cost if t <= 1 else t
-        low, high = self.profile()["min"], self.profile()["max"]
+        bounds = self.profile()
+        low, high = bounds["min"], bounds["max"]
         if not low - 1e-9 <= target <= high + 1e-9:
             raise ValueError(
                 f"target {self.config.resource} = {target:,.0f} is outside what this search "
@@ -308,11 +313,6 @@ class Searcher:
 
     def _give_back_units(self, topks: list[Any]) -> None:
         """Greedy: add one unit to the dim whose unit costs least, while under target."""
-        def set_count(t: Any, k: int) -> None:
-            with torch.no_grad():
-                t.a.fill_(1.0 - (k + 0.25) / t.n_units)  # round((1-a)N) = k, clear of .5
-                t.clamp_()
-
         for _ in range(10 * sum(t.n_units for t in topks)):
             best: tuple[float, Any, int] | None = None
             for t in topks:
@@ -320,15 +320,15 @@ class Searcher:
                 if k >= t.n_units:
                     continue
                 old_a = float(t.a.detach())
-                set_count(t, k + 1)
-                cost = self._exact_cost("hard")
+                t.set_count(k + 1)
+                cost = self._exact_cost("hard") if t.hard_count() == k + 1 else math.inf
                 with torch.no_grad():
                     t.a.fill_(old_a)
                 if cost <= self.target_cost and (best is None or cost < best[0]):
                     best = (cost, t, k + 1)
             if best is None:
                 break
-            set_count(best[1], best[2])
+            best[1].set_count(best[2])
 
     @contextlib.contextmanager
     def hardened(self) -> Iterator[nn.Module]:
@@ -435,7 +435,7 @@ def prepare(model: nn.Module, example_inputs: Any, config: SearchConfig | None =
     config = config or SearchConfig()
     try:
         return Searcher(model, example_inputs, config)
-    except Exception:
+    except BaseException:
         from .masks import detach
 
         if GATES_NAME in model._modules:

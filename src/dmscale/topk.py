@@ -205,6 +205,19 @@ class DifferentiableTopK(nn.Module):
             k = int((self.importance > self.a.detach()).sum().item())
         return max(self.min_units, min(self.n_units, k))
 
+    def set_count(self, k: int) -> None:
+        """Set ``a`` so that the hard mask keeps ``k`` units (clamped to [n_min, N])."""
+        k = max(self.min_units, min(self.n_units, int(k)))
+        with torch.no_grad():
+            if self.normalize:
+                self.a.fill_(1.0 - (k + 0.25) / self.n_units)  # round((1-a)N) = k, clear of .5
+            else:  # between the k-th and (k+1)-th largest raw importance
+                c = torch.sort(self.importance, descending=True).values
+                hi = float(c[k - 1]) if k > 0 else float(c[0]) + 1.0
+                lo = float(c[k]) if k < self.n_units else hi - 1.0
+                self.a.fill_((hi + lo) / 2)
+            self.clamp_()
+
     def unit_hard_mask(self) -> torch.Tensor:
         """0/1 per unit: the k highest-ranked units (k from :meth:`hard_count`).
 
@@ -214,11 +227,12 @@ class DifferentiableTopK(nn.Module):
         rank = integer_rank(self.importance)  # 0 = least important
         k = self.hard_count()
         keep = rank >= self.n_units - k
-        for group in self.required_groups:
+        groups = [g.to(keep.device) for g in self.required_groups]
+        for group in groups:
             if keep[group].any() or k == 0:
                 continue
             needed = torch.zeros_like(keep)
-            for g in self.required_groups:
+            for g in groups:
                 kept = g[keep[g]]
                 if len(kept) == 1:
                     needed[kept] = True

@@ -16,6 +16,7 @@ Example:
 """
 
 from ._compat import ensure_torchvision
+from .calibrate import recalibrate_batchnorm
 from .discover import UnsupportedLayerError, discover
 from .export import StructureError, apply_structure
 from .handlers import Handler, register_handler
@@ -34,6 +35,7 @@ __all__ = [
     "detach",
     "save",
     "load",
+    "recalibrate_batchnorm",
     "discover",
     "register_handler",
     "Handler",

@@ -267,7 +267,7 @@ def _calibrated_resource_loss(searcher: dms.Searcher, weight: float) -> torch.Te
 
 
 def recalibrate_batchnorm(model: nn.Module, task: Task, batch_size: int, seed: int,
-                          device: torch.device | str = "cpu", batches: int = BN_CALIBRATION_BATCHES) -> int:
+                          device: torch.device | str = "cpu", n_batches: int = BN_CALIBRATION_BATCHES) -> int:
     """Re-estimate the running statistics of every BatchNorm layer of ``model`` on training
     batches (no gradients, weights untouched); returns the number of layers.
 
@@ -275,26 +275,13 @@ def recalibrate_batchnorm(model: nn.Module, task: Task, batch_size: int, seed: i
     scaled by 0.5 - 0.9, blocks partly on); the exported model computes hard-masked
     activations, so its inherited running statistics are off until re-estimated.
     """
-    norms = [m for m in model.modules()
-             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    if not norms:
-        return 0
-    momenta = [m.momentum for m in norms]
-    for m in norms:
-        m.reset_running_stats()
-        m.momentum = None  # cumulative average over the calibration batches
-    was = model.training
-    model.train()
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            for step in range(batches):
-                x, _ = task.train_batch(step, batch_size, seed)
-                task.forward(model, x.to(device))
-    finally:
-        for m, mom in zip(norms, momenta):
-            m.momentum = mom
-        model.train(was)
-    return len(norms)
+    def batches():
+        for step in range(n_batches):
+            x, _ = task.train_batch(step, batch_size, seed)
+            yield x.to(device)
+
+    with torch.random.fork_rng(devices=[]):
+        return dms.recalibrate_batchnorm(model, batches(), forward=task.forward)
 
 
 # ----------------------------------------------------------------------------- models

@@ -762,6 +762,13 @@ class Pipeline:
         save_weights(small, self.rd / "model.safetensors")
         self.state["counts"]["found"] = dms.count(small, self.example)
         self.state["resources"] = searcher.resources()
+        if cfg.resource == "latency":
+            fit = searcher.latency_fit()
+            self.state["latency_fit"] = {k: fit[k] for k in ("fit_rmse_rel", "fit_rmse_rel_max",
+                                                             "parts_rel_error", "calibration")}
+            self._log(f"latency model: fit error {fit['fit_rmse_rel']:.1%} (pooled relative RMSE, "
+                      f"worst layer {fit['fit_rmse_rel_max']:.1%}); the parts add up to the timed "
+                      f"model within {fit['parts_rel_error']:+.1%}, calibration x{fit['calibration']:.3f}")
 
     def _check_teacher(self, teacher: nn.Module, model: nn.Module) -> None:
         with torch.no_grad():

@@ -274,6 +274,13 @@ class Searcher:
             "supernet": self.supernet_cost,
         }
 
+    def latency_fit(self) -> dict[str, Any]:
+        """The latency model's fit report (per-layer and pooled relative RMSE, calibration,
+        how the parts add up to the timed model); see ``LatencyCostModel.fit_report``."""
+        if self.config.resource != "latency":
+            raise ValueError(f"latency_fit() needs resource='latency', this search uses {self.config.resource!r}")
+        return self._cost_model("latency").fit_report()
+
     def profile(self) -> dict[str, float]:
         """Smallest and largest cost this search space can reach."""
         return {"min": self._exact_cost("min"), "max": self._exact_cost(None)}

@@ -344,3 +344,17 @@ def test_searcher_state_dict_carries_the_latency_profile(prepared) -> None:
                                                       latency_options={"profile": state["latency_profile"]}))
     resumed.load_state_dict(state)
     assert float(resumed.soft_cost().detach()) == pytest.approx(float(searcher.soft_cost().detach()))
+
+
+def test_searcher_reports_the_latency_fit(prepared) -> None:
+    _, _, searcher, _ = prepared
+    fit = searcher.latency_fit()
+    assert 0 <= fit["fit_rmse_rel"] < 0.5 and fit["calibration"] > 0
+    assert set(fit["layers"]) <= set(searcher.space.layers)
+
+
+def test_latency_fit_needs_a_latency_search() -> None:
+    entry = ZOO["small_cnn"]
+    searcher = dms.prepare(entry.build(), torch.randn(*entry.input_shape))
+    with pytest.raises(ValueError, match="needs resource='latency'"):
+        searcher.latency_fit()

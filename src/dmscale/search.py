@@ -201,16 +201,11 @@ class Searcher:
 
         g = self.gates
         width = assemble_width_mask([pick(t) for t in g.width], g.derived_a, g.derived_b,
-                                    like=torch.ones(1, device=self._device()))
-        depth_frozen = self._depth_frozen and kind == "soft"
+                                    like=torch.ones(1, device=g._device()))
+        depth_frozen = g.depth_frozen and kind == "soft"
         depth_parts = [t.hard_mask() if depth_frozen else pick(t) for t in g.depth]
-        depth = torch.cat(depth_parts) if depth_parts else torch.zeros(0, device=self._device())
+        depth = torch.cat(depth_parts) if depth_parts else torch.zeros(0, device=g._device())
         return width, depth
-
-    _depth_frozen = False
-
-    def _device(self) -> torch.device:
-        return next(self.gates.parameters()).device
 
     def _exact_cost(self, hard: str | None, resource: str | None = None) -> float:
         kind = "open" if hard is None else hard
@@ -257,7 +252,6 @@ class Searcher:
 
     def freeze_depth(self, frozen: bool = True) -> None:
         """Fix depth at its hard value (width-only phase): hard depth masks, no gradient."""
-        self._depth_frozen = frozen
         self.gates.depth_frozen = frozen
         for t in self.gates.depth:
             t.a.requires_grad_(not frozen)
@@ -293,7 +287,7 @@ class Searcher:
         given back greedily, each time the one that adds the least cost, while the hard cost
         stays under the target. Returns :meth:`resources` afterwards.
         """
-        topks = list(self.gates.width) + ([] if self._depth_frozen else list(self.gates.depth))
+        topks = list(self.gates.width) + ([] if self.gates.depth_frozen else list(self.gates.depth))
         base = [float(t.a.detach()) for t in topks]
 
         def cost_at(offset: float) -> float:
@@ -393,7 +387,7 @@ class Searcher:
         """Everything needed to resume: structural parameters, importance, config, target."""
         state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
                  "config": asdict(self.config), "target_cost": self.target_cost,
-                 "supernet_cost": self.supernet_cost, "depth_frozen": self._depth_frozen}
+                 "supernet_cost": self.supernet_cost, "depth_frozen": self.gates.depth_frozen}
         if "latency" in self._costs:  # a resumed search keeps the measured cost scale
             state["latency_profile"] = self._costs["latency"].state_dict()
         return state

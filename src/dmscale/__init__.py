@@ -17,8 +17,9 @@ Example:
 
 from ._compat import ensure_torchvision
 from .calibrate import recalibrate_batchnorm
-from .discover import UnsupportedLayerError, discover
-from .export import StructureError, apply_structure
+from .discover import discover
+from .errors import DMScaleError, StructureError, UnsupportedLayerError, VerificationError
+from .export import apply_structure
 from .handlers import Handler, register_handler
 from .io import load, save
 from .masks import detach
@@ -42,6 +43,8 @@ __all__ = [
     "DifferentiableTopK",
     "UnsupportedLayerError",
     "StructureError",
+    "DMScaleError",
+    "VerificationError",
     "ensure_torchvision",
 ]
 __version__ = "0.1.0"

@@ -32,6 +32,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from .errors import UnsupportedLayerError
 from .graph import PIN, Event, Label, LayerRecord, ModuleCall, UnionFind
 from .handlers import handler_for
 from .rules import _tensors, apply_rule
@@ -41,10 +42,6 @@ __all__ = ["discover", "SearchSpace", "WidthDim", "DepthDim", "Block", "Tracer",
 
 _PARAM_VIEWS = {"expand", "expand_as", "to", "type_as", "float", "half", "bfloat16",
                 "contiguous", "clone", "detach", "broadcast_to"}
-
-
-class UnsupportedLayerError(ValueError):
-    """A layer with weights that dmscale cannot shrink (no handler registered for its type)."""
 
 
 @dataclass

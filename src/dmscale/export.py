@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import StructureError
 from .handlers import HANDLERS_BY_NAME, handler_for
 from .masks import detach
 
@@ -35,10 +36,6 @@ FORMAT = "dmscale.structure/1"
 _ACTIVATION_MODULES = {
     "relu": nn.ReLU, "relu6": nn.ReLU6, "silu": nn.SiLU, "gelu": nn.GELU, "hardswish": nn.Hardswish,
 }
-
-
-class StructureError(ValueError):
-    """A structure does not fit the model it is applied to."""
 
 
 class SkipBlock(nn.Module):

@@ -1,0 +1,31 @@
+"""The exceptions dmscale raises on purpose, with one common base class.
+
+Every error a user can meet by giving dmscale something it cannot handle derives from
+:class:`DMScaleError` (and from ``ValueError``, so existing ``except ValueError`` code keeps
+working). Messages name the layer or value at fault, what was expected, and the fix.
+
+Example:
+    >>> issubclass(UnsupportedLayerError, DMScaleError), issubclass(VerificationError, ValueError)
+    (True, True)
+"""
+
+from __future__ import annotations
+
+__all__ = ["DMScaleError", "UnsupportedLayerError", "StructureError", "VerificationError"]
+
+
+class DMScaleError(ValueError):
+    """Base class of every error dmscale raises about a model, a structure or a config."""
+
+
+class UnsupportedLayerError(DMScaleError):
+    """A layer dmscale cannot shrink exactly (no handler knows what it computes)."""
+
+
+class StructureError(DMScaleError):
+    """A structure does not fit the model it is applied to."""
+
+
+class VerificationError(DMScaleError):
+    """A self-check failed: open masks do not reproduce the model, or an export does not
+    reproduce the hardened supernet. The message names the first layer that diverges."""

@@ -180,3 +180,44 @@ def test_taylor_importance_drives_the_ranking() -> None:
     with torch.no_grad():
         topk.a.fill_(0.5)
     assert topk.kept_elements() == [1, 3, 5, 7, 9]
+
+
+# ----------------------------------------------------------------------------- issue 8, defect 4
+
+
+def _prepared_mlp(seed: int = 0):
+    import dmscale as dms
+
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    x = torch.randn(8, 6)
+    return net, x, dms.prepare(net, x, dms.SearchConfig(resource="macs", target=0.5))
+
+
+def test_non_finite_gradient_leaves_importance_untouched() -> None:
+    net, x, searcher = _prepared_mlp()
+    net(x).pow(2).mean().backward()
+    before = searcher.gates.width[0].importance.clone()
+    assert before.abs().sum() > 0
+    (net(x).pow(2).mean() * float("inf")).backward()  # an fp16 overflow, say
+    after = searcher.gates.width[0].importance
+    assert torch.isfinite(after).all()
+    torch.testing.assert_close(after, before)
+    net(x).pow(2).mean().backward()  # and later steps still update it
+    assert not torch.equal(searcher.gates.width[0].importance, before)
+
+
+def test_function_skips_a_non_finite_update() -> None:
+    c = torch.tensor([1.0, 2.0])
+    update_importance(c, torch.ones(2), torch.tensor([float("nan"), 1.0]), "taylor", 0.9)
+    assert c.tolist() == [1.0, 2.0]
+
+
+def test_grad_scaler_importance_is_computed_from_unscaled_gradients() -> None:
+    net_a, x, plain = _prepared_mlp()
+    net_a(x).pow(2).mean().backward()
+    net_b, _, scaled = _prepared_mlp()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    scaled.use_grad_scaler(scaler)
+    scaler.scale(net_b(x).pow(2).mean()).backward()
+    torch.testing.assert_close(scaled.gates.width[0].importance, plain.gates.width[0].importance)

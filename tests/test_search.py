@@ -157,3 +157,41 @@ def test_state_dict_round_trip_resumes_to_the_same_structure():
     _search_steps(model2, searcher2, opt2, data, 12, start=8)
     assert searcher2.structure()["layers"] == expected["layers"]
     assert searcher2.structure()["removed_blocks"] == expected["removed_blocks"]
+
+
+# ----------------------------------------------------------------------------- issue 8
+
+
+def test_width_step_and_min_width_do_not_group_attention_heads():
+    """Defect 5: coarse steps are for channels; heads keep their own unit."""
+    dms.ensure_torchvision()
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=4, head_dim=16)
+    model = transformers.LlamaForCausalLM(config).eval()
+    x = {"input_ids": torch.randint(0, 64, (1, 8))}
+    searcher = dms.prepare(model, x, dms.SearchConfig(resource="params", target=0.7,
+                                                      width_step=32, min_width=8))
+    by_name = dict(zip([d.name for d in searcher.space.width], searcher.gates.width))
+    heads = by_name["model.layers.0.self_attn.heads"]
+    assert (heads.step, heads.n_units, heads.min_units) == (1, 4, 1)
+    ffn = by_name["model.layers.0.mlp.gate_proj"]
+    assert (ffn.step, ffn.n_units) == (32, 4)
+
+
+def test_profile_min_counts_the_short_last_unit():
+    """Defect 7: a width of 10 in steps of 4 can keep just its last 2 channels."""
+    net = nn.Sequential(nn.Linear(4, 10), nn.ReLU(), nn.Linear(10, 2))
+    x = torch.randn(1, 4)
+    searcher = dms.prepare(net, x, dms.SearchConfig(resource="macs", target=0.9, width_step=4))
+    topk = searcher.gates.width[0]
+    with torch.no_grad():
+        topk.importance.copy_(torch.tensor([0.0, 0.0, 1.0]))  # the short last unit ranks first
+        topk.set_count(1)
+    assert searcher.resources()["hard"] == 4 * 2 + 2 * 2
+    assert searcher.profile()["min"] == 4 * 2 + 2 * 2
+    again = dms.prepare(nn.Sequential(nn.Linear(4, 10), nn.ReLU(), nn.Linear(10, 2)), x,
+                        dms.SearchConfig(resource="macs", target=12.0, width_step=4))
+    assert again.target_cost == pytest.approx(12.0)

@@ -15,6 +15,7 @@ Example:
     >>> _ = dms.detach(net)
 """
 
+from . import attention, norms  # noqa: F401  (layer handlers register themselves)
 from ._compat import ensure_torchvision
 from .calibrate import recalibrate_batchnorm
 from .discover import discover

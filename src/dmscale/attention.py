@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ._compat import ensure_torchvision
-from .handlers import Handler, _slice_param, handler_for, register_handler
+from .handlers import Handler, _slice_param, handler_for, register_family_loader, register_handler
 
 if TYPE_CHECKING:
     from .discover import Tracer
@@ -260,3 +260,5 @@ def _register_timm() -> None:
                 "attn_timm", None, None, None, "qkv", "proj",
                 lambda m: (m.num_heads, m.num_heads, m.head_dim), _update_timm, _timm_head_dim_ok)))
 
+
+register_family_loader(register_available)

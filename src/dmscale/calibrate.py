@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from .modes import train_mode
+
 __all__ = ["recalibrate_batchnorm"]
 
 
@@ -41,15 +43,12 @@ def recalibrate_batchnorm(model: nn.Module, batches: Iterable[Any],
     for m in norms:
         m.reset_running_stats()
         m.momentum = None  # cumulative average over the calibration batches
-    was = model.training
-    model.train()
     run = forward or (lambda mod, b: mod(b))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), train_mode(model):
             for batch in batches:
                 run(model, batch)
     finally:
         for m, mom in zip(norms, momenta):
             m.momentum = mom
-        model.train(was)
     return len(norms)

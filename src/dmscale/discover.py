@@ -34,10 +34,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .errors import UnsupportedLayerError
 from .graph import PIN, Event, Label, LayerRecord, ModuleCall, UnionFind
-from .handlers import handler_for
+from .handlers import handler_for, load_families
+from .modes import eval_mode
 from .rules import _tensors, apply_rule
 
-__all__ = ["discover", "SearchSpace", "WidthDim", "DepthDim", "Block", "Tracer", "UnsupportedLayerError"]
+__all__ = ["discover", "SearchSpace", "WidthDim", "DepthDim", "Block", "Tracer", "UnsupportedLayerError",
+           "output_template"]
 
 
 _PARAM_VIEWS = {"expand", "expand_as", "to", "type_as", "float", "half", "bfloat16",
@@ -66,6 +68,7 @@ class Block:
     branch_modules: list[str]  # modules whose outputs are the residual branches f_j(x)
     post_module: str | None = None  # activation module applied after the add, if any
     post_function: str | None = None  # or activation function name
+    output: Any = None  # None: returns the tensor; else its output_template (a tuple, ...)
 
 
 @dataclass
@@ -106,6 +109,8 @@ class SearchSpace:
     params: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)  # raw parameters
     # derived slots after the base ones: mask = mask[a] * mask[b] (-1: 1), e.g. (head, head dim)
     derived: list[tuple[int, int]] = field(default_factory=list)
+    # the model's output on the example inputs during the trace (eval mode, no grad)
+    example_output: Any = field(default=None, repr=False, compare=False)
     n_slots: int = field(init=False)  # base + derived; the fixed-channel entry has this index
 
     def __post_init__(self) -> None:
@@ -340,6 +345,7 @@ class Tracer:
         call = next(c for c in reversed(self.calls) if c.name == name and not c.done)
         call.done = True
         call.output_nodes = [self.node_of(t) for t in _tensors(out)]
+        call.output_template = output_template(out)
 
     def _opaque_call(self, name: str, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         ins = _tensors(args) + _tensors(kwargs)
@@ -378,6 +384,37 @@ class Tracer:
             self.pin_label(self.label_of(t), "model output")
         self.busy = False
         return out, counter
+
+
+_CONSTANTS = (type(None), bool, int, float, str)
+
+
+def output_template(out: Any) -> Any:
+    """How a module packs its one output tensor, in JSON: None for a bare tensor; for a
+    tuple or list ``{"type": "tuple", "items": [...]}`` with ``{"tensor": True}`` where the
+    tensor goes and the other items as the constants (None, numbers, strings) they were;
+    ``"opaque"`` for anything else (a dict, a cache object, a nested container), which a
+    replacement could not rebuild without running the module.
+
+    Example:
+        >>> import torch
+        >>> output_template((torch.ones(1), None))
+        {'type': 'tuple', 'items': [{'tensor': True}, None]}
+    """
+    if isinstance(out, torch.Tensor):
+        return None
+    if type(out) in (tuple, list):
+        items: list[Any] = []
+        for item in out:
+            if isinstance(item, torch.Tensor):
+                items.append({"tensor": True})
+            elif isinstance(item, _CONSTANTS):
+                items.append(item)
+            else:
+                return "opaque"
+        if sum(1 for i in items if isinstance(i, dict)) == 1:
+            return {"type": type(out).__name__, "items": items}
+    return "opaque"
 
 
 def split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
@@ -437,12 +474,16 @@ def find_blocks(tr: Tracer) -> list[tuple[str, Block]]:
     for call in tr.calls:
         if call.name in ("", "?") or call_count[call.name] != 1 or len(call.output_nodes) != 1:
             continue
+        if call.output_template == "opaque":  # a removed block could not return the same
+            continue
         if call.input_node is None or tr._is_opaque(call.name, modules[call.name]):
             continue
         y = call.output_nodes[0]
         if (call.input_node, y) in seen_io:
             continue
         block = _match_block(tr, call, y, call_count)
+        if block is not None:
+            block.output = call.output_template
         if block is not None:
             seen_io.add((call.input_node, y))
             parent = call.name.rpartition(".")[0]
@@ -515,19 +556,12 @@ def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
         depth: True to find residual stages automatically, False for none, or an explicit
             list of stage (parent module) names to search.
     """
-    from .attention import register_available
-
-    register_available()
+    load_families()
     exclude = tuple(exclude)
     check_supported(model, exclude)
     tr = Tracer(model, exclude)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            _, counter = tr.run(example_inputs)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        out, counter = tr.run(example_inputs)
     module_macs = _module_macs(model, counter)
     blocks = find_blocks(tr) if depth else []
     if depth is not True and depth:
@@ -537,7 +571,9 @@ def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
         if missing:
             raise ValueError(f"depth stages {sorted(missing)} have no residual block with an identity shortcut")
     blocks = [(p, b) for p, b in blocks if not tr._excluded(b.name)]
-    return _build(tr, blocks, module_macs, counter.get_total_flops() // 2)
+    space = _build(tr, blocks, module_macs, counter.get_total_flops() // 2)
+    space.example_output = out
+    return space
 
 
 def _module_macs(model: nn.Module, counter: FlopCounterMode) -> dict[str, int]:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .errors import StructureError
-from .handlers import HANDLERS_BY_NAME, handler_for
+from .handlers import HANDLERS_BY_NAME, handler_for, load_families
 from .masks import detach
 
 __all__ = ["apply_structure", "export_model", "FORMAT", "StructureError", "SkipBlock"]
@@ -39,21 +39,29 @@ _ACTIVATION_MODULES = {
 
 
 class SkipBlock(nn.Module):
-    """What a removed residual block becomes: ``post(x)`` (its post-add activation, if any).
+    """What a removed residual block becomes: ``post(x)`` (its post-add activation, if any),
+    packed as the block packed its output (``output``: a template from
+    :func:`dmscale.discover.output_template`, e.g. ``(y, None)`` for a block that returned a
+    tuple).
 
     Accepts and ignores the extra arguments the block was called with (attention masks,
     position embeddings, caches of Hugging Face decoder layers).
     """
 
-    def __init__(self, post: nn.Module | None = None) -> None:
+    def __init__(self, post: nn.Module | None = None, output: dict[str, Any] | None = None) -> None:
         super().__init__()
         if post is not None and getattr(post, "inplace", False):
             post.inplace = False  # the input may still be needed (a shortcut, a concat)
         self.post = post
+        self.output = output
 
-    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         # a new tensor, like the block's own output: callers may modify it in place
-        return x.clone() if self.post is None else self.post(x)
+        y = x.clone() if self.post is None else self.post(x)
+        if self.output is None:
+            return y
+        items = [y if isinstance(i, dict) else i for i in self.output["items"]]
+        return tuple(items) if self.output["type"] == "tuple" else items
 
 
 def _validate(model: nn.Module, structure: dict[str, Any]) -> None:
@@ -92,11 +100,12 @@ def _validate(model: nn.Module, structure: dict[str, Any]) -> None:
 
 
 def _replacement(model: nn.Module, block: dict[str, Any]) -> nn.Module:
+    output = block.get("output")
     if block.get("post_module"):
-        return SkipBlock(copy.deepcopy(model.get_submodule(block["post_module"])))
+        return SkipBlock(copy.deepcopy(model.get_submodule(block["post_module"])), output)
     if block.get("post_function"):
-        return SkipBlock(_ACTIVATION_MODULES[block["post_function"]]())
-    return SkipBlock()
+        return SkipBlock(_ACTIVATION_MODULES[block["post_function"]](), output)
+    return SkipBlock(output=output)
 
 
 def _tied_groups(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
@@ -147,6 +156,7 @@ def apply_structure(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
     Everything is checked before anything changes: on a mismatch (another architecture, a
     different size) a :class:`StructureError` names the layer and ``model`` is untouched.
     """
+    load_families()
     _validate(model, structure)
     tied = _tied_groups(model)
     replacements = {b["name"]: _replacement(model, b) for b in structure["removed_blocks"]}

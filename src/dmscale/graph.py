@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -95,6 +96,9 @@ class ModuleCall:
     input_node: int | None
     output_nodes: list[int] = field(default_factory=list)
     done: bool = False
+    # how the output is packed: None for a bare tensor, else an output template
+    # (dmscale.discover.output_template); "opaque" when it cannot be rebuilt without the call
+    output_template: Any = None
 
 
 @dataclass

@@ -31,6 +31,8 @@ __all__ = [
     "register_handler",
     "handler_for",
     "HANDLERS_BY_NAME",
+    "register_family_loader",
+    "load_families",
 ]
 
 # param name -> {tensor dim: "in" | "out"}: which channel side each weight dim follows
@@ -71,6 +73,23 @@ def register_handler(module_type: type | Callable[[nn.Module], bool], handler: H
     predicate ``module -> bool`` accepts; the most recent registration wins."""
     _REGISTRY.insert(0, (module_type, handler))
     HANDLERS_BY_NAME[handler.name] = handler
+
+
+_FAMILY_LOADERS: list[Callable[[], None]] = []
+
+
+def register_family_loader(loader: Callable[[], None]) -> None:
+    """Register ``loader``, called before every trace and structure application: a family
+    of handlers for a third-party library (timm, transformers) registers itself there once
+    that library is imported, so dmscale never imports it on its own."""
+    if loader not in _FAMILY_LOADERS:
+        _FAMILY_LOADERS.append(loader)
+
+
+def load_families() -> None:
+    """Run every registered family loader (cheap when nothing new was imported)."""
+    for loader in _FAMILY_LOADERS:
+        loader()
 
 
 def handler_for(module: nn.Module) -> Handler | None:
@@ -222,56 +241,6 @@ GROUPNORM = Handler(
 )
 
 
-def _norm_last_dim_trace(kind: str) -> Callable[..., None]:
-    """LayerNorm / RMSNorm over the last dim: channel-wise affine, statistics over channels.
-
-    The channels pass through; during the search a hook recomputes the statistics over the
-    kept channels only (``masked_norm``), so hard masks equal the pruned norm exactly.
-    """
-
-    def trace(tr: "Tracer", name: str, m: nn.Module, args: tuple, out: torch.Tensor) -> None:
-        x = args[0]
-        lab = tr.label_of(x)
-        shape = getattr(m, "normalized_shape", None)
-        one_dim = shape is None or len(tuple(shape)) == 1
-        if lab is not None and lab.dim == x.dim() - 1 and one_dim and out.shape == x.shape:
-            tr.record_layer(name, kind, lab.ids, lab.ids, macs_sides=(), masked_norm=True)
-            tr.set_label(out, lab.dim, lab.ids)
-            return
-        tr.pin_label(lab, f"{type(m).__name__} {name} normalises over several dims")
-        tr.record_layer(name, kind, None, None)
-
-    return trace
-
-
-def _last_dim_norm_prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tensor | None) -> None:
-    keep = out_keep if out_keep is not None else in_keep
-    if keep is None:
-        return
-    _slice_param(m, "weight", 0, keep)
-    _slice_param(m, "bias", 0, keep)
-    if hasattr(m, "normalized_shape"):
-        m.normalized_shape = (int(keep.numel()),)
-    if hasattr(m, "hidden_size"):
-        m.hidden_size = int(keep.numel())
-
-
-LAYERNORM = Handler(
-    "layernorm", _norm_last_dim_trace("layernorm"), _last_dim_norm_prune, _NORM_DIMS, lambda m: (),
-    channel_dim=-1,
-)
-RMSNORM = Handler(
-    "rmsnorm", _norm_last_dim_trace("rmsnorm"), _last_dim_norm_prune, lambda m: {"weight": {0: "out"}},
-    lambda m: (), channel_dim=-1,
-)
-
-
-def _is_rmsnorm(m: nn.Module) -> bool:
-    """torch.nn.RMSNorm and the Hugging Face *RMSNorm classes (weight over the last dim)."""
-    w = getattr(m, "weight", None)
-    return type(m).__name__.endswith("RMSNorm") and isinstance(w, torch.Tensor) and w.dim() == 1
-
-
 # ----------------------------------------------------------------------------- embedding
 
 
@@ -292,9 +261,7 @@ EMBEDDING = Handler(
 )
 
 for _typ, _h in [
-    (_is_rmsnorm, RMSNORM),
     (nn.Embedding, EMBEDDING),
-    (nn.LayerNorm, LAYERNORM),
     (nn.GroupNorm, GROUPNORM),
     (nn.modules.batchnorm._BatchNorm, BATCHNORM),
     (nn.Linear, LINEAR),

@@ -44,9 +44,15 @@ def update_importance(
     metric: str,
     decay: float,
 ) -> None:
-    """In-place Eq. 4 update of ``importance`` (shape (n,)) from mask and its gradient."""
+    """In-place Eq. 4 update of ``importance`` (shape (n,)) from mask and its gradient.
+
+    A gradient with any non-finite value (an fp16 overflow the GradScaler will skip) leaves
+    ``importance`` unchanged: one such step would otherwise make it non-finite for good.
+    The check stays on the device (no host synchronisation).
+    """
     score_fn = IMPORTANCE_METRICS[metric]
     if score_fn is None:
         return
     score = score_fn(mask.detach().to(importance.dtype), grad.detach().to(importance.dtype))
-    importance.mul_(decay).add_(score, alpha=1.0 - decay)
+    updated = importance * decay + score * (1.0 - decay)
+    importance.copy_(torch.where(torch.isfinite(score).all(), updated, importance))

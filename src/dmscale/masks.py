@@ -34,7 +34,7 @@ from torch import nn
 
 from .topk import DifferentiableTopK, StructuralGate
 
-__all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask"]
+__all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
 
 GATES_NAME = "dms_gates"
 
@@ -88,6 +88,9 @@ class _ComputeMasks(DMSHook):
 
 
 class _RestoreFastpath(DMSHook):
+    """Forward hook registered with ``always_call=True``: the global fast-path switch is
+    restored even when the forward raises."""
+
     def __init__(self, gates: "Gates") -> None:
         self.gates = gates
 
@@ -95,53 +98,76 @@ class _RestoreFastpath(DMSHook):
         prev = getattr(self.gates, "_fastpath", None)
         if prev is not None:
             torch.backends.mha.set_fastpath_enabled(prev)
+            self.gates._fastpath = None
+
+
+def first_input(args: tuple, kwargs: dict) -> tuple[int | str, torch.Tensor] | None:
+    """Where a layer's input is: ``(0, args[0])``, or ``(name, kwargs[name])`` for the first
+    tensor keyword when it is called with keywords only (``fc(input=h)``); the tracer reads
+    the same input (see :meth:`dmscale.discover.Tracer._opaque_call`)."""
+    if args:
+        return (0, args[0]) if isinstance(args[0], torch.Tensor) else None
+    for key, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            return key, value
+    return None
 
 
 class _MaskInput(DMSHook):
-    """Pre-hook: multiply the layer's first input by the masks of its channels."""
+    """Pre-hook (with kwargs): multiply the layer's input by the masks of its channels,
+    ``X * m`` with m shaped 1xCx1x1 (conv) or C (linear), A.1.1."""
 
     def __init__(self, gates: "Gates", key: str, dim: int) -> None:
         self.gates, self.key, self.dim = gates, key, dim
 
-    def __call__(self, module: nn.Module, args: tuple) -> tuple | None:
-        if not args or not self.gates.enabled:
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        found = first_input(args, kwargs)
+        if found is None or not self.gates.enabled:
             return None
-        x = args[0]
+        where, x = found
         m = self.gates.channel_mask(self.key)  # (C,)
-        dim = self.dim % x.dim()
         shape = [1] * x.dim()
-        shape[dim] = m.numel()
-        return (x * m.view(shape).to(x.dtype),) + tuple(args[1:])
+        shape[self.dim % x.dim()] = m.numel()
+        masked = x * m.view(shape).to(x.dtype)
+        if where == 0:
+            return (masked,) + tuple(args[1:]), kwargs
+        return args, {**kwargs, where: masked}
 
 
 class _MaskedNorm(DMSHook):
-    """Forward hook on a LayerNorm/RMSNorm over channels: recompute the output with mean and
-    variance taken over the kept channels only (weighted by their masks), so that hard masks
-    give exactly the norm of the pruned model."""
+    """Forward hook (with kwargs) on a norm over the last dim: the output as if mean and
+    variance were taken over the kept channels only (weighted by their masks), so hard masks
+    give exactly the norm of the pruned model.
 
-    def __init__(self, gates: "Gates", key: str) -> None:
-        self.gates, self.key = gates, key
+    The handler has checked what the layer computes (:mod:`dmscale.norms`): ``kind`` is
+    ``"layernorm"`` (``F.layer_norm`` with the module's weight, bias and eps) or ``"rms"``
+    (``y = g * x * rsqrt(mean(x^2) + eps)`` for some per-channel g, e.g. ``weight`` or
+    ``1 + weight``): an RMS output is rescaled by ``rsqrt(mean_kept + eps) / rsqrt(mean + eps)``,
+    which keeps whatever g the layer applies.
+    """
 
-    def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
-        if not self.gates.enabled:
+    def __init__(self, gates: "Gates", key: str, kind: str, eps: float | None) -> None:
+        self.gates, self.key, self.kind, self.eps = gates, key, kind, eps
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> torch.Tensor | None:
+        found = first_input(args, kwargs)
+        if found is None or not self.gates.enabled:
             return None
-        x = args[0]
+        x = found[1]
         m = self.gates.channel_mask(self.key).to(torch.float32)  # (C,)
         xf = x.to(torch.float32)
         total = m.sum().clamp_min(1e-6)
-        eps = getattr(module, "eps", None)
-        eps = getattr(module, "variance_epsilon", None) if eps is None else eps
-        eps = torch.finfo(x.dtype).eps if eps is None else eps  # nn.RMSNorm(eps=None)
-        if isinstance(module, nn.LayerNorm):
-            mean = (xf * m).sum(-1, keepdim=True) / total
-            var = (((xf - mean) ** 2) * m).sum(-1, keepdim=True) / total
-            y = (xf - mean) * torch.rsqrt(var + eps)
-        else:  # RMSNorm
-            y = xf * torch.rsqrt((xf * xf * m).sum(-1, keepdim=True) / total + eps)
-        weight = getattr(module, "weight", None)
-        bias = getattr(module, "bias", None)
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # nn.RMSNorm(eps=None)
+        if self.kind == "rms":
+            ms_kept = (xf * xf * m).sum(-1, keepdim=True) / total
+            ms_all = (xf * xf).mean(-1, keepdim=True)
+            return (out.to(torch.float32) * torch.rsqrt(ms_kept + eps) / torch.rsqrt(ms_all + eps)).to(out.dtype)
+        mean = (xf * m).sum(-1, keepdim=True) / total
+        var = (((xf - mean) ** 2) * m).sum(-1, keepdim=True) / total
+        y = (xf - mean) * torch.rsqrt(var + eps)
+        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         if weight is not None:
-            y = y.to(x.dtype) * weight if not isinstance(module, nn.LayerNorm) else y * weight
+            y = y * weight
         if isinstance(bias, torch.Tensor):
             y = y + bias
         return y.to(out.dtype)
@@ -170,8 +196,10 @@ class Gates(nn.Module):
         super().__init__()
         self.width = nn.ModuleList(width)
         self.depth = nn.ModuleList(depth)
-        self.mode = "soft"  # "soft" | "hard"
+        self.mode = "soft"  # "soft" | "hard" | "open" (all ones: the self-check of prepare)
         self.enabled = True
+        self.grad_scaler: Any = None  # a GradScaler: importance from unscaled gradients
+        self._inv_scale = 1.0
         self.depth_frozen = False  # width-only phase: depth masks hard
         self._masks: torch.Tensor | None = None
         self._depth_masks: list[torch.Tensor] | None = None
@@ -240,15 +268,15 @@ class Gates(nn.Module):
         has_mha = any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
         model.register_forward_pre_hook(_ComputeMasks(gates, no_fastpath=has_mha))
         if has_mha:
-            model.register_forward_hook(_RestoreFastpath(gates))
+            model.register_forward_hook(_RestoreFastpath(gates), always_call=True)
         for name, (dim, slots) in consumers.items():
             key = "idx_" + name.replace(".", "__")
             gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
-            modules[name].register_forward_pre_hook(_MaskInput(gates, key, dim))
-        for name, slots in (norms or {}).items():
+            modules[name].register_forward_pre_hook(_MaskInput(gates, key, dim), with_kwargs=True)
+        for name, (slots, kind, eps) in (norms or {}).items():
             key = "idx_" + name.replace(".", "__")
             gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
-            modules[name].register_forward_hook(_MaskedNorm(gates, key))
+            modules[name].register_forward_hook(_MaskedNorm(gates, key, kind, eps), with_kwargs=True)
         for name, (dim, slots) in (outputs or {}).items():
             key = "out_" + name.replace(".", "__")
             gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
@@ -261,19 +289,26 @@ class Gates(nn.Module):
     def compute(self) -> None:
         """Compute every mask once for this forward (and hook Taylor importance)."""
         track = torch.is_grad_enabled() and self.training and self.mode == "soft"
+        scaler = self.grad_scaler
+        if track and scaler is not None and scaler.is_enabled():
+            self._inv_scale = 1.0 / scaler.get_scale()  # the scale this step's backward uses
+        else:
+            self._inv_scale = 1.0
         parts = [self._mask(t, track) for t in self.width]
         self._masks = assemble_width_mask(parts, self.derived_a, self.derived_b,
                                           like=torch.ones(1, device=self._device()))
-        self._depth_masks = [t.hard_mask() if self.depth_frozen else self._mask(t, track)
-                             for t in self.depth]
+        self._depth_masks = [t.hard_mask() if self.depth_frozen and self.mode != "open"
+                             else self._mask(t, track) for t in self.depth]
 
     def _mask(self, topk: StructuralGate, track: bool) -> torch.Tensor:
         if self.mode == "hard":
             return topk.hard_mask()
+        if self.mode == "open":
+            return torch.ones(topk.size, device=topk.a.device)
         unit = topk.unit_soft_mask()
         if track and unit.requires_grad:
-            value = unit.detach()
-            unit.register_hook(lambda g, t=topk, v=value: t.update_importance(v, g))
+            value, inv = unit.detach(), self._inv_scale
+            unit.register_hook(lambda g, t=topk, v=value: t.update_importance(v, g * inv if inv != 1.0 else g))
         return topk.expand(unit)
 
     def channel_mask(self, key: str) -> torch.Tensor:

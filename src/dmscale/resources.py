@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdp
 from .discover import SearchSpace, split_inputs
 from .handlers import handler_for
 from .masks import GATES_NAME
+from .modes import eval_mode
 
 __all__ = ["count", "CostModel", "RESOURCES"]
 
@@ -56,18 +57,15 @@ _register_cpu_sdpa_formula()
 def count(model: nn.Module, example_inputs: Any) -> dict[str, int]:
     """Exact ``{"macs", "params"}`` of ``model`` on ``example_inputs`` (eval mode, no grad)."""
     args, kwargs = split_inputs(example_inputs)
-    was_training = model.training
-    model.eval()
     counter = FlopCounterMode(display=False)
     fastpath = torch.backends.mha.get_fastpath_enabled()
     # the fused encoder kernel has no flop formula: count the unfused (same) computation
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with torch.no_grad(), counter:
+        with torch.no_grad(), eval_mode(model), counter:
             model(*args, **kwargs)
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
-        model.train(was_training)
     params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(GATES_NAME + "."))
     return {"macs": int(counter.get_total_flops()) // 2, "params": int(params)}
 

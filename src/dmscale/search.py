@@ -25,12 +25,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from .discover import SearchSpace, discover
+from .discover import SearchSpace, discover, split_inputs
+from .errors import UnsupportedLayerError, VerificationError
 from .export import FORMAT, export_model
 from .handlers import handler_for
 from .importance import IMPORTANCE_METRICS
 from .masks import GATES_NAME, Gates, assemble_width_mask
+from .modes import eval_mode
+from .norms import norm_formula
 from .resources import RESOURCES, CostModel
+from .verify import compare, describe, first_divergence, flat_outputs
 
 __all__ = ["SearchConfig", "Searcher", "prepare"]
 
@@ -59,6 +63,13 @@ class SearchConfig:
         latency_options: keyword arguments of :class:`dmscale.latency.LatencyCostModel`
             (ratios, budget_s, quantile, calibrate, profile: a saved profile, e.g. measured
             on the target device). Latency is in microseconds: a target > 1 is in us.
+        verify: self-checks on the example inputs (one extra forward each, tolerance in
+            :mod:`dmscale.verify`): ``prepare`` refuses a model whose output changes with all
+            masks open, ``export`` raises when the export does not compute what the hardened
+            supernet computes. Both name the first layer that diverges.
+
+    ``min_width`` and ``width_step`` apply to channels; attention heads and blocks are
+    always searched one at a time (``dim_overrides`` can still set a heads dim's step/min).
     """
 
     resource: str = "macs"
@@ -77,6 +88,7 @@ class SearchConfig:
     exclude: list[str] = field(default_factory=list)
     width_only_from: float | None = None
     latency_options: dict[str, Any] = field(default_factory=dict)
+    verify: bool = True
 
     def __post_init__(self) -> None:
         if self.resource not in RESOURCES:
@@ -100,6 +112,8 @@ class SearchConfig:
             raise ValueError(f"width_only_from must be in [0, 1] or None, got {self.width_only_from}")
         if not (self.search_width or self.search_depth):
             raise ValueError("nothing to search: search_width and search_depth are both off")
+        if not isinstance(self.verify, bool):
+            raise ValueError(f"verify must be True or False, got {self.verify!r}")
         self.exclude = list(self.exclude)
 
 
@@ -121,6 +135,8 @@ class Searcher:
             )
         self.space = space
         self.gates = self._attach(space)
+        if config.verify:
+            self._verify_open(space.example_output)
         self._costs: dict[str, Any] = {}
         self.supernet_cost = float(self._exact_cost(hard=None))
         self.target_cost = self._resolve_target()
@@ -131,9 +147,11 @@ class Searcher:
         dims = []
         for d in space.width:
             over = cfg.dim_overrides.get(d.name, {})
-            step = int(over.get("step", cfg.width_step))
+            channels = d.kind != "heads"  # coarse steps and min width are for channels
+            step = int(over.get("step", cfg.width_step if channels else 1))
             # at least one unit for each layer that writes part of this width
-            min_keep = min(d.size, max(int(over.get("min", cfg.min_width)), len(d.required) * step))
+            min_keep = min(d.size, max(int(over.get("min", cfg.min_width if channels else 1)),
+                                       len(d.required) * step))
             temperature = cfg.depth_temperature if d.kind == "heads" else cfg.width_temperature
             dims.append((d.size, step, min_keep, temperature))
         depth = [(len(d.blocks), 1, d.min_keep, cfg.depth_temperature) for d in space.depth]
@@ -147,7 +165,13 @@ class Searcher:
             if "in" in layer.macs_sides:
                 consumers[name] = (handler_for(modules[name]).channel_dim, layer.in_slots)
             elif layer.masked_norm:
-                norms[name] = layer.in_slots
+                formula = norm_formula(modules[name])
+                if formula is None:
+                    raise UnsupportedLayerError(
+                        f"layer {name!r} ({type(modules[name]).__name__}) asks for a masked norm "
+                        "but does not compute a LayerNorm or RMSNorm over its last dim; exclude "
+                        f"it (SearchConfig(exclude=[{name!r}])) or give its handler masked_norm=False")
+                norms[name] = (layer.in_slots, formula.kind, formula.eps)
         branches = {m: (j, i) for j, d in enumerate(space.depth) for i, b in enumerate(d.blocks)
                     for m in b.branch_modules}
         gates = Gates.attach(self.model, dims, depth, consumers, branches,
@@ -193,11 +217,13 @@ class Searcher:
                 return t.soft_mask()
             if kind == "hard":
                 return t.hard_mask()
-            m = torch.ones(t.size, dtype=torch.float32, device=t.a.device)
-            if kind == "min":
-                keep = min(t.size, t.min_units * t.step)
-                m[keep:] = 0.0
-            return m
+            if kind == "min":  # the smallest units: the short last one and the first full ones
+                unit = torch.zeros(t.n_units, dtype=torch.float32, device=t.a.device)
+                if t.min_units > 0:
+                    unit[t.n_units - 1] = 1.0
+                    unit[:t.min_units - 1] = 1.0
+                return t.expand(unit)
+            return torch.ones(t.size, dtype=torch.float32, device=t.a.device)
 
         g = self.gates
         width = assemble_width_mask([pick(t) for t in g.width], g.derived_a, g.derived_b,
@@ -362,7 +388,8 @@ class Searcher:
                 if keep_depth[k]:
                     kept_blocks.append(b.name)
                 else:
-                    removed.append({"name": b.name, "post_module": b.post_module, "post_function": b.post_function})
+                    removed.append({"name": b.name, "post_module": b.post_module, "post_function": b.post_function,
+                                    "output": b.output})
                 k += 1
             depth.append({"name": d.name, "blocks": [b.name for b in d.blocks], "kept": kept_blocks})
         width, off = [], 0
@@ -379,9 +406,79 @@ class Searcher:
         return {"format": FORMAT, "resource": self.resources(), "width": width, "depth": depth,
                 "layers": layers, "params": params, "removed_blocks": removed}
 
-    def export(self) -> nn.Module:
-        """A new, physically smaller model computing what :meth:`hardened` computes."""
-        return export_model(self.model, self.structure())
+    def export(self, verify: bool | None = None) -> nn.Module:
+        """A new, physically smaller model computing what :meth:`hardened` computes.
+
+        With ``verify`` (default: ``config.verify``) the export is run on the example inputs
+        against the hardened supernet (eval mode) and a :class:`VerificationError` naming
+        the first diverging layer is raised when they differ; ``self.model`` is untouched.
+        """
+        small = export_model(self.model, self.structure())
+        if self.config.verify if verify is None else verify:
+            self._verify_export(small)
+        return small
+
+    def use_grad_scaler(self, scaler: Any) -> None:
+        """Tell the search about a ``torch.amp.GradScaler``: importance is computed from
+        unscaled gradients (Eq. 4 on g / scale), so steps at different loss scales weigh the
+        same. Steps whose gradients are not finite never touch importance."""
+        self.gates.grad_scaler = scaler
+
+    # ------------------------------------------------------------------ self-checks
+    def _run_example(self, model: nn.Module) -> Any:
+        args, kwargs = split_inputs(self.example_inputs)
+        with torch.no_grad(), eval_mode(model):
+            return model(*args, **kwargs)
+
+    def _verify_open(self, reference: Any) -> None:
+        """All masks open must reproduce the original model (the trace's output)."""
+        with self.gates.use("open"):
+            bad = compare(flat_outputs(self._run_example(self.model)), flat_outputs(reference))
+        if bad is None:
+            return
+        with self.gates.use(enabled=False):
+            where = first_divergence(lambda: self._run_example(self.model), self.model,
+                                     lambda: self._open_run(), self.model, skip=GATES_NAME)
+        layer = "no single layer (only the final output)" if where is None else \
+            f"{describe(self.model, where[0])} (differs by {where[1]:.3g}, allowed {where[2]:.3g})"
+        fix = "" if where is None else (
+            f" Exclude it to keep its channels fixed (SearchConfig(exclude=[{where[0]!r}]) or "
+            f"--exclude {where[0]}), or register a handler that knows what it computes "
+            "(dmscale.register_handler).")
+        raise VerificationError(
+            f"with all masks open {type(self.model).__name__} no longer computes its own output "
+            f"(output {bad[0]} differs by {bad[1]:.3g}, allowed {bad[2]:.3g}): dmscale does not "
+            f"handle some layer exactly. First layer whose output diverges: {layer}.{fix} "
+            "SearchConfig(verify=False) skips this check.")
+
+    def _open_run(self) -> Any:
+        with self.gates.use("open"):
+            return self._run_example(self.model)
+
+    def _verify_export(self, small: nn.Module) -> None:
+        """The export must compute what the hardened supernet computes."""
+        def hard_run() -> Any:
+            with self.hardened():
+                return self._run_example(self.model)
+
+        bad = compare(flat_outputs(self._run_example(small)), flat_outputs(hard_run()))
+        if bad is None:
+            return
+        modules = dict(self.model.named_modules())
+        align = {name: (handler_for(modules[name]).channel_dim, spec["out"])
+                 for name, spec in self.structure()["layers"].items()
+                 if spec["out"] is not None and handler_for(modules[name]) is not None}
+        where = first_divergence(hard_run, self.model, lambda: self._run_example(small), small,
+                                 skip=GATES_NAME, align=align)
+        layer = "none of equal shape (only the final output)" if where is None else \
+            f"{describe(small, where[0])} (differs by {where[1]:.3g}, allowed {where[2]:.3g})"
+        fix = "" if where is None else (
+            f" Excluding {where[0]!r} (SearchConfig(exclude=[...])) keeps its channels fixed.")
+        raise VerificationError(
+            f"the export does not compute what the hardened supernet computes (output {bad[0]} "
+            f"differs by {bad[1]:.3g}, allowed {bad[2]:.3g}); the model was not changed. First "
+            f"layer whose output diverges: {layer}.{fix} This is a dmscale bug or a custom "
+            "handler's: please report it with the model. export(verify=False) skips this check.")
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: structural parameters, importance, config, target."""
@@ -396,7 +493,8 @@ class Searcher:
         """Restore a :meth:`state_dict` (same model architecture and config)."""
         saved = dict(state["config"])
         current = asdict(self.config)
-        saved.pop("latency_options", None), current.pop("latency_options", None)
+        for key in ("latency_options", "verify"):  # neither changes what is searched
+            saved.pop(key, None), current.pop(key, None)
         if current != saved:
             raise ValueError(f"searcher config differs from the saved one: {state['config']} vs {asdict(self.config)}")
         self.gates.load_state_dict(state["gates"])
@@ -420,7 +518,8 @@ def _kept(slots: np.ndarray | None, keep: np.ndarray) -> list[int] | None:
 def _without_width(space: SearchSpace) -> SearchSpace:
     layers = {n: type(l)(l.name, l.handler, None, None, l.macs, l.macs_sides, l.virtual, l.masked_norm,
                          l.mask_output) for n, l in space.layers.items()}
-    return SearchSpace([], space.depth, layers, space.pinned_reasons, space.total_macs, space.module_macs)
+    return SearchSpace([], space.depth, layers, space.pinned_reasons, space.total_macs, space.module_macs,
+                       example_output=space.example_output)
 
 
 def _reasons(space: SearchSpace) -> str:

@@ -76,6 +76,19 @@ def _first_output(out: Any) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out[0]
 
 
+def _cross_head_child(spec: AttentionSpec, m: nn.Module, head_dim: int) -> str | None:
+    """A child with weights other than the projections, unless it only holds per-head-dim
+    weights (Qwen3 / Gemma3 q_norm and k_norm over ``head_dim``, shared by every head)."""
+    projections = {spec.q, spec.k, spec.v, spec.qkv, spec.o} - {None}
+    for child, module in m.named_children():
+        if child in projections:
+            continue
+        for p in module.parameters():
+            if p.dim() != 1 or p.numel() != head_dim:
+                return child
+    return None
+
+
 def attention_handler(spec: AttentionSpec) -> Handler:
     """A :class:`Handler` for attention modules described by ``spec``."""
 
@@ -86,6 +99,9 @@ def attention_handler(spec: AttentionSpec) -> Handler:
         n_heads, n_kv, d = spec.heads(m)
         group = n_heads // n_kv
         units = tr.produce(name + ".heads", n_kv, kind="heads")
+        other = _cross_head_child(spec, m, d)
+        if other is not None:  # e.g. OLMo-2's q_norm over all heads at once: heads stay fixed
+            tr.pin_ids(units, f"{name}.{other} has weights across all heads (not per head)")
         dims = None
         if spec.head_dim(m) and group == 1:  # (head, dim) channels: mask m_head * m_hd
             dims = tr.produce(name + ".head_dim", d)

@@ -376,3 +376,15 @@ def test_language_task_with_a_llama_model(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["counts"]["found"]["params"] <= summary["resources"]["target"] + 1e-6
     assert summary["evals"]["final"]["bpc"] > 0
+
+
+def test_a_dmscale_error_is_one_line_on_stderr_and_exit_1(monkeypatch, capsys):
+    import dmscale.cli as cli
+
+    def refuse(args):
+        raise dms.VerificationError("with all masks open Net no longer computes its own output")
+
+    monkeypatch.setattr(cli, "_cmd_export", refuse)
+    assert cli.main(["export", "RUN", "--out", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: with all masks open" in err and "Traceback" not in err

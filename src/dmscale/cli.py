@@ -312,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from .errors import DMScaleError
     from .pipeline import Stopped
 
     try:
@@ -321,6 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except DMScaleError as err:  # a model, structure or check dmscale refuses: no traceback
+        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        return 1
     except Stopped as stop:
         print(f"{PROG} {args.command}: stopped after {stop.global_step} steps (--stop-after); "
               f"continue with: {PROG} {args.command} --resume {stop.run_dir}", file=sys.stderr)

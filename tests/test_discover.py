@@ -72,3 +72,36 @@ def test_each_mask_is_computed_once_per_forward(monkeypatch):
     n_dims = len(searcher.gates.width) + len(searcher.gates.depth)
     assert len(calls) == n_dims  # the residual stream has 5 consumers, still one mask
     assert len({id(t) for t in calls}) == n_dims
+
+
+class _TokenNet(nn.Module):
+    """Passes a view of a parameter into a submodule (timm CaiT's class token, PiT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = nn.Parameter(torch.randn(1, 1, 8))
+        self.proj = nn.Linear(4, 8)
+        self.block = _TokenBlock()
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.token.expand(x.shape[0], -1, -1)  # (N, 1, 8), requires grad, no grad_fn
+        return self.head(self.block(self.proj(x), tokens))
+
+
+class _TokenBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(tokens)
+
+
+def test_discovery_and_count_accept_parameter_views_as_module_inputs():
+    net, x = _TokenNet(), torch.randn(2, 3, 4)
+    space = dms.discover(net, x)
+    # per-module MACs: proj 2*3*4*8, block.fc 2*1*8*8, head 2*3*8*2
+    assert space.module_macs["proj"] == 192 and space.module_macs["block.fc"] == 128
+    assert space.module_macs["block"] == 128 and space.total_macs == 192 + 128 + 96
+    assert dms.count(net, x)["macs"] == space.total_macs

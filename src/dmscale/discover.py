@@ -30,9 +30,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.flop_counter import FlopCounterMode
-
 from .errors import UnsupportedLayerError
+from .flops import ForwardFlopCounter
 from .graph import PIN, Event, Label, LayerRecord, ModuleCall, UnionFind
 from .handlers import handler_for
 from .rules import _tensors, apply_rule
@@ -368,9 +367,9 @@ class Tracer:
             for h in handles:
                 h.remove()
 
-    def run(self, example_inputs: Any) -> tuple[Any, FlopCounterMode]:
+    def run(self, example_inputs: Any) -> tuple[Any, ForwardFlopCounter]:
         args, kwargs = split_inputs(example_inputs)
-        counter = FlopCounterMode(display=False)
+        counter = ForwardFlopCounter(self.model)
         with counter, self.hooks(), _Mode(self):
             out = self.model(*args, **kwargs)
         self.busy = True
@@ -540,7 +539,7 @@ def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
     return _build(tr, blocks, module_macs, counter.get_total_flops() // 2)
 
 
-def _module_macs(model: nn.Module, counter: FlopCounterMode) -> dict[str, int]:
+def _module_macs(model: nn.Module, counter: ForwardFlopCounter) -> dict[str, int]:
     root = type(model).__name__
     out: dict[str, int] = {}
     for key, ops in counter.get_flop_counts().items():

@@ -247,8 +247,8 @@ class Tracer:
         in_nodes = [self.node_of(t) for t in ins]
         if any(self.label_of(t) is not None for t in ins):
             apply_rule(self, name, args, kwargs, out)
-        elif name in _PARAM_VIEWS and len(outs) == 1 and ins:
-            src = self.param_source(ins[0])
+        if name in _PARAM_VIEWS and len(outs) == 1 and ins and self.label_of(outs[0]) is None:
+            src = self.param_source(ins[0])  # self.gamma.type_as(x): still the parameter gamma
             if src is not None:
                 self.param_derived[id(outs[0])] = src
         self._finish_event(name, ins, in_nodes, outs, None)

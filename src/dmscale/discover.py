@@ -39,6 +39,11 @@ from .rules import _tensors, apply_rule
 __all__ = ["discover", "SearchSpace", "WidthDim", "DepthDim", "Block", "Tracer", "UnsupportedLayerError"]
 
 
+# functions that read a tensor's metadata, not its values
+_SHAPE_READS = {"__get__", "size", "dim", "ndimension", "numel", "stride", "is_contiguous",
+                "data_ptr", "element_size", "nelement", "__len__", "is_floating_point",
+                "is_complex", "get_device", "storage_offset", "__repr__", "__format__"}
+
 _PARAM_VIEWS = {"expand", "expand_as", "to", "type_as", "float", "half", "bfloat16",
                 "contiguous", "clone", "detach", "broadcast_to"}
 
@@ -128,10 +133,14 @@ class _Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         tr = self.tracer
-        if tr.opaque_depth == 0 and not tr.busy:
+        if not tr.busy:
             tr.busy = True
             try:
-                tr.on_function(getattr(func, "__name__", str(func)), args, kwargs, out)
+                name = getattr(func, "__name__", str(func))
+                if tr.opaque_depth == 0:
+                    tr.on_function(name, args, kwargs, out)
+                else:
+                    tr.on_opaque_function(name, args, kwargs)
             finally:
                 tr.busy = False
         return out
@@ -158,6 +167,10 @@ class Tracer:
         self.params = {id(p): n for n, p in model.named_parameters()}
         self.pin_reasons: dict[int, str] = {}
         self.opaque_depth = 0
+        self.opaque_name: str | None = None  # the outermost opaque (handled) module running
+        self._opaque_params: dict[int, torch.Tensor] = {}  # its parameters, by id
+        # handled module -> the torch functions that received one of its parameters
+        self.opaque_param_uses: dict[str, set[str]] = {}
         self.busy = False
         self.names = {m: n for n, m in model.named_modules()}
 
@@ -253,6 +266,17 @@ class Tracer:
                 self.param_derived[id(outs[0])] = src
         self._finish_event(name, ins, in_nodes, outs, None)
 
+    def on_opaque_function(self, name: str, args: tuple, kwargs: dict) -> None:
+        """A function inside a handled module: note it if it reads one of the module's
+        parameters (a handler can then tell ``conv2d(x, self.weight)`` from a layer that
+        transforms its weights first, e.g. weight standardisation)."""
+        if name in _SHAPE_READS or self.opaque_name is None:
+            return
+        for t in _tensors(args) + _tensors(kwargs):
+            if self._opaque_params.get(id(t)) is t:
+                self.opaque_param_uses[self.opaque_name].add(name)
+                return
+
     def virtual_macs(self, name: str, module_macs: dict[str, int]) -> int:
         """MACs of a virtual record ``<module>.core``: the module's minus its handled children's."""
         owner = name.rpartition(".")[0]
@@ -320,6 +344,9 @@ class Tracer:
         self.calls.append(call)
         if self._is_opaque(name, module):
             self.opaque_depth += 1
+            self.opaque_name = name
+            self._opaque_params = {id(p): p for p in module.parameters()}
+            self.opaque_param_uses.setdefault(name, set())
 
     def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         if self.busy:

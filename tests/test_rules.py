@@ -54,3 +54,30 @@ def test_elementwise_broadcasts_right_aligned_and_keeps_the_channels(fn):
 ], ids=["constant", "broadcast-channel", "channel-mean"])
 def test_elementwise_pins_what_it_cannot_slice(fn):
     assert not _searchable(fn)
+
+
+class _WidthReadingAttention(nn.Module):
+    """timm CaiT's TalkingHeadAttn pattern: the head dim comes from the *input* width."""
+
+    def __init__(self, dim: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        attn = (qkv[0] @ qkv[1].transpose(-2, -1)).softmax(-1)
+        return self.proj((attn @ qkv[2]).transpose(1, 2).reshape(B, N, C))
+
+
+def test_width_read_to_split_other_channels_is_fixed():
+    from exact import assert_exact
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 8), _WidthReadingAttention(), nn.ReLU(), nn.Linear(8, 6), nn.ReLU(),
+                        nn.Linear(6, 3))
+    r = assert_exact(net, torch.randn(2, 4, 5))  # was: the export crashed in the reshape
+    assert [d.name for d in r.searcher.space.width] == ["1.proj", "3"]  # not 0: its width shapes qkv
+    assert "module 1 reads their count" in r.searcher.space.pinned_reasons["0"]

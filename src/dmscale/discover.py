@@ -174,6 +174,8 @@ class Tracer:
         # parameter -> functions that read it without slicing it along channels
         self.param_other_uses: dict[str, set[str]] = {}
         self._labelled_now: set[str] = set()  # parameters labelled by the current function
+        # module call (order) -> labels whose size its own code read (x.shape, x.size())
+        self.size_reads: dict[int, list[np.ndarray]] = {}
         self.params = {id(p): n for n, p in model.named_parameters()}
         self.pin_reasons: dict[int, str] = {}
         self.opaque_depth = 0
@@ -268,6 +270,8 @@ class Tracer:
                     self.pin_label(self.label_of(t), "in-place item assignment")
                 return
             if not outs:
+                if name in ("__get__", "size") and ins:
+                    self._note_size_read(ins[0])
                 return
             in_nodes = [self.node_of(t) for t in ins]
             if any(self.label_of(t) is not None for t in ins):
@@ -277,6 +281,25 @@ class Tracer:
             self._finish_event(name, ins, in_nodes, outs, None)
         finally:
             self._note_param_uses(name, ins, outs)
+
+    def _active_call(self) -> ModuleCall | None:
+        """The innermost module call running now (outside handled layers)."""
+        return next((c for c in reversed(self.calls) if not c.done), None)
+
+    def _note_size_read(self, t: torch.Tensor) -> None:
+        lab = self.label_of(t)
+        call = self._active_call()
+        if lab is not None and call is not None:
+            self.size_reads.setdefault(call.order, []).append(lab.ids)
+
+    def pin_size_reads(self, reason: str) -> None:
+        """Pin the channels whose count the running module's code read. Called when that code
+        splits other channels with sizes of its own: ``B, N, C = x.shape`` then
+        ``qkv.reshape(B, N, 3, H, C // H)`` (timm CaiT) ties the qkv layout to x's width,
+        which the labels cannot express."""
+        call = self._active_call()
+        for ids in self.size_reads.get(call.order, []) if call is not None else []:
+            self.pin_ids(ids, f"{reason} (module {call.name} reads their count)")
 
     def _derive_param_view(self, name: str, src: torch.Tensor, out: torch.Tensor) -> None:
         """If ``out`` is a view of a parameter (``gamma.view(1, -1, 1, 1)``, an expand, a

@@ -222,6 +222,8 @@ def view(tr: "Tracer", name: str, args: tuple, kwargs: dict, out: Any) -> None:
         return
     new = reshape_label(tuple(x.shape), lab, tuple(out.shape))
     if new is None:
+        # the new sizes may come from another tensor's width (C // heads): fix that width too
+        tr.pin_size_reads(f"{name} splits channels into sizes written in the model code")
         return unknown(tr, name, args, kwargs, out)
     tr.set_label(out, new.dim, new.ids)
 

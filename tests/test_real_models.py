@@ -41,12 +41,28 @@ def test_timm_model_is_exact(name):
     assert bool(r.searcher.space.width) == searchable
 
 
+def _import_detection_model() -> type:
+    """ultralytics.nn.tasks.DetectionModel, without the global numpy/torch print options
+    that importing ultralytics sets (they would change other tests' doctest output)."""
+    import copy
+
+    import numpy as np
+    from torch._tensor_str import PRINT_OPTS
+
+    np_options, torch_options = np.get_printoptions(), copy.copy(vars(PRINT_OPTS))
+    os.environ.setdefault("YOLO_VERBOSE", "False")
+    try:
+        pytest.importorskip("ultralytics")
+        from ultralytics.nn.tasks import DetectionModel
+    finally:
+        np.set_printoptions(**np_options)
+        vars(PRINT_OPTS).update(torch_options)
+    return DetectionModel
+
+
 @pytest.mark.parametrize("cfg", ["yolov8n.yaml", "yolo11n.yaml"])
 def test_ultralytics_detection_model_is_exact(cfg):
-    pytest.importorskip("ultralytics")
-    os.environ.setdefault("YOLO_VERBOSE", "False")
-    from ultralytics.nn.tasks import DetectionModel
-
+    DetectionModel = _import_detection_model()
     torch.manual_seed(0)
     model = DetectionModel(cfg, verbose=False).eval()
     # eval output: (decoded boxes and scores, raw head outputs); every tensor is compared

@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from ._compat import ensure_torchvision
-from .handlers import Handler, _slice_param, handler_for, register_family_loader, register_handler
+from .handlers import (Handler, _slice_param, handler_for, register_family_loader, register_handler,
+                       register_weight_standardised)
 
 if TYPE_CHECKING:
     from .discover import Tracer
@@ -269,6 +270,13 @@ def _register_timm() -> None:
         from timm.layers.attention import Attention as TimmAttention
     except Exception:
         TimmAttention = None
+    try:
+        from timm.layers import std_conv
+    except Exception:
+        std_conv = None
+    for cls in ("StdConv2d", "StdConv2dSame", "ScaledStdConv2d", "ScaledStdConv2dSame"):
+        if hasattr(std_conv, cls):
+            register_weight_standardised(getattr(std_conv, cls))
     if TimmAttention is not None:
         register_handler(
             lambda m: type(m) is TimmAttention and m.gate is None,

@@ -2,8 +2,10 @@
 
 The :class:`Tracer` runs the model under a ``TorchFunctionMode`` and forward hooks. Handled
 layers (conv, linear, norms, ... see :mod:`dmscale.handlers`) are opaque operations; every
-other torch function is mapped by :mod:`dmscale.rules`. The result, a :class:`SearchSpace`,
-holds:
+other torch function is mapped by :mod:`dmscale.rules`. Layers without a handler are traced
+through: a parameter that meets channels element-wise (a layer scale) is sliced with them,
+unless some other function also reads it; whatever no rule understands fixes the channels it
+touches. The result, a :class:`SearchSpace`, holds:
 
 * width dimensions: sets of channels that must be kept or removed together (a conv's output
   channels tied through residual adds, SE gates, depthwise convs and norms);
@@ -30,9 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.flop_counter import FlopCounterMode
-
 from .errors import UnsupportedLayerError
+from .flops import ForwardFlopCounter
 from .graph import PIN, Event, Label, LayerRecord, ModuleCall, UnionFind
 from .handlers import handler_for, load_families
 from .modes import eval_mode
@@ -42,8 +43,16 @@ __all__ = ["discover", "SearchSpace", "WidthDim", "DepthDim", "Block", "Tracer",
            "output_template"]
 
 
+# functions that read a tensor's metadata, not its values
+_SHAPE_READS = {"__get__", "size", "dim", "ndimension", "numel", "stride", "is_contiguous",
+                "data_ptr", "element_size", "nelement", "__len__", "is_floating_point",
+                "is_complex", "get_device", "storage_offset", "__repr__", "__format__"}
+
+# ops whose output is the parameter's values again, dims right-aligned (expand adds dims)
 _PARAM_VIEWS = {"expand", "expand_as", "to", "type_as", "float", "half", "bfloat16",
                 "contiguous", "clone", "detach", "broadcast_to"}
+# ops that only add or drop size-1 dims of a parameter (gamma.view(1, -1, 1, 1))
+_PARAM_RESHAPES = {"view", "reshape", "unsqueeze", "squeeze", "flatten", "view_as", "reshape_as"}
 
 
 @dataclass
@@ -134,10 +143,14 @@ class _Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         tr = self.tracer
-        if tr.opaque_depth == 0 and not tr.busy:
+        if not tr.busy:
             tr.busy = True
             try:
-                tr.on_function(getattr(func, "__name__", str(func)), args, kwargs, out)
+                name = getattr(func, "__name__", str(func))
+                if tr.opaque_depth == 0:
+                    tr.on_function(name, args, kwargs, out)
+                else:
+                    tr.on_opaque_function(name, args, kwargs)
             finally:
                 tr.busy = False
         return out
@@ -160,10 +173,21 @@ class Tracer:
         self.produced_kind: dict[str, str] = {}
         self.products: dict[int, tuple[int, int]] = {}  # product id -> (id a, id b)
         self.param_labels: dict[str, tuple[int, np.ndarray]] = {}
-        self.param_derived: dict[int, tuple[str, int]] = {}  # id(tensor) -> (param, ndim)
+        # id(tensor) -> (tensor, param name, {tensor dim: param dim}) for views of parameters
+        self.param_derived: dict[int, tuple[torch.Tensor, str, dict[int, int]]] = {}
+        self.param_seen: set[str] = set()  # parameters some traced function read
+        # parameter -> functions that read it without slicing it along channels
+        self.param_other_uses: dict[str, set[str]] = {}
+        self._labelled_now: set[str] = set()  # parameters labelled by the current function
+        # module call (order) -> labels whose size its own code read (x.shape, x.size())
+        self.size_reads: dict[int, list[np.ndarray]] = {}
         self.params = {id(p): n for n, p in model.named_parameters()}
         self.pin_reasons: dict[int, str] = {}
         self.opaque_depth = 0
+        self.opaque_name: str | None = None  # the outermost opaque (handled) module running
+        self._opaque_params: dict[int, torch.Tensor] = {}  # its parameters, by id
+        # handled module -> the torch functions that received one of its parameters
+        self.opaque_param_uses: dict[str, set[str]] = {}
         self.busy = False
         self.names = {m: n for n, m in model.named_modules()}
 
@@ -244,20 +268,97 @@ class Tracer:
     def on_function(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         outs = _tensors(out)
         ins = _tensors(args) + _tensors(kwargs)
-        if name == "__setitem__":
-            for t in ins:
-                self.pin_label(self.label_of(t), "in-place item assignment")
+        self._labelled_now.clear()
+        try:
+            if name == "__setitem__":
+                for t in ins:
+                    self.pin_label(self.label_of(t), "in-place item assignment")
+                return
+            if not outs:
+                if name in ("__get__", "size") and ins:
+                    self._note_size_read(ins[0])
+                return
+            in_nodes = [self.node_of(t) for t in ins]
+            if any(self.label_of(t) is not None for t in ins):
+                apply_rule(self, name, args, kwargs, out)
+            if len(outs) == 1 and ins and self.label_of(outs[0]) is None:
+                self._derive_param_view(name, ins[0], outs[0])
+            self._finish_event(name, ins, in_nodes, outs, None)
+        finally:
+            self._note_param_uses(name, ins, outs)
+
+    def _active_call(self) -> ModuleCall | None:
+        """The innermost module call running now (outside handled layers)."""
+        return next((c for c in reversed(self.calls) if not c.done), None)
+
+    def _note_size_read(self, t: torch.Tensor) -> None:
+        lab = self.label_of(t)
+        call = self._active_call()
+        if lab is not None and call is not None:
+            self.size_reads.setdefault(call.order, []).append(lab.ids)
+
+    def pin_size_reads(self, reason: str) -> None:
+        """Pin the channels whose count the running module's code read. Called when that code
+        splits other channels with sizes of its own: ``B, N, C = x.shape`` then
+        ``qkv.reshape(B, N, 3, H, C // H)`` (timm CaiT) ties the qkv layout to x's width,
+        which the labels cannot express."""
+        call = self._active_call()
+        for ids in self.size_reads.get(call.order, []) if call is not None else []:
+            self.pin_ids(ids, f"{reason} (module {call.name} reads their count)")
+
+    def _derive_param_view(self, name: str, src: torch.Tensor, out: torch.Tensor) -> None:
+        """If ``out`` is a view of a parameter (``gamma.view(1, -1, 1, 1)``, an expand, a
+        dtype cast), remember which of its dims are which of the parameter's."""
+        source = self.param_source(src)
+        if source is None:
             return
-        if not outs:
+        pname, mapping = source
+        if name in _PARAM_VIEWS:  # right-aligned; expanded dims were size 1 (unmapped)
+            shift = out.dim() - src.dim()
+            self.param_derived[id(out)] = (out, pname, {d + shift: k for d, k in mapping.items()})
+        elif name in _PARAM_RESHAPES:  # only size-1 dims come or go: the others keep order
+            big_in = [d for d in range(src.dim()) if src.shape[d] > 1]
+            big_out = [d for d in range(out.dim()) if out.shape[d] > 1]
+            if [src.shape[d] for d in big_in] == [out.shape[d] for d in big_out]:
+                moved = {a: b for a, b in zip(big_in, big_out)}
+                self.param_derived[id(out)] = (out, pname, {moved[d]: k for d, k in mapping.items() if d in moved})
+
+    def _note_param_uses(self, name: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+        """Record which parameters ``name`` read, and whether it sliced them along channels."""
+        if name in _SHAPE_READS and not outs:
             return
-        in_nodes = [self.node_of(t) for t in ins]
-        if any(self.label_of(t) is not None for t in ins):
-            apply_rule(self, name, args, kwargs, out)
-        elif name in _PARAM_VIEWS and len(outs) == 1 and ins:
-            src = self.param_source(ins[0])
-            if src is not None:
-                self.param_derived[id(outs[0])] = src
-        self._finish_event(name, ins, in_nodes, outs, None)
+        for t in ins:
+            source = self.param_source(t)
+            if source is None:
+                continue
+            pname = source[0]
+            self.param_seen.add(pname)
+            view = len(outs) == 1 and self.param_derived.get(id(outs[0]), (None,))[0] is outs[0]
+            if pname not in self._labelled_now and not view:
+                self.param_other_uses.setdefault(pname, set()).add(name)
+
+    def pin_shared_params(self) -> None:
+        """A parameter sliced along channels must be read only where it is sliced: a
+        parameter also read by another function (``F.linear(x, w)``, ``w.sum()``) or sliced
+        by its layer's handler too keeps its channels (and those it meets) fixed."""
+        for pname, (_, ids) in self.param_labels.items():
+            others = self.param_other_uses.get(pname)
+            owner = pname.rpartition(".")[0]
+            if others:
+                self.pin_ids(ids, f"parameter {pname} is also read by {', '.join(sorted(others))}")
+            elif owner in self.layers:
+                self.pin_ids(ids, f"parameter {pname} belongs to the handled layer {owner}")
+
+    def on_opaque_function(self, name: str, args: tuple, kwargs: dict) -> None:
+        """A function inside a handled module: note it if it reads one of the module's
+        parameters (a handler can then tell ``conv2d(x, self.weight)`` from a layer that
+        transforms its weights first, e.g. weight standardisation)."""
+        if name in _SHAPE_READS or self.opaque_name is None:
+            return
+        for t in _tensors(args) + _tensors(kwargs):
+            if self._opaque_params.get(id(t)) is t:
+                self.opaque_param_uses[self.opaque_name].add(name)
+                return
 
     def virtual_macs(self, name: str, module_macs: dict[str, int]) -> int:
         """MACs of a virtual record ``<module>.core``: the module's minus its handled children's."""
@@ -266,23 +367,28 @@ class Tracer:
                     if not r.virtual and n.startswith(owner + ".") and r.macs_override is None)
         return module_macs.get(owner, 0) - inner
 
-    def param_source(self, t: Any) -> tuple[str, int] | None:
-        """(parameter name, its ndim) if ``t`` is a model parameter or a view/expand of one."""
+    def param_source(self, t: Any) -> tuple[str, dict[int, int]] | None:
+        """(parameter name, {dim of ``t``: dim of the parameter}) if ``t`` is a model
+        parameter or a view of one; only dims of size > 1 are mapped."""
         if not isinstance(t, torch.Tensor):
             return None
         if id(t) in self.params and isinstance(t, nn.Parameter):
-            return self.params[id(t)], t.dim()
-        return self.param_derived.get(id(t))
+            return self.params[id(t)], {d: d for d in range(t.dim()) if t.shape[d] > 1}
+        entry = self.param_derived.get(id(t))
+        if entry is None or entry[0] is not t:
+            return None
+        return entry[1], entry[2]
 
     def label_param(self, t: torch.Tensor, dim: int, ids: np.ndarray) -> bool:
-        """Record that a parameter's ``dim`` (right-aligned with ``t``) carries ``ids``."""
+        """Record that the parameter ``t`` is (or views) carries ``ids`` along ``t``'s ``dim``."""
         src = self.param_source(t)
         if src is None:
             return False
-        pname, pdim = src
-        k = dim - (t.dim() - pdim)
-        if k < 0:
+        pname, mapping = src
+        k = mapping.get(dim)
+        if k is None:
             return False
+        self._labelled_now.add(pname)
         if pname in self.param_labels:
             prev_dim, prev = self.param_labels[pname]
             if prev_dim != k or len(prev) != len(ids):
@@ -326,6 +432,9 @@ class Tracer:
         self.calls.append(call)
         if self._is_opaque(name, module):
             self.opaque_depth += 1
+            self.opaque_name = name
+            self._opaque_params = {id(p): p for p in module.parameters()}
+            self.opaque_param_uses.setdefault(name, set())
 
     def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         if self.busy:
@@ -374,12 +483,13 @@ class Tracer:
             for h in handles:
                 h.remove()
 
-    def run(self, example_inputs: Any) -> tuple[Any, FlopCounterMode]:
+    def run(self, example_inputs: Any) -> tuple[Any, ForwardFlopCounter]:
         args, kwargs = split_inputs(example_inputs)
-        counter = FlopCounterMode(display=False)
+        counter = ForwardFlopCounter(self.model)
         with counter, self.hooks(), _Mode(self):
             out = self.model(*args, **kwargs)
         self.busy = True
+        self.pin_shared_params()
         for t in _tensors(_outputs(out)):
             self.pin_label(self.label_of(t), "model output")
         self.busy = False
@@ -442,22 +552,30 @@ def _outputs(out: Any) -> Any:
 # ---------------------------------------------------------------------- unsupported layers
 
 
-def check_supported(model: nn.Module, exclude: Iterable[str]) -> None:
-    """Raise for a leaf layer with weights that has no handler and is not excluded."""
-    exclude = tuple(exclude)
-    for name, m in model.named_modules():
-        if any(name == e or name.startswith(e + ".") for e in exclude):
+def check_traced_through(tr: Tracer) -> None:
+    """Raise for a layer without a handler whose own parameters no traced function read.
+
+    Layers without a handler are traced through: their functions go through the rule table,
+    parameters that meet channels element-wise are sliced with them and anything else fixes
+    the channels it touches. That is safe only if the trace saw the parameters being used;
+    a forward that runs outside PyTorch's function dispatch (TorchScript, a kernel that reads
+    the weights itself) hides how they meet the channels.
+    """
+    called = {c.name for c in tr.calls}
+    for name, m in tr.model.named_modules():
+        if name not in called or tr._excluded(name) or handler_for(m) is not None:
             continue
-        if handler_for(m) is not None or any(True for _ in m.children()):
+        own = [(n, p) for n, p in m.named_parameters(recurse=False)]
+        if not own or any(tr.params.get(id(p)) in tr.param_seen for _, p in own):
             continue
-        own = [n for n, _ in m.named_parameters(recurse=False)]
-        if own:
-            raise UnsupportedLayerError(
-                f"layer {name!r} ({type(m).__name__}) has weights {own} but dmscale has no "
-                f"handler for {type(m).__name__}, so it cannot be shrunk. Exclude it "
-                f"(SearchConfig(exclude=[{name!r}]) or --exclude {name}) to keep its widths "
-                "fixed, or register a handler with dmscale.register_handler."
-            )
+        raise UnsupportedLayerError(
+            f"layer {name!r} ({type(m).__name__}) has weights {[n for n, _ in own]} that no "
+            "traced PyTorch function read (its forward runs outside torch's function "
+            "dispatch, e.g. TorchScript or a custom kernel), so dmscale cannot tell how they "
+            f"meet the channels. Exclude it (SearchConfig(exclude=[{name!r}]) or --exclude "
+            f"{name}) to keep its widths fixed, or register a handler with "
+            "dmscale.register_handler."
+        )
 
 
 # ---------------------------------------------------------------------- depth
@@ -558,10 +676,10 @@ def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
     """
     load_families()
     exclude = tuple(exclude)
-    check_supported(model, exclude)
     tr = Tracer(model, exclude)
     with eval_mode(model), torch.no_grad():
         out, counter = tr.run(example_inputs)
+    check_traced_through(tr)
     module_macs = _module_macs(model, counter)
     blocks = find_blocks(tr) if depth else []
     if depth is not True and depth:
@@ -576,7 +694,7 @@ def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
     return space
 
 
-def _module_macs(model: nn.Module, counter: FlopCounterMode) -> dict[str, int]:
+def _module_macs(model: nn.Module, counter: ForwardFlopCounter) -> dict[str, int]:
     root = type(model).__name__
     out: dict[str, int] = {}
     for key, ops in counter.get_flop_counts().items():
@@ -690,6 +808,7 @@ def _build(tr: Tracer, blocks: list[tuple[str, Block]], module_macs: dict[str, i
         for name, rec in tr.layers.items()
     }
     params = {name: (k, slots(ids)) for name, (k, ids) in tr.param_labels.items()}
+    params = {name: (k, sl) for name, (k, sl) in params.items() if (sl >= 0).any()}  # fixed: never sliced
     depth = _stages(tr.model, blocks)
     return SearchSpace(width, depth, layers, reasons, total_macs, module_macs, params, derived)
 

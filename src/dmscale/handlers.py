@@ -24,11 +24,13 @@ from torch import nn
 
 if TYPE_CHECKING:
     from .discover import Tracer
+    from .graph import Label
 
 __all__ = [
     "Handler",
     "ParamDims",
     "register_handler",
+    "register_weight_standardised",
     "handler_for",
     "HANDLERS_BY_NAME",
     "register_family_loader",
@@ -123,16 +125,76 @@ def _is_depthwise(conv: nn.Module) -> bool:
 
 # ----------------------------------------------------------------------------- conv
 
+# the functions a conv or linear layer applies its own weight with
+_LAYER_FUNCTIONS = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                    "conv_transpose3d", "linear", "addmm", "matmul"}
+
+_WEIGHT_STANDARDISED: list[type] = []
+
+
+def register_weight_standardised(cls: type) -> None:
+    """Declare a conv subclass that standardises each filter over its fan-in (input channels
+    x kernel) before convolving, and whose other own parameters (a ``gain``) have one entry
+    per output channel. Its output channels are searched; its input channels stay fixed,
+    since removing one would change every filter's mean and variance."""
+    if cls not in _WEIGHT_STANDARDISED:
+        _WEIGHT_STANDARDISED.append(cls)
+
+
+def _is_weight_standardised(m: nn.Module) -> bool:
+    return isinstance(m, tuple(_WEIGHT_STANDARDISED))
+
+
+def _per_output_params(m: nn.Module) -> list[str]:
+    """Own parameters besides weight and bias with one entry per output channel (dim 0):
+    the ``gain`` of a scaled weight-standardised conv."""
+    if not _is_weight_standardised(m):
+        return []
+    return [n for n, p in m.named_parameters(recurse=False)
+            if n not in ("weight", "bias") and p.dim() >= 1 and p.shape[0] == m.out_channels]
+
+
+def _transformed_weights(tr: "Tracer", name: str) -> set[str]:
+    """The functions other than the layer's own conv/linear that read its parameters
+    during the trace (weight standardisation, weight norm, a learned scale ...)."""
+    return tr.opaque_param_uses.get(name, set()) - _LAYER_FUNCTIONS
+
+
+def _fixed_layer(tr: "Tracer", name: str, m: nn.Module, lab: "Label | None", out: torch.Tensor,
+                 n_out: int, out_dim: int, handler: str, reason: str) -> None:
+    """Record a layer whose input and output channels both stay fixed."""
+    tr.pin_label(lab, reason)
+    out_ids = tr.produce(name, n_out)
+    tr.pin_ids(out_ids, reason)
+    tr.record_layer(name, handler, None, None)
+    tr.set_label(out, out_dim % out.dim(), out_ids)
+
+
+def _transform_reason(name: str, m: nn.Module, uses: set[str]) -> str:
+    return (f"{type(m).__name__} {name} transforms its parameters before applying them "
+            f"({', '.join(sorted(uses))}): widths fixed; register a handler for it "
+            "(dmscale.register_handler) to search them")
+
 
 def _conv_trace(tr: "Tracer", name: str, m: nn.Module, args: tuple, out: torch.Tensor) -> None:
     x = args[0]
     lab = tr.label_of(x)
+    uses = _transformed_weights(tr, name)
+    ws = _is_weight_standardised(m)
+    if uses and not ws:
+        return _fixed_layer(tr, name, m, lab, out, m.out_channels, 1, "conv", _transform_reason(name, m, uses))
     if m.groups == 1:
-        in_ids = tr.take_channel_label(lab, 1, f"input of {name}")
+        if ws:  # each filter is normalised over all its input channels: inputs fixed
+            tr.pin_label(lab, f"weight-standardised conv {name} normalises each filter over "
+                              "its input channels")
+            in_ids = None
+        else:
+            in_ids = tr.take_channel_label(lab, 1, f"input of {name}")
         out_ids = tr.produce(name, m.out_channels)
         tr.record_layer(name, "conv", in_ids, out_ids)
         tr.set_label(out, 1, out_ids)
     elif _is_depthwise(m) and lab is not None and lab.dim == 1:
+        # a depthwise filter sees one channel: standardising it needs no other channel
         tr.record_layer(name, "conv", lab.ids, lab.ids)
         tr.set_label(out, 1, lab.ids)
     else:  # grouped or channel-multiplier conv: widths fixed (see README)
@@ -141,6 +203,8 @@ def _conv_trace(tr: "Tracer", name: str, m: nn.Module, args: tuple, out: torch.T
 
 
 def _conv_prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tensor | None) -> None:
+    for pname in _per_output_params(m):  # before the weight: it compares with out_channels
+        _slice_param(m, pname, 0, out_keep)
     _slice_param(m, "weight", 0, out_keep)
     _slice_param(m, "bias", 0, out_keep)
     if _is_depthwise(m):
@@ -152,9 +216,10 @@ def _conv_prune(m: nn.Module, in_keep: torch.Tensor | None, out_keep: torch.Tens
 
 
 def _conv_param_dims(m: nn.Module) -> ParamDims:
+    extra: ParamDims = {p: {0: "out"} for p in _per_output_params(m)}
     if _is_depthwise(m):
-        return {"weight": {0: "out"}, "bias": {0: "out"}}
-    return {"weight": {0: "out", 1: "in"}, "bias": {0: "out"}}
+        return {"weight": {0: "out"}, "bias": {0: "out"}, **extra}
+    return {"weight": {0: "out", 1: "in"}, "bias": {0: "out"}, **extra}
 
 
 def _conv_macs_dims(m: nn.Module) -> tuple[str, ...]:
@@ -168,6 +233,10 @@ CONV = Handler("conv", _conv_trace, _conv_prune, _conv_param_dims, _conv_macs_di
 
 def _linear_trace(tr: "Tracer", name: str, m: nn.Linear, args: tuple, out: torch.Tensor) -> None:
     x = args[0]
+    uses = _transformed_weights(tr, name)
+    if uses:
+        return _fixed_layer(tr, name, m, tr.label_of(x), out, m.out_features, -1, "linear",
+                            _transform_reason(name, m, uses))
     in_ids = tr.take_channel_label(tr.label_of(x), x.dim() - 1, f"input of {name}")
     out_ids = tr.produce(name, m.out_features)
     tr.record_layer(name, "linear", in_ids, out_ids)

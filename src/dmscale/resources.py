@@ -1,6 +1,7 @@
 """Exact resource counts and the differentiable cost of a search (paper Eq. 6-8).
 
-:func:`count` runs ``torch.utils.flop_counter.FlopCounterMode`` and returns exact MACs
+:func:`count` runs ``torch.utils.flop_counter.FlopCounterMode`` (its forward-only variant
+:class:`dmscale.flops.ForwardFlopCounter`) and returns exact MACs
 (= FLOPs / 2) and parameters. Convention: MACs are those of convolutions, linear layers,
 matrix products and attention (``scaled_dot_product_attention``, whose CPU kernel has no
 formula in torch and gets one registered here); element-wise ops, norms, activations,
@@ -25,9 +26,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_flop_count
+from torch.utils.flop_counter import register_flop_formula, sdpa_flop_count
 
 from .discover import SearchSpace, split_inputs
+from .flops import ForwardFlopCounter
 from .handlers import handler_for
 from .masks import GATES_NAME
 from .modes import eval_mode
@@ -57,7 +59,7 @@ _register_cpu_sdpa_formula()
 def count(model: nn.Module, example_inputs: Any) -> dict[str, int]:
     """Exact ``{"macs", "params"}`` of ``model`` on ``example_inputs`` (eval mode, no grad)."""
     args, kwargs = split_inputs(example_inputs)
-    counter = FlopCounterMode(display=False)
+    counter = ForwardFlopCounter(model)
     fastpath = torch.backends.mha.get_fastpath_enabled()
     # the fused encoder kernel has no flop formula: count the unfused (same) computation
     torch.backends.mha.set_fastpath_enabled(False)

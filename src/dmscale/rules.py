@@ -35,6 +35,10 @@ ELEMENTWISE = {
     "__pow__", "__rpow__", "pow", "pow_", "__neg__", "neg", "abs", "square", "sqrt", "rsqrt",
     "exp", "log", "reciprocal", "maximum", "minimum", "addcmul", "lerp", "where", "erf",
     "__and__", "__or__", "nan_to_num", "sin", "cos",
+    "floor", "ceil", "round", "trunc", "sign", "log1p", "expm1", "log2", "exp2",
+    # comparisons and predicates (masks of the same shape)
+    "gt", "lt", "ge", "le", "eq", "ne", "__gt__", "__lt__", "__ge__", "__le__", "__eq__",
+    "__ne__", "logical_not", "logical_and", "logical_or", "isnan", "isinf", "isfinite",
     # activations
     "relu", "relu_", "relu6", "gelu", "silu", "silu_", "sigmoid", "sigmoid_", "hardswish",
     "hardswish_", "hardsigmoid", "hardsigmoid_", "tanh", "tanh_", "leaky_relu",
@@ -83,24 +87,51 @@ def _norm_dim(d: int, n: int) -> int:
 # ----------------------------------------------------------------------------- elementwise
 
 
+_DTYPE_DONOR_OPS = {"to", "type_as"}
+
+
+def _data_operands(name: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors an element-wise op computes with. ``x.to(other)`` and ``x.type_as(other)``
+    only read ``other``'s dtype and device: ``x`` alone is an operand."""
+    if name in _DTYPE_DONOR_OPS:
+        first = args[0] if args else kwargs.get("input", kwargs.get("self"))
+        return [first] if isinstance(first, torch.Tensor) else []
+    return _tensors(args) + _tensors(kwargs)
+
+
+def _broadcast_dim(t: torch.Tensor, dim: int, out_ndim: int) -> int | None:
+    """The output dim that dim ``dim`` of operand ``t`` lands on under right-aligned
+    broadcasting to ``out_ndim`` dims, or None when ``t`` has more dims than the output."""
+    d = dim + out_ndim - t.dim()
+    return d if 0 <= d < out_ndim else None
+
+
 def elementwise(tr: "Tracer", name: str, args: tuple, kwargs: dict, out: Any) -> None:
-    """Broadcasting elementwise op: labelled operands of full size are tied channel-wise."""
+    """Broadcasting element-wise op: labelled operands of full size are tied channel-wise.
+
+    Operands broadcast right-aligned: dim k of an operand with r dims is output dim
+    ``k + out.dim() - r``. A labelled operand whose channels are broadcast (size 1 against
+    more) or that cannot be aligned pins its channels. An unlabelled operand that spans the
+    channel dim is either a parameter (layer scale, position embedding: sliced with the
+    channels) or pins them.
+    """
     outs = _tensors(out)
     if len(outs) != 1:
         return unknown(tr, name, args, kwargs, out)
     y = outs[0]
     n_out = y.dim()
-    operands = _tensors(args) + _tensors(kwargs)
+    operands = _data_operands(name, args, kwargs)
     aligned: list[tuple[int, np.ndarray]] = []
     for t in operands:
         lab = tr.label_of(t)
         if lab is None:
             continue
-        d = lab.dim + n_out - t.dim()
-        if t.shape[lab.dim] == y.shape[d] and y.shape[d] > 1 or len(lab.ids) == y.shape[d]:
+        d = _broadcast_dim(t, lab.dim, n_out)
+        if d is not None and t.shape[lab.dim] == y.shape[d]:
             aligned.append((d, lab.ids))
         else:
-            tr.pin_ids(lab.ids, f"{name} broadcasts a labelled dim")
+            tr.pin_ids(lab.ids, f"{name} broadcasts a labelled dim (operand {tuple(t.shape)}, "
+                                f"channels on dim {lab.dim}, output {tuple(y.shape)})")
     if not aligned:
         return
     dims = {d for d, _ in aligned}
@@ -108,16 +139,15 @@ def elementwise(tr: "Tracer", name: str, args: tuple, kwargs: dict, out: Any) ->
         for _, ids in aligned:
             tr.pin_ids(ids, f"{name} mixes channel dims")
         return
-    d = aligned[0][0]
+    d, ids = aligned[0]
     for t in operands:  # unlabelled operands of full size along the channel dim
         if tr.label_of(t) is not None:
             continue
-        k = d - (n_out - t.dim())
+        k = d - (n_out - t.dim())  # the operand's own dim on the channel dim (< 0: absent)
         if 0 <= k < t.dim() and t.shape[k] == y.shape[d] and y.shape[d] > 1:
             # a parameter (layer scale, position embedding) is sliced with the channels
-            if not tr.label_param(t, k, aligned[0][1]):
-                tr.pin_ids(aligned[0][1], f"{name} with an unlabelled {tuple(t.shape)} operand")
-    ids = aligned[0][1]
+            if not tr.label_param(t, k, ids):
+                tr.pin_ids(ids, f"{name} with an unlabelled {tuple(t.shape)} operand")
     for _, other in aligned[1:]:
         tr.uf.union_arrays(ids, other)
     tr.set_label(y, d, ids)
@@ -192,6 +222,8 @@ def view(tr: "Tracer", name: str, args: tuple, kwargs: dict, out: Any) -> None:
         return
     new = reshape_label(tuple(x.shape), lab, tuple(out.shape))
     if new is None:
+        # the new sizes may come from another tensor's width (C // heads): fix that width too
+        tr.pin_size_reads(f"{name} splits channels into sizes written in the model code")
         return unknown(tr, name, args, kwargs, out)
     tr.set_label(out, new.dim, new.ids)
 

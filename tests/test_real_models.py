@@ -1,0 +1,70 @@
+"""Real model definitions (timm, Ultralytics) at small inputs: each is exact or pinned.
+
+Exact: open masks reproduce the model, the export computes what the hardened supernet
+computes, and the hard cost is ``dms.count`` of the export (see ``exact.py``). Channels that
+cannot be searched exactly are fixed, never wrong.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from exact import assert_exact
+
+import dmscale as dms
+
+dms.ensure_torchvision()
+timm = pytest.importorskip("timm")
+
+# name -> (create_model kwargs, input size, search has widths)
+TIMM = {
+    "pit_ti_224": (dict(img_size=64), 64, True),  # parameter views passed to submodules
+    "cait_xxs24_224": (dict(img_size=32), 32, True),  # width read to shape the heads
+    "nfnet_l0": ({}, 64, True),  # ScaledStdConv2d with a per-channel gain
+    "convnext_atto": ({}, 32, True),  # LayerScale
+    "convnextv2_atto": ({}, 32, False),  # GlobalResponseNorm: statistics over channels
+    "hgnetv2_b0": ({}, 64, True),  # LearnableAffineBlock
+    "poolformerv2_s12": ({}, 32, True),  # Scale
+    "poolformer_s12": ({}, 32, True),
+    "swin_tiny_patch4_window7_224": (dict(img_size=56, window_size=7), 56, True),  # relative position bias
+}
+
+
+@pytest.mark.parametrize("name", sorted(TIMM))
+def test_timm_model_is_exact(name):
+    kwargs, size, searchable = TIMM[name]
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=4, **kwargs)
+    r = assert_exact(model, torch.randn(2, 3, size, size))
+    assert bool(r.searcher.space.width) == searchable
+
+
+def _import_detection_model() -> type:
+    """ultralytics.nn.tasks.DetectionModel, without the global numpy/torch print options
+    that importing ultralytics sets (they would change other tests' doctest output)."""
+    import copy
+
+    import numpy as np
+    from torch._tensor_str import PRINT_OPTS
+
+    np_options, torch_options = np.get_printoptions(), copy.copy(vars(PRINT_OPTS))
+    os.environ.setdefault("YOLO_VERBOSE", "False")
+    try:
+        pytest.importorskip("ultralytics")
+        from ultralytics.nn.tasks import DetectionModel
+    finally:
+        np.set_printoptions(**np_options)
+        vars(PRINT_OPTS).update(torch_options)
+    return DetectionModel
+
+
+@pytest.mark.parametrize("cfg", ["yolov8n.yaml", "yolo11n.yaml"])
+def test_ultralytics_detection_model_is_exact(cfg):
+    DetectionModel = _import_detection_model()
+    torch.manual_seed(0)
+    model = DetectionModel(cfg, verbose=False).eval()
+    # eval output: (decoded boxes and scores, raw head outputs); every tensor is compared
+    r = assert_exact(model, torch.randn(1, 3, 64, 64))
+    assert len(r.searcher.space.width) > 10 and r.searcher.space.depth

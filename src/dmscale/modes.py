@@ -38,22 +38,20 @@ def restore_modes(modes: dict[nn.Module, bool]) -> None:
 
 
 @contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+def _switched(model: nn.Module, training: bool) -> Iterator[nn.Module]:
+    modes = module_modes(model)
+    model.train(training)
+    try:
+        yield model
+    finally:
+        restore_modes(modes)
+
+
+def eval_mode(model: nn.Module) -> contextlib.AbstractContextManager[nn.Module]:
     """``model.eval()`` for the block, then every module's own mode again."""
-    modes = module_modes(model)
-    model.eval()
-    try:
-        yield model
-    finally:
-        restore_modes(modes)
+    return _switched(model, False)
 
 
-@contextlib.contextmanager
-def train_mode(model: nn.Module) -> Iterator[nn.Module]:
+def train_mode(model: nn.Module) -> contextlib.AbstractContextManager[nn.Module]:
     """``model.train()`` for the block, then every module's own mode again."""
-    modes = module_modes(model)
-    model.train()
-    try:
-        yield model
-    finally:
-        restore_modes(modes)
+    return _switched(model, True)

@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import pprint
+import re
 import subprocess
 import sys
 import time
@@ -124,6 +125,31 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def cause(v: cs.Verdict) -> str:
+    """What a non-exact verdict has in common with others: the verdict and the error with
+    quoted names, numbers and shapes left out (a missing handler keeps its class name), or
+    the list of failed checks."""
+    d = v.detail
+    if v.verdict == "wrong":
+        checks = []
+        for part in d.split("; "):
+            part = part.split(": ")[0] if not part.startswith("export raised") else part
+            part = re.sub(r"\s*\(diff [^)]*\)", "", part)
+            part = re.sub(r"-?\d[\d.e+-]*", "N", part)
+            if part.startswith("then "):
+                part = "then " + re.sub(r"'[^']*'", "'...'", part[5:])
+            checks.append(part)
+        return "wrong: " + "; ".join(checks)
+    m = re.search(r"has weights \[.*?\] but dmscale has no handler for (\w+)", d)
+    if m:
+        return f"{v.verdict}: UnsupportedLayerError: no handler for {m.group(1)}"
+    d = re.sub(r"'[^']*'", "'...'", d)
+    d = re.sub(r"\([^()]*\)", lambda mm: mm.group(0) if re.fullmatch(r"\(\w+\)", mm.group(0)) else "(...)", d)
+    d = re.sub(r"\d+", "N", d)
+    d = re.sub(r"\[raised at .*?\]|raised at [^;\]]*", "", d)
+    return f"{v.verdict}: {d.strip()}"[:300]
+
+
 def write_report(cache: dict[str, Any]) -> None:
     results = [cs.Verdict.from_json(v) for v in cache["results"].values()]
     meta = cache.get("meta", {})
@@ -161,6 +187,18 @@ def write_report(cache: dict[str, Any]) -> None:
         name = f"**{reg}**" if reg == "all" else reg
         lines.append(f"| {name} | {counted} | " + " | ".join(str(c[k]) for k in cs.VERDICTS)
                      + f" | {pct:.1f} |")
+    groups: dict[str, list[cs.Verdict]] = collections.defaultdict(list)
+    for v in results:
+        if v.verdict not in ("exact", "skipped"):
+            groups[cause(v)].append(v)
+    if groups:
+        lines += ["", "## Non-exact models by cause", "",
+                  "Most common first; the cause is the error with names and numbers left out, or the "
+                  "checks that failed.", "",
+                  "| cause | n | models |", "| --- | ---: | --- |"]
+        for c, vs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            names = ", ".join(f"{v.registry}/{v.name}" for v in vs)
+            lines.append(f"| {_cell(c)} | {len(vs)} | {names} |")
     lines += ["", "## Models", "",
               "| registry | model | verdict | error, or MACs / params ratio of the export | seconds |",
               "| --- | --- | --- | --- | ---: |"]
@@ -194,18 +232,25 @@ def _timeout_for(probe_s: float, params: int) -> float:
     return cs.DEFAULT_TIMEOUT
 
 
-def regen_timm() -> list[dict[str, Any]]:
+def regen_timm(families_only: set[str] | None = None) -> list[dict[str, Any]]:
     """One model per timm family (registry module): the smallest by parameter count (built on
-    the meta device) that builds and runs on CPU at the smallest of a few input sizes."""
+    the meta device) that builds and runs on CPU at the smallest of a few input sizes.
+
+    Each candidate is built once at its default size and run at growing inputs; when the
+    smallest input it runs at is above 32, smaller ``img_size`` builds are tried too (ViTs,
+    window attention: models whose input size is fixed at build time)."""
     cs._vision_imports()
     import timm
     from timm.models._registry import model_entrypoint
 
+    sizes = (32, 64, 96, 128, 160, 224, 256)
     families: dict[str, list[str]] = collections.defaultdict(list)
     for n in timm.list_models():
         families[model_entrypoint(n).__module__.rsplit(".", 1)[-1]].append(n)
     chosen = []
     for fam in sorted(families):
+        if families_only is not None and fam not in families_only:
+            continue
         sized = []
         for n in families[fam]:
             try:
@@ -216,19 +261,37 @@ def regen_timm() -> list[dict[str, Any]]:
                 continue
         sized.sort()
         pick = None
-        for params, n in sized[:5]:
-            for size in (32, 64, 96, 128, 160, 224, 256):
-                for img_kw in (True, False):
-                    build = cs._timm_builder(n, size if img_kw else None)
-                    try:
-                        t, _ = _probe_forward(build, size)
-                    except Exception:  # noqa: BLE001
-                        continue
-                    pick = dict(name=n, family=fam, input=size, img_size=size if img_kw else None,
-                                params=params, probe_s=round(t, 2), timeout=_timeout_for(t, params))
+        for params, n in sized[:4]:
+            try:
+                torch.manual_seed(0)
+                start = time.perf_counter()
+                model = timm.create_model(n, pretrained=False, num_classes=10).eval()
+                build_s = time.perf_counter() - start
+            except Exception:  # noqa: BLE001
+                continue
+            native = None
+            for size in sizes:
+                try:
+                    start = time.perf_counter()
+                    with torch.no_grad():
+                        model(torch.randn(2, 3, size, size))
+                    native = (size, build_s + time.perf_counter() - start)
                     break
-                if pick:
-                    break
+                except Exception:  # noqa: BLE001
+                    continue
+            for size in [s for s in sizes if native is None or s < native[0]]:
+                try:
+                    t, _ = _probe_forward(cs._timm_builder(n, size), size)
+                except TypeError:
+                    break  # no img_size argument
+                except Exception:  # noqa: BLE001
+                    continue
+                pick = dict(name=n, family=fam, input=size, img_size=size, params=params,
+                            probe_s=round(t, 2), timeout=_timeout_for(t, params))
+                break
+            if pick is None and native is not None:
+                pick = dict(name=n, family=fam, input=native[0], img_size=None, params=params,
+                            probe_s=round(native[1], 2), timeout=_timeout_for(native[1], params))
             if pick:
                 break
         print(f"timm {fam}: {pick}", flush=True)
@@ -245,9 +308,9 @@ def regen_torchvision() -> list[dict[str, Any]]:
     chosen = []
     for n in torchvision.models.list_models(module=torchvision.models):
         pick = None
-        for size in (32, 64, 96, 128, 160, 224):
+        for size in ((28,) if n.startswith("vit_") else ()) + (32, 64, 96, 128, 160, 224):
             kwargs: dict[str, Any] = {"num_classes": 10}
-            if n.startswith("vit_"):
+            if n.startswith("vit_"):  # image_size: a multiple of the patch size
                 patch = int(n.rsplit("_", 1)[-1])
                 if size % patch:
                     continue

@@ -208,6 +208,13 @@ def random_hard_structure(searcher: Any, seed: int = STRUCTURE_SEED) -> None:
             t.a.fill_(float(torch.rand((), generator=g)) * t.max_ratio)
 
 
+def _record(checks: dict[str, Any], failures: list[str], key: str, label: str, miss: str | None) -> None:
+    """Store one comparison's outcome under ``key``; a mismatch also becomes a failure line."""
+    checks[key] = miss or "ok"
+    if miss:
+        failures.append(f"{label}: {miss}")
+
+
 def classify(entry: Entry, tol: float = TOL, seed: int = STRUCTURE_SEED) -> Verdict:
     """Run every check of the module docstring on ``entry`` (in this process)."""
     import dmscale as dms
@@ -248,10 +255,7 @@ def classify(entry: Entry, tol: float = TOL, seed: int = STRUCTURE_SEED) -> Verd
                 t.a.zero_()
             with searcher.hardened():
                 opened = _call(model, inputs)
-        miss = compare_outputs(opened, reference, tol)
-        checks["open_masks"] = miss or "ok"
-        if miss:
-            failures.append(f"open masks != original: {miss}")
+        _record(checks, failures, "open_masks", "open masks != original", compare_outputs(opened, reference, tol))
 
         stage = "hardened forward"
         random_hard_structure(searcher, seed)
@@ -267,10 +271,7 @@ def classify(entry: Entry, tol: float = TOL, seed: int = STRUCTURE_SEED) -> Verd
         stage = "export forward"
         with torch.no_grad():
             out = _call(small, inputs)
-        miss = compare_outputs(out, hard, tol)
-        checks["export_vs_hardened"] = miss or "ok"
-        if miss:
-            failures.append(f"export != hardened: {miss}")
+        _record(checks, failures, "export_vs_hardened", "export != hardened", compare_outputs(out, hard, tol))
 
         stage = "count export"
         exact = dms.count(small, inputs)

@@ -432,13 +432,12 @@ class Searcher:
 
     def _verify_open(self, reference: Any) -> None:
         """All masks open must reproduce the original model (the trace's output)."""
-        with self.gates.use("open"):
-            bad = compare(flat_outputs(self._run_example(self.model)), flat_outputs(reference))
+        bad = compare(flat_outputs(self._open_run()), flat_outputs(reference))
         if bad is None:
             return
         with self.gates.use(enabled=False):
             where = first_divergence(lambda: self._run_example(self.model), self.model,
-                                     lambda: self._open_run(), self.model, skip=GATES_NAME)
+                                     self._open_run, self.model, skip=GATES_NAME)
         layer = "no single layer (only the final output)" if where is None else \
             f"{describe(self.model, where[0])} (differs by {where[1]:.3g}, allowed {where[2]:.3g})"
         fix = "" if where is None else (

@@ -42,21 +42,12 @@ def test_timm_model_is_exact(name):
 
 
 def _import_detection_model() -> type:
-    """ultralytics.nn.tasks.DetectionModel, without the global numpy/torch print options
-    that importing ultralytics sets (they would change other tests' doctest output)."""
-    import copy
-
-    import numpy as np
-    from torch._tensor_str import PRINT_OPTS
-
-    np_options, torch_options = np.get_printoptions(), copy.copy(vars(PRINT_OPTS))
+    """ultralytics.nn.tasks.DetectionModel (the print options it sets are restored by the
+    autouse fixture in conftest.py)."""
     os.environ.setdefault("YOLO_VERBOSE", "False")
-    try:
-        pytest.importorskip("ultralytics")
-        from ultralytics.nn.tasks import DetectionModel
-    finally:
-        np.set_printoptions(**np_options)
-        vars(PRINT_OPTS).update(torch_options)
+    pytest.importorskip("ultralytics")
+    from ultralytics.nn.tasks import DetectionModel
+
     return DetectionModel
 
 

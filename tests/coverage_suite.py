@@ -232,9 +232,12 @@ def classify(entry: Entry, tol: float = TOL, seed: int = STRUCTURE_SEED) -> Verd
         inputs = entry.make_inputs()
         with torch.no_grad():
             reference = _call(model, inputs)
-        original = dms.count(model, inputs)
     except Exception as err:  # noqa: BLE001
         return done("skipped", _crash("build/reference (without dmscale)", err))
+    try:
+        original = dms.count(model, inputs)
+    except Exception as err:  # noqa: BLE001
+        return done("crash", _crash("dms.count of the original model", err))
 
     # ---- prepare
     try:

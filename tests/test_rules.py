@@ -81,3 +81,51 @@ def test_width_read_to_split_other_channels_is_fixed():
     r = assert_exact(net, torch.randn(2, 4, 5))  # was: the export crashed in the reshape
     assert [d.name for d in r.searcher.space.width] == ["1.proj", "3"]  # not 0: its width shapes qkv
     assert "module 1 reads their count" in r.searcher.space.pinned_reasons["0"]
+
+
+class _SpatialReduction(nn.Module):
+    """timm PVT-v2's key/value path: ``C`` is read from ``x`` and then used to flatten the
+    output of another layer, ``sr(x).reshape(B, C, -1)``."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.sr = nn.Conv2d(dim, dim, 2, stride=2)
+        self.kv = nn.Linear(dim, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, C), N = 4 * 4
+        B, N, C = x.shape
+        x = x.permute(0, 2, 1).reshape(B, C, 4, 4)
+        x = self.sr(x).reshape(B, C, -1).permute(0, 2, 1)  # (B, 4, C): sr's width must equal C
+        return self.kv(x)
+
+
+class _ReshapeAs(nn.Module):
+    """``z.reshape_as(y)``: z's width is written as y's, with no other op between the two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 8), nn.Linear(5, 8)
+        self.out_a, self.out_b = nn.Linear(8, 3), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, 5)
+        y = self.a(x)  # (B, 8)
+        z = self.b(x.unsqueeze(1))  # (B, 1, 8)
+        return self.out_a(y) + self.out_b(z.reshape_as(y))
+
+
+def test_width_read_to_reshape_another_layer_ties_the_two():
+    from exact import assert_exact
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 8), _SpatialReduction(8))
+    r = assert_exact(net, torch.randn(2, 16, 5))  # was: the export failed in the reshape
+    (dim,) = r.searcher.space.width  # the input width and sr's output are one dimension
+    assert dim.name in ("0", "1.sr") and sorted(dim.producers) == ["0", "1.sr"]
+
+
+def test_reshape_as_ties_to_the_other_tensor():
+    from exact import assert_exact
+
+    torch.manual_seed(0)
+    r = assert_exact(_ReshapeAs(), torch.randn(2, 5))
+    assert [sorted(d.producers) for d in r.searcher.space.width] == [["a", "b"]]

@@ -306,6 +306,14 @@ class Tracer:
         for ids in self.size_reads.get(call.order, []) if call is not None else []:
             self.pin_ids(ids, f"{reason} (module {call.name} reads their count)")
 
+    def tie_size_reads(self, ids: np.ndarray) -> None:
+        """Tie ``ids`` to every width of the same size the running module's code read: a
+        reshape that writes such a size for other channels needs the two to stay equal."""
+        call = self._active_call()
+        for read in self.size_reads.get(call.order, []) if call is not None else []:
+            if len(read) == len(ids) and not np.array_equal(read, ids):
+                self.uf.union_arrays(read, ids)
+
     def _derive_param_view(self, name: str, src: torch.Tensor, out: torch.Tensor) -> None:
         """If ``out`` is a view of a parameter (``gamma.view(1, -1, 1, 1)``, an expand, a
         dtype cast), remember which of its dims are which of the parameter's."""

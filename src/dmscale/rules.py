@@ -225,7 +225,38 @@ def view(tr: "Tracer", name: str, args: tuple, kwargs: dict, out: Any) -> None:
         # the new sizes may come from another tensor's width (C // heads): fix that width too
         tr.pin_size_reads(f"{name} splits channels into sizes written in the model code")
         return unknown(tr, name, args, kwargs, out)
+    if len(new.ids) == out.shape[new.dim]:  # the channels kept their own dim
+        _tie_requested_size(tr, name, args, kwargs, new)
     tr.set_label(out, new.dim, new.ids)
+
+
+def _requested_shape(name: str, args: tuple, kwargs: dict) -> list[Any] | None:
+    """The sizes a ``view``/``reshape`` call asked for, as written (-1 included)."""
+    if name not in ("view", "reshape"):
+        return None
+    shape = kwargs.get("shape", kwargs.get("size"))
+    if shape is None:
+        rest = args[1:]
+        shape = rest[0] if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
+    shape = list(shape) if isinstance(shape, (list, tuple)) else None
+    return shape if shape is not None and all(isinstance(s, int) for s in shape) else None
+
+
+def _tie_requested_size(tr: "Tracer", name: str, args: tuple, kwargs: dict, new: Label) -> None:
+    """Tie the channels of a reshape to the width its size was taken from.
+
+    ``B, N, C = x.shape; sr(x).reshape(B, C, -1)`` (timm PVT-v2) writes ``x``'s width as the
+    size of ``sr``'s channels: after pruning the two must still be equal, so they become one
+    dimension (position by position). ``y.reshape_as(other)`` ties to ``other``'s channels.
+    """
+    if name in ("view_as", "reshape_as"):
+        other = tr.label_of(args[1]) if len(args) > 1 else None
+        if other is not None and other.dim == new.dim and len(other.ids) == len(new.ids):
+            tr.uf.union_arrays(other.ids, new.ids)
+        return
+    shape = _requested_shape(name, args, kwargs)
+    if shape is not None and new.dim < len(shape) and shape[new.dim] != -1:
+        tr.tie_size_reads(new.ids)
 
 
 def permute(tr: "Tracer", name: str, args: tuple, kwargs: dict, out: Any) -> None:

@@ -40,7 +40,7 @@ from .handlers import (Handler, _slice_param, handler_for, register_family_loade
                        register_weight_standardised)
 
 if TYPE_CHECKING:
-    from .discover import Tracer
+    from .tracer import Tracer
 
 __all__ = ["AttentionSpec", "attention_handler", "CONV1D"]
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from .discover import Tracer
+    from .tracer import Tracer
     from .graph import Label
 
 __all__ = [

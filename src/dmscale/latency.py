@@ -82,7 +82,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .discover import LayerSlots, SearchSpace, split_inputs
+from .discover import LayerSlots, SearchSpace
+from .tracer import split_inputs
 from .handlers import Handler, handler_for
 from .masks import detach
 

@@ -104,7 +104,7 @@ class _RestoreFastpath(DMSHook):
 def first_input(args: tuple, kwargs: dict) -> tuple[int | str, torch.Tensor] | None:
     """Where a layer's input is: ``(0, args[0])``, or ``(name, kwargs[name])`` for the first
     tensor keyword when it is called with keywords only (``fc(input=h)``); the tracer reads
-    the same input (see :meth:`dmscale.discover.Tracer._opaque_call`)."""
+    the same input (see :meth:`dmscale.tracer.Tracer._opaque_call`)."""
     if args:
         return (0, args[0]) if isinstance(args[0], torch.Tensor) else None
     for key, value in kwargs.items():

@@ -45,7 +45,7 @@ from torch import nn
 from .handlers import _NORM_DIMS, Handler, _slice_param, register_handler
 
 if TYPE_CHECKING:
-    from .discover import Tracer
+    from .tracer import Tracer
 
 __all__ = ["NormFormula", "norm_formula", "LAYERNORM", "RMSNORM"]
 

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import register_flop_formula, sdpa_flop_count
 
-from .discover import SearchSpace, split_inputs
+from .discover import SearchSpace
+from .tracer import split_inputs
 from .flops import ForwardFlopCounter
 from .handlers import handler_for
 from .masks import GATES_NAME

@@ -21,7 +21,7 @@ import torch
 from .graph import PIN, Label
 
 if TYPE_CHECKING:
-    from .discover import Tracer
+    from .tracer import Tracer
 
 __all__ = ["RULES", "ELEMENTWISE", "apply_rule"]
 

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .discover import SearchSpace, discover, split_inputs
+from .discover import SearchSpace, discover
+from .tracer import split_inputs
 from .errors import UnsupportedLayerError, VerificationError
 from .export import FORMAT, export_model
 from .handlers import handler_for

@@ -29,6 +29,7 @@ def _resnet20():
         ({"min_width": 0}, r"min_width must be >= 1, got 0"),
         ({"width_only_from": 1.5}, r"width_only_from must be in \[0, 1\] or None, got 1.5"),
         ({"search_width": False, "search_depth": False}, r"nothing to search"),
+        ({"cost_forward": "hard"}, r"cost_forward must be one of \('soft', 'exact'\), got 'hard'"),
     ],
 )
 def test_config_validation(kwargs, pattern):
@@ -86,6 +87,33 @@ def test_resource_loss_eq6_and_it_does_not_feed_importance():
     importance = [t.importance.clone() for t in searcher.gates.width]
     assert all(float(c.abs().sum()) == 0 for c in importance)  # the resource loss fed nothing
     assert float(searcher.resource_loss(progress=0.0)) == 0.0  # r_t = supernet cost at start
+
+
+def test_exact_cost_forward_is_the_hard_cost_with_the_soft_gradient():
+    model, x = _resnet20()
+    soft = dms.prepare(model, x, dms.SearchConfig(target=0.5))
+    with torch.no_grad():
+        for p in soft.structure_parameters():
+            p.fill_(0.1)  # soft and hard cost differ, both above the target
+    res = soft.resources()
+    assert abs(res["soft"] - res["hard"]) > 0.01 * res["hard"]
+    assert min(res["soft"], res["hard"]) > res["target"]
+    soft_loss = soft.resource_loss(progress=1.0)
+    soft_loss.backward()
+    soft_grads = [float(p.grad) for p in soft.structure_parameters()]
+    dms.detach(model)
+
+    exact = dms.prepare(model, x, dms.SearchConfig(target=0.5, cost_forward="exact"))
+    with torch.no_grad():
+        for p in exact.structure_parameters():
+            p.fill_(0.1)
+    loss = exact.resource_loss(progress=1.0)
+    assert float(loss) == pytest.approx(math.log(res["hard"] / exact.target_cost), rel=1e-5)
+    loss.backward()
+    # d log(r_c) = d soft / r_c: the soft gradient, scaled by soft / hard
+    scale = res["soft"] / res["hard"]
+    for g_soft, p in zip(soft_grads, exact.structure_parameters()):
+        assert float(p.grad) == pytest.approx(g_soft * scale, rel=1e-4)
 
 
 def test_soft_cost_differentiable_in_every_structural_parameter():

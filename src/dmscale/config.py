@@ -288,6 +288,10 @@ OPTIONS: tuple[Option, ...] = (
     _o("schedule", _choice("exp", "constant"), "exp",
        "target schedule: exp decays r_t from the supernet's cost to the target over the "
        "search; constant uses the target from the start", _SEARCHING, "search"),
+    _o("cost_forward", _choice("soft", "exact"), "soft",
+       "the value of r_c in the resource loss: soft (the soft masks' cost, Eq. 6) or exact "
+       "(the hard masks' cost, i.e. the export's, with the soft cost's gradient)",
+       _SEARCHING, "search"),
     _o("search_dims", _choice("both", "width", "depth"), "both",
        "what to search: widths, depths (residual blocks per stage) or both", _SEARCHING,
        "search"),
@@ -399,6 +403,7 @@ class RunConfig:
     structure_lr: float = 0.01
     importance: str = "taylor"
     schedule: str = "exp"
+    cost_forward: str = "soft"
     search_dims: str = "both"
     min_width: int = 1
     width_step: int = 1

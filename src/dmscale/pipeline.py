@@ -67,6 +67,7 @@ from .config import (
     save_config,
 )
 from .io import save_weights
+from .report import posthoc_line
 from .tasks.registry import Task, build_model, build_task, distill_loss
 
 __all__ = [
@@ -719,7 +720,7 @@ class Pipeline:
                 schedule=cfg.schedule, importance=cfg.importance, min_width=cfg.min_width,
                 width_step=cfg.width_step, search_width=cfg.search_dims in ("both", "width"),
                 search_depth=cfg.search_dims in ("both", "depth"), exclude=exclude,
-                width_only_from=cfg.width_only_from)
+                width_only_from=cfg.width_only_from, cost_forward=cfg.cost_forward)
             return dms.prepare(model, self.example, scfg)
         except ValueError as err:  # bad budget, nothing to search, unsupported layer ...
             raise ConfigError(str(err).splitlines()[0]) from None
@@ -788,6 +789,8 @@ class Pipeline:
             res = searcher.resources()
             return res["hard"] <= res["target"] * (1 + 1e-9)
 
+        if self._checkpoint_for("finish") is None:
+            self.state["resources_search_end"] = searcher.resources()
         if self._checkpoint_for("finish") is None and under():
             return
         frozen = [p for p in searcher.model_parameters() if p.requires_grad]
@@ -800,6 +803,9 @@ class Pipeline:
                 prm.requires_grad_(True)
         if not under():  # the budget solver: common shift of every ratio, then refill
             searcher.meet_target()
+        moved = posthoc_line(self.state.get("resources_search_end"), searcher.resources())
+        if moved:
+            self._log(moved)
         if not under():
             res = searcher.resources()
             self.state["warnings"].append(
@@ -855,6 +861,7 @@ class Pipeline:
             "model": cfg.model, "model_args": cfg.model_args, "expand": cfg.expand,
             "resource": cfg.resource, "target": cfg.target,
             "counts": st["counts"], "resources": st.get("resources"),
+            "resources_search_end": st.get("resources_search_end"),
             "evals": st["evals"], "steps": self.global_step,
             "elapsed": round(self._elapsed(), 1), "warnings": st["warnings"],
             "structure": _structure_brief(structure) if structure else None,

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["write_report", "format_summary", "read_metrics", "format_count"]
+__all__ = ["write_report", "format_summary", "read_metrics", "format_count", "posthoc_line"]
 
 PHASE_COLORS = {"pretrain": "tab:gray", "search": "tab:blue", "finish": "tab:purple",
                 "retrain": "tab:green"}
@@ -218,6 +218,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         lines.append(f"| {res['resource']} budget | | {format_count(res['hard'])} of target "
                      f"{format_count(res['target'])} ({100 * res['hard'] / max(res['target'], 1):.1f}%) |")
     lines.append("")
+    posthoc = posthoc_line(state.get("resources_search_end"), res)
+    if posthoc:
+        lines += [f"- {posthoc}", ""]
     for name, ev in evals.items():
         if name == "final":
             continue
@@ -253,6 +256,23 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     return path
 
 
+def posthoc_line(search_end: dict[str, Any] | None, final: dict[str, Any] | None) -> str | None:
+    """How far the steps after the search (finish phase, budget solver) moved the exported
+    cost, or None when they did not change it.
+
+    Example:
+        >>> posthoc_line({"hard": 110.0, "target": 100.0}, {"hard": 99.0, "target": 100.0})
+        'the search ended at 1.100 x target; the finish phase and budget solver changed the structure to 0.990 x target'
+        >>> posthoc_line({"hard": 99.0, "target": 100.0}, {"hard": 99.0, "target": 100.0}) is None
+        True
+    """
+    if not search_end or not final or search_end["hard"] == final["hard"]:
+        return None
+    t = search_end["target"]
+    return (f"the search ended at {search_end['hard'] / t:.3f} x target; the finish phase and "
+            f"budget solver changed the structure to {final['hard'] / t:.3f} x target")
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The one-screen summary printed at the end of a run."""
     counts = summary.get("counts", {})
@@ -277,6 +297,9 @@ def format_summary(summary: dict[str, Any]) -> str:
             share = f" ({100 * res['hard'] / res['supernet']:.1f}% of the supernet)"
         out.append(f"  budget        {res['resource']} {format_count(res['hard'])}{share} "
                    f"{'<=' if ok else 'OVER'} target {format_count(res['target'])}")
+    posthoc = posthoc_line(summary.get("resources_search_end"), res)
+    if posthoc:
+        out.append(f"  post-hoc      {posthoc}")
     st = summary.get("structure")
     if st:
         if st.get("depth"):

@@ -37,7 +37,9 @@ from .norms import norm_formula
 from .resources import RESOURCES, CostModel
 from .verify import compare, describe, first_divergence, flat_outputs
 
-__all__ = ["SearchConfig", "Searcher", "prepare"]
+__all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
+
+COST_FORWARD = ("soft", "exact")
 
 
 @dataclass
@@ -64,6 +66,12 @@ class SearchConfig:
         latency_options: keyword arguments of :class:`dmscale.latency.LatencyCostModel`
             (ratios, budget_s, quantile, calibrate, profile: a saved profile, e.g. measured
             on the target device). Latency is in microseconds: a target > 1 is in us.
+        cost_forward: the value of r_c in the resource loss (Eq. 6). "soft": the cost of the
+            soft masks, as the paper writes it; it sits below the exported model's cost while
+            the least important kept elements have soft masks under 1, so a search that meets
+            its target in soft terms exports a model over it. "exact": the exact cost of the
+            hard masks (what the export will cost), with the soft cost's gradient
+            (straight-through: r_c = s + (h - s).detach()).
         verify: self-checks on the example inputs (one extra forward each, tolerance in
             :mod:`dmscale.verify`): ``prepare`` refuses a model whose output changes with all
             masks open, ``export`` raises when the export does not compute what the hardened
@@ -89,6 +97,7 @@ class SearchConfig:
     exclude: list[str] = field(default_factory=list)
     width_only_from: float | None = None
     latency_options: dict[str, Any] = field(default_factory=dict)
+    cost_forward: str = "soft"
     verify: bool = True
 
     def __post_init__(self) -> None:
@@ -113,6 +122,8 @@ class SearchConfig:
             raise ValueError(f"width_only_from must be in [0, 1] or None, got {self.width_only_from}")
         if not (self.search_width or self.search_depth):
             raise ValueError("nothing to search: search_width and search_depth are both off")
+        if self.cost_forward not in COST_FORWARD:
+            raise ValueError(f"cost_forward must be one of {COST_FORWARD}, got {self.cost_forward!r}")
         if not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True or False, got {self.verify!r}")
         self.exclude = list(self.exclude)
@@ -272,6 +283,8 @@ class Searcher:
         frozen = self.config.width_only_from is not None and progress >= self.config.width_only_from
         self.freeze_depth(frozen)
         r_c = self.soft_cost()
+        if self.config.cost_forward == "exact":  # forward: the export's cost; backward: soft
+            r_c = r_c + (self._exact_cost("hard") - r_c.detach())
         r_t = self.target_at(progress)
         if float(r_c.detach()) <= r_t:
             return r_c.new_zeros(()).float()

@@ -44,6 +44,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.resources
 import json
@@ -51,7 +52,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -149,7 +150,7 @@ def _standard_config(lm: Any, sizes: dict[str, Any]) -> Any:
               "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": ffn,
               "head_dim": sizes["head_dim"] or config.head_dim}
     try:
-        return type(config).from_dict({**config.to_dict(), **values})
+        return type(config).from_dict({**_plain_dict(config), **values})
     except Exception as err:  # transformers' strict validation raises its own classes
         raise StructureError(
             f"the pruned sizes {values} do not make a valid {type(config).__name__} "
@@ -169,7 +170,7 @@ def _per_layer_config(lm: Any, sizes: dict[str, Any]) -> Any:
     from .hf_remote.modeling_dmscale_llama import DMScaleLlamaConfig
 
     layers = sizes["layers"]
-    d = config.to_dict()
+    d = _plain_dict(config)
     d.update(model_type=DMScaleLlamaConfig.model_type, hidden_size=sizes["hidden_size"],
              num_hidden_layers=len(layers), head_dim=sizes["head_dim"] or config.head_dim,
              num_attention_heads=max(s[0] for s in layers), num_key_value_heads=max(s[1] for s in layers),
@@ -177,6 +178,15 @@ def _per_layer_config(lm: Any, sizes: dict[str, Any]) -> Any:
              architectures=["DMScaleLlamaForCausalLM"],
              auto_map={k: f"{REMOTE_FILE[:-3]}.{v}" for k, v in _REMOTE_CLASSES.items()})
     return DMScaleLlamaConfig.from_dict(d)
+
+
+def _plain_dict(config: Any) -> dict[str, Any]:
+    """The config as a dict, without the GGUF 'quantization' of a de-quantised model."""
+    d = config.to_dict()
+    q = d.get("quantization_config")
+    if isinstance(q, dict) and str(q.get("quant_method", "")).lower().endswith("gguf"):
+        del d["quantization_config"]
+    return d
 
 
 def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any = None,
@@ -226,7 +236,8 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any
     for stale in ("config.json", REMOTE_FILE):
         if (out / stale).exists():
             (out / stale).unlink()
-    lm.save_pretrained(out, safe_serialization=True)
+    with _dequantized(lm):
+        lm.save_pretrained(out, safe_serialization=True)
     config.save_pretrained(out)  # replaces the config.json written with the unpruned sizes
     if mode == "per_layer":
         source = importlib.resources.files("dmscale.hf_remote").joinpath(REMOTE_FILE)
@@ -239,6 +250,28 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any
     if verify:
         _verify_saved(lm, out, remote=mode == "per_layer")
     return out
+
+
+@contextlib.contextmanager
+def _dequantized(lm: Any) -> Iterator[None]:
+    """A model loaded from a GGUF file is de-quantised to plain float tensors but keeps its
+    ``hf_quantizer``, which makes transformers refuse to save it: hide it while saving.
+    Other quantizers (bitsandbytes, ...) hold packed weights dmscale never pruned: refused."""
+    quantizer = getattr(lm, "hf_quantizer", None)
+    if quantizer is None:
+        yield
+        return
+    method = getattr(quantizer.quantization_config, "quant_method", None)
+    method = getattr(method, "value", method)
+    if method != "gguf" or any(not p.is_floating_point() for p in lm.parameters()):
+        raise UnsupportedLayerError(
+            f"the model is quantized ({method}); dmscale prunes and saves full-precision models: "
+            "load it unquantized (dtype=torch.float32 or bfloat16) before dms.prepare")
+    lm.hf_quantizer = None
+    try:
+        yield
+    finally:
+        lm.hf_quantizer = quantizer
 
 
 def _verify_saved(lm: Any, out: Path, remote: bool) -> None:

@@ -201,3 +201,28 @@ def test_save_pretrained_refuses_what_it_cannot_state(tmp_path):
                                                                 vocab_size=50))
     with pytest.raises(dms.UnsupportedLayerError, match="dmscale.save"):
         dms.save_pretrained(gpt2, tmp_path)
+
+
+def test_cli_layer_uniform_search_exports_hf(tmp_path):
+    from dmscale.cli import main
+    from dmscale.pipeline import load_run_model
+
+    run, out = tmp_path / "run", tmp_path / "hf"
+    assert main(["search", "--task", "shakespeare", "--model", "llama", "--model-args",
+                 "hidden_size=32,intermediate_size=64,num_hidden_layers=3,num_attention_heads=2,"
+                 "num_key_value_heads=2", "--resource", "params", "--target", "0.8",
+                 "--layer-uniform", "--exclude", "lm.model.embed_tokens",
+                 "--seq-len", "16", "--train-limit", "2048", "--test-limit", "256", "--batch-size", "16",
+                 "--epochs", "1", "--retrain-epochs", "0", "--optimizer", "adamw",
+                 "--structure-lr", "0.05", "--threads", "1", "--quiet", "--out", str(run)]) == 0
+    assert main(["export", str(run), "--format", "hf", "--out", str(out), "--quiet"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama" and "auto_map" not in config
+    small, _ = load_run_model(run)
+    layers = small.lm.model.layers
+    assert config["intermediate_size"] == layers[0].mlp.gate_proj.out_features
+    assert {layer.mlp.gate_proj.out_features for layer in layers} == {config["intermediate_size"]}
+    lm = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, config["vocab_size"], (1, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(lm(input_ids=ids).logits, small.eval()(ids), atol=1e-5, rtol=1e-5)

@@ -21,6 +21,7 @@ from .calibrate import recalibrate_batchnorm
 from .discover import discover
 from .errors import DMScaleError, StructureError, UnsupportedLayerError, VerificationError
 from .export import apply_structure
+from .hf_export import save_pretrained
 from .handlers import Handler, register_handler
 from .io import load, save
 from .masks import detach
@@ -36,6 +37,7 @@ __all__ = [
     "apply_structure",
     "detach",
     "save",
+    "save_pretrained",
     "load",
     "recalibrate_batchnorm",
     "discover",

@@ -188,10 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 "directory (or the one given by --out); other options come "
                                 "from its config.yaml")
         if command == "export":
-            p.add_argument("--format", choices=["safetensors", "pt"], default="safetensors",
+            p.add_argument("--format", choices=["safetensors", "pt", "hf"], default="safetensors",
                            help="safetensors: structure.json + model.safetensors + config.yaml; "
                                 "pt: also model.pt, the whole module saved with torch.save "
-                                "(load with torch.load(..., weights_only=False)) (default: safetensors)")
+                                "(load with torch.load(..., weights_only=False)); hf: a Hugging "
+                                "Face directory for from_pretrained, without dmscale (causal LMs "
+                                "of the Llama family) (default: safetensors)")
         groups: dict[str, argparse._ArgumentGroup] = {}
         for opt in OPTIONS:
             if command not in opt.commands:

@@ -304,6 +304,11 @@ OPTIONS: tuple[Option, ...] = (
        "module names or glob patterns (e.g. 'model.layers.*.mlp') whose widths stay fixed; "
        "comma-separated or repeated", _SEARCHING, "search", metavar="PATTERN",
        flag_kind="append"),
+    _o("layer_uniform", _bool, False,
+       "every repeated layer keeps the same count per kind (heads, FFN width, ...), each its "
+       "own most important elements; a Hugging Face model then exports with a standard config "
+       "(export --format hf loads with plain from_pretrained)", _SEARCHING, "search",
+       flag_kind="flag"),
     _o("width_only_from", _fraction, None,
        "from this fraction of the search on, freeze depth and search widths only",
        _SEARCHING, "search", metavar="P"),
@@ -409,6 +414,7 @@ class RunConfig:
     width_step: int = 1
     exclude: list[str] | None = None
     width_only_from: float | None = None
+    layer_uniform: bool = False
     teacher: str | None = None
     distill_weight: float = 1.0
     distill_temperature: float = 1.0

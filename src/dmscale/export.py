@@ -126,14 +126,25 @@ def _retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
             setattr(m, name, first)
 
 
+def _owner_config(model: nn.Module, name: str) -> Any:
+    """The ``config`` of the closest module above ``name`` that has one (with a layer count)."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        owner = model.get_submodule(".".join(parts[:i])) if i else model
+        config = getattr(owner, "config", None)
+        if getattr(config, "num_hidden_layers", None) is not None:
+            return config
+    return None
+
+
 def _drop_hf_layers(model: nn.Module, removed: list[str]) -> None:
     """Hugging Face decoder stacks: delete removed layers from the ModuleList and renumber
     ``layer_idx`` (KV cache slots) and ``config.num_hidden_layers`` so generate() works."""
-    config = getattr(model, "config", None)
-    n_layers = getattr(config, "num_hidden_layers", None)
     parents = {name.rpartition(".")[0] for name in removed}
     for parent in parents:
         stack = model.get_submodule(parent)
+        config = _owner_config(model, parent)  # the model's, or a wrapped model's
+        n_layers = getattr(config, "num_hidden_layers", None)
         if not isinstance(stack, nn.ModuleList) or len(stack) != n_layers:
             continue
         keep = [i for i, layer in enumerate(stack) if not isinstance(layer, SkipBlock)]

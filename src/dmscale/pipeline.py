@@ -720,7 +720,8 @@ class Pipeline:
                 schedule=cfg.schedule, importance=cfg.importance, min_width=cfg.min_width,
                 width_step=cfg.width_step, search_width=cfg.search_dims in ("both", "width"),
                 search_depth=cfg.search_dims in ("both", "depth"), exclude=exclude,
-                width_only_from=cfg.width_only_from, cost_forward=cfg.cost_forward)
+                width_only_from=cfg.width_only_from, cost_forward=cfg.cost_forward,
+                layer_uniform=cfg.layer_uniform)
             return dms.prepare(model, self.example, scfg)
         except ValueError as err:  # bad budget, nothing to search, unsupported layer ...
             raise ConfigError(str(err).splitlines()[0]) from None
@@ -929,6 +930,11 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -
     else:
         raise ConfigError(f"{rd.path} has neither a found model nor a search checkpoint to export")
     small.eval()
+    if fmt == "hf":  # a Hugging Face directory only (dmscale.hf_export)
+        dms.save_pretrained(small, od.path)
+        saved = json.loads((od / "dmscale.json").read_text())
+        how = "from_pretrained" + (" (trust_remote_code=True)" if saved["format"] == "per_layer" else "")
+        return f"exported {origin} as a Hugging Face {saved['format']} model to {od.path} (loads with {how})"
     if od.path.resolve() != rd.path.resolve():
         shutil.copyfile(rd.config, od.config)
         if structure is not None:

@@ -35,6 +35,7 @@ from .masks import GATES_NAME, Gates, assemble_width_mask
 from .modes import eval_mode
 from .norms import norm_formula
 from .resources import RESOURCES, CostModel
+from .uniform import tie_ratios, uniform_groups
 from .verify import compare, describe, first_divergence, flat_outputs
 
 __all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
@@ -72,6 +73,10 @@ class SearchConfig:
             its target in soft terms exports a model over it. "exact": the exact cost of the
             hard masks (what the export will cost), with the soft cost's gradient
             (straight-through: r_c = s + (h - s).detach()).
+        layer_uniform: the dims of one kind in repeated layers (every layer's FFN width, every
+            layer's heads) share one pruning ratio, so all layers keep the same count while
+            each keeps its own most important elements (:mod:`dmscale.uniform`); the result
+            has a standard config (``dmscale.save_pretrained`` without custom code).
         verify: self-checks on the example inputs (one extra forward each, tolerance in
             :mod:`dmscale.verify`): ``prepare`` refuses a model whose output changes with all
             masks open, ``export`` raises when the export does not compute what the hardened
@@ -99,6 +104,7 @@ class SearchConfig:
     latency_options: dict[str, Any] = field(default_factory=dict)
     cost_forward: str = "soft"
     verify: bool = True
+    layer_uniform: bool = False
 
     def __post_init__(self) -> None:
         if self.resource not in RESOURCES:
@@ -126,6 +132,8 @@ class SearchConfig:
             raise ValueError(f"cost_forward must be one of {COST_FORWARD}, got {self.cost_forward!r}")
         if not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True or False, got {self.verify!r}")
+        if not isinstance(self.layer_uniform, bool):
+            raise ValueError(f"layer_uniform must be True or False, got {self.layer_uniform!r}")
         self.exclude = list(self.exclude)
 
 
@@ -166,6 +174,9 @@ class Searcher:
                                        len(d.required) * step))
             temperature = cfg.depth_temperature if d.kind == "heads" else cfg.width_temperature
             dims.append((d.size, step, min_keep, temperature))
+        self.uniform_groups = uniform_groups([d.name for d in space.width],
+                                             [(d.kind,) + s for d, s in zip(space.width, dims)]) \
+            if cfg.layer_uniform else []
         depth = [(len(d.blocks), 1, d.min_keep, cfg.depth_temperature) for d in space.depth]
         modules = dict(self.model.named_modules())
         consumers, norms, outputs = {}, {}, {}
@@ -189,6 +200,7 @@ class Searcher:
         gates = Gates.attach(self.model, dims, depth, consumers, branches,
                              importance=cfg.importance, normalize=cfg.normalize, norms=norms,
                              outputs=outputs, derived=space.derived)
+        tie_ratios(list(gates.width), self.uniform_groups)
         for d, topk in zip(space.width, gates.width):
             topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]
         # the gates live where the model lives (prepare may come after model.to(device))
@@ -260,7 +272,7 @@ class Searcher:
 
     def structure_parameters(self) -> Iterator[nn.Parameter]:
         """The learnable pruning ratios ``a``, one per dimension."""
-        return iter([t.a for t in list(self.gates.width) + list(self.gates.depth)])
+        return iter([t.a for t in _distinct(list(self.gates.width) + list(self.gates.depth))])
 
     def target_at(self, progress: float) -> float:
         """r_t at ``progress`` in [0, 1] (Eq. 10, or constant)."""
@@ -327,7 +339,7 @@ class Searcher:
         given back greedily, each time the one that adds the least cost, while the hard cost
         stays under the target. Returns :meth:`resources` afterwards.
         """
-        topks = list(self.gates.width) + ([] if self.gates.depth_frozen else list(self.gates.depth))
+        topks = _distinct(list(self.gates.width) + ([] if self.gates.depth_frozen else list(self.gates.depth)))
         base = [float(t.a.detach()) for t in topks]
 
         def cost_at(offset: float) -> float:
@@ -516,6 +528,7 @@ class Searcher:
         current = asdict(self.config)
         for key in ("latency_options", "verify"):  # neither changes what is searched
             saved.pop(key, None), current.pop(key, None)
+        saved.setdefault("layer_uniform", False)  # states saved before the option existed
         if current != saved:
             raise ValueError(f"searcher config differs from the saved one: {state['config']} vs {asdict(self.config)}")
         self.gates.load_state_dict(state["gates"])
@@ -527,6 +540,17 @@ class Searcher:
         self.target_cost = float(state["target_cost"])
         self.supernet_cost = float(state["supernet_cost"])
         self.freeze_depth(bool(state.get("depth_frozen", False)))
+
+
+def _distinct(topks: list[Any]) -> list[Any]:
+    """One gate per distinct ``a`` (layer-uniform dims share theirs)."""
+    seen: set[int] = set()
+    out = []
+    for t in topks:
+        if id(t.a) not in seen:
+            seen.add(id(t.a))
+            out.append(t)
+    return out
 
 
 def _kept(slots: np.ndarray | None, keep: np.ndarray) -> list[int] | None:

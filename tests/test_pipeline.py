@@ -135,7 +135,12 @@ def test_pipeline_api_and_finish_phase_meets_the_budget(tmp_path: Path) -> None:
     cfg = tiny(tmp_path, structure_lr=0.01, target=0.4, retrain_epochs=0)
     summary = Pipeline(cfg).run()
     res = summary["resources"]
-    assert res["hard"] <= res["target"]
+    # under the target, and the budget used (the finish phase overshoots: was 0.78 x target;
+    # a channel of this tiny net is ~1 % of its MACs, so 0.98 is not always reachable)
+    assert 0.95 * res["target"] <= res["hard"] <= res["target"]
+    end = summary["resources_search_end"]
+    assert end["hard"] > end["target"]  # the search itself ended over: the post-hoc step is reported
+    assert "the search ended at" in (tmp_path / "run" / "report.md").read_text()
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(r["phase"] == "finish" for r in records)
     model, saved = load_run_model(tmp_path / "run")

@@ -88,6 +88,7 @@ __all__ = [
 PHASE_SEED = {"pretrain": 1, "search": 2, "finish": 3, "retrain": 4}
 CHECKPOINT_VERSION = 1
 FINISH_STEPS = 300  # structure-only steps allowed after the search to get under the target
+BUDGET_FILL = 0.98  # a found model under this fraction of its target gets the unused budget back
 BN_CALIBRATION_BATCHES = 20  # batches that re-estimate BatchNorm statistics of the export
 
 
@@ -785,24 +786,29 @@ class Pipeline:
 
     def _finish_search(self, model: nn.Module, searcher: dms.Searcher, teacher: nn.Module | None,
                        s_opt: torch.optim.Optimizer) -> None:
-        """Structure-only steps at the final target until the hard cost is under it."""
+        """Structure-only steps at the final target until the hard cost is under it; then the
+        budget solver when the cost is still over, or under ``BUDGET_FILL`` x target (a
+        budget left unused is capacity the found model could have had)."""
         def under() -> bool:
             res = searcher.resources()
             return res["hard"] <= res["target"] * (1 + 1e-9)
 
+        def filled() -> bool:
+            res = searcher.resources()
+            return res["hard"] >= BUDGET_FILL * res["target"]
+
         if self._checkpoint_for("finish") is None:
             self.state["resources_search_end"] = searcher.resources()
-        if self._checkpoint_for("finish") is None and under():
-            return
-        frozen = [p for p in searcher.model_parameters() if p.requires_grad]
-        for prm in frozen:
-            prm.requires_grad_(False)
-        try:
-            self._train("finish", model, FINISH_STEPS, [s_opt], [], searcher, teacher, until=under)
-        finally:
+        if self._checkpoint_for("finish") is not None or not under():
+            frozen = [p for p in searcher.model_parameters() if p.requires_grad]
             for prm in frozen:
-                prm.requires_grad_(True)
-        if not under():  # the budget solver: common shift of every ratio, then refill
+                prm.requires_grad_(False)
+            try:
+                self._train("finish", model, FINISH_STEPS, [s_opt], [], searcher, teacher, until=under)
+            finally:
+                for prm in frozen:
+                    prm.requires_grad_(True)
+        if not under() or not filled():  # common shift of every ratio, then refill unit by unit
             searcher.meet_target()
         moved = posthoc_line(self.state.get("resources_search_end"), searcher.resources())
         if moved:

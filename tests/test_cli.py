@@ -6,6 +6,8 @@ one test runs ``python -m dmscale`` in a subprocess.
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 import os
 import subprocess
@@ -164,11 +166,32 @@ def test_eval_report_export(searched: Path, tmp_path: Path, capsys: pytest.Captu
 
     rc, out, _ = run(capsys, "export", searched, "--format", "pt", "--out", tmp_path / "exp")
     assert rc == 0 and "found model" in out
+    assert "model.pt needs dmscale to load (dmscale.tasks.models." in out  # the task's own model classes
     module = torch.load(tmp_path / "exp" / "model.pt", weights_only=False)
     reloaded = load_file(str(tmp_path / "exp" / "model.safetensors"))
     assert torch.equal(module.state_dict()["fc2.weight"], reloaded["fc2.weight"])
     rc, out, _ = run(capsys, "eval", tmp_path / "exp")  # an export is a run directory too
     assert rc == 0 and f"{100 * metrics['acc']:.2f}%" in out
+
+
+@pytest.mark.skipif(not all(importlib.util.find_spec(p) for p in ("onnx", "onnxscript", "onnxruntime")),
+                    reason="onnx/onnxscript/onnxruntime not installed (pip install dmscale[deploy])")
+def test_export_onnx_and_pt2(searched: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import onnxruntime as ort
+
+    x = torch.randn(1, 1, 8, 8)
+    for fmt in ("onnx", "pt2"):
+        rc, out, _ = run(capsys, "export", searched, "--format", fmt, "--out", tmp_path / fmt)
+        assert rc == 0 and f"model.{fmt}: input shape (1, 1, 8, 8) (static), checked" in out, out
+    cfg = yaml.safe_load((searched / "config.yaml").read_text())
+    module = SmallCNN(in_channels=1, num_classes=10, **cfg["model_args"])
+    dms.load(module, searched)
+    with torch.no_grad():
+        ref = module.eval()(x)
+    sess = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"))
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(got), ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.export.load(tmp_path / "pt2" / "model.pt2").module()(x), ref)
 
 
 def test_retrain_subcommand_from_scratch(searched: Path, tmp_path: Path,

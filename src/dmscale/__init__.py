@@ -16,6 +16,7 @@ Example:
 """
 
 from . import attention, norms  # noqa: F401  (layer handlers register themselves)
+from . import deploy
 from ._compat import ensure_torchvision
 from .calibrate import recalibrate_batchnorm
 from .discover import discover
@@ -49,5 +50,6 @@ __all__ = [
     "DMScaleError",
     "VerificationError",
     "ensure_torchvision",
+    "deploy",
 ]
 __version__ = "0.1.0"

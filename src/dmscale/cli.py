@@ -76,11 +76,13 @@ _COMMAND_HELP = {
                 "Build the structure of RUN (a `dmscale search` run directory) and train it, "
                 "from the searched weights (--retrain-init inherit) or from scratch, into a new "
                 "run directory."),
-    "export": ("write the found model of a run as safetensors (or a pickled module)",
+    "export": ("write the found model of a run as safetensors, ONNX, pt2 or a pickled module",
                "Rebuild the found model of RUN and write structure.json, model.safetensors and "
                "config.yaml (reloadable with `dmscale eval` and dmscale.apply_structure) to "
                "--out. An unfinished search is exported from its checkpoint: the structure "
-               "its hard masks select now."),
+               "its hard masks select now. --format onnx / pt2 also write model.onnx (torch.onnx, "
+               "checked in onnxruntime; needs `pip install dmscale[deploy]`) or model.pt2 "
+               "(torch.export), for the task's input shape at batch 1."),
     "eval": ("evaluate the model of a run on the test split",
              "Rebuild the model of RUN (supernet from config.yaml, dmscale.apply_structure with "
              "structure.json, weights from model.safetensors), evaluate it and print accuracy "
@@ -188,12 +190,15 @@ def build_parser() -> argparse.ArgumentParser:
                                 "directory (or the one given by --out); other options come "
                                 "from its config.yaml")
         if command == "export":
-            p.add_argument("--format", choices=["safetensors", "pt", "hf"], default="safetensors",
+            p.add_argument("--format", choices=["safetensors", "pt", "hf", "onnx", "pt2"],
+                           default="safetensors",
                            help="safetensors: structure.json + model.safetensors + config.yaml; "
                                 "pt: also model.pt, the whole module saved with torch.save "
                                 "(load with torch.load(..., weights_only=False)); hf: a Hugging "
                                 "Face directory for from_pretrained, without dmscale (causal LMs "
-                                "of the Llama family) (default: safetensors)")
+                                "of the Llama family); onnx: also model.onnx, checked with "
+                                "onnxruntime; pt2: also model.pt2 (torch.export.load) "
+                                "(default: safetensors)")
         groups: dict[str, argparse._ArgumentGroup] = {}
         for opt in OPTIONS:
             if command not in opt.commands:

@@ -64,6 +64,10 @@ class Block:
     post_module: str | None = None  # activation module applied after the add, if any
     post_function: str | None = None  # or activation function name
     output: Any = None  # None: returns the tensor; else its output_template (a tuple, ...)
+    n_inputs: int = 1  # arguments the block is called with (x alone, or x and masks, ...)
+    # its input or output tensor is modified in place after the call starts (``out += ...``):
+    # a replacement that returns its input itself would then alias the two
+    mutated: bool = True
 
 
 @dataclass
@@ -152,6 +156,16 @@ def check_traced_through(tr: Tracer) -> None:
 # ---------------------------------------------------------------------- depth
 
 
+def _mutated_after(tr: Tracer, call: ModuleCall) -> bool:
+    """Whether the call's input memory was modified in place after the call began, or its
+    output memory after it returned (a caller's ``out += ...``)."""
+    if len(call.storages) != 2 or None in call.storages:
+        return True
+    x, y = call.storages
+    return any(ptr is None or (ptr == x and clock >= call.start) or (ptr == y and clock >= call.end)
+               for clock, ptr in tr.mutations)
+
+
 def find_blocks(tr: Tracer) -> list[tuple[str, Block]]:
     """Residual blocks: module calls whose output is post(add(input, branch))."""
     seen_io: set[tuple[int, int]] = set()
@@ -173,6 +187,8 @@ def find_blocks(tr: Tracer) -> list[tuple[str, Block]]:
         block = _match_block(tr, call, y, call_count)
         if block is not None:
             block.output = call.output_template
+            block.n_inputs = call.n_inputs
+            block.mutated = _mutated_after(tr, call)
         if block is not None:
             seen_io.add((call.input_node, y))
             parent = call.name.rpartition(".")[0]

@@ -11,7 +11,8 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["DMScaleError", "UnsupportedLayerError", "StructureError", "VerificationError"]
+__all__ = ["DMScaleError", "UnsupportedLayerError", "StructureError", "VerificationError",
+           "MissingDependencyError", "ExportCheckError", "StandaloneError"]
 
 
 class DMScaleError(ValueError):
@@ -29,3 +30,17 @@ class StructureError(DMScaleError):
 class VerificationError(DMScaleError):
     """A self-check failed: open masks do not reproduce the model, or an export does not
     reproduce the hardened supernet. The message names the first layer that diverges."""
+
+
+class MissingDependencyError(DMScaleError):
+    """An optional package a feature needs is not installed; the message names the extra."""
+
+
+class ExportCheckError(VerificationError):
+    """A deployed file (ONNX, pt2) does not compute what the PyTorch model computes; the
+    message names the largest difference and the tolerance."""
+
+
+class StandaloneError(DMScaleError):
+    """A model about to be pickled still references dmscale classes, so it would not load
+    where dmscale is not installed; the message names them and where they sit."""

@@ -1,8 +1,15 @@
 """Physically shrink a model: structure files, ``export`` and ``apply_structure``.
 
 A *structure* is a JSON-able dict that says, per handled layer, which input and output
-channels stay, and which residual blocks are removed (replaced by their post-add activation,
-or by ``nn.Identity``). It is all :func:`apply_structure` needs: no example inputs, no trace.
+channels stay, and which residual blocks are removed. It is all :func:`apply_structure`
+needs: no example inputs, no trace.
+
+A removed block becomes a torch module wherever one computes what the hardened block did, so
+that a ``torch.save`` of the export loads without dmscale: its post-add activation (``nn.ReLU``,
+..., made out-of-place) or ``nn.Identity``. Only a block whose caller needs more keeps a
+:class:`SkipBlock`: one that returned a tuple, was called with extra arguments, or whose
+input or output the model modifies in place afterwards (``nn.Identity`` would then alias
+the two). Hugging Face decoder layers are dropped from their ``ModuleList`` instead.
 
 Example:
     >>> import torch
@@ -100,12 +107,25 @@ def _validate(model: nn.Module, structure: dict[str, Any]) -> None:
 
 
 def _replacement(model: nn.Module, block: dict[str, Any]) -> nn.Module:
+    """A torch module when one does what the removed block did, else a :class:`SkipBlock`.
+
+    Structures written before the keys ``inputs`` and ``mutated`` existed get a SkipBlock
+    (which never aliases its input), as they always did.
+    """
     output = block.get("output")
+    post: nn.Module | None = None
     if block.get("post_module"):
-        return SkipBlock(copy.deepcopy(model.get_submodule(block["post_module"])), output)
-    if block.get("post_function"):
-        return SkipBlock(_ACTIVATION_MODULES[block["post_function"]](), output)
-    return SkipBlock(output=output)
+        post = copy.deepcopy(model.get_submodule(block["post_module"]))
+    elif block.get("post_function"):
+        post = _ACTIVATION_MODULES[block["post_function"]]()
+    if output is None and block.get("inputs") == 1:
+        if post is not None:  # returns a new tensor once out of place
+            if getattr(post, "inplace", False):
+                post.inplace = False
+            return post
+        if block.get("mutated") is False:
+            return nn.Identity()
+    return SkipBlock(post, output)
 
 
 def _tied_groups(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
@@ -141,13 +161,14 @@ def _drop_hf_layers(model: nn.Module, removed: list[str]) -> None:
     """Hugging Face decoder stacks: delete removed layers from the ModuleList and renumber
     ``layer_idx`` (KV cache slots) and ``config.num_hidden_layers`` so generate() works."""
     parents = {name.rpartition(".")[0] for name in removed}
+    removed_set = set(removed)
     for parent in parents:
         stack = model.get_submodule(parent)
         config = _owner_config(model, parent)  # the model's, or a wrapped model's
         n_layers = getattr(config, "num_hidden_layers", None)
         if not isinstance(stack, nn.ModuleList) or len(stack) != n_layers:
             continue
-        keep = [i for i, layer in enumerate(stack) if not isinstance(layer, SkipBlock)]
+        keep = [i for i in range(len(stack)) if (f"{parent}.{i}" if parent else str(i)) not in removed_set]
         layers = [stack[i] for i in keep]
         for new_idx, layer in enumerate(layers):
             for sub in layer.modules():

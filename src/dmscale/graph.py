@@ -99,6 +99,10 @@ class ModuleCall:
     # how the output is packed: None for a bare tensor, else an output template
     # (dmscale.discover.output_template); "opaque" when it cannot be rebuilt without the call
     output_template: Any = None
+    start: int = 0  # the tracer's clock when the call began
+    end: int = 0  # and when it returned
+    n_inputs: int = 1  # positional plus keyword arguments the module was called with
+    storages: tuple[int | None, ...] = ()  # storage address of its first input and of its output
 
 
 @dataclass

@@ -47,6 +47,7 @@ import random
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ from .config import (
     load_run_config,
     save_config,
 )
+from .deploy import check_onnx, check_pt2, save_pickled, to_onnx, to_pt2
 from .io import save_weights
 from .report import posthoc_line
 from .tasks.registry import Task, build_model, build_task, distill_loss
@@ -890,6 +892,16 @@ def example_from_info(info: dict[str, Any]) -> torch.Tensor:
     return torch.zeros(1, int(info["in_channels"]), *[int(s) for s in info["image_size"]])
 
 
+def check_inputs_from_info(info: dict[str, Any], seed: int = 0) -> torch.Tensor:
+    """A random input of the task's shape (batch of 1) to check deployed files on: random
+    pixels, or random token ids below the vocabulary size (zeros would check little)."""
+    g = torch.Generator().manual_seed(seed)
+    if info.get("kind") == "language":
+        vocab = max(1, len(info.get("vocab") or [None]))
+        return torch.randint(0, vocab, (1, int(info["seq_len"])), generator=g)
+    return torch.randn(1, int(info["in_channels"]), *[int(s) for s in info["image_size"]], generator=g)
+
+
 def searcher_from_checkpoint(run_dir: str | Path) -> tuple[nn.Module, dms.Searcher, RunConfig, int]:
     """The supernet and searcher of an unfinished search, restored from its checkpoint.
 
@@ -947,12 +959,28 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -
             od.write_json("structure.json", structure)
         save_weights(small, od / "model.safetensors")
     files = ["config.yaml", "model.safetensors"] + (["structure.json"] if structure is not None else [])
+    notes = []
     if fmt == "pt":
-        torch.save(small, od / "model.pt")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            needed = save_pickled(small, od / "model.pt", allow_dmscale=True)
         files.append("model.pt")
+        notes.append(f"  model.pt needs dmscale to load ({', '.join(needed)})" if needed
+                     else "  model.pt loads with torch.load(..., weights_only=False), without dmscale")
+    elif fmt in ("onnx", "pt2"):
+        x = check_inputs_from_info(cfg.task_info)
+        if fmt == "onnx":
+            diff = check_onnx(to_onnx(small, x, od / "model.onnx", check=False), small, x)
+        else:
+            diff = check_pt2(to_pt2(small, x, od / "model.pt2", check=False), small, x)
+        files.append(f"model.{fmt}")
+        notes.append(f"  model.{fmt}: input shape {tuple(x.shape)} (static), checked against PyTorch "
+                     f"on a random input: max |diff| {diff:.2g}")
+    elif fmt != "safetensors":
+        raise ConfigError(f"unknown export format {fmt!r}: expected safetensors, pt, hf, onnx or pt2")
     c = dms.count(small, example_from_info(cfg.task_info))
-    return (f"exported {origin}: {fmt_count(c['macs'])} MACs, {fmt_count(c['params'])} parameters\n"
-            f"  to {od.path}: {', '.join(files)}")
+    return "\n".join([f"exported {origin}: {fmt_count(c['macs'])} MACs, {fmt_count(c['params'])} parameters",
+                      f"  to {od.path}: {', '.join(files)}", *notes])
 
 
 def evaluate_run(run_dir: str | Path, data: str | None = None, test_limit: int | None = None,

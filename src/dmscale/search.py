@@ -415,7 +415,7 @@ class Searcher:
                     kept_blocks.append(b.name)
                 else:
                     removed.append({"name": b.name, "post_module": b.post_module, "post_function": b.post_function,
-                                    "output": b.output})
+                                    "output": b.output, "inputs": b.n_inputs, "mutated": b.mutated})
                 k += 1
             depth.append({"name": d.name, "blocks": [b.name for b in d.blocks], "kept": kept_blocks})
         width, off = [], 0

@@ -101,6 +101,8 @@ class Tracer:
         self.opaque_param_uses: dict[str, set[str]] = {}
         self.busy = False
         self.names = {m: n for n, m in model.named_modules()}
+        # (clock, storage address) of every tensor an in-place function modified
+        self.mutations: list[tuple[int, int | None]] = []
 
     # ------------------------------------------------------------------ labels and nodes
     def label_of(self, t: Any) -> Label | None:
@@ -180,6 +182,8 @@ class Tracer:
         outs = _tensors(out)
         ins = _tensors(args) + _tensors(kwargs)
         self._labelled_now.clear()
+        if _is_inplace(name) and args and isinstance(args[0], torch.Tensor):
+            self.mutations.append((self._next_node, _storage(args[0])))
         try:
             if name == "__setitem__":
                 for t in ins:
@@ -347,7 +351,9 @@ class Tracer:
                 self.opaque_depth += 1
             return
         ins = _tensors(args) + _tensors(kwargs)
-        call = ModuleCall(name, len(self.calls), self.node_of(ins[0]) if ins else None)
+        call = ModuleCall(name, len(self.calls), self.node_of(ins[0]) if ins else None,
+                          start=self._next_node, n_inputs=len(args) + len(kwargs),
+                          storages=(_storage(ins[0]),) if ins else ())
         self.calls.append(call)
         if self._is_opaque(name, module):
             self.opaque_depth += 1
@@ -374,6 +380,9 @@ class Tracer:
         call.done = True
         call.output_nodes = [self.node_of(t) for t in _tensors(out)]
         call.output_template = output_template(out)
+        outs = _tensors(out)
+        call.storages = call.storages + ((_storage(outs[0]),) if len(outs) == 1 else ())
+        call.end = self._next_node
 
     def _opaque_call(self, name: str, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
         ins = _tensors(args) + _tensors(kwargs)
@@ -438,6 +447,22 @@ def _outputs(out: Any) -> Any:
 
 
 _CONSTANTS = (type(None), bool, int, float, str)
+
+
+def _is_inplace(name: str) -> bool:
+    """Whether the torch function ``name`` modifies its first argument (``add_``, ``+=``)."""
+    if name.startswith("__"):
+        return name.startswith("__i") and name not in ("__index__", "__init__", "__invert__") \
+            or name == "__setitem__"
+    return name.endswith("_")
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """Address of ``t``'s memory (views share it); None when it has none to read."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def output_template(out: Any) -> Any:

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from .discover import split_inputs
+from .tracer import split_inputs
 from .errors import ExportCheckError, MissingDependencyError, StandaloneError
 from .modes import eval_mode
 

@@ -268,7 +268,7 @@ def _resume_dir(args: argparse.Namespace, options: dict[str, Any]) -> str | None
     return str(options["out"])
 
 
-TASK_FIELDS = ("task", "data", "train_limit", "test_limit", "image_size", "seq_len", "model",
+TASK_FIELDS = ("task", "data", "train_limit", "test_limit", "image_size", "imgsz", "seq_len", "model",
                "model_args", "expand", "task_info", "seed")
 
 

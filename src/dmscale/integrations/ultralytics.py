@@ -28,8 +28,9 @@ import contextlib
 import copy
 import datetime
 import io
+import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -42,6 +43,7 @@ __all__ = [
     "ensure_nms",
     "load_yolo_checkpoint",
     "nms_reference",
+    "quiet",
     "PrunedDetectionTrainer",
     "save_yolo_checkpoint",
     "to_ultralytics_module",
@@ -101,8 +103,17 @@ def ensure_nms() -> bool:
     return True
 
 
-def _quiet() -> contextlib.AbstractContextManager:
-    return contextlib.redirect_stdout(io.StringIO())
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence Ultralytics' info logging and prints (dataset scans, "Overriding nc" ...)."""
+    logger = logging.getLogger("ultralytics")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def build_yolo(spec: str, nc: int, expand: dict[str, float] | None = None,
@@ -145,7 +156,7 @@ def build_yolo(spec: str, nc: int, expand: dict[str, float] | None = None,
             else:
                 cfg["depth_multiple"] = cfg.get("depth_multiple", 1.0) * expand.get("depth", 1.0)
                 cfg["width_multiple"] = cfg.get("width_multiple", 1.0) * expand.get("width", 1.0)
-        with _quiet():
+        with quiet():
             model = DetectionModel(cfg, ch=3, nc=nc, verbose=False)
     model.args = get_cfg()
     model.names = dict(names) if names is not None else {i: str(i) for i in range(nc)}
@@ -157,7 +168,7 @@ def load_yolo_checkpoint(path: str | Path) -> nn.Module:
     ensure_torchvision()
     from ultralytics.nn.tasks import torch_safe_load
 
-    with _quiet():
+    with quiet():
         ckpt, _ = torch_safe_load(str(path))
     model = ckpt.get("ema") or ckpt.get("model")
     if not isinstance(model, nn.Module) or not hasattr(model, "model"):

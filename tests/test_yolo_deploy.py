@@ -117,6 +117,13 @@ def test_trainer_refuses_a_yaml_model(data, tmp_path):
                                    trainer=PrunedDetectionTrainer)
 
 
-def test_expand_on_a_checkpoint_is_refused(pruned):
+def test_a_checkpoint_is_a_supernet_too(pruned):
+    small, path, counts = pruned
+    again = build_yolo(str(path), nc=10)  # --model yolo:FILE.pt
+    assert sum(p.numel() for p in again.parameters()) == counts["params"]
+    x = torch.rand(1, 3, 64, 64)
+    assert torch.allclose(again.eval()(x)[0], small(x)[0], atol=1e-5)
     with pytest.raises(DMScaleError, match="--expand needs a model yaml"):
-        build_yolo(str(pruned[1]), nc=10, expand={"width": 1.5, "depth": 1.0})
+        build_yolo(str(path), nc=10, expand={"width": 1.5, "depth": 1.0})
+    with pytest.raises(DMScaleError, match="detects 10 classes, the dataset has 3"):
+        build_yolo(str(path), nc=3)

@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--expand", default="width=1.5,depth=1.5")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--structure-lr", type=float, default=0.05,
+                    help="DMS structure learning rate (short searches need more than the CLI's 0.01)")
+    ap.add_argument("--resource-weight", type=float, default=3.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "yolo_table11"))
     args = ap.parse_args(argv)
     expand = {k: float(v) for k, v in (p.split("=") for p in args.expand.split(","))}
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, list[dict[str, Any]]] = {"dms_np": [], "yolov8n": [], "uniform": []}
     for seed in args.seeds:
         rows["dms_np"].append(_run(common, work / f"dms{seed}", command="search", seed=seed, expand=expand,
-                                   target=float(base_macs), epochs=args.epochs, retrain_epochs=args.epochs))
+                                   target=float(base_macs), epochs=args.epochs, retrain_epochs=args.epochs,
+                                   structure_lr=args.structure_lr, resource_weight=args.resource_weight))
         rows["yolov8n"].append(_run(common, work / f"v8n{seed}", command="pretrain", seed=seed, epochs=args.epochs))
         rows["uniform"].append(_run(common, work / f"uni{seed}", command="pretrain", seed=seed, epochs=args.epochs,
                                     expand={"width": width, "depth": expand["depth"]}))
@@ -132,7 +136,7 @@ def _markdown(r: dict[str, Any], argv: list[str]) -> str:
         f"torch {torch.__version__}, {platform.python_version()}; date {time.strftime('%Y-%m-%d')}",
         f"- data: {a['train']} training / {a['val']} val images of {a['imgsz']} px (`dmscale data mnist-detect`, seed 123); "
         f"{a['epochs']} epochs per arm (DMS_np: search {a['epochs']} + retrain {a['epochs']}), batch {a['batch_size']}, "
-        f"SGD; seeds {a['seeds']}",
+        f"SGD; seeds {a['seeds']}; DMS structure lr {a['structure_lr']}, resource weight {a['resource_weight']}",
         f"- MACs at {a['imgsz']} px: YOLOv8n {r['base_macs'] / 1e6:.2f}M, supernet {r['supernet_macs'] / 1e6:.2f}M",
         "",
         "| model | MACs | params | box mAP50-95 (val, %) | mAP50 (%) | seconds/run |",

@@ -31,6 +31,7 @@ def _provide_nms() -> None:
     import importlib.util
     import os
 
+    import numpy as np
     import torch
 
     root = list(importlib.util.find_spec("torchvision").submodule_search_locations)[0]
@@ -49,8 +50,8 @@ def _provide_nms() -> None:
         area = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
         lt, rb = torch.maximum(b[:, None, :2], b[None, :, :2]), torch.minimum(b[:, None, 2:], b[None, :, 2:])
         inter = (rb - lt).clamp(min=0).prod(-1)
-        over = inter / (area[:, None] + area[None] - inter).clamp(min=1e-12) > iou
-        keep, dead = [], torch.zeros(len(b), dtype=torch.bool)
+        over = (inter / (area[:, None] + area[None] - inter).clamp(min=1e-12) > iou).numpy()
+        keep, dead = [], np.zeros(len(b), dtype=bool)  # numpy: Ultralytics' NMS has a time limit
         for i in range(len(b)):
             if not dead[i]:
                 keep.append(i)

@@ -32,6 +32,7 @@ import logging
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -71,14 +72,16 @@ def nms_reference(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: floa
     rb = torch.minimum(b[:, None, 2:], b[None, :, 2:])
     inter = (rb - lt).clamp(min=0).prod(-1)
     iou = inter / (area[:, None] + area[None, :] - inter).clamp(min=1e-12)
-    suppressed = torch.zeros(len(b), dtype=torch.bool, device=b.device)
-    over = (iou > iou_threshold).cpu()
+    # the greedy pass in numpy: Ultralytics' NMS has a time limit per batch, past which it
+    # drops the remaining images' detections, so a slow kernel would change the metric
+    over = (iou > iou_threshold).cpu().numpy()
+    suppressed = np.zeros(len(b), dtype=bool)
     keep = []
     for i in range(len(b)):
         if suppressed[i]:
             continue
         keep.append(i)
-        suppressed |= over[i].to(suppressed.device)
+        suppressed |= over[i]
     return order[torch.tensor(keep, dtype=torch.long, device=order.device)]
 
 

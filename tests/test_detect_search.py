@@ -97,3 +97,28 @@ def test_detect_errors_name_the_fix(data, tmp_path):
                  str(tmp_path / "r"), "--quiet"]) == 2
     assert main(["search", "--task", "detect", "--model", "yolo:nosuch.yaml", "--data", data, "--out",
                  str(tmp_path / "r2"), "--quiet"]) == 2
+
+
+@pytest.mark.slow
+def test_detect_map_equals_ultralytics_val(tmp_path, monkeypatch):
+    """The task's mAP50-95 is Ultralytics' own: YOLO(yolo.pt).val() on the same data agrees."""
+    import functools
+    import math
+
+    from ultralytics import YOLO
+    from ultralytics.utils import nms
+
+    # Ultralytics' NMS drops detections past a wall-clock limit; lift it for the reference too
+    monkeypatch.setattr(nms, "non_max_suppression",
+                        functools.partial(nms.non_max_suppression, max_time_img=math.inf))
+
+    data = make_mnist_detect(tmp_path / "d", MnistDetectConfig(train=256, val=64, imgsz=64, seed=5))["yaml"]
+    run = tmp_path / "run"
+    summary = Pipeline(RunConfig(command="pretrain", task="detect", data=data, imgsz=64, batch_size=16,
+                                 epochs=10, quiet=True, out=str(run))).run()
+    ours = summary["evals"]["pretrain"]
+    theirs = YOLO(str(run / "yolo.pt")).val(data=data, imgsz=64, batch=16, plots=False, verbose=False,
+                                            project=str(tmp_path), name="val")
+    assert ours["map50_95"] > 0, "trained too little to compare"
+    assert ours["map50_95"] == pytest.approx(theirs.box.map, abs=1e-6)
+    assert ours["map50"] == pytest.approx(theirs.box.map50, abs=1e-6)

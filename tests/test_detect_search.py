@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-pytest.importorskip("ultralytics", reason="the detection task needs ultralytics")
+pytest.importorskip("dmscale.integrations.ultralytics", reason="the detection task needs ultralytics")
 
 import dmscale as dms  # noqa: E402
 from dmscale.cli import main  # noqa: E402

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("ultralytics", reason="the YOLO integration needs ultralytics")
+pytest.importorskip("dmscale.integrations.ultralytics", reason="the YOLO integration needs ultralytics")
 
 import dmscale as dms  # noqa: E402
 from dmscale.data import MnistDetectConfig, make_mnist_detect  # noqa: E402

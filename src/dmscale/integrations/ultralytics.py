@@ -53,6 +53,23 @@ __all__ = [
 _NMS_LIB: torch.library.Library | None = None
 
 
+def _import_ultralytics() -> None:
+    """Import Ultralytics without keeping the global numpy/torch print options its import sets
+    (a user's printed arrays and tensors look as before)."""
+    from torch._tensor_str import PRINT_OPTS
+
+    np_options, torch_options = np.get_printoptions(), copy.copy(vars(PRINT_OPTS))
+    ensure_torchvision()
+    try:
+        import ultralytics  # noqa: F401
+    finally:
+        np.set_printoptions(**np_options)
+        vars(PRINT_OPTS).update(torch_options)
+
+
+_import_ultralytics()
+
+
 def nms_reference(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
     """Greedy non-maximum suppression with ``torchvision.ops.nms``'s contract: indices of the
     kept ``xyxy`` boxes, by decreasing score; a box is dropped when its IoU with a kept box

@@ -60,6 +60,8 @@ examples:
   dmscale pretrain --out runs/base && dmscale search --pipeline p- --init runs/base
   dmscale search --stop-after 100 --out runs/a && dmscale search --resume runs/a
   dmscale eval runs/a        dmscale report runs/a        dmscale export runs/a --format pt
+  dmscale data mnist-detect --out data/digits-det && \
+    dmscale search --task detect --model yolo:yolov8n.yaml --data data/digits-det/data.yaml
 
 Run `dmscale COMMAND --help` for the options of a command."""
 
@@ -206,7 +208,40 @@ def build_parser() -> argparse.ArgumentParser:
             if opt.group not in groups:
                 groups[opt.group] = p.add_argument_group(_GROUP_TITLES[opt.group])
             _add_option(groups[opt.group], opt, command)
+    _add_data_parser(sub)
     return parser
+
+
+def _add_data_parser(sub: Any) -> None:
+    """``dmscale data mnist-detect``: write an offline dataset (see :mod:`dmscale.data`)."""
+    p = sub.add_parser("data", help="write an offline dataset (mnist-detect: YOLO-format detection)",
+                       description="Write a small YOLO-format detection dataset (MNIST digits at "
+                                   "random positions and scales on a canvas, one class per digit) "
+                                   "and its data.yaml, for `dmscale search --task detect`.",
+                       formatter_class=_Formatter)
+    p.add_argument("dataset", choices=["mnist-detect"], help="the dataset to write")
+    p.add_argument("--out", required=True, metavar="DIR", help="an empty or new directory")
+    p.add_argument("--train", type=int, default=512, metavar="N", help="training images (default: 512)")
+    p.add_argument("--val", type=int, default=128, metavar="N", help="validation images (default: 128)")
+    p.add_argument("--imgsz", type=int, default=64, metavar="SIZE", help="canvas side in pixels (default: 64)")
+    p.add_argument("--max-digits", type=int, default=3, metavar="N", help="digits per image, at most (default: 3)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--quiet", action="store_true", help="print nothing")
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from .data.mnist_detect import MnistDetectConfig, make_mnist_detect
+
+    try:
+        cfg = MnistDetectConfig(train=args.train, val=args.val, imgsz=args.imgsz,
+                                max_digits=args.max_digits, seed=args.seed)
+        info = make_mnist_detect(args.out, cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if not args.quiet:
+        print(f"wrote {info['images']['train']} training and {info['images']['val']} validation images "
+              f"({info['objects']['train']} + {info['objects']['val']} digits)\n  dataset: {info['yaml']}")
+    return 0
 
 
 # ----------------------------------------------------------------------------- commands
@@ -240,7 +275,7 @@ def _resume_dir(args: argparse.Namespace, options: dict[str, Any]) -> str | None
     return str(options["out"])
 
 
-TASK_FIELDS = ("task", "data", "train_limit", "test_limit", "image_size", "seq_len", "model",
+TASK_FIELDS = ("task", "data", "train_limit", "test_limit", "image_size", "imgsz", "seq_len", "model",
                "model_args", "expand", "task_info", "seed")
 
 
@@ -325,7 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in ("pretrain", "search", "retrain"):
             return _cmd_train(args, args.command)
-        return {"export": _cmd_export, "eval": _cmd_eval, "report": _cmd_report}[args.command](args)
+        return {"export": _cmd_export, "eval": _cmd_eval, "report": _cmd_report,
+                "data": _cmd_data}[args.command](args)
     except ConfigError as err:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 2

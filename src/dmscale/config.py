@@ -36,7 +36,7 @@ __all__ = [
     "load_run_config",
 ]
 
-TASKS = ("mnist", "digits", "imagefolder", "shakespeare")
+TASKS = ("mnist", "digits", "imagefolder", "shakespeare", "detect")
 PIPELINES = ("np", "p", "p-")
 COMMANDS = ("pretrain", "search", "retrain", "export", "eval", "report")
 
@@ -47,6 +47,7 @@ DEFAULT_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "digits": ("resnet", {"depth": 20, "width": 8}),
     "imagefolder": ("resnet", {"depth": 20, "width": 16}),
     "shakespeare": ("charcnn", {}),
+    "detect": ("yolo:yolov8n.yaml", {}),
 }
 
 
@@ -226,12 +227,14 @@ OPTIONS: tuple[Option, ...] = (
     _o("task", _choice(*TASKS), "mnist",
        "built-in task: mnist (bundled MNIST, or a directory of MNIST IDX files with --data), "
        "digits (scikit-learn 8x8 digits), imagefolder (a torchvision ImageFolder directory, "
-       "--data DIR), shakespeare (character-level language modelling on the bundled plays)",
+       "--data DIR), shakespeare (character-level language modelling on the bundled plays), "
+       "detect (object detection with Ultralytics YOLO, --data DATA.yaml)",
        ("pretrain", "search"), "data"),
     _o("data", _str, None,
        "data location: for mnist a directory with the four MNIST IDX files (raw or .gz; "
        "default: the bundled copy); for imagefolder a directory of class folders (with "
-       "train/ and val/ or test/ subfolders, or one folder split 90/10)",
+       "train/ and val/ or test/ subfolders, or one folder split 90/10); for detect an "
+       "Ultralytics dataset YAML (`dmscale data mnist-detect` writes one)",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="PATH"),
     _o("train_limit", _positive_int, None,
        "use only the first N training examples (characters for shakespeare)",
@@ -242,6 +245,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("image_size", _positive_int, 32,
        "imagefolder: images are resized to SIZE x SIZE", ("pretrain", "search"), "data",
        metavar="SIZE"),
+    _o("imgsz", _positive_int, None,
+       "detect: training and validation image size, a multiple of 32 (Ultralytics' imgsz; "
+       "default 64)", ("pretrain", "search"), "data", metavar="SIZE"),
     _o("seq_len", _positive_int, 64,
        "shakespeare: characters per training sequence", ("pretrain", "search"), "data",
        metavar="N"),
@@ -251,7 +257,8 @@ OPTIONS: tuple[Option, ...] = (
        "mnist and digits), smallcnn, "
        "tv:NAME (a torchvision model, e.g. tv:resnet18), timm:NAME (e.g. timm:resnet18), "
        "charcnn (causal convolutional char LM, default for shakespeare), llama (a small "
-       "Llama-style causal LM, transformers' LlamaForCausalLM)",
+       "Llama-style causal LM, transformers' LlamaForCausalLM), yolo:YAML or yolo:FILE.pt "
+       "(Ultralytics YOLO for --task detect, e.g. yolo:yolo11n.yaml; default yolo:yolov8n.yaml)",
        ("pretrain", "search"), "model", metavar="NAME"),
     _o("model_args", _kv_dict, None,
        "constructor arguments of the model, e.g. depth=20,width=16 for resnet, "
@@ -396,6 +403,7 @@ class RunConfig:
     train_limit: int | None = None
     test_limit: int | None = None
     image_size: int = 32
+    imgsz: int | None = None
     seq_len: int = 64
     model: str | None = None
     model_args: dict[str, Any] | None = None

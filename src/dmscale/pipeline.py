@@ -511,6 +511,8 @@ class Pipeline:
             self.rd_checkpoint = None
             if self.rd.checkpoint.exists():
                 self.rd.checkpoint.unlink()
+        if hasattr(self.task, "save_artifacts") and (self.rd / "model.safetensors").is_file():
+            self.state["artifacts"] = self.task.save_artifacts(load_run_model(self.rd.path)[0], self.rd.path)
         summary = self._summary()
         self._save_state(status="done")
         self.rd.write_json("summary.json", summary)

@@ -148,7 +148,7 @@ def _plot_training(records: list[dict[str, Any]], path: Path, language: bool) ->
                          color=PHASE_COLORS[phase], alpha=0.35, lw=1)
         pe = [r for r in evals if r["phase"] == phase]
         if pe:
-            key = "bpc" if language else "acc"
+            key = "bpc" if language else ("map50_95" if "map50_95" in pe[0] else "acc")
             scale = 1 if language else 100
             ax2.plot([r["global_step"] for r in pe], [scale * r[key] for r in pe], "o-",
                      color=PHASE_COLORS[phase], label=f"{phase} (test)")
@@ -166,10 +166,17 @@ def _plot_training(records: list[dict[str, Any]], path: Path, language: bool) ->
     return True
 
 
+def _detect_text(ev: dict[str, Any]) -> str:
+    """A detection evaluation (``--task detect``): box mAP on the val split."""
+    return f"box mAP50-95 {100 * ev['map50_95']:.2f}, mAP50 {100 * ev['map50']:.2f}"
+
+
 def _metric_line(evals: dict[str, Any], language: bool) -> str:
     final = evals.get("final")
     if not final:
         return "-"
+    if "map50_95" in final:
+        return _detect_text(final) + " (val)"
     if language:
         return (f"{final['bpc']:.3f} bits/char, perplexity {final['ppl']:.2f}, "
                 f"next-char accuracy {100 * final['acc']:.1f}%")
@@ -225,7 +232,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         if name == "final":
             continue
         value = (f"{ev['bpc']:.3f} bits/char, ppl {ev['ppl']:.2f}" if language
-                 else f"{100 * ev['acc']:.2f}% accuracy")
+                 else _detect_text(ev) if "map50_95" in ev else f"{100 * ev['acc']:.2f}% accuracy")
         note = " (the exported model, BatchNorm statistics re-estimated, before retraining)" if name == "search" else ""
         lines.append(f"- after {name}{note}: {value}")
     for w in state.get("warnings", []):
@@ -317,6 +324,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             continue
         if language:
             value = f"{ev['bpc']:.3f} bits/char, perplexity {ev['ppl']:.2f}, next-char acc {100 * ev['acc']:.1f}%"
+        elif "map50_95" in ev:
+            value = _detect_text(ev)
         else:
             value = f"accuracy {100 * ev['acc']:.2f}%"
         note = " (exported, before retraining)" if name == "search" and "retrain" in evals else ""

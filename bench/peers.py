@@ -1,0 +1,226 @@
+"""DMS_p against Torch-Pruning and uniform width scaling at equal MACs (issue 10, table 4).
+
+    PYTHONPATH=src python bench/peers.py [--quick] [--seeds 0 1 2] [--threads 1]
+
+Per seed, one shared pretrained supernet (the project's ``pretrain`` phase; ResNet-20 of
+width 8 on the bundled 8x8 digits: MNIST takes about 4 s per step on this shared machine),
+then four ways to reach ``--target`` x its MACs:
+
+* ``dms_p``: ``--pipeline p --init <pretrain run>`` search phase (weights and structure
+  trained together for ``--search-epochs``; the pipeline's finish phase and budget solver run).
+* ``tp_magnitude`` / ``tp_taylor``: Torch-Pruning ``MagnitudePruner``, global pruning,
+  ``MagnitudeImportance(p=2)`` / ``TaylorImportance()``, stepped iteratively to the target.
+* ``uniform``: one width multiplier for all dimensions, first channels of the pretrained weights.
+
+Every result is then finetuned by the same ``dmscale retrain`` phase (same SGD, lr, cosine
+schedule, epochs and batches). MACs and parameters are counted by ``dms.count`` for all.
+Results are cached per run in ``bench/results/peers.json`` (run directories under
+``bench/runs/``, not committed); the table goes to ``bench/results/peers.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+import peers_lib as pl  # noqa: E402
+from dmscale.config import RunConfig  # noqa: E402
+from dmscale.pipeline import Pipeline, load_run_model  # noqa: E402
+from dmscale.tasks.registry import build_task  # noqa: E402
+
+__all__ = ["METHODS", "run_seed", "write_table", "main"]
+
+RESULTS = ROOT / "bench" / "results"
+CACHE = RESULTS / "peers.json"
+METHODS = ("dms_p", "tp_magnitude", "tp_taylor", "uniform")
+MODEL = {"model": "resnet", "model_args": {"width": 8}}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def _run(out: Path, **fields: Any) -> dict[str, Any]:
+    """One pipeline run in ``out`` (reused when it finished before)."""
+    if (out / "summary.json").exists():
+        return json.loads((out / "summary.json").read_text())
+    if out.exists():  # an interrupted run: start it again
+        import shutil
+        shutil.rmtree(out)
+    cfg = RunConfig(task="digits", **MODEL, quiet=True, out=str(out), **fields)
+    return Pipeline(cfg.resolved()).run()
+
+
+def _widths(structure: dict[str, Any]) -> str:
+    """Kept widths per group and blocks per stage, in model order."""
+    w = "/".join(str(g["kept"]) for g in structure.get("width", []))
+    d = "/".join(str(len(g["kept"])) for g in structure.get("depth", []))
+    return f"{w} | blocks {d}" if d else w
+
+
+def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dict[str, Any],
+             save: Any = None) -> dict[str, Any]:
+    """All methods of one seed that ``done`` lacks, each stored into ``done`` (then ``save()``);
+    returns ``done``."""
+    base = work / f"seed{seed}"
+    t0 = time.perf_counter()
+    pre = _run(base / "pretrain", command="pretrain", epochs=cfg["pretrain_epochs"], seed=seed, threads=threads)
+    pre_dir = base / "pretrain"
+    task = build_task(RunConfig(task="digits", **MODEL).resolved())
+    example = task.example_inputs()
+    supernet, _ = load_run_model(pre_dir)
+    full = pl.macs(supernet, example)
+    out = done
+    for method in METHODS:
+        if method in done:
+            continue
+        src = base / method
+        t = time.perf_counter()
+        extra_steps = 0
+        if method == "dms_p":
+            s = _run(src, command="search", pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
+                     retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads)
+            extra_steps = s["steps"]
+            structure = json.loads((src / "structure.json").read_text())
+        elif method.startswith("tp_"):
+            supernet.train()
+
+            def batches(step: int = 0):
+                while True:
+                    yield task.train_batch(step, 128, seed * 1000 + 7)
+                    step += 1
+            r = pl.tp_prune(supernet, example, cfg["target"], method[3:], batches(),
+                            lambda logits, y: task.task_loss(logits, y))
+            r["model"].eval()
+            structure = pl.structure_from_shapes(pl.template_structure(supernet, example), r["model"])
+            pl.write_source_run(src, pre_dir, structure, r["model"])
+            extra_steps = r["steps"]
+        else:
+            supernet.eval()
+            structure, mult = pl.uniform_structure(supernet, example, cfg["target"])
+            pl.write_source_run(src, pre_dir, structure, pl.apply(supernet, structure))
+            structure["multiplier"] = mult
+        prune_s = time.perf_counter() - t
+        t = time.perf_counter()
+        ft = _run(base / f"{method}_ft", command="retrain", source=str(src), epochs=cfg["finetune_epochs"],
+                  seed=seed, threads=threads)
+        counts = ft["counts"]["found"]
+        out[method] = {"seed": seed, "method": method, "acc": ft["evals"]["final"]["acc"],
+                       "macs": counts["macs"], "params": counts["params"],
+                       "macs_frac": counts["macs"] / full, "target": cfg["target"],
+                       "prune_seconds": round(prune_s, 1), "finetune_seconds": round(time.perf_counter() - t, 1),
+                       "steps": extra_steps, "structure": _widths(structure),
+                       "multiplier": structure.get("multiplier"),
+                       "pretrain_acc": pre["evals"]["pretrain"]["acc"], "supernet_macs": full,
+                       "supernet_params": pre["counts"]["supernet"]["params"]}
+        print(f"seed {seed} {method:13} acc {100 * out[method]['acc']:.2f} % at "
+              f"{out[method]['macs_frac']:.3f} x MACs ({prune_s:.0f} s to prune/search)", flush=True)
+        if save is not None:
+            save()
+    print(f"seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
+def _ms(values: list[float], fmt: str = "{:.2f}") -> str:
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def write_table(cache: dict[str, Any], key: str, seeds: list[int], command: str, full_seeds: int) -> Path:
+    """``bench/results/peers.md`` from the cached runs of setting ``key`` and ``seeds``."""
+    setting = cache["settings"][key]
+    runs = cache["runs"].get(key, {})
+    have = [s for s in seeds if str(s) in runs and all(m in runs[str(s)] for m in METHODS)]
+    partial = len(have) < full_seeds
+    lines = ["# DMS_p vs Torch-Pruning vs uniform width at equal MACs (issue 10, table 4)", "",
+             f"- command: `{command}`", f"- commit: `{cache['commit']}`; machine: {cache['machine']}",
+             f"- setting `{key}`: ResNet-20 (width 8) on the 8x8 digits (1,438 train / 359 test), "
+             f"pretrain {setting['pretrain_epochs']} epochs per seed, target {setting['target']} x MACs, "
+             f"DMS_p search {setting['search_epochs']} epochs, finetune {setting['finetune_epochs']} epochs "
+             "(the same `dmscale retrain` phase for every method)",
+             f"- seeds with every method done: {have}" + (f" (**partial**: {full_seeds} wanted)" if partial else ""),
+             "", "| method | top-1 after finetune (%) | MACs | x supernet MACs | params | prune/search time (s) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    by = {m: [runs[str(s)][m] for s in have] for m in METHODS}
+    if have:
+        r0 = runs[str(have[0])]["dms_p"]
+        lines.insert(len(lines) - 2, f"- supernet: {r0['supernet_macs']:,} MACs, {r0['supernet_params']:,} params; "
+                     f"pretrained top-1 {_ms([100 * runs[str(s)]['dms_p']['pretrain_acc'] for s in have])} %\n")
+    for m in METHODS:
+        rs = by[m]
+        if not rs:
+            continue
+        lines.append(f"| {m} | {_ms([100 * r['acc'] for r in rs])} | {_ms([r['macs'] for r in rs], '{:,.0f}')} | "
+                     f"{_ms([r['macs_frac'] for r in rs], '{:.3f}')} | {_ms([r['params'] for r in rs], '{:,.0f}')} | "
+                     f"{_ms([r['prune_seconds'] for r in rs], '{:.0f}')} |")
+    lines += ["", "Structures (kept channels per width group in model order | blocks per stage), per seed:", ""]
+    for m in METHODS:
+        for r in by[m]:
+            extra = f", multiplier {r['multiplier']:.3f}" if r.get("multiplier") is not None else ""
+            lines.append(f"- {m}, seed {r['seed']}: {r['structure']} ({r['steps']} prune/search steps{extra})")
+    lines += ["", "Mean ± standard deviation over the seeds listed. Prune/search time: DMS_p's search phase "
+              "(weights trained with the structure, plus finish phase and solver); Torch-Pruning's iterative "
+              "pruning incl. Taylor's gradient batches; uniform's bisection. The DMS_p search also trains "
+              "the weights for its search epochs before the shared finetune; the other methods do not.", ""]
+    reading = cache.get("reading", {}).get(key)
+    if reading:
+        lines += ["## Reading", "", reading, ""]
+    out = RESULTS / "peers.md"
+    out.write_text("\n".join(lines))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="one seed, a few epochs")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--target", type=float, default=0.5)
+    p.add_argument("--pretrain-epochs", type=float, default=15.0)
+    p.add_argument("--search-epochs", type=float, default=3.0)
+    p.add_argument("--finetune-epochs", type=float, default=5.0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "peers")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.pretrain_epochs, args.search_epochs, args.finetune_epochs = [0], 2.0, 0.5, 0.5
+    torch.set_num_threads(args.threads)
+    cfg = {"target": args.target, "pretrain_epochs": args.pretrain_epochs,
+           "search_epochs": args.search_epochs, "finetune_epochs": args.finetune_epochs}
+    key = "t{target}-pre{pretrain_epochs}-s{search_epochs}-ft{finetune_epochs}".format(**cfg)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
+    cache.setdefault("runs", {}).setdefault(key, {})
+    cache.setdefault("settings", {})[key] = cfg
+    cache["commit"] = _commit()
+    cache["machine"] = (f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs), "
+                        f"torch {torch.__version__}, {args.threads} thread(s)")
+    command = "python bench/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    for seed in args.seeds:
+        done = cache["runs"][key].setdefault(str(seed), {})
+        run_seed(seed, cfg, args.workdir / key, args.threads, done,
+                 save=lambda: CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True)))
+        print(f"wrote {write_table(cache, key, args.seeds, command.strip(), len(args.seeds))}", flush=True)
+    CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    print(f"wrote {write_table(cache, key, args.seeds, command.strip(), len(args.seeds))}")
+
+
+if __name__ == "__main__":
+    main()

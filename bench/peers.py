@@ -68,6 +68,10 @@ def _run(out: Path, **fields: Any) -> dict[str, Any]:
     return Pipeline(cfg.resolved()).run()
 
 
+def _key(cfg: dict[str, Any]) -> str:
+    return "t{target}-pre{pretrain_epochs}-s{search_epochs}-ft{finetune_epochs}".format(**cfg)
+
+
 def _widths(structure: dict[str, Any]) -> str:
     """Kept widths per group and blocks per stage, in model order."""
     w = "/".join(str(g["kept"]) for g in structure.get("width", []))
@@ -79,10 +83,12 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
              save: Any = None) -> dict[str, Any]:
     """All methods of one seed that ``done`` lacks, each stored into ``done`` (then ``save()``);
     returns ``done``."""
-    base = work / f"seed{seed}"
+    if all(m in done for m in METHODS):
+        return done
+    base = work / _key(cfg) / f"seed{seed}"
+    pre_dir = work / f"pretrain{cfg['pretrain_epochs']}" / f"seed{seed}"  # shared by every target
     t0 = time.perf_counter()
-    pre = _run(base / "pretrain", command="pretrain", epochs=cfg["pretrain_epochs"], seed=seed, threads=threads)
-    pre_dir = base / "pretrain"
+    pre = _run(pre_dir, command="pretrain", epochs=cfg["pretrain_epochs"], seed=seed, threads=threads)
     task = build_task(RunConfig(task="digits", **MODEL).resolved())
     example = task.example_inputs()
     supernet, _ = load_run_model(pre_dir)
@@ -144,45 +150,69 @@ def _ms(values: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
 
 
-def write_table(cache: dict[str, Any], key: str, seeds: list[int], command: str, full_seeds: int) -> Path:
-    """``bench/results/peers.md`` from the cached runs of setting ``key`` and ``seeds``."""
-    setting = cache["settings"][key]
-    runs = cache["runs"].get(key, {})
-    have = [s for s in seeds if str(s) in runs and all(m in runs[str(s)] for m in METHODS)]
-    partial = len(have) < full_seeds
-    lines = ["# DMS_p vs Torch-Pruning vs uniform width at equal MACs (issue 10, table 4)", "",
-             f"- command: `{command}`", f"- commit: `{cache['commit']}`; machine: {cache['machine']}",
-             f"- setting `{key}`: ResNet-20 (width 8) on the 8x8 digits (1,438 train / 359 test), "
-             f"pretrain {setting['pretrain_epochs']} epochs per seed, target {setting['target']} x MACs, "
-             f"DMS_p search {setting['search_epochs']} epochs, finetune {setting['finetune_epochs']} epochs "
-             "(the same `dmscale retrain` phase for every method)",
-             f"- seeds with every method done: {have}" + (f" (**partial**: {full_seeds} wanted)" if partial else ""),
-             "", "| method | top-1 after finetune (%) | MACs | x supernet MACs | params | prune/search time (s) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+def _section(cache: dict[str, Any], key: str) -> list[str]:
+    """The table of one setting: every seed that has all methods."""
+    setting, runs = cache["settings"][key], cache["runs"].get(key, {})
+    info = cache.get("info", {}).get(key, {})
+    have = sorted(int(s) for s, r in runs.items() if all(m in r for m in METHODS))
+    wanted = info.get("seeds", have)
+    partial = [s for s in wanted if s not in have]
+    lines = [f"## target {setting['target']} x MACs; pretrain {setting['pretrain_epochs']}, DMS_p search "
+             f"{setting['search_epochs']}, finetune {setting['finetune_epochs']} epochs", "",
+             f"- command: `{info.get('command', '?')}`; commit `{info.get('commit', '?')}`",
+             f"- seeds with every method done: {have}"
+             + (f" (**partial**: seeds {partial} still to run with the command above)" if partial else "")]
+    if not have:
+        return lines + [""]
+    first = runs[str(have[0])]["dms_p"]
+    lines += [f"- supernet: {first['supernet_macs']:,} MACs, {first['supernet_params']:,} params; pretrained "
+              f"top-1 {_ms([100 * runs[str(s)]['dms_p']['pretrain_acc'] for s in have])} %", "",
+              "| method | top-1 after finetune (%) | MACs | x supernet MACs | params | prune/search time (s) |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     by = {m: [runs[str(s)][m] for s in have] for m in METHODS}
-    if have:
-        r0 = runs[str(have[0])]["dms_p"]
-        lines.insert(len(lines) - 2, f"- supernet: {r0['supernet_macs']:,} MACs, {r0['supernet_params']:,} params; "
-                     f"pretrained top-1 {_ms([100 * runs[str(s)]['dms_p']['pretrain_acc'] for s in have])} %\n")
     for m in METHODS:
         rs = by[m]
-        if not rs:
-            continue
         lines.append(f"| {m} | {_ms([100 * r['acc'] for r in rs])} | {_ms([r['macs'] for r in rs], '{:,.0f}')} | "
                      f"{_ms([r['macs_frac'] for r in rs], '{:.3f}')} | {_ms([r['params'] for r in rs], '{:,.0f}')} | "
                      f"{_ms([r['prune_seconds'] for r in rs], '{:.0f}')} |")
-    lines += ["", "Structures (kept channels per width group in model order | blocks per stage), per seed:", ""]
+    mean = {m: statistics.mean(100 * r["acc"] for r in by[m]) for m in METHODS}
+    best = max((m for m in METHODS if m != "dms_p"), key=mean.get)
+    diffs = [100 * (runs[str(s)]["dms_p"]["acc"] - runs[str(s)][best]["acc"]) for s in have]
+    lines += ["", f"dms_p minus the best peer ({best}): {statistics.mean(diffs):+.2f} pt mean; per seed "
+              + ", ".join(f"{d:+.2f}" for d in diffs) + " (one test image is 0.28 pt).", "",
+              "Structures (kept channels per width group in model order | removable blocks kept per stage):", ""]
     for m in METHODS:
         for r in by[m]:
             extra = f", multiplier {r['multiplier']:.3f}" if r.get("multiplier") is not None else ""
             lines.append(f"- {m}, seed {r['seed']}: {r['structure']} ({r['steps']} prune/search steps{extra})")
-    lines += ["", "Mean ± standard deviation over the seeds listed. Prune/search time: DMS_p's search phase "
-              "(weights trained with the structure, plus finish phase and solver); Torch-Pruning's iterative "
-              "pruning incl. Taylor's gradient batches; uniform's bisection. The DMS_p search also trains "
-              "the weights for its search epochs before the shared finetune; the other methods do not.", ""]
-    reading = cache.get("reading", {}).get(key)
-    if reading:
-        lines += ["## Reading", "", reading, ""]
+    return lines + [""]
+
+
+def write_table(cache: dict[str, Any]) -> Path:
+    """``bench/results/peers.md``: one section per cached setting (full runs first), then the
+    hand-written reading in ``bench/results/peers_reading.md`` when it exists."""
+    keys = sorted(cache["settings"], key=lambda k: (cache["settings"][k]["finetune_epochs"] < 1, k))
+    lines = ["# DMS_p vs Torch-Pruning vs uniform width at equal MACs (issue 10, table 4)", "",
+             f"- machine: {cache['machine']}",
+             "- task: ResNet-20 (width 8) on the 8x8 digits (1,438 train / 359 test images); MNIST costs about "
+             "4 s per step on this shared machine, too slow for several seeds",
+             "- protocol: one pretrained supernet per seed (`dmscale pretrain`), then each method reaches the "
+             "target from it and every result is finetuned by the same `dmscale retrain` phase (SGD, lr 0.05, "
+             "cosine, same epochs and batches). MACs/params by `dms.count` for all.",
+             "- methods: `dms_p` = `--pipeline p --init <pretrain run>` search phase (weights + structure, then "
+             "the pipeline's finish phase and budget solver); `tp_magnitude` / `tp_taylor` = Torch-Pruning "
+             "`MagnitudePruner`, global pruning, `MagnitudeImportance(p=2)` / `TaylorImportance()`, stepped "
+             "iteratively until the MACs are under the target; `uniform` = one width multiplier, the largest "
+             "that fits, first channels of the pretrained weights.",
+             "- mean ± standard deviation over seeds. Prune/search time: DMS_p's whole search phase; "
+             "Torch-Pruning's iterative pruning (Taylor: incl. its gradient batches); uniform's solver. "
+             "Note the DMS_p search also trains the weights for its search epochs before the shared "
+             "finetune; the other methods go straight to the finetune.", ""]
+    for key in keys:
+        lines += _section(cache, key)
+    reading = RESULTS / "peers_reading.md"
+    if reading.exists():
+        lines += [reading.read_text().strip(), ""]
     out = RESULTS / "peers.md"
     out.write_text("\n".join(lines))
     return out
@@ -197,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--search-epochs", type=float, default=2.0)
     p.add_argument("--finetune-epochs", type=float, default=4.0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--table-only", action="store_true", help="only rewrite peers.md from the cache")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "peers")
     args = p.parse_args(argv)
     if args.quick:
@@ -204,22 +235,27 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     cfg = {"target": args.target, "pretrain_epochs": args.pretrain_epochs,
            "search_epochs": args.search_epochs, "finetune_epochs": args.finetune_epochs}
-    key = "t{target}-pre{pretrain_epochs}-s{search_epochs}-ft{finetune_epochs}".format(**cfg)
+    key = _key(cfg)
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
-    cache.setdefault("runs", {}).setdefault(key, {})
-    cache.setdefault("settings", {})[key] = cfg
     cache["commit"] = _commit()
     cache["machine"] = (f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs), "
                         f"torch {torch.__version__}, {args.threads} thread(s)")
-    command = "python bench/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = ("python bench/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    if args.table_only:
+        print(f"wrote {write_table(cache)}")
+        return
+    cache.setdefault("runs", {}).setdefault(key, {})
+    cache.setdefault("settings", {})[key] = cfg
+    cache.setdefault("info", {})[key] = {"command": command, "commit": cache["commit"], "seeds": args.seeds}
+
+    def save() -> None:
+        CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+
     for seed in args.seeds:
-        done = cache["runs"][key].setdefault(str(seed), {})
-        run_seed(seed, cfg, args.workdir / key, args.threads, done,
-                 save=lambda: CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True)))
-        print(f"wrote {write_table(cache, key, args.seeds, command.strip(), len(args.seeds))}", flush=True)
-    CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
-    print(f"wrote {write_table(cache, key, args.seeds, command.strip(), len(args.seeds))}")
+        run_seed(seed, cfg, args.workdir, args.threads, cache["runs"][key].setdefault(str(seed), {}), save)
+        save()
+        print(f"wrote {write_table(cache)}", flush=True)
 
 
 if __name__ == "__main__":

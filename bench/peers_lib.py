@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -39,13 +40,47 @@ from torch import nn
 import dmscale as dms
 from dmscale.io import save_weights
 
-__all__ = ["macs", "apply", "template_structure", "structure_from_shapes", "uniform_structure",
+__all__ = ["macs", "fast_macs", "apply", "template_structure", "structure_from_shapes", "uniform_structure",
            "tp_prune", "write_source_run"]
 
 
 def macs(model: nn.Module, example: torch.Tensor) -> int:
     """Exact MACs of ``model`` on ``example`` with the project's one counter (``dms.count``)."""
     return int(dms.count(model, example)["macs"])
+
+
+def fast_macs(model: nn.Module, example: torch.Tensor) -> int:
+    """MACs of the ``nn.Conv2d`` / ``nn.Linear`` layers from forward hooks (per example).
+
+    Cheap enough to call after every pruning step; the result of a search is always checked
+    against :func:`macs` (on conv/linear-only models such as ResNet-20 the two agree exactly).
+    """
+    total = 0
+
+    def hook(m: nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        nonlocal total
+        per_out = m.weight[0].numel() if isinstance(m, nn.Conv2d) else m.in_features
+        total += out.numel() // example.shape[0] * per_out
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    try:
+        with torch.no_grad():
+            was = model.training
+            model.eval()
+            model(example)
+            model.train(was)
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+def _checked(model: nn.Module, example: torch.Tensor) -> int:
+    """:func:`macs`, after checking that :func:`fast_macs` agreed with it."""
+    exact, fast = macs(model, example), fast_macs(model, example)
+    if exact != fast:
+        raise RuntimeError(f"the hook counter ({fast} MACs) disagrees with dms.count ({exact}) on this model")
+    return exact
 
 
 def apply(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
@@ -133,33 +168,42 @@ def structure_from_shapes(template: dict[str, Any], pruned: nn.Module) -> dict[s
     return out
 
 
-def uniform_structure(model: nn.Module, example: torch.Tensor, target: float,
-                      tol: float = 1e-4) -> tuple[dict[str, Any], float]:
+def uniform_structure(model: nn.Module, example: torch.Tensor, target: float) -> tuple[dict[str, Any], float]:
     """One width multiplier for every dimension (each keeps ``max(1, round(mult * size))``
-    first channels), the largest whose exact MACs are at or under ``target`` x the model's.
+    first channels, halves rounded up), the largest whose exact MACs are at or under
+    ``target`` x the model's (binary search over the multipliers at which a width changes).
 
     Returns:
         ``(structure, multiplier)``.
     """
     template = template_structure(model, example)
-    budget = target * macs(model, example)
+    budget = target * _checked(model, example)
+    sizes = sorted({n for spec in template["layers"].values() for n in (_full(spec, "in"), _full(spec, "out"))
+                    if n is not None})
+
+    def k(n: int | None, mult: float) -> int | None:
+        return None if n is None else max(1, math.floor(mult * n + 0.5 + 1e-9))
 
     def at(mult: float) -> dict[str, Any]:
-        def k(n: int | None) -> int | None:
-            return None if n is None else max(1, round(mult * n))
-        return _resize(template, lambda name, spec: (k(_full(spec, "in")), k(_full(spec, "out"))))
+        return _resize(template, lambda name, spec: (k(_full(spec, "in"), mult), k(_full(spec, "out"), mult)))
 
-    lo, hi = 0.0, 1.0
-    while hi - lo > tol:
-        mid = (lo + hi) / 2
-        if macs(apply(model, at(mid)), example) <= budget:
+    # the multipliers at which some width grows by one; MACs only change there
+    candidates = sorted({0.0} | {(j - 0.5) / n for n in sizes for j in range(2, n + 1)} | {1.0})
+    lo, hi = 0, len(candidates)  # candidates[lo] fits (all widths 1); find the last that fits
+    if fast_macs(apply(model, at(0.0)), example) > budget:
+        raise ValueError(f"target {target}: even width 1 everywhere costs more")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fast_macs(apply(model, at(candidates[mid])), example) <= budget:
             lo = mid
         else:
             hi = mid
-    structure = at(lo)
+    mult = candidates[lo]
+    structure = at(mult)
+    _checked(apply(model, structure), example)
     for w in structure.get("width", []):
-        w["kept"] = max(1, round(lo * w["size"]))
-    return structure, lo
+        w["kept"] = k(w["size"], mult)
+    return structure, mult
 
 
 def tp_prune(model: nn.Module, example: torch.Tensor, target: float, importance: str,
@@ -193,9 +237,9 @@ def tp_prune(model: nn.Module, example: torch.Tensor, target: float, importance:
     pruner = tp.pruner.MagnitudePruner(work, example, importance=imp, global_pruning=True,
                                        pruning_ratio=1.0, iterative_steps=iterative_steps,
                                        ignored_layers=linears[-1:])
-    budget = target * macs(model, example)
+    budget = target * _checked(model, example)
     steps = 0
-    while macs(work, example) > budget:
+    while fast_macs(work, example) > budget:
         if steps >= iterative_steps:
             raise RuntimeError(f"Torch-Pruning did not reach {budget:.0f} MACs in {iterative_steps} steps")
         if importance == "taylor":
@@ -208,7 +252,7 @@ def tp_prune(model: nn.Module, example: torch.Tensor, target: float, importance:
         steps += 1
     work.zero_grad()
     seconds = time.perf_counter() - t0
-    return {"model": work, "macs": macs(work, example), "steps": steps, "seconds": seconds}
+    return {"model": work, "macs": _checked(work, example), "steps": steps, "seconds": seconds}
 
 
 def write_source_run(out: Path, pretrain_run: Path, structure: dict[str, Any],

@@ -24,20 +24,18 @@ TARGET = 0.5
 
 def _model() -> ResNetCifar:
     torch.manual_seed(0)
-    return ResNetCifar(width=4, in_channels=1).eval()
+    return ResNetCifar(depth=8, width=4, in_channels=1).eval()
 
 
 def test_uniform_solver_hits_target() -> None:
     model, x = _model(), torch.randn(1, 1, 8, 8)
     full = pl.macs(model, x)
-    structure, mult = pl.uniform_structure(model, x, TARGET, tol=1e-3)
+    structure, mult = pl.uniform_structure(model, x, TARGET)
     small = pl.apply(model, structure)
     got = pl.macs(small, x) / full
-    assert got <= TARGET
-    # the next multiplier step (any larger width) would exceed the budget
-    bigger, _ = pl.uniform_structure(model, x, got + 1e-6, tol=1e-3)
-    assert pl.macs(pl.apply(model, bigger), x) == pl.macs(small, x)
+    assert 0.8 * TARGET <= got <= TARGET, got  # widths of 4/8/16 move the cost in coarse steps
     assert 0.3 < mult < 0.8
+    assert {w["kept"] for w in structure["width"]} <= {max(1, int(mult * n + 0.5)) for n in (4, 8, 16)}
     assert small(x).shape == (1, 10)
 
 
@@ -53,7 +51,7 @@ def test_torch_pruning_reaches_target(importance: str) -> None:
             yield torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g)
 
     r = pl.tp_prune(model.train(), x, TARGET, importance, batches(), torch.nn.functional.cross_entropy,
-                    iterative_steps=100)
+                    iterative_steps=50)
     frac = r["macs"] / full
     assert 0.9 * TARGET <= frac <= TARGET, frac
     pruned = r["model"].eval()

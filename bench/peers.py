@@ -1,6 +1,6 @@
 """DMS_p against Torch-Pruning and uniform width scaling at equal MACs (issue 10, table 4).
 
-    PYTHONPATH=src python bench/peers.py [--quick] [--seeds 0 1 2] [--threads 1]
+    PYTHONPATH=src python bench/peers.py [--quick] [--seeds 0 1 2] [--target 0.5] [--equal-training]
 
 Per seed, one shared pretrained supernet (the project's ``pretrain`` phase; ResNet-20 of
 width 8 on the bundled 8x8 digits: MNIST takes about 4 s per step on this shared machine),
@@ -13,7 +13,8 @@ then four ways to reach ``--target`` x its MACs:
 * ``uniform``: one width multiplier for all dimensions, first channels of the pretrained weights.
 
 Every result is then finetuned by the same ``dmscale retrain`` phase (same SGD, lr, cosine
-schedule, epochs and batches). MACs and parameters are counted by ``dms.count`` for all.
+schedule, epochs and batches); ``--equal-training`` is the control that also gives the peers
+DMS_p's search epochs as finetuning (the search trains the weights too). MACs and parameters are counted by ``dms.count`` for all.
 Results are cached per run in ``bench/results/peers.json`` (run directories under
 ``bench/runs/``, not committed); the table goes to ``bench/results/peers.md``.
 """
@@ -69,7 +70,15 @@ def _run(out: Path, **fields: Any) -> dict[str, Any]:
 
 
 def _key(cfg: dict[str, Any]) -> str:
-    return "t{target}-pre{pretrain_epochs}-s{search_epochs}-ft{finetune_epochs}".format(**cfg)
+    key = "t{target}-pre{pretrain_epochs}-s{search_epochs}-ft{finetune_epochs}".format(**cfg)
+    return key + ("-eqtrain" if cfg.get("equal_training") else "")
+
+
+def _finetune_epochs(cfg: dict[str, Any], method: str) -> float:
+    """The shared finetune; with ``equal_training`` the peers also get DMS_p's search epochs
+    (a control: DMS_p's search trains the weights too)."""
+    extra = cfg["search_epochs"] if cfg.get("equal_training") and method != "dms_p" else 0.0
+    return cfg["finetune_epochs"] + extra
 
 
 def _widths(structure: dict[str, Any]) -> str:
@@ -125,7 +134,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
             structure["multiplier"] = mult
         prune_s = time.perf_counter() - t
         t = time.perf_counter()
-        ft = _run(base / f"{method}_ft", command="retrain", source=str(src), epochs=cfg["finetune_epochs"],
+        ft = _run(base / f"{method}_ft", command="retrain", source=str(src), epochs=_finetune_epochs(cfg, method),
                   seed=seed, threads=threads)
         counts = ft["counts"]["found"]
         out[method] = {"seed": seed, "method": method, "acc": ft["evals"]["final"]["acc"],
@@ -158,7 +167,9 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
     wanted = info.get("seeds", have)
     partial = [s for s in wanted if s not in have]
     lines = [f"## target {setting['target']} x MACs; pretrain {setting['pretrain_epochs']}, DMS_p search "
-             f"{setting['search_epochs']}, finetune {setting['finetune_epochs']} epochs", "",
+             f"{setting['search_epochs']}, finetune {setting['finetune_epochs']} epochs"
+             + (f" (peers: {setting['finetune_epochs'] + setting['search_epochs']}, the same total weight "
+                "training as DMS_p's search + finetune)" if setting.get("equal_training") else ""), "",
              f"- command: `{info.get('command', '?')}`; commit `{info.get('commit', '?')}`",
              f"- seeds with every method done: {have}"
              + (f" (**partial**: seeds {partial} still to run with the command above)" if partial else "")]
@@ -191,7 +202,9 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
 def write_table(cache: dict[str, Any]) -> Path:
     """``bench/results/peers.md``: one section per cached setting (full runs first), then the
     hand-written reading in ``bench/results/peers_reading.md`` when it exists."""
-    keys = sorted(cache["settings"], key=lambda k: (cache["settings"][k]["finetune_epochs"] < 1, k))
+    keys = sorted(cache["settings"], key=lambda k: (cache["settings"][k]["finetune_epochs"] < 1,
+                                                    cache["settings"][k].get("equal_training", False),
+                                                    -cache["settings"][k]["target"]))
     lines = ["# DMS_p vs Torch-Pruning vs uniform width at equal MACs (issue 10, table 4)", "",
              f"- machine: {cache['machine']}",
              "- task: ResNet-20 (width 8) on the 8x8 digits (1,438 train / 359 test images); MNIST costs about "
@@ -226,6 +239,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pretrain-epochs", type=float, default=10.0)
     p.add_argument("--search-epochs", type=float, default=2.0)
     p.add_argument("--finetune-epochs", type=float, default=4.0)
+    p.add_argument("--equal-training", action="store_true",
+                   help="control: finetune the peers for the search epochs more (DMS_p's search trains weights too)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--table-only", action="store_true", help="only rewrite peers.md from the cache")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "peers")
@@ -235,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     cfg = {"target": args.target, "pretrain_epochs": args.pretrain_epochs,
            "search_epochs": args.search_epochs, "finetune_epochs": args.finetune_epochs}
+    if args.equal_training:
+        cfg["equal_training"] = True
     key = _key(cfg)
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}

@@ -1,0 +1,279 @@
+"""DMS_p against Torch-Pruning and uniform width scaling at equal MACs (issue 10, table 4).
+
+    PYTHONPATH=src python bench/peers.py [--quick] [--seeds 0 1 2] [--target 0.5] [--equal-training]
+
+Per seed, one shared pretrained supernet (the project's ``pretrain`` phase; ResNet-20 of
+width 8 on the bundled 8x8 digits: MNIST takes about 4 s per step on this shared machine),
+then four ways to reach ``--target`` x its MACs:
+
+* ``dms_p``: ``--pipeline p --init <pretrain run>`` search phase (weights and structure
+  trained together for ``--search-epochs``; the pipeline's finish phase and budget solver run).
+* ``tp_magnitude`` / ``tp_taylor``: Torch-Pruning ``MagnitudePruner``, global pruning,
+  ``MagnitudeImportance(p=2)`` / ``TaylorImportance()``, stepped iteratively to the target.
+* ``uniform``: one width multiplier for all dimensions, first channels of the pretrained weights.
+
+Every result is then finetuned by the same ``dmscale retrain`` phase (same SGD, lr, cosine
+schedule, epochs and batches); ``--equal-training`` is the control that also gives the peers
+DMS_p's search epochs as finetuning (the search trains the weights too). MACs and parameters are counted by ``dms.count`` for all.
+Results are cached per run in ``bench/results/peers.json`` (run directories under
+``bench/runs/``, not committed); the table goes to ``bench/results/peers.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+import peers_lib as pl  # noqa: E402
+from dmscale.config import RunConfig  # noqa: E402
+from dmscale.pipeline import Pipeline, load_run_model  # noqa: E402
+from dmscale.tasks.registry import build_task  # noqa: E402
+
+__all__ = ["METHODS", "run_seed", "write_table", "main"]
+
+RESULTS = ROOT / "bench" / "results"
+CACHE = RESULTS / "peers.json"
+METHODS = ("dms_p", "tp_magnitude", "tp_taylor", "uniform")
+MODEL = {"model": "resnet", "model_args": {"width": 8}}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def _run(out: Path, **fields: Any) -> dict[str, Any]:
+    """One pipeline run in ``out`` (reused when it finished before)."""
+    if (out / "summary.json").exists():
+        return json.loads((out / "summary.json").read_text())
+    if out.exists():  # an interrupted run: start it again
+        import shutil
+        shutil.rmtree(out)
+    cfg = RunConfig(task="digits", **MODEL, quiet=True, out=str(out), **fields)
+    return Pipeline(cfg.resolved()).run()
+
+
+def _key(cfg: dict[str, Any]) -> str:
+    key = "t{target}-pre{pretrain_epochs}-s{search_epochs}-ft{finetune_epochs}".format(**cfg)
+    return key + ("-eqtrain" if cfg.get("equal_training") else "")
+
+
+def _finetune_epochs(cfg: dict[str, Any], method: str) -> float:
+    """The shared finetune; with ``equal_training`` the peers also get DMS_p's search epochs
+    (a control: DMS_p's search trains the weights too)."""
+    extra = cfg["search_epochs"] if cfg.get("equal_training") and method != "dms_p" else 0.0
+    return cfg["finetune_epochs"] + extra
+
+
+def _widths(structure: dict[str, Any]) -> str:
+    """Kept widths per group and blocks per stage, in model order."""
+    w = "/".join(str(g["kept"]) for g in structure.get("width", []))
+    d = "/".join(str(len(g["kept"])) for g in structure.get("depth", []))
+    return f"{w} | blocks {d}" if d else w
+
+
+def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dict[str, Any],
+             save: Any = None) -> dict[str, Any]:
+    """All methods of one seed that ``done`` lacks, each stored into ``done`` (then ``save()``);
+    returns ``done``."""
+    if all(m in done for m in METHODS):
+        return done
+    base = work / _key(cfg) / f"seed{seed}"
+    pre_dir = work / f"pretrain{cfg['pretrain_epochs']}" / f"seed{seed}"  # shared by every target
+    t0 = time.perf_counter()
+    pre = _run(pre_dir, command="pretrain", epochs=cfg["pretrain_epochs"], seed=seed, threads=threads)
+    task = build_task(RunConfig(task="digits", **MODEL).resolved())
+    example = task.example_inputs()
+    supernet, _ = load_run_model(pre_dir)
+    full = pl.macs(supernet, example)
+    out = done
+    for method in METHODS:
+        if method in done:
+            continue
+        src = base / method
+        t = time.perf_counter()
+        extra_steps = 0
+        if method == "dms_p":
+            s = _run(src, command="search", pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
+                     retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads)
+            extra_steps = s["steps"]
+            structure = json.loads((src / "structure.json").read_text())
+        elif method.startswith("tp_"):
+            supernet.train()
+
+            def batches(step: int = 0):
+                while True:
+                    yield task.train_batch(step, 128, seed * 1000 + 7)
+                    step += 1
+            r = pl.tp_prune(supernet, example, cfg["target"], method[3:], batches(),
+                            lambda logits, y: task.task_loss(logits, y))
+            r["model"].eval()
+            structure = pl.structure_from_shapes(pl.template_structure(supernet, example), r["model"])
+            pl.write_source_run(src, pre_dir, structure, r["model"])
+            extra_steps = r["steps"]
+        else:
+            supernet.eval()
+            structure, mult = pl.uniform_structure(supernet, example, cfg["target"])
+            pl.write_source_run(src, pre_dir, structure, pl.apply(supernet, structure))
+            structure["multiplier"] = mult
+        prune_s = time.perf_counter() - t
+        t = time.perf_counter()
+        ft = _run(base / f"{method}_ft", command="retrain", source=str(src), epochs=_finetune_epochs(cfg, method),
+                  seed=seed, threads=threads)
+        counts = ft["counts"]["found"]
+        out[method] = {"seed": seed, "method": method, "acc": ft["evals"]["final"]["acc"],
+                       "macs": counts["macs"], "params": counts["params"],
+                       "macs_frac": counts["macs"] / full, "target": cfg["target"],
+                       "prune_seconds": round(prune_s, 1), "finetune_seconds": round(time.perf_counter() - t, 1),
+                       "steps": extra_steps, "structure": _widths(structure),
+                       "multiplier": structure.get("multiplier"),
+                       "pretrain_acc": pre["evals"]["pretrain"]["acc"], "supernet_macs": full,
+                       "supernet_params": pre["counts"]["supernet"]["params"]}
+        print(f"seed {seed} {method:13} acc {100 * out[method]['acc']:.2f} % at "
+              f"{out[method]['macs_frac']:.3f} x MACs ({prune_s:.0f} s to prune/search)", flush=True)
+        if save is not None:
+            save()
+    print(f"seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
+def _ms(values: list[float], fmt: str = "{:.2f}") -> str:
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def _section(cache: dict[str, Any], key: str) -> list[str]:
+    """The table of one setting: every seed that has all methods."""
+    setting, runs = cache["settings"][key], cache["runs"].get(key, {})
+    info = cache.get("info", {}).get(key, {})
+    have = sorted(int(s) for s, r in runs.items() if all(m in r for m in METHODS))
+    wanted = info.get("seeds", have)
+    partial = [s for s in wanted if s not in have]
+    lines = [f"## target {setting['target']} x MACs; pretrain {setting['pretrain_epochs']}, DMS_p search "
+             f"{setting['search_epochs']}, finetune {setting['finetune_epochs']} epochs"
+             + (f" (peers: {setting['finetune_epochs'] + setting['search_epochs']}, the same total weight "
+                "training as DMS_p's search + finetune)" if setting.get("equal_training") else ""), "",
+             f"- command: `{info.get('command', '?')}`; commit `{info.get('commit', '?')}`",
+             f"- seeds with every method done: {have}"
+             + (f" (**partial**: seeds {partial} still to run with the command above)" if partial else "")]
+    if not have:
+        return lines + [""]
+    first = runs[str(have[0])]["dms_p"]
+    lines += [f"- supernet: {first['supernet_macs']:,} MACs, {first['supernet_params']:,} params; pretrained "
+              f"top-1 {_ms([100 * runs[str(s)]['dms_p']['pretrain_acc'] for s in have])} %", "",
+              "| method | top-1 after finetune (%) | MACs | x supernet MACs | params | prune/search time (s) |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    by = {m: [runs[str(s)][m] for s in have] for m in METHODS}
+    for m in METHODS:
+        rs = by[m]
+        lines.append(f"| {m} | {_ms([100 * r['acc'] for r in rs])} | {_ms([r['macs'] for r in rs], '{:,.0f}')} | "
+                     f"{_ms([r['macs_frac'] for r in rs], '{:.3f}')} | {_ms([r['params'] for r in rs], '{:,.0f}')} | "
+                     f"{_ms([r['prune_seconds'] for r in rs], '{:.0f}')} |")
+    mean = {m: statistics.mean(100 * r["acc"] for r in by[m]) for m in METHODS}
+    best = max((m for m in METHODS if m != "dms_p"), key=mean.get)
+    diffs = [100 * (runs[str(s)]["dms_p"]["acc"] - runs[str(s)][best]["acc"]) for s in have]
+    lines += ["", f"dms_p minus the best peer ({best}): {statistics.mean(diffs):+.2f} pt mean; per seed "
+              + ", ".join(f"{d:+.2f}" for d in diffs) + " (one test image is 0.28 pt).", "",
+              "Structures (kept channels per width group in model order | removable blocks kept per stage):", ""]
+    for m in METHODS:
+        for r in by[m]:
+            extra = f", multiplier {r['multiplier']:.3f}" if r.get("multiplier") is not None else ""
+            lines.append(f"- {m}, seed {r['seed']}: {r['structure']} ({r['steps']} prune/search steps{extra})")
+    return lines + [""]
+
+
+def write_table(cache: dict[str, Any]) -> Path:
+    """``bench/results/peers.md``: one section per cached setting (full runs first), then the
+    hand-written reading in ``bench/results/peers_reading.md`` when it exists."""
+    keys = sorted(cache["settings"], key=lambda k: (cache["settings"][k]["finetune_epochs"] < 1,
+                                                    cache["settings"][k].get("equal_training", False),
+                                                    -cache["settings"][k]["target"]))
+    lines = ["# DMS_p vs Torch-Pruning vs uniform width at equal MACs (issue 10, table 4)", "",
+             f"- machine: {cache['machine']}",
+             "- task: ResNet-20 (width 8) on the 8x8 digits (1,438 train / 359 test images); MNIST costs about "
+             "4 s per step on this shared machine, too slow for several seeds",
+             "- protocol: one pretrained supernet per seed (`dmscale pretrain`), then each method reaches the "
+             "target from it and every result is finetuned by the same `dmscale retrain` phase (SGD, lr 0.05, "
+             "cosine, same epochs and batches). MACs/params by `dms.count` for all.",
+             "- methods: `dms_p` = `--pipeline p --init <pretrain run>` search phase (weights + structure, then "
+             "the pipeline's finish phase and budget solver); `tp_magnitude` / `tp_taylor` = Torch-Pruning "
+             "`MagnitudePruner`, global pruning, `MagnitudeImportance(p=2)` / `TaylorImportance()`, stepped "
+             "iteratively until the MACs are under the target; `uniform` = one width multiplier, the largest "
+             "that fits, first channels of the pretrained weights.",
+             "- mean ± standard deviation over seeds. Prune/search time: DMS_p's whole search phase; "
+             "Torch-Pruning's iterative pruning (Taylor: incl. its gradient batches); uniform's solver. "
+             "Note the DMS_p search also trains the weights for its search epochs before the shared "
+             "finetune; the other methods go straight to the finetune.", ""]
+    for key in keys:
+        lines += _section(cache, key)
+    reading = RESULTS / "peers_reading.md"
+    if reading.exists():
+        lines += [reading.read_text().strip(), ""]
+    out = RESULTS / "peers.md"
+    out.write_text("\n".join(lines))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="one seed, a few epochs")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--target", type=float, default=0.5)
+    p.add_argument("--pretrain-epochs", type=float, default=10.0)
+    p.add_argument("--search-epochs", type=float, default=2.0)
+    p.add_argument("--finetune-epochs", type=float, default=4.0)
+    p.add_argument("--equal-training", action="store_true",
+                   help="control: finetune the peers for the search epochs more (DMS_p's search trains weights too)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--table-only", action="store_true", help="only rewrite peers.md from the cache")
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "peers")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.pretrain_epochs, args.search_epochs, args.finetune_epochs = [0], 2.0, 0.5, 0.5
+    torch.set_num_threads(args.threads)
+    cfg = {"target": args.target, "pretrain_epochs": args.pretrain_epochs,
+           "search_epochs": args.search_epochs, "finetune_epochs": args.finetune_epochs}
+    if args.equal_training:
+        cfg["equal_training"] = True
+    key = _key(cfg)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
+    cache["commit"] = _commit()
+    cache["machine"] = (f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs), "
+                        f"torch {torch.__version__}, {args.threads} thread(s)")
+    command = ("python bench/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    if args.table_only:
+        print(f"wrote {write_table(cache)}")
+        return
+    cache.setdefault("runs", {}).setdefault(key, {})
+    cache.setdefault("settings", {})[key] = cfg
+    cache.setdefault("info", {})[key] = {"command": command, "commit": cache["commit"], "seeds": args.seeds}
+
+    def save() -> None:
+        CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+
+    for seed in args.seeds:
+        run_seed(seed, cfg, args.workdir, args.threads, cache["runs"][key].setdefault(str(seed), {}), save)
+        save()
+        print(f"wrote {write_table(cache)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

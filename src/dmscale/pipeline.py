@@ -402,6 +402,24 @@ def fmt_count(value: float) -> str:
 
 
 # ----------------------------------------------------------------------------- pipeline
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a run's checkpoint; a corrupt, truncated or foreign file is a :class:`ConfigError`
+    that says how to go on (the run's other files stay as they are)."""
+    fix = (f"delete {path} to restart the run from its beginning, or start a new run with "
+           "another --out")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # torch raises many types for a damaged zip or pickle
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise ConfigError(f"{path} is corrupt or truncated ({type(err).__name__}: {first[:120]}); "
+                          f"{fix}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION:
+        got = ckpt.get("version") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ConfigError(f"{path}: expected a dmscale checkpoint of version {CHECKPOINT_VERSION}, "
+                          f"got version {got!r}; resume it with the dmscale version that wrote it, or {fix}")
+    return ckpt
+
+
 class Pipeline:
     """Run (or resume) the phases of ``cfg`` in its run directory.
 
@@ -527,9 +545,7 @@ class Pipeline:
         if not self.rd.checkpoint.exists():
             self.rd.truncate_metrics(int(self.state.get("metrics_offset", 0)))
             return None
-        ckpt = torch.load(self.rd.checkpoint, map_location="cpu", weights_only=False)
-        if ckpt.get("version") != CHECKPOINT_VERSION:
-            raise ConfigError(f"{self.rd.checkpoint}: unknown checkpoint version {ckpt.get('version')}")
+        ckpt = read_checkpoint(self.rd.checkpoint)
         self.global_step = int(ckpt["global_step"])
         self.rd.truncate_metrics(int(ckpt["metrics_offset"]))
         self.state = ckpt["state"]
@@ -911,7 +927,7 @@ def searcher_from_checkpoint(run_dir: str | Path) -> tuple[nn.Module, dms.Search
     cfg = load_run_config(rd.path)
     if not rd.checkpoint.exists():
         raise ConfigError(f"{rd.path} has no checkpoint")
-    ck = torch.load(rd.checkpoint, map_location="cpu", weights_only=False)
+    ck = read_checkpoint(rd.checkpoint)
     if ck.get("phase") not in ("search", "finish"):
         raise ConfigError(f"{rd.path}: the checkpoint is of phase {ck.get('phase')!r}, not of a search")
     with torch.random.fork_rng(devices=[]):

@@ -95,12 +95,44 @@ BN_CALIBRATION_BATCHES = 20  # batches that re-estimate BatchNorm statistics of 
 
 
 class Stopped(Exception):
-    """The run stopped at ``--stop-after`` with a checkpoint; ``--resume`` continues it."""
+    """The run stopped with a checkpoint (at ``--stop-after``, or on SIGINT/SIGTERM: then
+    ``signal`` is the signal's number); ``--resume`` continues it."""
 
-    def __init__(self, run_dir: Path, global_step: int) -> None:
+    def __init__(self, run_dir: Path, global_step: int, signal: int | None = None) -> None:
         super().__init__(f"stopped after {global_step} steps")
         self.run_dir = run_dir
         self.global_step = global_step
+        self.signal = signal
+
+
+class _StopOnSignals:
+    """While active, SIGINT and SIGTERM only set :attr:`received`; the step loop then writes
+    a checkpoint and stops. A second signal of the same kind interrupts at once (as before).
+    Does nothing outside the main thread, where handlers cannot be installed."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:  # asked twice: stop now
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __enter__(self) -> "_StopOnSignals":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 # ----------------------------------------------------------------------------- files
@@ -615,8 +647,13 @@ class Pipeline:
                 "state": copy.deepcopy(self.state),
             })
 
+        signals = _StopOnSignals().__enter__()  # SIGINT/SIGTERM: checkpoint, then stop
         try:
             for step in range(start, total):
+                if signals.received is not None:
+                    checkpoint(step)
+                    self._save_state(status="stopped")
+                    raise Stopped(self.rd.path, self.global_step, signal=signals.received)
                 if cfg.stop_after is not None and self.global_step >= cfg.stop_after:
                     checkpoint(step)
                     self._save_state(status="stopped")
@@ -677,6 +714,7 @@ class Pipeline:
                         bar.bar.total = done
                     break
         finally:
+            signals.__exit__()
             bar.close()
 
     def _evaluate(self, phase: str, model: nn.Module, searcher: dms.Searcher | None, step: int,

@@ -71,6 +71,17 @@ def _save_dir(tmp: Path, structure: dict[str, Any] | str) -> Path:
     return d
 
 
+class _FFTNet(nn.Module):
+    """Linear -> FFT (no channel rule) -> Linear: the hidden width cannot be searched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.fft.fft(self.a(x)).real)
+
+
 # name -> (description, call(model, tmp_path), fragments the message must contain)
 LIBRARY_CASES: dict[str, tuple[str, Callable[[nn.Module, Path], Any], list[str]]] = {
     "inputs_do_not_fit": ("example inputs that do not fit the model",
@@ -79,6 +90,9 @@ LIBRARY_CASES: dict[str, tuple[str, Callable[[nn.Module, Path], Any], list[str]]
     "nothing_to_search": ("a model with nothing to search",
                           lambda m, t: dms.prepare(m, X, dms.SearchConfig(exclude=["0", "3", "1"])),
                           ["found nothing to search", "exclude fewer"]),
+    "unsupported_function": ("a model whose hidden layer goes through a function dmscale has no rule for",
+                             lambda m, t: dms.prepare(_FFTNet(), torch.randn(2, 4)),
+                             ["found nothing to search", "fft_fft", "no channel rule", "register_handler"]),
     "target_above_supernet": ("a target above the supernet's cost",
                               lambda m, t: dms.prepare(m, X, dms.SearchConfig(target=1e12)),
                               ["outside what this search space can reach", "pass a target between"]),
@@ -281,3 +295,42 @@ if __name__ == "__main__":  # print the README table
         for name in LIBRARY_CASES:
             (Path(tmp) / name).mkdir()
         print(markdown_table(Path(tmp)))
+
+
+# ----------------------------------------------------------------------------- non-finite losses
+def _nan_loss_at(monkeypatch: pytest.MonkeyPatch, bad_calls: set[int]) -> None:
+    """Make the task loss NaN on the given (0-based) training calls."""
+    from dmscale.tasks.registry import Task
+
+    original = Task.task_loss
+    calls = {"n": 0}
+
+    def task_loss(self: Any, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = original(self, logits, targets)
+        calls["n"] += 1
+        return loss * float("nan") if calls["n"] - 1 in bad_calls else loss
+
+    monkeypatch.setattr(Task, "task_loss", task_loss)
+
+
+def test_a_nan_loss_step_is_skipped_and_poisons_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors.torch import load_file
+
+    _nan_loss_at(monkeypatch, {1})
+    rc, err = cli(capsys, "search", *TINY, "--epochs", "1", "--retrain-epochs", "1", "--out", tmp_path / "r")
+    assert rc == 0, err
+    events = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["global_step"] for e in events if e.get("event") == "non_finite_loss"] == [2]
+    weights = load_file(str(tmp_path / "r" / "model.safetensors"))
+    assert all(bool(torch.isfinite(w).all()) for w in weights.values())
+    assert json.loads((tmp_path / "r" / "structure.json").read_text())["width"]
+
+
+def test_a_loss_that_stays_nan_stops_with_a_message(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    _nan_loss_at(monkeypatch, set(range(1, 100)))
+    rc, err = cli(capsys, "search", *TINY, "--epochs", "1", "--out", tmp_path / "r")
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and "Traceback" not in err, err
+    assert "loss was not finite (nan) for 3 steps in a row" in lines[0] and "lower --lr" in lines[0]

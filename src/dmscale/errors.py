@@ -13,7 +13,7 @@ from __future__ import annotations
 
 __all__ = ["DMScaleError", "UnsupportedLayerError", "StructureError", "VerificationError",
            "MissingDependencyError", "ExportCheckError", "StandaloneError", "ConfigError",
-           "InputError", "NothingToSearchError", "DataError", "MissingFileError"]
+           "InputError", "NothingToSearchError", "DataError", "MissingFileError", "NonFiniteLossError"]
 
 
 class DMScaleError(ValueError):
@@ -65,3 +65,7 @@ class DataError(DMScaleError):
 
 class MissingFileError(DataError, FileNotFoundError):
     """A file dmscale needs is missing (also a ``FileNotFoundError``)."""
+
+
+class NonFiniteLossError(DMScaleError):
+    """A training loss stayed NaN or infinite; the skipped steps changed nothing."""

@@ -68,6 +68,7 @@ from .config import (
     save_config,
 )
 from .deploy import check_onnx, check_pt2, save_pickled, to_onnx, to_pt2
+from .errors import NonFiniteLossError
 from .io import save_weights
 from .report import posthoc_line
 from .tasks.registry import Task, build_model, build_task, distill_loss
@@ -92,6 +93,9 @@ CHECKPOINT_VERSION = 1
 FINISH_STEPS = 300  # structure-only steps allowed after the search to get under the target
 BUDGET_FILL = 0.98  # a found model under this fraction of its target gets the unused budget back
 BN_CALIBRATION_BATCHES = 20  # batches that re-estimate BatchNorm statistics of the export
+
+
+MAX_NON_FINITE_STEPS = 3  # a run stops after this many consecutive non-finite losses
 
 
 class Stopped(Exception):
@@ -633,6 +637,7 @@ class Pipeline:
         log_every = max(1, total // 300)
         model.train()
         bar = Progress(phase, total, start, cfg.quiet)
+        non_finite = 0  # consecutive steps whose loss was NaN or infinite (skipped)
 
         def checkpoint(step: int) -> None:
             self.state["elapsed"] = self._elapsed()
@@ -678,6 +683,21 @@ class Pipeline:
                         r_loss = searcher.resource_loss(progress=progress)
                     loss = loss + r_loss
                     record["resource_loss"] = float(r_loss.detach())
+                if not bool(torch.isfinite(loss.detach()).all()):
+                    # skip the step: no backward, so neither weights, importance nor
+                    # structural parameters see it; stop when it keeps happening
+                    non_finite += 1
+                    self.global_step += 1
+                    self.rd.append_metrics({"phase": phase, "event": "non_finite_loss", "step": step + 1,
+                                            "global_step": self.global_step, "loss": str(float(loss.detach()))})
+                    if non_finite >= MAX_NON_FINITE_STEPS:
+                        raise NonFiniteLossError(
+                            f"the {phase} loss was not finite ({float(loss.detach())}) for {non_finite} steps "
+                            f"in a row, up to step {step + 1}; those steps were skipped and changed nothing. "
+                            "Start again with a lower --lr (or --structure-lr, --resource-weight), or check "
+                            "the data for NaN or infinite values")
+                    continue
+                non_finite = 0
                 for o in optimizers:
                     o.zero_grad(set_to_none=True)
                 loss.backward()

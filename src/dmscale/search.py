@@ -163,7 +163,10 @@ class Searcher:
             raise NothingToSearchError(
                 f"found nothing to search in {type(model).__name__}: every width is fixed "
                 f"({_reasons(space)}) and no residual block has an identity shortcut; "
-                "search a model with hidden layers, or exclude fewer modules"
+                + ("a function with no channel rule fixes the widths it touches: keep it out of "
+                   "the hidden layers, or teach dmscale what it computes (dms.register_handler)"
+                   if "no channel rule" in _reasons(space) else
+                   "search a model with hidden layers, or exclude fewer modules")
             )
         self.space = space
         self.gates = self._attach(space)

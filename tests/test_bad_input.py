@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -334,3 +335,33 @@ def test_a_loss_that_stays_nan_stops_with_a_message(monkeypatch: pytest.MonkeyPa
     lines = err.strip().splitlines()
     assert rc == 1 and len(lines) == 1 and "Traceback" not in err, err
     assert "loss was not finite (nan) for 3 steps in a row" in lines[0] and "lower --lr" in lines[0]
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The second checkpoint write fails half-way with ENOSPC: one line, and checkpoint.pt is
+    still the first one (which ``--resume`` then continues from)."""
+    import errno
+
+    import dmscale.pipeline as pipeline
+
+    real_save, calls = torch.save, {"n": 0}
+
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            Path(f).write_bytes(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.torch, "save", save)
+    run = tmp_path / "r"
+    rc, err = cli(capsys, "search", *TINY, "--epochs", "2", "--checkpoint-every", "1", "--out", run)
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and "Traceback" not in err, err
+    assert "No space left on device" in lines[0] and "previous checkpoint" in lines[0] and "--resume" in lines[0]
+    assert not (run / "checkpoint.pt.tmp").exists()
+    monkeypatch.undo()
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["global_step"] == 1
+    rc, err = cli(capsys, "search", "--resume", run, "--stop-after", "3")
+    assert rc == 0 and "--resume" in err

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 __all__ = ["DMScaleError", "UnsupportedLayerError", "StructureError", "VerificationError",
            "MissingDependencyError", "ExportCheckError", "StandaloneError", "ConfigError",
-           "InputError", "NothingToSearchError", "DataError", "MissingFileError", "NonFiniteLossError"]
+           "InputError", "NothingToSearchError", "DataError", "MissingFileError", "NonFiniteLossError", "WriteError"]
 
 
 class DMScaleError(ValueError):
@@ -69,3 +69,7 @@ class MissingFileError(DataError, FileNotFoundError):
 
 class NonFiniteLossError(DMScaleError):
     """A training loss stayed NaN or infinite; the skipped steps changed nothing."""
+
+
+class WriteError(DMScaleError):
+    """A file could not be written (a full disk); the message says what survived."""

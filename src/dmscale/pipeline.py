@@ -68,7 +68,7 @@ from .config import (
     save_config,
 )
 from .deploy import check_onnx, check_pt2, save_pickled, to_onnx, to_pt2
-from .errors import NonFiniteLossError
+from .errors import NonFiniteLossError, WriteError
 from .io import save_weights
 from .report import posthoc_line
 from .tasks.registry import Task, build_model, build_task, distill_loss
@@ -222,9 +222,18 @@ class RunDir:
                 f.truncate(size)
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
+        """Write the checkpoint to a temporary file, then move it into place: a kill or a
+        full disk never leaves a broken ``checkpoint.pt``; the previous one survives."""
         tmp = self.checkpoint.with_name("checkpoint.pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.checkpoint)
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, self.checkpoint)
+        except OSError as err:  # e.g. no space left on device
+            tmp.unlink(missing_ok=True)
+            kept = (f"the previous checkpoint {self.checkpoint} is intact" if self.checkpoint.exists()
+                    else "no earlier checkpoint exists")
+            raise WriteError(f"cannot write {self.checkpoint}: {err.strerror or err}; {kept}. Free space "
+                             f"in {self.path} and continue with --resume {self.path}") from None
 
 
 def _jsonable(obj: Any) -> Any:

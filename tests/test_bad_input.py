@@ -238,6 +238,17 @@ def _damaged_run(stopped: Path, tmp: Path, damage: str) -> Path:
     return run
 
 
+def _image_dir(tmp: Path, damage: str) -> Path:
+    """An image folder with no class folders ("empty"), or whose one image is not one ("not_an_image")."""
+    root = tmp / "images"
+    root.mkdir()
+    if damage == "not_an_image":
+        for split in ("train", "val"):
+            (root / split / "cat").mkdir(parents=True)
+            (root / split / "cat" / "a.png").write_text("not a png")
+    return root
+
+
 # name -> (description, args given the stopped run and tmp_path, fragments)
 CLI_CASES: dict[str, tuple[str, Callable[[Path, Path], list[Any]], list[str]]] = {
     "resume_corrupt_checkpoint": ("`--resume` with a corrupt checkpoint",
@@ -258,6 +269,13 @@ CLI_CASES: dict[str, tuple[str, Callable[[Path, Path], list[Any]], list[str]]] =
     "data_truncated_idx": ("`--data` with a truncated IDX file",
                            lambda r, t: ["search", "--data", _idx_dir(t, "truncated_idx"), "--out", t / "o",
                                          "--quiet"], ["truncated IDX file"]),
+    "imagefolder_empty": ("`--task imagefolder` on a folder without class folders",
+                          lambda r, t: ["search", "--task", "imagefolder", "--data", _image_dir(t, "empty"),
+                                        "--out", t / "o", "--quiet"], ["Couldn't find any class folder"]),
+    "imagefolder_not_an_image": ("`--task imagefolder` with a file that is not an image",
+                                 lambda r, t: ["search", "--task", "imagefolder", "--data",
+                                               _image_dir(t, "not_an_image"), "--out", t / "o", "--quiet"],
+                                 ["cannot read image", "a.png", "remove or replace the file"]),
     "data_missing_file": ("`--data` with an MNIST file missing",
                           lambda r, t: ["search", "--data", _idx_dir(t, "missing"), "--out", t / "o", "--quiet"],
                           ["no MNIST file"]),

@@ -369,9 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
         return 1
     except Stopped as stop:
-        print(f"{PROG} {args.command}: stopped after {stop.global_step} steps (--stop-after); "
-              f"continue with: {PROG} {args.command} --resume {stop.run_dir}", file=sys.stderr)
-        return 0
+        import signal
+
+        why = "--stop-after" if stop.signal is None else signal.Signals(stop.signal).name
+        print(f"{PROG} {args.command}: stopped after {stop.global_step} steps ({why}), checkpoint "
+              f"written; continue with: {PROG} {args.command} --resume {stop.run_dir}", file=sys.stderr)
+        return 0 if stop.signal is None else 128 + stop.signal
     except KeyboardInterrupt:
         print(f"\n{PROG} {args.command}: interrupted; a run continues from its last checkpoint "
               f"with --resume RUN", file=sys.stderr)

@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import yaml
 
+from .errors import ConfigError
+
 __all__ = [
     "ConfigError",
     "Option",
@@ -51,8 +53,7 @@ DEFAULT_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-class ConfigError(ValueError):
-    """A bad option value, config file or run directory: the CLI prints it on one line."""
+# ConfigError lives in errors.py (a DMScaleError); re-exported here for the command line.
 
 
 # ----------------------------------------------------------------------------- converters
@@ -566,8 +567,16 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     f = p / "config.yaml"
     if not f.is_file():
         what = "does not exist" if not p.exists() else "has no config.yaml"
-        raise ConfigError(f"{p} is not a dmscale run directory: it {what}")
-    data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+        raise ConfigError(f"{p} is not a dmscale run directory: it {what}; pass the --out "
+                          "directory of a dmscale run")
+    try:
+        data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{f} is not valid YAML ({type(err).__name__}); is {p} a dmscale run "
+                          "directory?") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{f} does not hold a run configuration (got a {type(data).__name__}); "
+                          f"is {p} a dmscale run directory?")
     try:
         return RunConfig.from_dict(data)
     except TypeError as err:

@@ -12,7 +12,8 @@ Example:
 from __future__ import annotations
 
 __all__ = ["DMScaleError", "UnsupportedLayerError", "StructureError", "VerificationError",
-           "MissingDependencyError", "ExportCheckError", "StandaloneError"]
+           "MissingDependencyError", "ExportCheckError", "StandaloneError", "ConfigError",
+           "InputError", "NothingToSearchError", "DataError", "MissingFileError", "NonFiniteLossError", "WriteError"]
 
 
 class DMScaleError(ValueError):
@@ -44,3 +45,31 @@ class ExportCheckError(VerificationError):
 class StandaloneError(DMScaleError):
     """A model about to be pickled still references dmscale classes, so it would not load
     where dmscale is not installed; the message names them and where they sit."""
+
+
+class ConfigError(DMScaleError):
+    """A bad option value, config, target or run directory (the CLI prints it on one line)."""
+
+
+class InputError(DMScaleError):
+    """The example inputs do not fit the model: the model itself fails on them."""
+
+
+class NothingToSearchError(DMScaleError):
+    """The model has no width or depth dmscale can search (every width is fixed)."""
+
+
+class DataError(DMScaleError):
+    """A data file is truncated, of the wrong format or inconsistent with its partner."""
+
+
+class MissingFileError(DataError, FileNotFoundError):
+    """A file dmscale needs is missing (also a ``FileNotFoundError``)."""
+
+
+class NonFiniteLossError(DMScaleError):
+    """A training loss stayed NaN or infinite; the skipped steps changed nothing."""
+
+
+class WriteError(DMScaleError):
+    """A file could not be written (a full disk); the message says what survived."""

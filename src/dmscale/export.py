@@ -72,9 +72,21 @@ class SkipBlock(nn.Module):
 
 
 def _validate(model: nn.Module, structure: dict[str, Any]) -> None:
+    try:
+        _check_fits(model, structure)
+    except StructureError as err:
+        raise StructureError(f"{err}; apply a structure to the model it was made for (the same "
+                             "architecture and sizes, before any shrinking)") from None
+    except (KeyError, TypeError, AttributeError) as err:
+        raise StructureError(f"malformed structure ({type(err).__name__}: {err}): pass the dict of "
+                             "searcher.structure() or the JSON of a structure.json file, unedited") from None
+
+
+def _check_fits(model: nn.Module, structure: dict[str, Any]) -> None:
     if not isinstance(structure, dict) or structure.get("format") != FORMAT:
         got = structure.get("format") if isinstance(structure, dict) else type(structure).__name__
-        raise StructureError(f"expected a structure with format {FORMAT!r}, got {got!r}")
+        raise StructureError(f"expected a structure with format {FORMAT!r}, got {got!r}: pass the dict "
+                             "of searcher.structure() or the JSON of a structure.json file")
     modules = dict(model.named_modules())
     for name, spec in structure["layers"].items():
         if name not in modules:

@@ -30,6 +30,7 @@ from typing import Any
 
 from torch import nn
 
+from .errors import MissingFileError, StructureError
 from .export import apply_structure
 
 __all__ = ["save", "load", "save_weights", "load_weights", "STRUCTURE_FILE", "WEIGHTS_FILE"]
@@ -54,12 +55,12 @@ def load_weights(model: nn.Module, path: str | os.PathLike[str]) -> nn.Module:
 
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"no weights file {p}")
+        raise MissingFileError(f"no weights file {p}: expected model.safetensors written by dmscale.save")
     try:
         load_model(model, str(p), strict=True)
     except RuntimeError as err:
         lines = str(err).strip().splitlines()
-        raise ValueError(f"weights in {p} do not fit the model: "
+        raise StructureError(f"weights in {p} do not fit the model: "
                          f"{' '.join(s.strip() for s in lines[:3])[:300]}") from None
     return model
 
@@ -80,7 +81,11 @@ def load(model: nn.Module, directory: str | os.PathLike[str]) -> nn.Module:
     src = Path(directory)
     for name in (STRUCTURE_FILE, WEIGHTS_FILE):
         if not (src / name).is_file():
-            raise FileNotFoundError(f"{src / name} is missing: expected a directory written by dmscale.save")
-    structure = json.loads((src / STRUCTURE_FILE).read_text())
+            raise MissingFileError(f"{src / name} is missing: expected a directory written by dmscale.save")
+    try:
+        structure = json.loads((src / STRUCTURE_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise StructureError(f"{src / STRUCTURE_FILE} is not valid JSON ({err}): save the model "
+                             "again with dmscale.save") from None
     apply_structure(model, structure)
     return load_weights(model, src / WEIGHTS_FILE)

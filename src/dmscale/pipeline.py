@@ -68,6 +68,7 @@ from .config import (
     save_config,
 )
 from .deploy import check_onnx, check_pt2, save_pickled, to_onnx, to_pt2
+from .errors import NonFiniteLossError, WriteError
 from .io import save_weights
 from .report import posthoc_line
 from .tasks.registry import Task, build_model, build_task, distill_loss
@@ -94,13 +95,48 @@ BUDGET_FILL = 0.98  # a found model under this fraction of its target gets the u
 BN_CALIBRATION_BATCHES = 20  # batches that re-estimate BatchNorm statistics of the export
 
 
-class Stopped(Exception):
-    """The run stopped at ``--stop-after`` with a checkpoint; ``--resume`` continues it."""
+MAX_NON_FINITE_STEPS = 3  # a run stops after this many consecutive non-finite losses
 
-    def __init__(self, run_dir: Path, global_step: int) -> None:
+
+class Stopped(Exception):
+    """The run stopped with a checkpoint (at ``--stop-after``, or on SIGINT/SIGTERM: then
+    ``signal`` is the signal's number); ``--resume`` continues it."""
+
+    def __init__(self, run_dir: Path, global_step: int, signal: int | None = None) -> None:
         super().__init__(f"stopped after {global_step} steps")
         self.run_dir = run_dir
         self.global_step = global_step
+        self.signal = signal
+
+
+class _StopOnSignals:
+    """While active, SIGINT and SIGTERM only set :attr:`received`; the step loop then writes
+    a checkpoint and stops. A second signal of the same kind interrupts at once (as before).
+    Does nothing outside the main thread, where handlers cannot be installed."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:  # asked twice: stop now
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __enter__(self) -> "_StopOnSignals":
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 # ----------------------------------------------------------------------------- files
@@ -186,9 +222,18 @@ class RunDir:
                 f.truncate(size)
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
+        """Write the checkpoint to a temporary file, then move it into place: a kill or a
+        full disk never leaves a broken ``checkpoint.pt``; the previous one survives."""
         tmp = self.checkpoint.with_name("checkpoint.pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.checkpoint)
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, self.checkpoint)
+        except OSError as err:  # e.g. no space left on device
+            tmp.unlink(missing_ok=True)
+            kept = (f"the previous checkpoint {self.checkpoint} is intact" if self.checkpoint.exists()
+                    else "no earlier checkpoint exists")
+            raise WriteError(f"cannot write {self.checkpoint}: {err.strerror or err}; {kept}. Free space "
+                             f"in {self.path} and continue with --resume {self.path}") from None
 
 
 def _jsonable(obj: Any) -> Any:
@@ -402,6 +447,24 @@ def fmt_count(value: float) -> str:
 
 
 # ----------------------------------------------------------------------------- pipeline
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a run's checkpoint; a corrupt, truncated or foreign file is a :class:`ConfigError`
+    that says how to go on (the run's other files stay as they are)."""
+    fix = (f"delete {path} to restart the run from its beginning, or start a new run with "
+           "another --out")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # torch raises many types for a damaged zip or pickle
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise ConfigError(f"{path} is corrupt or truncated ({type(err).__name__}: {first[:120]}); "
+                          f"{fix}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION:
+        got = ckpt.get("version") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ConfigError(f"{path}: expected a dmscale checkpoint of version {CHECKPOINT_VERSION}, "
+                          f"got version {got!r}; resume it with the dmscale version that wrote it, or {fix}")
+    return ckpt
+
+
 class Pipeline:
     """Run (or resume) the phases of ``cfg`` in its run directory.
 
@@ -529,9 +592,7 @@ class Pipeline:
         if not self.rd.checkpoint.exists():
             self.rd.truncate_metrics(int(self.state.get("metrics_offset", 0)))
             return None
-        ckpt = torch.load(self.rd.checkpoint, map_location="cpu", weights_only=False)
-        if ckpt.get("version") != CHECKPOINT_VERSION:
-            raise ConfigError(f"{self.rd.checkpoint}: unknown checkpoint version {ckpt.get('version')}")
+        ckpt = read_checkpoint(self.rd.checkpoint)
         self.global_step = int(ckpt["global_step"])
         self.rd.truncate_metrics(int(ckpt["metrics_offset"]))
         self.state = ckpt["state"]
@@ -587,6 +648,7 @@ class Pipeline:
         log_every = max(1, total // 300)
         model.train()
         bar = Progress(phase, total, start, cfg.quiet)
+        non_finite = 0  # consecutive steps whose loss was NaN or infinite (skipped)
 
         def checkpoint(step: int) -> None:
             self.state["elapsed"] = self._elapsed()
@@ -601,8 +663,13 @@ class Pipeline:
                 "state": copy.deepcopy(self.state),
             })
 
+        signals = _StopOnSignals().__enter__()  # SIGINT/SIGTERM: checkpoint, then stop
         try:
             for step in range(start, total):
+                if signals.received is not None:
+                    checkpoint(step)
+                    self._save_state(status="stopped")
+                    raise Stopped(self.rd.path, self.global_step, signal=signals.received)
                 if cfg.stop_after is not None and self.global_step >= cfg.stop_after:
                     checkpoint(step)
                     self._save_state(status="stopped")
@@ -627,6 +694,21 @@ class Pipeline:
                         r_loss = searcher.resource_loss(progress=progress)
                     loss = loss + r_loss
                     record["resource_loss"] = float(r_loss.detach())
+                if not bool(torch.isfinite(loss.detach()).all()):
+                    # skip the step: no backward, so neither weights, importance nor
+                    # structural parameters see it; stop when it keeps happening
+                    non_finite += 1
+                    self.global_step += 1
+                    self.rd.append_metrics({"phase": phase, "event": "non_finite_loss", "step": step + 1,
+                                            "global_step": self.global_step, "loss": str(float(loss.detach()))})
+                    if non_finite >= MAX_NON_FINITE_STEPS:
+                        raise NonFiniteLossError(
+                            f"the {phase} loss was not finite ({float(loss.detach())}) for {non_finite} steps "
+                            f"in a row, up to step {step + 1}; those steps were skipped and changed nothing. "
+                            "Start again with a lower --lr (or --structure-lr, --resource-weight), or check "
+                            "the data for NaN or infinite values")
+                    continue
+                non_finite = 0
                 for o in optimizers:
                     o.zero_grad(set_to_none=True)
                 loss.backward()
@@ -663,6 +745,7 @@ class Pipeline:
                         bar.bar.total = done
                     break
         finally:
+            signals.__exit__()
             bar.close()
 
     def _evaluate(self, phase: str, model: nn.Module, searcher: dms.Searcher | None, step: int,
@@ -913,7 +996,7 @@ def searcher_from_checkpoint(run_dir: str | Path) -> tuple[nn.Module, dms.Search
     cfg = load_run_config(rd.path)
     if not rd.checkpoint.exists():
         raise ConfigError(f"{rd.path} has no checkpoint")
-    ck = torch.load(rd.checkpoint, map_location="cpu", weights_only=False)
+    ck = read_checkpoint(rd.checkpoint)
     if ck.get("phase") not in ("search", "finish"):
         raise ConfigError(f"{rd.path}: the checkpoint is of phase {ck.get('phase')!r}, not of a search")
     with torch.random.fork_rng(devices=[]):

@@ -27,7 +27,7 @@ from torch import nn
 
 from .discover import SearchSpace, discover
 from .tracer import split_inputs
-from .errors import UnsupportedLayerError, VerificationError
+from .errors import ConfigError, InputError, NothingToSearchError, UnsupportedLayerError, VerificationError
 from .export import FORMAT, export_model
 from .handlers import handler_for
 from .importance import IMPORTANCE_METRICS
@@ -108,32 +108,33 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         if self.resource not in RESOURCES:
-            raise ValueError(f"resource must be one of {RESOURCES}, got {self.resource!r}")
+            raise ConfigError(f"unknown resource {self.resource!r}: expected one of {RESOURCES}")
         if not (isinstance(self.target, (int, float)) and self.target > 0 and math.isfinite(self.target)):
-            raise ValueError(f"target must be a positive number (<= 1: fraction, > 1: absolute), got {self.target!r}")
+            raise ConfigError(f"target must be a finite number > 0, got {self.target!r}: pass a fraction "
+                              "of the supernet's cost (e.g. 0.5) or an absolute count > 1")
         if self.resource_weight < 0:
-            raise ValueError(f"resource_weight must be >= 0, got {self.resource_weight}")
+            raise ConfigError(f"resource_weight must be >= 0, got {self.resource_weight}")
         if self.schedule not in ("exp", "constant"):
-            raise ValueError(f"schedule must be 'exp' or 'constant', got {self.schedule!r}")
+            raise ConfigError(f"schedule must be 'exp' or 'constant', got {self.schedule!r}")
         if self.importance not in IMPORTANCE_METRICS:
-            raise ValueError(f"importance must be one of {sorted(IMPORTANCE_METRICS)}, got {self.importance!r}")
+            raise ConfigError(f"unknown importance {self.importance!r}: expected one of {sorted(IMPORTANCE_METRICS)}")
         if self.min_width < 1:
-            raise ValueError(f"min_width must be >= 1, got {self.min_width}")
+            raise ConfigError(f"min_width must be >= 1, got {self.min_width}")
         if self.width_step < 1:
-            raise ValueError(f"width_step must be >= 1, got {self.width_step}")
+            raise ConfigError(f"width_step must be >= 1, got {self.width_step}")
         if self.width_temperature <= 0 or self.depth_temperature <= 0:
-            raise ValueError("temperatures must be > 0, got "
+            raise ConfigError("temperatures must be > 0, got "
                              f"width={self.width_temperature}, depth={self.depth_temperature}")
         if self.width_only_from is not None and not 0 <= self.width_only_from <= 1:
-            raise ValueError(f"width_only_from must be in [0, 1] or None, got {self.width_only_from}")
+            raise ConfigError(f"width_only_from must be in [0, 1] or None, got {self.width_only_from}")
         if not (self.search_width or self.search_depth):
-            raise ValueError("nothing to search: search_width and search_depth are both off")
+            raise ConfigError("nothing to search: search_width and search_depth are both off")
         if self.cost_forward not in COST_FORWARD:
-            raise ValueError(f"cost_forward must be one of {COST_FORWARD}, got {self.cost_forward!r}")
+            raise ConfigError(f"cost_forward must be one of {COST_FORWARD}, got {self.cost_forward!r}")
         if not isinstance(self.verify, bool):
-            raise ValueError(f"verify must be True or False, got {self.verify!r}")
+            raise ConfigError(f"verify must be True or False, got {self.verify!r}")
         if not isinstance(self.layer_uniform, bool):
-            raise ValueError(f"layer_uniform must be True or False, got {self.layer_uniform!r}")
+            raise ConfigError(f"layer_uniform must be True or False, got {self.layer_uniform!r}")
         self.exclude = list(self.exclude)
 
 
@@ -144,14 +145,28 @@ class Searcher:
         self.model = model
         self.config = config
         self.example_inputs = example_inputs
-        space = discover(model, example_inputs, config.exclude,
-                         depth=config.search_depth if config.search_depth else False)
+        try:
+            space = discover(model, example_inputs, config.exclude,
+                             depth=config.search_depth if config.search_depth else False)
+        except Exception as err:
+            if not isinstance(err, ValueError) and _fails_on(model, example_inputs):
+                raise InputError(
+                    f"{type(model).__name__} does not run on the example inputs "
+                    f"({_describe_inputs(example_inputs)}): {type(err).__name__}: "
+                    f"{str(err).splitlines()[0] if str(err) else ''}; pass inputs the model's forward "
+                    "accepts (a tensor, a tuple of positional inputs or a dict of keyword inputs)"
+                ) from err
+            raise
         if not config.search_width:
             space = _without_width(space)
         if not space.width and not space.depth:
-            raise ValueError(
+            raise NothingToSearchError(
                 f"found nothing to search in {type(model).__name__}: every width is fixed "
-                f"({_reasons(space)}) and no residual block has an identity shortcut"
+                f"({_reasons(space)}) and no residual block has an identity shortcut; "
+                + ("a function with no channel rule fixes the widths it touches: keep it out of "
+                   "the hidden layers, or teach dmscale what it computes (dms.register_handler)"
+                   if "no channel rule" in _reasons(space) else
+                   "search a model with hidden layers, or exclude fewer modules")
             )
         self.space = space
         self.gates = self._attach(space)
@@ -227,9 +242,11 @@ class Searcher:
         bounds = self.profile()
         low, high = bounds["min"], bounds["max"]
         if not low - 1e-9 <= target <= high + 1e-9:
-            raise ValueError(
+            raise ConfigError(
                 f"target {self.config.resource} = {target:,.0f} is outside what this search "
-                f"space can reach: [{low:,.0f} (smallest), {high:,.0f} (supernet)]"
+                f"space can reach: [{low:,.0f} (smallest), {high:,.0f} (supernet)]; pass a target "
+                f"between {low / high:.3g} and 1 (a fraction of the supernet) or between "
+                f"{low:,.0f} and {high:,.0f}"
             )
         return target
 
@@ -565,6 +582,31 @@ def _without_width(space: SearchSpace) -> SearchSpace:
                          l.mask_output) for n, l in space.layers.items()}
     return SearchSpace([], space.depth, layers, space.pinned_reasons, space.total_macs, space.module_macs,
                        example_output=space.example_output)
+
+
+def _describe_inputs(inputs: Any) -> str:
+    """Shapes of the example inputs, for error messages."""
+    if isinstance(inputs, torch.Tensor):
+        return f"a tensor of shape {tuple(inputs.shape)}"
+    if isinstance(inputs, dict):
+        return "keywords " + ", ".join(f"{k}={_describe_inputs(v)}" for k, v in inputs.items())
+    if isinstance(inputs, (tuple, list)):
+        return "(" + ", ".join(_describe_inputs(v) for v in inputs) + ")"
+    return type(inputs).__name__
+
+
+def _fails_on(model: nn.Module, inputs: Any) -> bool:
+    """Whether the plain model (a copy: BatchNorm statistics stay as they are) raises on
+    ``inputs``; tells a wrong input from a tracing problem."""
+    import copy
+
+    args, kwargs = split_inputs(inputs)
+    try:
+        with torch.no_grad():
+            copy.deepcopy(model)(*args, **kwargs)
+    except Exception:
+        return True
+    return False
 
 
 def _reasons(space: SearchSpace) -> str:

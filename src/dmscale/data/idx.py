@@ -33,6 +33,8 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
+from ..errors import DataError, MissingFileError
+
 __all__ = [
     "MNIST_MEAN",
     "MNIST_STD",
@@ -86,10 +88,14 @@ def _open(path: Path) -> BinaryIO:
 
 
 def _read_exact(stream: BinaryIO, size: int, path: Path, what: str) -> bytes:
-    data = stream.read(size)
+    try:
+        data = stream.read(size)
+    except (EOFError, OSError) as err:  # a truncated or corrupt gzip stream
+        raise DataError(f"{path}: corrupt or truncated gzip file ({err}): download it again") from None
     if len(data) != size:
-        raise ValueError(
-            f"{path}: truncated IDX file: expected {size} bytes of {what}, got {len(data)}"
+        raise DataError(
+            f"{path}: truncated IDX file: expected {size} bytes of {what}, got {len(data)}; "
+            "download it again"
         )
     return data
 
@@ -106,7 +112,7 @@ def read_idx(path: PathLike, max_items: int | None = None) -> np.ndarray:
         An array with the file's shape (first dimension cut to ``max_items``) and dtype.
 
     Raises:
-        ValueError: the magic number is not an IDX one, the dtype code is unknown, or the
+        DataError (a ValueError): the magic number is not an IDX one, the dtype code is unknown, or the
             file holds less data than its header declares.
 
     Example:
@@ -125,7 +131,7 @@ def read_idx(path: PathLike, max_items: int | None = None) -> np.ndarray:
         magic = _read_exact(stream, 4, path, "magic number")
         zeros, code, ndim = magic[:2], magic[2], magic[3]
         if zeros != b"\x00\x00" or code not in _IDX_DTYPES:
-            raise ValueError(
+            raise DataError(
                 f"{path}: not an IDX file: expected a magic number 00 00 <type> <ndim> with "
                 f"type in {{{', '.join(f'{c:#04x}' for c in _IDX_DTYPES)}}}, got {magic.hex(' ')}"
             )
@@ -178,7 +184,7 @@ def _find_mnist_file(directory: Path, base: str) -> Path:
         if candidate.is_file():
             return candidate
     names = ", ".join(c.name for c in candidates)
-    raise FileNotFoundError(f"{directory}: no MNIST file for {base!r}: expected one of {names}")
+    raise MissingFileError(f"{directory}: no MNIST file for {base!r}: expected one of {names}")
 
 
 def load_mnist_dir(
@@ -199,8 +205,8 @@ def load_mnist_dir(
         "test_labels": ...}``.
 
     Raises:
-        FileNotFoundError: a file is missing.
-        ValueError: images are not 3-D, labels not 1-D, or their counts differ.
+        MissingFileError (a FileNotFoundError): a file is missing.
+        DataError (a ValueError): images are not 3-D, labels not 1-D, or their counts differ.
 
     Example:
         >>> import tempfile
@@ -214,7 +220,8 @@ def load_mnist_dir(
     """
     directory = Path(path)
     if not directory.is_dir():
-        raise FileNotFoundError(f"MNIST directory does not exist: {directory}")
+        raise MissingFileError(f"MNIST directory does not exist: {directory}: pass the folder "
+                               "holding the four MNIST IDX files")
     limits = max_items or {}
     unknown = set(limits) - set(MNIST_FILES)
     if unknown:
@@ -228,12 +235,12 @@ def load_mnist_dir(
     for split in ("train", "test"):
         images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
         if images.ndim != 3 or labels.ndim != 1:
-            raise ValueError(
+            raise DataError(
                 f"{directory}: {split} images must be 3-D and labels 1-D, "
                 f"got shapes {images.shape} and {labels.shape}"
             )
         if len(images) != len(labels):
-            raise ValueError(
+            raise DataError(
                 f"{directory}: {split} set has {len(images)} images but {len(labels)} labels"
             )
     return arrays

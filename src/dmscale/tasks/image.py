@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError, RunConfig
+from ..errors import DataError
 from .registry import Task, _epoch_permutation, scaled
 
 __all__ = ["ClassificationTask", "build_image_task", "build_image_model"]
@@ -134,7 +135,12 @@ def _imagefolder(cfg: RunConfig) -> ClassificationTask:
             order = torch.randperm(len(ds), generator=g).tolist()
         xs, ys = [], []
         for i in order[:n]:
-            x, y = ds[i]
+            try:
+                x, y = ds[i]
+            except (OSError, ValueError, SyntaxError) as err:  # PIL: not an image, truncated
+                raise DataError(f"--data {path}: cannot read image {ds.samples[i][0]} "
+                                f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); remove or "
+                                "replace the file") from None
             xs.append(x)
             ys.append(y)
         return ds, torch.stack(xs), torch.tensor(ys, dtype=torch.long)

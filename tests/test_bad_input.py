@@ -1,0 +1,386 @@
+"""Bad input gets a clear dmscale error and changes nothing (issue 12).
+
+Library cases (:data:`LIBRARY_CASES`): each call must raise a
+:class:`dmscale.errors.DMScaleError` whose message contains the given fragments (what is
+wrong and the fix), and the user's model must be exactly as it was
+(:class:`model_state.ModelSnapshot`: state_dict, outputs, train/eval flags, hooks,
+submodules). Command-line cases (:data:`CLI_CASES`): ``dmscale ARGS``
+(run in-process through ``dmscale.cli.main``, which ``python -m dmscale`` calls) exits
+non-zero with exactly one line on stderr, no traceback, and the fragments.
+
+``python tests/test_bad_input.py`` prints the README table "Bad input and what you get"
+from the messages the cases actually get.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import torch
+from model_state import ModelSnapshot
+from torch import nn
+
+import dmscale as dms
+from dmscale.errors import DMScaleError
+
+__all__ = ["LIBRARY_CASES", "CLI_CASES", "library_message", "markdown_table"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def small_net() -> nn.Sequential:
+    """A BN CNN in train mode (so a forward in the wrong mode would move BN statistics)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+X = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+def _structure_of(net: nn.Module, x: torch.Tensor) -> dict[str, Any]:
+    searcher = dms.prepare(net, x, dms.SearchConfig(target=1.0))
+    with torch.no_grad():
+        for t in searcher.gates.width:
+            t.a.fill_(0.5 * t.max_ratio)
+    structure = searcher.structure()
+    dms.detach(net)
+    return structure
+
+
+def _other_structure() -> dict[str, Any]:
+    torch.manual_seed(0)
+    other = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 8, 3, padding=1),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    return _structure_of(other, X)
+
+
+def _save_dir(tmp: Path, structure: dict[str, Any] | str) -> Path:
+    d = tmp / "saved"
+    d.mkdir(exist_ok=True)
+    (d / "structure.json").write_text(structure if isinstance(structure, str) else json.dumps(structure))
+    torch.manual_seed(0)
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(1)}, str(d / "model.safetensors"))
+    return d
+
+
+class _FFTNet(nn.Module):
+    """Linear -> FFT (no channel rule) -> Linear: the hidden width cannot be searched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.fft.fft(self.a(x)).real)
+
+
+# name -> (description, call(model, tmp_path), fragments the message must contain)
+LIBRARY_CASES: dict[str, tuple[str, Callable[[nn.Module, Path], Any], list[str]]] = {
+    "inputs_do_not_fit": ("example inputs that do not fit the model",
+                          lambda m, t: dms.prepare(m, torch.randn(2, 5, 8, 8)),
+                          ["does not run on the example inputs", "(2, 5, 8, 8)", "pass inputs"]),
+    "nothing_to_search": ("a model with nothing to search",
+                          lambda m, t: dms.prepare(m, X, dms.SearchConfig(exclude=["0", "3", "1"])),
+                          ["found nothing to search", "exclude fewer"]),
+    "unsupported_function": ("a model whose hidden layer goes through a function dmscale has no rule for",
+                             lambda m, t: dms.prepare(_FFTNet(), torch.randn(2, 4)),
+                             ["found nothing to search", "fft_fft", "no channel rule", "register_handler"]),
+    "target_above_supernet": ("a target above the supernet's cost",
+                              lambda m, t: dms.prepare(m, X, dms.SearchConfig(target=1e12)),
+                              ["outside what this search space can reach", "pass a target between"]),
+    "target_below_smallest": ("a target below the smallest reachable cost",
+                              lambda m, t: dms.prepare(m, X, dms.SearchConfig(target=2)),
+                              ["outside what this search space can reach", "(smallest)"]),
+    "target_negative": ("a negative target", lambda m, t: dms.SearchConfig(target=-0.5),
+                        ["target must be a finite number > 0", "-0.5"]),
+    "target_zero": ("a zero target", lambda m, t: dms.SearchConfig(target=0), ["got 0"]),
+    "target_nan": ("a NaN target", lambda m, t: dms.SearchConfig(target=float("nan")), ["got nan"]),
+    "target_inf": ("an infinite target", lambda m, t: dms.SearchConfig(target=float("inf")), ["got inf"]),
+    "unknown_resource": ("an unknown resource name", lambda m, t: dms.SearchConfig(resource="flops"),
+                         ["unknown resource 'flops'", "'macs'"]),
+    "unknown_importance": ("an unknown importance name", lambda m, t: dms.SearchConfig(importance="grad"),
+                           ["unknown importance 'grad'", "'taylor'"]),
+    "apply_structure_mismatch": ("`apply_structure` with a structure made for another model",
+                                 lambda m, t: dms.apply_structure(m, _other_structure()),
+                                 ["structure was made for shape", "the model has",
+                                  "apply a structure to the model it was made for"]),
+    "apply_structure_not_a_structure": ("`apply_structure` with something that is not a structure",
+                                        lambda m, t: dms.apply_structure(m, {"layers": {}}),
+                                        ["expected a structure with format"]),
+    "apply_structure_malformed": ("`apply_structure` with a hand-edited structure missing keys",
+                                  lambda m, t: dms.apply_structure(m, {"format": "dmscale.structure/1",
+                                                                       "layers": {"0": {}}, "removed_blocks": []}),
+                                  ["malformed structure", "unedited"]),
+    "load_mismatch": ("`dms.load` of a directory saved from another model",
+                      lambda m, t: dms.load(m, _save_dir(t, _other_structure())), ["structure was made for shape"]),
+    "load_corrupt_structure": ("`dms.load` with a corrupt structure.json",
+                               lambda m, t: dms.load(m, _save_dir(t, '{"format": "dmscale.struc')),
+                               ["is not valid JSON", "save the model again"]),
+    "load_missing_dir": ("`dms.load` of a directory that does not exist",
+                         lambda m, t: dms.load(m, t / "nowhere"), ["is missing", "dmscale.save"]),
+}
+
+
+def library_message(name: str, tmp_path: Path) -> tuple[DMScaleError, ModelSnapshot, nn.Module]:
+    """Run one library case on a fresh model; returns the error, the snapshot and the model."""
+    _, call, _ = LIBRARY_CASES[name]
+    model = small_net()
+    snap = ModelSnapshot.take(model, X)
+    with pytest.raises(DMScaleError) as info:
+        call(model, tmp_path)
+    return info.value, snap, model
+
+
+@pytest.mark.parametrize("name", list(LIBRARY_CASES))
+def test_library_bad_input(name: str, tmp_path: Path) -> None:
+    err, snap, model = library_message(name, tmp_path)
+    message = str(err)
+    for fragment in LIBRARY_CASES[name][2]:
+        assert fragment in message, f"{name}: {fragment!r} not in {message!r}"
+    assert "\n" not in message.strip(), f"{name}: a multi-line message {message!r}"
+    snap.assert_same(model, name)
+
+
+def test_config_error_is_a_dmscale_error() -> None:
+    from dmscale.config import ConfigError
+
+    assert issubclass(ConfigError, DMScaleError) and issubclass(ConfigError, ValueError)
+
+
+# ----------------------------------------------------------------------------- data files
+def _idx_dir(tmp: Path, damage: str) -> Path:
+    from dmscale.data import write_idx
+
+    d = tmp / "idx"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 8), ("t10k", 4)):
+        write_idx(d / f"{name}-images-idx3-ubyte.gz", rng.integers(0, 255, (n, 28, 28), dtype=np.uint8))
+        write_idx(d / f"{name}-labels-idx1-ubyte.gz", rng.integers(0, 10, (n,), dtype=np.uint8))
+    target = d / "train-images-idx3-ubyte.gz"
+    if damage == "missing":
+        target.unlink()
+    elif damage == "truncated_gzip":
+        target.write_bytes(target.read_bytes()[:-40])
+    elif damage == "truncated_idx":
+        raw = gzip.decompress(target.read_bytes())
+        target.write_bytes(gzip.compress(raw[: len(raw) // 2]))
+    elif damage == "wrong_format":
+        target.write_bytes(gzip.compress(b"<html>not an IDX file</html>"))
+    return d
+
+
+DATA_CASES = {"missing": ["no MNIST file"], "truncated_gzip": ["corrupt or truncated gzip"],
+              "truncated_idx": ["truncated IDX file", "download it again"], "wrong_format": ["not an IDX file"]}
+
+
+@pytest.mark.parametrize("damage", list(DATA_CASES))
+def test_idx_data_files(damage: str, tmp_path: Path) -> None:
+    from dmscale.data import load_mnist_dir
+
+    with pytest.raises(DMScaleError) as info:
+        load_mnist_dir(_idx_dir(tmp_path, damage))
+    for fragment in DATA_CASES[damage]:
+        assert fragment in str(info.value)
+
+
+# ----------------------------------------------------------------------------- command line
+TINY = ["--task", "digits", "--model", "smallcnn", "--model-args", "width=4,blocks=2", "--train-limit", "128",
+        "--test-limit", "64", "--batch-size", "64", "--threads", "1", "--quiet", "--structure-lr", "0.05"]
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str]:
+    """``dmscale ARGS`` in this process (what ``python -m dmscale`` runs); (exit status, stderr)."""
+    from dmscale.cli import main
+
+    capsys.readouterr()
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as stop:  # argparse rejects a flag's value
+        rc = stop.code if isinstance(stop.code, int) else 1
+    return rc, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A search stopped after 2 steps, with a checkpoint."""
+    out = tmp_path_factory.mktemp("bad") / "run"
+    from dmscale.cli import main
+
+    assert main(["search", *TINY, "--epochs", "1", "--out", str(out), "--stop-after", "2"]) == 0
+    assert (out / "checkpoint.pt").is_file()
+    return out
+
+
+def _damaged_run(stopped: Path, tmp: Path, damage: str) -> Path:
+    import shutil
+
+    run = tmp / "run"
+    shutil.copytree(stopped, run)
+    ck = run / "checkpoint.pt"
+    if damage == "corrupt":
+        ck.write_bytes(b"\x00garbage" * 100)
+    elif damage == "truncated":
+        ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
+    elif damage == "wrong_version":
+        state = torch.load(ck, weights_only=False)
+        state["version"] = 999
+        torch.save(state, ck)
+    return run
+
+
+def _image_dir(tmp: Path, damage: str) -> Path:
+    """An image folder with no class folders ("empty"), or whose one image is not one ("not_an_image")."""
+    root = tmp / "images"
+    root.mkdir()
+    if damage == "not_an_image":
+        for split in ("train", "val"):
+            (root / split / "cat").mkdir(parents=True)
+            (root / split / "cat" / "a.png").write_text("not a png")
+    return root
+
+
+# name -> (description, args given the stopped run and tmp_path, fragments)
+CLI_CASES: dict[str, tuple[str, Callable[[Path, Path], list[Any]], list[str]]] = {
+    "resume_corrupt_checkpoint": ("`--resume` with a corrupt checkpoint",
+                                  lambda r, t: ["search", "--resume", _damaged_run(r, t, "corrupt")],
+                                  ["is corrupt or truncated", "delete"]),
+    "resume_truncated_checkpoint": ("`--resume` with a truncated checkpoint",
+                                    lambda r, t: ["search", "--resume", _damaged_run(r, t, "truncated")],
+                                    ["is corrupt or truncated", "delete"]),
+    "resume_wrong_version": ("`--resume` with a checkpoint of another version",
+                             lambda r, t: ["search", "--resume", _damaged_run(r, t, "wrong_version")],
+                             ["expected a dmscale checkpoint of version", "got version 999"]),
+    "resume_not_a_run": ("`--resume` of a directory that is not a run",
+                         lambda r, t: ["search", "--resume", t], ["is not a dmscale run directory"]),
+    "export_not_a_run": ("`export` of a directory that is not a run",
+                         lambda r, t: ["export", t], ["is not a dmscale run directory"]),
+    "target_nan_flag": ("`--target nan`", lambda r, t: ["search", *TINY, "--target", "nan", "--out", t / "o"],
+                        ["nan"]),
+    "data_truncated_idx": ("`--data` with a truncated IDX file",
+                           lambda r, t: ["search", "--data", _idx_dir(t, "truncated_idx"), "--out", t / "o",
+                                         "--quiet"], ["truncated IDX file"]),
+    "imagefolder_empty": ("`--task imagefolder` on a folder without class folders",
+                          lambda r, t: ["search", "--task", "imagefolder", "--data", _image_dir(t, "empty"),
+                                        "--out", t / "o", "--quiet"], ["Couldn't find any class folder"]),
+    "imagefolder_not_an_image": ("`--task imagefolder` with a file that is not an image",
+                                 lambda r, t: ["search", "--task", "imagefolder", "--data",
+                                               _image_dir(t, "not_an_image"), "--out", t / "o", "--quiet"],
+                                 ["cannot read image", "a.png", "remove or replace the file"]),
+    "data_missing_file": ("`--data` with an MNIST file missing",
+                          lambda r, t: ["search", "--data", _idx_dir(t, "missing"), "--out", t / "o", "--quiet"],
+                          ["no MNIST file"]),
+}
+
+
+@pytest.mark.parametrize("name", list(CLI_CASES))
+def test_cli_bad_input(name: str, stopped_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, args, fragments = CLI_CASES[name]
+    before = {p.name: p.read_bytes() for p in stopped_run.iterdir() if p.is_file()}
+    rc, err = cli(capsys, *args(stopped_run, tmp_path))
+    lines = err.strip().splitlines()
+    assert rc != 0, f"{name}: exit 0; stderr {err!r}"
+    assert "Traceback" not in err and len(lines) == 1, f"{name}: stderr is not one line: {err!r}"
+    for fragment in fragments:
+        assert fragment in lines[0], f"{name}: {fragment!r} not in {lines[0]!r}"
+    assert before == {q.name: q.read_bytes() for q in stopped_run.iterdir() if q.is_file()}
+
+
+def markdown_table(tmp_path: Path) -> str:
+    """The README table, from the messages the library cases get today."""
+    rows = ["| Bad input | Error and message |", "| --- | --- |"]
+    for name, (what, call, _) in LIBRARY_CASES.items():
+        model = small_net()
+        try:
+            call(model, tmp_path / name)
+        except DMScaleError as err:
+            msg = str(err).replace(str(tmp_path / name), "DIR").replace("|", "\\|")
+            rows.append(f"| {what} | `{type(err).__name__}`: {msg} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # print the README table
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in LIBRARY_CASES:
+            (Path(tmp) / name).mkdir()
+        print(markdown_table(Path(tmp)))
+
+
+# ----------------------------------------------------------------------------- non-finite losses
+def _nan_loss_at(monkeypatch: pytest.MonkeyPatch, bad_calls: set[int]) -> None:
+    """Make the task loss NaN on the given (0-based) training calls."""
+    from dmscale.tasks.registry import Task
+
+    original = Task.task_loss
+    calls = {"n": 0}
+
+    def task_loss(self: Any, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = original(self, logits, targets)
+        calls["n"] += 1
+        return loss * float("nan") if calls["n"] - 1 in bad_calls else loss
+
+    monkeypatch.setattr(Task, "task_loss", task_loss)
+
+
+def test_a_nan_loss_step_is_skipped_and_poisons_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors.torch import load_file
+
+    _nan_loss_at(monkeypatch, {1})
+    rc, err = cli(capsys, "search", *TINY, "--epochs", "1", "--retrain-epochs", "1", "--out", tmp_path / "r")
+    assert rc == 0, err
+    events = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["global_step"] for e in events if e.get("event") == "non_finite_loss"] == [2]
+    weights = load_file(str(tmp_path / "r" / "model.safetensors"))
+    assert all(bool(torch.isfinite(w).all()) for w in weights.values())
+    assert json.loads((tmp_path / "r" / "structure.json").read_text())["width"]
+
+
+def test_a_loss_that_stays_nan_stops_with_a_message(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    _nan_loss_at(monkeypatch, set(range(1, 100)))
+    rc, err = cli(capsys, "search", *TINY, "--epochs", "1", "--out", tmp_path / "r")
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and "Traceback" not in err, err
+    assert "loss was not finite (nan) for 3 steps in a row" in lines[0] and "lower --lr" in lines[0]
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The second checkpoint write fails half-way with ENOSPC: one line, and checkpoint.pt is
+    still the first one (which ``--resume`` then continues from)."""
+    import errno
+
+    import dmscale.pipeline as pipeline
+
+    real_save, calls = torch.save, {"n": 0}
+
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            Path(f).write_bytes(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.torch, "save", save)
+    run = tmp_path / "r"
+    rc, err = cli(capsys, "search", *TINY, "--epochs", "2", "--checkpoint-every", "1", "--out", run)
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and "Traceback" not in err, err
+    assert "No space left on device" in lines[0] and "previous checkpoint" in lines[0] and "--resume" in lines[0]
+    assert not (run / "checkpoint.pt.tmp").exists()
+    monkeypatch.undo()
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["global_step"] == 1
+    rc, err = cli(capsys, "search", "--resume", run, "--stop-after", "3")
+    assert rc == 0 and "--resume" in err

@@ -36,7 +36,7 @@ __all__ = [
     "load_run_config",
 ]
 
-TASKS = ("mnist", "digits", "imagefolder", "shakespeare")
+TASKS = ("mnist", "digits", "imagefolder", "shakespeare", "text")
 PIPELINES = ("np", "p", "p-")
 COMMANDS = ("pretrain", "search", "retrain", "export", "eval", "report")
 
@@ -47,7 +47,7 @@ DEFAULT_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "digits": ("resnet", {"depth": 20, "width": 8}),
     "imagefolder": ("resnet", {"depth": 20, "width": 16}),
     "shakespeare": ("charcnn", {}),
-}
+}  # --task text has no default: it needs --model hf:PATH (the tokenizer comes with it)
 
 
 class ConfigError(ValueError):
@@ -454,11 +454,33 @@ class RunConfig:
         if self.init is not None and self.command == "search" and self.pipeline == "np":
             raise ConfigError("--init loads pretrained weights, which pipeline np does not use: "
                               "use --pipeline p or p-")
+        hf = str(self.model or "").startswith("hf:")
+        if hf and self.command == "search" and self.pipeline == "np":
+            raise ConfigError(f"--model {self.model} is pretrained, and pipeline np would search "
+                              "it from random weights: use --pipeline p (search, then finetune) "
+                              "or p- (search the structure only)")
+        if self.task == "text" and self.model is not None and not hf:
+            raise ConfigError(f"--task text needs a pretrained model with its tokenizer: "
+                              f"--model hf:PATH, not --model {self.model} (the char-level "
+                              "models go with --task shakespeare)")
 
     # ------------------------------------------------------------------ resolution
     def resolved(self) -> RunConfig:
         """A copy with every ``None`` default that depends on other fields filled in."""
         cfg = replace(self)
+        if cfg.model is None and cfg.task == "text":
+            raise ConfigError("--task text needs --model hf:PATH (a local Hugging Face model "
+                              "directory or .gguf file): the text is tokenised with its tokenizer")
+        hf = str(cfg.model).startswith("hf:")
+        if hf:  # a pretrained LM: no pretraining, small steps, distil from the original
+            if cfg.pretrain_epochs is None:
+                cfg.pretrain_epochs = 0.0
+            if cfg.lr is None:
+                cfg.lr = 1e-4 if cfg.optimizer == "adamw" else 1e-3
+            if cfg.weight_decay is None:
+                cfg.weight_decay = 0.0
+            if cfg.teacher is None and cfg.command == "search":
+                cfg.teacher = "supernet"
         if cfg.model is None:
             cfg.model, default_args = DEFAULT_MODELS[cfg.task]
             if cfg.model_args is None:

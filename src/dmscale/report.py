@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["write_report", "format_summary", "read_metrics", "format_count", "posthoc_line"]
+__all__ = ["write_report", "format_summary", "read_metrics", "format_count", "posthoc_line",
+           "lm_metrics_text"]
 
 PHASE_COLORS = {"pretrain": "tab:gray", "search": "tab:blue", "finish": "tab:purple",
                 "retrain": "tab:green"}
@@ -148,7 +149,7 @@ def _plot_training(records: list[dict[str, Any]], path: Path, language: bool) ->
                          color=PHASE_COLORS[phase], alpha=0.35, lw=1)
         pe = [r for r in evals if r["phase"] == phase]
         if pe:
-            key = "bpc" if language else "acc"
+            key = ("bpb" if "bpb" in pe[0] else "bpc") if language else "acc"
             scale = 1 if language else 100
             ax2.plot([r["global_step"] for r in pe], [scale * r[key] for r in pe], "o-",
                      color=PHASE_COLORS[phase], label=f"{phase} (test)")
@@ -166,13 +167,26 @@ def _plot_training(records: list[dict[str, Any]], path: Path, language: bool) ->
     return True
 
 
+def lm_metrics_text(ev: dict[str, Any], long: bool = False) -> str:
+    """A language model's metrics: bits per byte (``--task text``, tokens) or per character.
+
+    Example:
+        >>> lm_metrics_text({"bpb": 1.2345, "ppl": 20.0, "acc": 0.4})
+        'perplexity 20.00, 1.234 bits/byte'
+    """
+    if "bpb" in ev:
+        text = f"perplexity {ev['ppl']:.2f}, {ev['bpb']:.3f} bits/byte"
+        return text + (f", next-token acc {100 * ev['acc']:.1f}%" if long else "")
+    text = f"{ev['bpc']:.3f} bits/char, perplexity {ev['ppl']:.2f}"
+    return text + (f", next-char acc {100 * ev['acc']:.1f}%" if long else "")
+
+
 def _metric_line(evals: dict[str, Any], language: bool) -> str:
     final = evals.get("final")
     if not final:
         return "-"
     if language:
-        return (f"{final['bpc']:.3f} bits/char, perplexity {final['ppl']:.2f}, "
-                f"next-char accuracy {100 * final['acc']:.1f}%")
+        return lm_metrics_text(final, long=True)
     return f"{100 * final['acc']:.2f}% test accuracy"
 
 
@@ -224,8 +238,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     for name, ev in evals.items():
         if name == "final":
             continue
-        value = (f"{ev['bpc']:.3f} bits/char, ppl {ev['ppl']:.2f}" if language
-                 else f"{100 * ev['acc']:.2f}% accuracy")
+        value = (lm_metrics_text(ev) if language else f"{100 * ev['acc']:.2f}% accuracy")
         note = " (the exported model, BatchNorm statistics re-estimated, before retraining)" if name == "search" else ""
         lines.append(f"- after {name}{note}: {value}")
     for w in state.get("warnings", []):
@@ -316,7 +329,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         if name == "final":
             continue
         if language:
-            value = f"{ev['bpc']:.3f} bits/char, perplexity {ev['ppl']:.2f}, next-char acc {100 * ev['acc']:.1f}%"
+            value = lm_metrics_text(ev, long=True)
         else:
             value = f"accuracy {100 * ev['acc']:.2f}%"
         note = " (exported, before retraining)" if name == "search" and "retrain" in evals else ""

@@ -30,7 +30,7 @@ from ..config import ConfigError, RunConfig
 
 __all__ = ["Task", "build_task", "build_model", "MODEL_NAMES", "distill_loss"]
 
-MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama")
+MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama", "hf:PATH")
 
 
 class Task:
@@ -109,6 +109,10 @@ def build_task(cfg: RunConfig) -> Task:
             from .language import ShakespeareTask
 
             return ShakespeareTask(cfg)
+        if cfg.task == "text":
+            from .text import TextTask
+
+            return TextTask(cfg)
     except (FileNotFoundError, NotADirectoryError, ModuleNotFoundError, ValueError) as err:
         if isinstance(err, ConfigError):
             raise
@@ -131,10 +135,19 @@ def build_model(cfg: RunConfig, info: dict[str, Any]) -> tuple[nn.Module, list[s
     args = dict(cfg.model_args or {})
     expand = cfg.expand or {"width": 1.0, "depth": 1.0}
     kind = info.get("kind", "classification")
-    language = name in ("charcnn", "llama")
+    hf = name.startswith("hf:")
+    language = name in ("charcnn", "llama") or hf
     if language != (kind == "language"):
         want = "charcnn or llama" if kind == "language" else "an image model (resnet, smallcnn, tv:, timm:)"
         raise ConfigError(f"--model {name} does not fit task {cfg.task!r}: use {want}")
+    if hf != ("tokenizer" in info):
+        raise ConfigError(f"--model {name} does not fit task {cfg.task!r}: a pretrained "
+                          "--model hf:PATH goes with --task text (its own tokenizer), the "
+                          "char-level models charcnn and llama with --task shakespeare")
+    if hf:
+        from .hf_model import load_hf_model
+
+        return load_hf_model(name[3:], args), []
     try:
         if name in ("resnet", "smallcnn") or name.startswith(("tv:", "timm:")):
             from .image import build_image_model

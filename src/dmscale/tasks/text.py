@@ -252,7 +252,9 @@ class TextTask(Task):
         n = len(head) + len(ids)  # positions of the evaluated stream
         L = self.seq_len
         starts = list(range(0, n - 1, L))  # window j predicts stream[s+1 : s+L+1]
-        batch_size = max(1, min(batch_size, 64))
+        # windows per forward: at most ~2^25 logits (128 MB in float32; a 49k vocabulary at
+        # 64 tokens gives 10 windows), so evaluation never dominates the peak memory
+        batch_size = max(1, min(batch_size, (1 << 25) // (L * max(1, self.info["vocab_size"]))))
         was = model.training
         model.eval()
         total, correct, count = 0.0, 0, 0

@@ -38,7 +38,7 @@ __all__ = [
     "load_run_config",
 ]
 
-TASKS = ("mnist", "digits", "imagefolder", "shakespeare", "detect")
+TASKS = ("mnist", "digits", "imagefolder", "shakespeare", "detect", "text")
 PIPELINES = ("np", "p", "p-")
 COMMANDS = ("pretrain", "search", "retrain", "export", "eval", "report")
 
@@ -50,7 +50,7 @@ DEFAULT_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "imagefolder": ("resnet", {"depth": 20, "width": 16}),
     "shakespeare": ("charcnn", {}),
     "detect": ("yolo:yolov8n.yaml", {}),
-}
+}  # --task text has no default: it needs --model hf:PATH (the tokenizer comes with it)
 
 
 # ConfigError lives in errors.py (a DMScaleError); re-exported here for the command line.
@@ -229,19 +229,22 @@ OPTIONS: tuple[Option, ...] = (
        "built-in task: mnist (bundled MNIST, or a directory of MNIST IDX files with --data), "
        "digits (scikit-learn 8x8 digits), imagefolder (a torchvision ImageFolder directory, "
        "--data DIR), shakespeare (character-level language modelling on the bundled plays), "
-       "detect (object detection with Ultralytics YOLO, --data DATA.yaml)",
+       "detect (object detection with Ultralytics YOLO, --data DATA.yaml), "
+       "text (plain text files of --data, or the bundled plays, tokenised with the tokenizer "
+       "of --model hf:PATH; perplexity and bits per byte)",
        ("pretrain", "search"), "data"),
     _o("data", _str, None,
        "data location: for mnist a directory with the four MNIST IDX files (raw or .gz; "
        "default: the bundled copy); for imagefolder a directory of class folders (with "
        "train/ and val/ or test/ subfolders, or one folder split 90/10); for detect an "
-       "Ultralytics dataset YAML (`dmscale data mnist-detect` writes one)",
+       "Ultralytics dataset YAML (`dmscale data mnist-detect` writes one); for text a text "
+       "file or a directory of them (last 10 %% of the bytes held out)",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="PATH"),
     _o("train_limit", _positive_int, None,
-       "use only the first N training examples (characters for shakespeare)",
+       "use only the first N training examples (characters for shakespeare, tokens for text)",
        ("pretrain", "search", "retrain"), "data", metavar="N"),
     _o("test_limit", _positive_int, None,
-       "use only the first N test examples (characters for shakespeare)",
+       "use only the first N test examples (characters for shakespeare, tokens for text)",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="N"),
     _o("image_size", _positive_int, 32,
        "imagefolder: images are resized to SIZE x SIZE", ("pretrain", "search"), "data",
@@ -250,7 +253,7 @@ OPTIONS: tuple[Option, ...] = (
        "detect: training and validation image size, a multiple of 32 (Ultralytics' imgsz; "
        "default 64)", ("pretrain", "search"), "data", metavar="SIZE"),
     _o("seq_len", _positive_int, 64,
-       "shakespeare: characters per training sequence", ("pretrain", "search"), "data",
+       "shakespeare / text: characters / tokens per sequence", ("pretrain", "search"), "data",
        metavar="N"),
     # ---- model
     _o("model", _str, None,
@@ -259,7 +262,9 @@ OPTIONS: tuple[Option, ...] = (
        "tv:NAME (a torchvision model, e.g. tv:resnet18), timm:NAME (e.g. timm:resnet18), "
        "charcnn (causal convolutional char LM, default for shakespeare), llama (a small "
        "Llama-style causal LM, transformers' LlamaForCausalLM), yolo:YAML or yolo:FILE.pt "
-       "(Ultralytics YOLO for --task detect, e.g. yolo:yolo11n.yaml; default yolo:yolov8n.yaml)",
+       "(Ultralytics YOLO for --task detect, e.g. yolo:yolo11n.yaml; default yolo:yolov8n.yaml), "
+       "hf:PATH (a local pretrained Hugging Face causal LM directory or .gguf file, for --task "
+       "text with --pipeline p/p-)",
        ("pretrain", "search"), "model", metavar="NAME"),
     _o("model_args", _kv_dict, None,
        "constructor arguments of the model, e.g. depth=20,width=16 for resnet, "
@@ -463,11 +468,33 @@ class RunConfig:
         if self.init is not None and self.command == "search" and self.pipeline == "np":
             raise ConfigError("--init loads pretrained weights, which pipeline np does not use: "
                               "use --pipeline p or p-")
+        hf = str(self.model or "").startswith("hf:")
+        if hf and self.command == "search" and self.pipeline == "np":
+            raise ConfigError(f"--model {self.model} is pretrained, and pipeline np would search "
+                              "it from random weights: use --pipeline p (search, then finetune) "
+                              "or p- (search the structure only)")
+        if self.task == "text" and self.model is not None and not hf:
+            raise ConfigError(f"--task text needs a pretrained model with its tokenizer: "
+                              f"--model hf:PATH, not --model {self.model} (the char-level "
+                              "models go with --task shakespeare)")
 
     # ------------------------------------------------------------------ resolution
     def resolved(self) -> RunConfig:
         """A copy with every ``None`` default that depends on other fields filled in."""
         cfg = replace(self)
+        if cfg.model is None and cfg.task == "text":
+            raise ConfigError("--task text needs --model hf:PATH (a local Hugging Face model "
+                              "directory or .gguf file): the text is tokenised with its tokenizer")
+        hf = str(cfg.model).startswith("hf:")
+        if hf:  # a pretrained LM: no pretraining, small steps, distil from the original
+            if cfg.pretrain_epochs is None:
+                cfg.pretrain_epochs = 0.0
+            if cfg.lr is None:
+                cfg.lr = 1e-4 if cfg.optimizer == "adamw" else 1e-3
+            if cfg.weight_decay is None:
+                cfg.weight_decay = 0.0
+            if cfg.teacher is None and cfg.command == "search":
+                cfg.teacher = "supernet"
         if cfg.model is None:
             cfg.model, default_args = DEFAULT_MODELS[cfg.task]
             if cfg.model_args is None:

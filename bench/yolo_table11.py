@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,8 @@ from dmscale.tasks.registry import build_model
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import git_commit  # noqa: E402
 
 
 def _macs(cfg: RunConfig, info: dict[str, Any], imgsz: int) -> int:
@@ -69,11 +70,7 @@ def _run(common: dict[str, Any], out: Path, **kw: Any) -> dict[str, Any]:
 
 
 def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    return git_commit(ROOT)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["write_report", "format_summary", "read_metrics", "format_count", "posthoc_line",
+__all__ = ["write_report", "format_summary", "read_metrics", "format_count", "posthoc_line", "metric_name",
            "lm_metrics_text"]
 
 PHASE_COLORS = {"pretrain": "tab:gray", "search": "tab:blue", "finish": "tab:purple",
@@ -132,6 +132,21 @@ def _plot_cost(records: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
+def metric_name(evals: list[dict[str, Any]], language: bool) -> str:
+    """What the evaluations of a run measure, for plot labels.
+
+    Example:
+        >>> metric_name([{"bpb": 2.1, "ppl": 150.0}], language=True)
+        'bits per byte'
+        >>> metric_name([{"map50_95": 0.3}], language=False)
+        'box mAP50-95'
+    """
+    first = evals[0] if evals else {}
+    if language:
+        return "bits per byte" if "bpb" in first else "bits per character"
+    return "box mAP50-95" if "map50_95" in first else "accuracy"
+
+
 def _plot_training(records: list[dict[str, Any]], path: Path, language: bool) -> bool:
     rows = [r for r in records if r.get("event") is None and "task_loss" in r]
     if not rows:
@@ -158,8 +173,9 @@ def _plot_training(records: list[dict[str, Any]], path: Path, language: bool) ->
     ax1.set_title("Task loss")
     ax1.legend(frameon=False, fontsize=8)
     ax2.set_xlabel("step")
-    ax2.set_ylabel("bits per character (test)" if language else "accuracy % (faint: training batches)")
-    ax2.set_title("Bits per character" if language else "Accuracy")
+    name = metric_name(evals, language)
+    ax2.set_ylabel(f"{name} (test)" if language else f"{name} % (faint: training batches)")
+    ax2.set_title(name[0].upper() + name[1:])
     ax2.legend(frameon=False, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -216,8 +232,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     if _plot_cost(records, out / "plots" / "cost.png"):
         plots.append(("Cost against the target during the search", "plots/cost.png"))
     if _plot_training(records, out / "plots" / "training.png", language):
-        plots.append(("Task loss and " + ("bits per character" if language else "accuracy"),
-                      "plots/training.png"))
+        name = metric_name([r for r in records if r.get("event") == "eval"], language)
+        plots.append((f"Task loss and {name}", "plots/training.png"))
 
     counts = state.get("counts", {})
     sup, found = counts.get("supernet", {}), counts.get("found", {})

@@ -295,6 +295,17 @@ def test_cli_bad_input(name: str, stopped_run: Path, tmp_path: Path, capsys: pyt
     assert before == {q.name: q.read_bytes() for q in stopped_run.iterdir() if q.is_file()}
 
 
+def test_not_an_image_with_ultralytics_imported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Importing Ultralytics patches PIL's ``Image.open`` to retry with a HEIF plugin that may
+    not be installed: the unreadable file is still named (was: "No module named 'pi_heif'")."""
+    pytest.importorskip("ultralytics")
+    import ultralytics  # noqa: F401  (the patch is applied on import)
+
+    _, args, fragments = CLI_CASES["imagefolder_not_an_image"]
+    rc, err = cli(capsys, *args(tmp_path, tmp_path))
+    assert rc != 0 and all(f in err for f in fragments), err
+
+
 def markdown_table(tmp_path: Path) -> str:
     """The README table, from the messages the library cases get today."""
     rows = ["| Bad input | Error and message |", "| --- | --- |"]

@@ -137,7 +137,9 @@ def _imagefolder(cfg: RunConfig) -> ClassificationTask:
         for i in order[:n]:
             try:
                 x, y = ds[i]
-            except (OSError, ValueError, SyntaxError) as err:  # PIL: not an image, truncated
+            # PIL: not an image, truncated. ImportError: with Ultralytics imported, PIL's
+            # Image.open is patched to fall back to a HEIF plugin, which may not be installed
+            except (OSError, ValueError, SyntaxError, ImportError) as err:
                 raise DataError(f"--data {path}: cannot read image {ds.samples[i][0]} "
                                 f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); remove or "
                                 "replace the file") from None

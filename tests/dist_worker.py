@@ -49,16 +49,19 @@ def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def search(bn: bool = False, rank: int = 0, world: int = 1, sync: bool = True,
-           scaled: bool = False) -> dict[str, Any]:
+           scaled: bool = False, width_only: bool = False) -> dict[str, Any]:
     """``STEPS`` search steps; under DDP when ``world > 1`` (each rank on its shard).
 
     ``sync=False`` never calls ``sync_importance()`` in the loop (the next forward applies
-    the pending updates); ``scaled`` runs the backward through a GradScaler.
+    the pending updates); ``scaled`` runs the backward through a GradScaler; ``width_only``
+    freezes depth halfway (``width_only_from``: DDP then needs ``find_unused_parameters``).
     """
     model = build(bn)
     x0 = torch.randn(2, 3, 8, 8)
-    searcher = dms.prepare(model, x0, dms.SearchConfig(resource="macs", target=0.4))
-    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    searcher = dms.prepare(model, x0, dms.SearchConfig(resource="macs", target=0.4,
+                                                      width_only_from=0.5 if width_only else None))
+    net = nn.parallel.DistributedDataParallel(model, find_unused_parameters=width_only) \
+        if world > 1 else model
     opt_w = torch.optim.AdamW(searcher.model_parameters(), lr=1e-2)
     opt_a = torch.optim.Adam(searcher.structure_parameters(), lr=5e-2, weight_decay=0.0)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if scaled else None
@@ -139,6 +142,7 @@ def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         results = {"plain": search(False, rank, world), "bn": search(True, rank, world),
                    "forgot": search(False, rank, world, sync=False),
                    "scaled": search(False, rank, world, scaled=True),
+                   "width_only": search(False, rank, world, width_only=True),
                    "nonfinite": nonfinite_step(rank, world)}
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:

@@ -125,7 +125,8 @@ def ranks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single():
-    return {"plain": dist_worker.search(False), "scaled": dist_worker.search(False, scaled=True)}
+    return {"plain": dist_worker.search(False), "scaled": dist_worker.search(False, scaled=True),
+            "width_only": dist_worker.search(False, width_only=True)}
 
 
 def _assert_identical(r0: dict, r1: dict) -> None:
@@ -143,7 +144,7 @@ def _assert_matches(got: dict, ref: dict) -> None:
         assert got[key] == ref[key], key
 
 
-@pytest.mark.parametrize("case", ["plain", "bn", "forgot", "scaled", "nonfinite"])
+@pytest.mark.parametrize("case", ["plain", "bn", "forgot", "scaled", "width_only", "nonfinite"])
 def test_every_rank_ends_with_the_same_search(ranks, case):
     r0, r1 = ranks[0][case], ranks[1][case]
     if case == "nonfinite":
@@ -157,6 +158,12 @@ def test_ddp_equals_one_process_on_the_global_batch(ranks, single):
     assert any(k < s for (_, k), s in zip(ref["width"], [8, 16, 16, 16])), "the search pruned nothing"
     assert any(float(c.abs().max()) > 0 for c in ref["importance"])
     _assert_matches(ranks[0]["plain"], ref)
+
+
+def test_width_only_phase_under_ddp(ranks, single):
+    """Depth frozen halfway (its ``a`` stops getting gradients): with DDP's
+    ``find_unused_parameters=True`` the search still equals one process's."""
+    _assert_matches(ranks[0]["width_only"], single["width_only"])
 
 
 def test_forgotten_sync_is_applied_by_the_next_forward(ranks):

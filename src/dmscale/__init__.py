@@ -16,7 +16,7 @@ Example:
 """
 
 from . import attention, norms  # noqa: F401  (layer handlers register themselves)
-from . import deploy
+from . import deploy, distributed
 from ._compat import ensure_torchvision
 from .calibrate import recalibrate_batchnorm
 from .discover import discover
@@ -51,5 +51,6 @@ __all__ = [
     "VerificationError",
     "ensure_torchvision",
     "deploy",
+    "distributed",
 ]
 __version__ = "0.1.0"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 __all__ = ["DMScaleError", "UnsupportedLayerError", "StructureError", "VerificationError",
            "MissingDependencyError", "ExportCheckError", "StandaloneError", "ConfigError",
-           "InputError", "NothingToSearchError", "DataError", "MissingFileError", "NonFiniteLossError", "WriteError"]
+           "InputError", "NothingToSearchError", "DataError", "MissingFileError", "NonFiniteLossError", "WriteError",
+           "PendingImportanceError"]
 
 
 class DMScaleError(ValueError):
@@ -73,3 +74,9 @@ class NonFiniteLossError(DMScaleError):
 
 class WriteError(DMScaleError):
     """A file could not be written (a full disk); the message says what survived."""
+
+
+class PendingImportanceError(DMScaleError):
+    """Under torch.distributed, importance updates of the last backward are still waiting for
+    their all-reduce (``Searcher.sync_importance()`` was not called): a structure read now
+    would miss them."""

@@ -32,6 +32,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from .distributed import is_distributed
+from .importance import PendingImportance
 from .topk import DifferentiableTopK, StructuralGate
 
 __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
@@ -201,6 +203,11 @@ class Gates(nn.Module):
         self.grad_scaler: Any = None  # a GradScaler: importance from unscaled gradients
         self._inv_scale = 1.0
         self.depth_frozen = False  # width-only phase: depth masks hard
+        # torch.distributed: None = the default group (when its world size is > 1), False =
+        # never synchronise, or a ProcessGroup (the data-parallel ranks)
+        self.process_group: Any = None
+        self.pending = PendingImportance()  # Eq. 4 updates waiting for the all-reduce
+        self._forwards = 0  # training forwards so far: orders pending updates across ranks
         self._masks: torch.Tensor | None = None
         self._depth_masks: list[torch.Tensor] | None = None
 
@@ -225,6 +232,7 @@ class Gates(nn.Module):
         """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
         state = self.__dict__.copy()
         state["_masks"] = state["_depth_masks"] = None
+        state["pending"] = PendingImportance()
         return state
 
     # ------------------------------------------------------------------ construction
@@ -287,29 +295,59 @@ class Gates(nn.Module):
 
     # ------------------------------------------------------------------ masks
     def compute(self) -> None:
-        """Compute every mask once for this forward (and hook Taylor importance)."""
+        """Compute every mask once for this forward (and hook Taylor importance).
+
+        Under torch.distributed a training forward first applies the updates the previous
+        backward left pending (:meth:`sync_importance`), exactly as one process would have
+        applied them in its backward: every rank runs its training forwards in lockstep
+        under DDP, so this all-reduce is matched on every rank.
+        """
         track = torch.is_grad_enabled() and self.training and self.mode == "soft"
+        if track and len(self.pending):
+            self.sync_importance()
         scaler = self.grad_scaler
         if track and scaler is not None and scaler.is_enabled():
             self._inv_scale = 1.0 / scaler.get_scale()  # the scale this step's backward uses
         else:
             self._inv_scale = 1.0
-        parts = [self._mask(t, track) for t in self.width]
+        defer = track and is_distributed(self.process_group)
+        if track:
+            self._forwards += 1
+        n = len(self.width)
+        parts = [self._mask(t, track, defer, i) for i, t in enumerate(self.width)]
         self._masks = assemble_width_mask(parts, self.derived_a, self.derived_b,
                                           like=torch.ones(1, device=self._device()))
         self._depth_masks = [t.hard_mask() if self.depth_frozen and self.mode != "open"
-                             else self._mask(t, track) for t in self.depth]
+                             else self._mask(t, track, defer, n + j) for j, t in enumerate(self.depth)]
 
-    def _mask(self, topk: StructuralGate, track: bool) -> torch.Tensor:
+    def _mask(self, topk: StructuralGate, track: bool, defer: bool = False, index: int = 0) -> torch.Tensor:
         if self.mode == "hard":
             return topk.hard_mask()
         if self.mode == "open":
             return torch.ones(topk.size, device=topk.a.device)
         unit = topk.unit_soft_mask()
         if track and unit.requires_grad:
-            value, inv = unit.detach(), self._inv_scale
-            unit.register_hook(lambda g, t=topk, v=value: t.update_importance(v, g * inv if inv != 1.0 else g))
+            unit.register_hook(self._importance_hook(topk, unit.detach(), defer, index))
         return topk.expand(unit)
+
+    def _importance_hook(self, topk: StructuralGate, value: torch.Tensor, defer: bool,
+                         index: int) -> Any:
+        """The mask's gradient hook: Eq. 4 from the unscaled task-loss gradient, now (one
+        process) or after the all-reduce of :meth:`sync_importance` (torch.distributed)."""
+        inv, key = self._inv_scale, (self._forwards, index)
+
+        def hook(g: torch.Tensor) -> None:
+            g = g * inv if inv != 1.0 else g
+            if defer:
+                self.pending.add(key, topk, value, g)
+            else:
+                topk.update_importance(value, g)
+        return hook
+
+    def sync_importance(self) -> int:
+        """Average the pending mask gradients over the ranks (one all-reduce) and apply
+        their Eq. 4 updates; returns how many were applied (0: nothing pending)."""
+        return self.pending.flush(self.process_group)
 
     def channel_mask(self, key: str) -> torch.Tensor:
         if self._masks is None:

@@ -27,7 +27,8 @@ from torch import nn
 
 from .discover import SearchSpace, discover
 from .tracer import split_inputs
-from .errors import ConfigError, InputError, NothingToSearchError, UnsupportedLayerError, VerificationError
+from .errors import (ConfigError, InputError, NothingToSearchError, PendingImportanceError,
+                     UnsupportedLayerError, VerificationError)
 from .export import FORMAT, export_model
 from .handlers import handler_for
 from .importance import IMPORTANCE_METRICS
@@ -356,6 +357,7 @@ class Searcher:
         given back greedily, each time the one that adds the least cost, while the hard cost
         stays under the target. Returns :meth:`resources` afterwards.
         """
+        self._require_synced("meet_target()")
         topks = _distinct(list(self.gates.width) + ([] if self.gates.depth_frozen else list(self.gates.depth)))
         base = [float(t.a.detach()) for t in topks]
 
@@ -403,11 +405,13 @@ class Searcher:
     @contextlib.contextmanager
     def hardened(self) -> Iterator[nn.Module]:
         """Run the model with 0/1 masks: exactly the function :meth:`export` computes."""
+        self._require_synced("hardened()")
         with self.gates.use("hard"):
             yield self.model
 
     def structure(self) -> dict[str, Any]:
         """The found structure as a JSON-able dict (input of :func:`dmscale.apply_structure`)."""
+        self._require_synced("structure()")
         with torch.no_grad():
             width_mask, depth_mask = self._masks("hard")
         keep = width_mask.cpu().numpy() > 0.5
@@ -466,6 +470,50 @@ class Searcher:
         unscaled gradients (Eq. 4 on g / scale), so steps at different loss scales weigh the
         same. Steps whose gradients are not finite never touch importance."""
         self.gates.grad_scaler = scaler
+
+    # ------------------------------------------------------------------ torch.distributed
+    def sync_importance(self) -> int:
+        """Under torch.distributed: apply this step's importance updates (Eq. 4) from the
+        gradient of the *global* batch. Call it on every rank after ``loss.backward()`` and
+        before the next forward (before or after ``opt.step()``)::
+
+            loss = task_loss(ddp_model(x_shard), y_shard) + searcher.resource_loss(p)
+            opt.zero_grad(); loss.backward(); searcher.sync_importance(); opt.step()
+
+        Each rank's mask gradients are held back by the backward, averaged in one all-reduce
+        (their concatenation; with each rank's loss a mean over an equal shard, the mean is
+        the global batch's gradient) and applied identically on every rank, so importance,
+        structure and export are the same everywhere and equal one process's on the whole
+        batch. The Taylor score (m g)^2 is not linear in g: averaging the ranks' importances
+        instead would not give that.
+
+        Forgotten, the next training forward applies the pending updates itself (the same
+        all-reduce, in lockstep on every rank: the result is the same); :meth:`structure`,
+        :meth:`export`, :meth:`hardened`, :meth:`meet_target` and :meth:`state_dict` raise
+        :class:`~dmscale.errors.PendingImportanceError` while updates are pending (they
+        would miss the last step, and calling them on rank 0 only must not start a
+        collective). Returns the number of updates applied: 0 in a single process (the
+        backward updates importance at once) or when nothing is pending.
+        """
+        return self.gates.sync_importance()
+
+    def use_process_group(self, group: Any = None) -> None:
+        """Which ranks share importance: ``None`` (default) the default process group when
+        it is initialised with more than one process; a ``ProcessGroup`` (the data-parallel
+        ranks of a model-parallel run); ``False``: none (independent searches per rank)."""
+        if len(self.gates.pending):
+            raise PendingImportanceError(
+                f"{len(self.gates.pending)} importance updates are pending: call "
+                "searcher.sync_importance() before changing the process group")
+        self.gates.process_group = group
+
+    def _require_synced(self, what: str) -> None:
+        n = len(self.gates.pending)
+        if n:
+            raise PendingImportanceError(
+                f"{what} under torch.distributed with {n} importance updates of the last "
+                "backward still pending: call searcher.sync_importance() on every rank after "
+                "loss.backward() (it all-reduces the mask gradients), then read the structure")
 
     # ------------------------------------------------------------------ self-checks
     def _run_example(self, model: nn.Module) -> Any:
@@ -532,6 +580,7 @@ class Searcher:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: structural parameters, importance, config, target."""
+        self._require_synced("state_dict()")
         state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
                  "config": asdict(self.config), "target_cost": self.target_cost,
                  "supernet_cost": self.supernet_cost, "depth_frozen": self.gates.depth_frozen}

@@ -112,30 +112,32 @@ class Precision:
 
 
 def _compile_error(err: Exception) -> ConfigError:
-    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-    return ConfigError(f"--compile: torch.compile (backend {COMPILE_BACKEND!r}) failed on this model "
-                       f"({type(err).__name__}: {first}); run without --compile")
+    cause = getattr(err, "inner_exception", None) or err  # BackendCompilerFailed wraps the cause
+    first = (str(cause).strip().splitlines() or [""])[0][:200]
+    backend = getattr(COMPILE_BACKEND, "__name__", COMPILE_BACKEND)
+    return ConfigError(f"--compile: torch.compile (backend {backend}) failed on this model "
+                       f"({type(cause).__name__}: {first}); run without --compile")
 
 
 @contextlib.contextmanager
 def compiled_forward(model: nn.Module, enabled: bool = True) -> Iterator[nn.Module]:
     """Run ``model.forward`` under ``torch.compile`` inside the block (see the module text).
 
-    A compilation that fails (on the first forward) is a :class:`ConfigError` saying to run
-    without ``--compile``: no optimizer step has happened by then.
+    A compilation that fails is a :class:`ConfigError` saying to run without ``--compile``;
+    it fails on the first forward of the phase, before the first optimizer step.
     """
     if not enabled:
         yield model
         return
     compiled = torch.compile(model.forward, backend=COMPILE_BACKEND)
-    model.forward = _first_call_checked(compiled)  # type: ignore[method-assign]
+    model.forward = _checked(compiled)  # type: ignore[method-assign]
     try:
         yield model
     finally:
         del model.forward  # the class's forward again
 
 
-def _first_call_checked(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _checked(fn: Callable[..., Any]) -> Callable[..., Any]:
     from torch._dynamo.exc import BackendCompilerFailed, TorchDynamoException
 
     def forward(*args: Any, **kwargs: Any) -> Any:

@@ -188,3 +188,23 @@ def test_the_cost_model_moves_its_index_tensors_once(tmp_path: Path) -> None:
     again = cost.on(torch.device("cpu"), cost._seg, cost.terms.base)
     assert all(a is b for a, b in zip(first, again))
     assert float(loop.searcher.soft_cost().detach()) == before
+
+
+# ----------------------------------------------------------------------------- devices
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_cuda_without_cuda_is_a_config_error(tmp_path: Path) -> None:
+    from dmscale.engine import resolve_device
+
+    with pytest.raises(ConfigError, match="--device cuda: no CUDA device is available.*--device cpu"):
+        resolve_device("cuda")
+    with pytest.raises(ConfigError, match="--device cuda"):
+        Pipeline(_cfg(tmp_path / "r", device="cuda", precision="fp16")).run()
+    assert resolve_device("auto").type == "cpu"
+
+
+def test_autocast_and_scaler_follow_the_device() -> None:
+    p = Precision("fp16", torch.device("cpu"))
+    assert p.scaler._device == "cpu"
+    with p.autocast():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
+    assert Precision("32", torch.device("cpu")).state_dict() is None

@@ -384,13 +384,23 @@ OPTIONS: tuple[Option, ...] = (
        "CPU threads for torch (default: the cores not busy with other work, by the load "
        "average; at least 1)",
        COMMANDS[:5], "run", metavar="N"),
+    _o("precision", _choice("32", "bf16", "fp16"), "32",
+       "arithmetic of the training steps: 32 (float32), bf16 (autocast to bfloat16, CPU and "
+       "GPU) or fp16 (autocast to float16 with a GradScaler; an overflowing step is skipped). "
+       "Parameters, structural parameters and importance stay float32",
+       _ALL_TRAIN, "run"),
+    _o("compile", _bool, False,
+       "run the model's forward under torch.compile during training (the masks are computed "
+       "eagerly; the first steps are slow while it compiles)",
+       _ALL_TRAIN, "run", flag_kind="flag"),
     _o("quiet", _bool, False, "no progress bars or summaries, only errors", COMMANDS, "run",
        flag_kind="flag"),
 )
 
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
-# options that may differ from the saved config when a run is resumed
+# options that may differ from the saved config when a run is resumed (--precision and
+# --compile may not: a resumed run must compute what the uninterrupted one would)
 RESUME_MUTABLE = frozenset({"stop_after", "checkpoint_every", "device", "threads", "quiet", "out"})
 
 
@@ -448,6 +458,8 @@ class RunConfig:
     stop_after: int | None = None
     device: str = "auto"
     threads: int | None = None
+    precision: str = "32"
+    compile: bool = False
     quiet: bool = False
     task_info: dict[str, Any] = field(default_factory=dict)  # filled by the task (classes, vocab)
 

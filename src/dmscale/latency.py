@@ -83,6 +83,7 @@ import torch
 from torch import nn
 
 from .discover import LayerSlots, SearchSpace
+from .resources import DeviceCache
 from .tracer import split_inputs
 from .handlers import Handler, handler_for
 from .masks import detach
@@ -197,7 +198,7 @@ def _with_channels(x: torch.Tensor, dim: int, c: int) -> torch.Tensor:
 # ---------------------------------------------------------------------- the cost model
 
 
-class LatencyCostModel:
+class LatencyCostModel(DeviceCache):
     """Differentiable latency ``r_c`` (µs) of a search, fitted from per-layer measurements.
 
     Same call convention as :class:`~dmscale.resources.CostModel`: :meth:`__call__` takes the
@@ -538,14 +539,15 @@ class LatencyCostModel:
         """Predicted latency (µs) from the width mask (n_slots + 1,) and depth mask (n_blocks,)."""
         w = width_mask.to(torch.float64)
         dev = w.device
-        keep = torch.zeros(self._n_groups, dtype=torch.float64, device=dev).index_add(
-            0, self._seg.to(dev), w[self._flat.to(dev)]) / self._len.to(dev)
+        seg, flat, length, gi, go, coef, lat, depth = self.on(
+            dev, self._seg, self._flat, self._len, self._gi, self._go, self._coef, self._lat, self._depth)
+        keep = torch.zeros(self._n_groups, dtype=torch.float64, device=dev).index_add(0, seg, w[flat]) / length
         keep = torch.cat([keep, torch.ones(1, dtype=torch.float64, device=dev)])
         d = torch.cat([depth_mask.to(torch.float64).reshape(-1), torch.ones(1, dtype=torch.float64, device=dev)])
-        ki, ko = keep[self._gi.to(dev)], keep[self._go.to(dev)]
+        ki, ko = keep[gi], keep[go]
         basis = torch.stack([torch.ones_like(ki), ki, ko, ki * ko, ki * ki, ko * ko], dim=1)
-        f = (basis * self._coef.to(dev)).sum(dim=1)
-        return (self._lat.to(dev) * f * d[self._depth.to(dev)]).sum() + self.constant
+        f = (basis * coef).sum(dim=1)
+        return (lat * f * d[depth]).sum() + self.constant
 
     def predict_layer(self, name: str, keep_in: float = 1.0, keep_out: float = 1.0) -> float:
         """Fitted latency (µs) of one layer at the given keep ratios (depth mask 1)."""

@@ -35,7 +35,7 @@ from .handlers import handler_for
 from .masks import GATES_NAME
 from .modes import eval_mode
 
-__all__ = ["count", "CostModel", "RESOURCES"]
+__all__ = ["count", "CostModel", "DeviceCache", "RESOURCES"]
 
 RESOURCES = ("macs", "params", "latency")
 
@@ -73,6 +73,25 @@ def count(model: nn.Module, example_inputs: Any) -> dict[str, int]:
     return {"macs": int(counter.get_total_flops()) // 2, "params": int(params)}
 
 
+class DeviceCache:
+    """Constant tensors of a cost model, moved to a device once and then reused: the step loop
+    evaluates the cost every step, and a host-to-device copy per index tensor per step would
+    cost more than the arithmetic on a GPU. A tensor that is replaced (not changed in place)
+    is moved again."""
+
+    def on(self, device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """``[t.to(device) for t in tensors]``, each copy made once per (tensor, device)."""
+        cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = \
+            self.__dict__.setdefault("_device_cache", {})
+        out = []
+        for t in tensors:
+            hit = cache.get((id(t), device))
+            if hit is None or hit[0] is not t:
+                hit = cache[(id(t), device)] = (t, t.to(device))
+            out.append(hit[1])
+        return out
+
+
 @dataclass
 class _Terms:
     base: torch.Tensor  # (T,) float64
@@ -81,7 +100,7 @@ class _Terms:
     depth: torch.Tensor  # (T,) flat block index, B = no factor
 
 
-class CostModel:
+class CostModel(DeviceCache):
     """Differentiable cost ``r_c`` of one resource from the gates' masks.
 
     Built once from a :class:`SearchSpace`; :meth:`__call__` takes the concatenated width
@@ -188,10 +207,11 @@ class CostModel:
         w = width_mask.to(torch.float64)
         dev = w.device
         g = len(self._groups)
-        keep = torch.zeros(g, dtype=torch.float64, device=dev).index_add(
-            0, self._seg.to(dev), w[self._flat.to(dev)]) / self._len.to(dev)
+        t = self.terms
+        seg, flat, length, base, f_in, f_out, depth = self.on(
+            dev, self._seg, self._flat, self._len, t.base, t.f_in, t.f_out, t.depth)
+        keep = torch.zeros(g, dtype=torch.float64, device=dev).index_add(0, seg, w[flat]) / length
         keep = torch.cat([keep, torch.ones(1, dtype=torch.float64, device=dev)])
         d = torch.cat([depth_mask.to(torch.float64), torch.ones(1, dtype=torch.float64, device=dev)])
-        t = self.terms
-        per_term = t.base.to(dev) * keep[t.f_in.to(dev)] * keep[t.f_out.to(dev)] * d[t.depth.to(dev)]
+        per_term = base * keep[f_in] * keep[f_out] * d[depth]
         return per_term.sum() + self.constant

@@ -1,0 +1,30 @@
+"""The engine of a run: one step loop (:mod:`.loop`), where and how steps run
+(:mod:`.device`: device, threads, autocast, GradScaler, torch.compile), and the run
+directory with its checkpoint, RNG state, stop signals and progress (:mod:`.rundir`).
+
+The engine imports neither the command line, the tasks nor the reports; the pipelines
+(:mod:`dmscale.pipeline`) build on it.
+"""
+
+from .device import COMPILE_BACKEND, PRECISIONS, Precision, compiled_forward, resolve_device, set_threads
+from .loop import MAX_NON_FINITE_STEPS, LoopHost, StepLoop, StepOutput, calibrated_resource_loss
+from .rundir import (
+    CHECKPOINT_VERSION,
+    Progress,
+    RunDir,
+    StopOnSignals,
+    Stopped,
+    atomic_write_text,
+    fmt_count,
+    fmt_time,
+    read_checkpoint,
+    rng_state,
+    set_rng_state,
+)
+
+__all__ = [
+    "CHECKPOINT_VERSION", "COMPILE_BACKEND", "LoopHost", "MAX_NON_FINITE_STEPS", "PRECISIONS",
+    "Precision", "Progress", "RunDir", "StepLoop", "StepOutput", "StopOnSignals", "Stopped",
+    "atomic_write_text", "calibrated_resource_loss", "compiled_forward", "fmt_count", "fmt_time",
+    "read_checkpoint", "resolve_device", "rng_state", "set_rng_state", "set_threads",
+]

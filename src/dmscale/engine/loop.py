@@ -1,0 +1,355 @@
+"""The step loop every phase of a run uses: one place for batches, forward and loss,
+backward and optimizer steps, the non-finite skip, stop signals, checkpoints and metrics.
+
+A :class:`StepLoop` trains one model for ``total`` steps of one phase (pretrain, search,
+finish, retrain), resuming from the run's checkpoint of that phase. Its parts, in the order
+of a step:
+
+====================  ===================================================================
+:meth:`batch`         batch ``step`` of the task, a pure function of ``(seed, step)``
+:meth:`forward_loss`  forward and task loss (+ distillation) under the run's autocast,
+                      then the resource loss (full precision, outside autocast)
+:meth:`skip_non_finite`  a NaN / infinite loss: no backward, the step changes nothing
+:meth:`backward_and_step`  zero grads, backward, optimizer steps (through the GradScaler
+                      for fp16: an overflow skips *every* optimizer and leaves the
+                      importance buffers as they were), schedulers
+:meth:`checkpoint`    model, searcher, optimizers, schedulers, scaler, RNG states, step
+====================  ===================================================================
+
+Scaling out (torch.distributed) goes into this class only: wrap the model in
+:meth:`run` (``# DDP: wrap``), shard the batch by rank in :meth:`batch`, average the
+importance buffers after backward in :meth:`backward_and_step`, and let only rank 0 write
+files or print (:attr:`writes_files`).
+
+The loop talks to its run through :class:`LoopHost` (what :class:`dmscale.pipeline.Pipeline`
+provides): configuration, task, device, precision, run directory, the run's state and step
+counter.
+
+Example:
+    >>> import tempfile, torch
+    >>> from dmscale.config import RunConfig
+    >>> from dmscale.pipeline import Pipeline
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     cfg = RunConfig(command="pretrain", task="digits", train_limit=64, test_limit=32,
+    ...                     model="smallcnn", model_args={"width": 4, "blocks": 1},
+    ...                     batch_size=32, quiet=True, out=tmp + "/run", precision="bf16")
+    ...     pipe = Pipeline(cfg)
+    ...     pipe.rd.path.mkdir(parents=True)
+    ...     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    ...     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ...     StepLoop(pipe, "pretrain", model, total=3, optimizers=[opt]).run()
+    ...     pipe.global_step, model[1].weight.dtype
+    (3, torch.float32)
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+
+from ..errors import NonFiniteLossError
+from .device import Precision, compiled_forward
+from .rundir import CHECKPOINT_VERSION, Progress, RunDir, StopOnSignals, Stopped, fmt_count, rng_state, \
+    set_rng_state
+
+__all__ = ["LoopHost", "MAX_NON_FINITE_STEPS", "StepLoop", "StepOutput", "calibrated_resource_loss"]
+
+MAX_NON_FINITE_STEPS = 3  # a run stops after this many consecutive non-finite losses
+
+
+class LoopHost(Protocol):
+    """What a :class:`StepLoop` needs from its run (a :class:`dmscale.pipeline.Pipeline`)."""
+
+    cfg: Any  # RunConfig: batch_size, seed, distill_*, stop_after, checkpoint_every, compile, quiet
+    task: Any  # Task: train_batch, forward, task_loss, batch_metric, steps_per_epoch
+    device: torch.device
+    precision: Precision
+    rd: RunDir
+    state: dict[str, Any]
+    global_step: int
+
+    def elapsed(self) -> float: ...
+
+    def save_state(self, **updates: Any) -> None: ...
+
+    def checkpoint_for(self, phase: str) -> dict[str, Any] | None: ...
+
+    def evaluate(self, phase: str, model: nn.Module, searcher: Any, step: int,
+                 limit: int | None = None) -> dict[str, float]: ...
+
+
+@dataclass
+class StepOutput:
+    """What :meth:`StepLoop.forward_loss` computed for one step."""
+
+    loss: torch.Tensor
+    task_loss: torch.Tensor
+    logits: torch.Tensor
+    record: dict[str, Any]
+    progress: float = 1.0
+
+
+def calibrated_resource_loss(searcher: Any, weight: float) -> torch.Tensor:
+    """The resource loss against the final target, with the soft cost scaled by the current
+    hard/soft ratio (detached).
+
+    With few channels per dimension the soft cost r_c can sit well below the exact cost of
+    the hard masks (a dimension kept whole still has soft masks of 0.5 - 0.9 on its least
+    important channels), so a search can meet its target in soft terms and export a model
+    over it. The finish phase pushes on the calibrated cost until the hard cost is under.
+    """
+    res = searcher.resources()
+    soft = searcher.soft_cost()
+    ratio = res["hard"] / max(res["soft"], 1e-12)
+    calibrated = soft * ratio
+    if float(calibrated.detach()) <= res["target"]:
+        return soft.new_zeros(()).float()
+    return (max(weight, 1.0) * torch.log(calibrated / res["target"])).float()
+
+
+@dataclass
+class StepLoop:
+    """Train ``model`` for ``total`` steps of ``phase`` (see the module text).
+
+    Args:
+        host: the run (configuration, task, device, precision, files, step counter).
+        phase: ``pretrain``, ``search``, ``finish`` or ``retrain``; ``search`` schedules the
+            target with ``step / total``, ``finish`` pushes on the calibrated cost.
+        optimizers / schedulers: stepped in this order every step.
+        searcher: the :class:`dmscale.Searcher` of a search phase (adds the resource loss).
+        teacher / distill: distil from ``teacher`` with ``distill(logits, t_logits, T)``.
+        until: stop the phase early once this returns True (checked after every step).
+        seed: batches are ``task.train_batch(step, batch_size, seed)``.
+    """
+
+    host: LoopHost
+    phase: str
+    model: nn.Module
+    total: int
+    optimizers: list[torch.optim.Optimizer]
+    schedulers: list[Any] = field(default_factory=list)
+    searcher: Any = None
+    teacher: nn.Module | None = None
+    distill: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None
+    until: Callable[[], bool] | None = None
+    seed: int = 0
+    _non_finite: int = field(default=0, init=False)  # consecutive non-finite losses (skipped)
+
+    @property
+    def writes_files(self) -> bool:
+        """Whether this process writes metrics and checkpoints (DDP: rank 0 only)."""
+        return True
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> None:
+        """All remaining steps of the phase; raises :class:`Stopped` at ``--stop-after`` or
+        on SIGINT / SIGTERM, after writing a checkpoint."""
+        cfg, host = self.host.cfg, self.host
+        start = self.restore()
+        scaler = host.precision.scaler
+        if self.searcher is not None and scaler is not None:
+            self.searcher.use_grad_scaler(scaler)  # importance from unscaled gradients
+        spe = host.task.steps_per_epoch(cfg.batch_size)
+        log_every = max(1, self.total // 300)
+        self.model.train()  # DDP: wrap the model here
+        bar = Progress(self.phase, self.total, start, cfg.quiet or not self.writes_files)
+        signals = StopOnSignals().__enter__()  # SIGINT/SIGTERM: checkpoint, then stop
+        try:
+            with compiled_forward(self.model, bool(getattr(cfg, "compile", False))):
+                for step in range(start, self.total):
+                    self.stop_if_asked(step, signals)
+                    x, y = self.batch(step)
+                    out = self.forward_loss(step, x, y)
+                    if self.skip_non_finite(out, step):
+                        continue
+                    self.backward_and_step(out.loss, step)
+                    host.global_step += 1
+                    done = step + 1
+                    if done % log_every == 0 or done == self.total or step == start:
+                        self.log(out, y, done, bar)
+                    if done % spe == 0 and done < self.total and self.searcher is None:
+                        host.evaluate(self.phase, self.model, None, done, limit=2000)
+                    if done % cfg.checkpoint_every == 0 and done < self.total:
+                        self.checkpoint(done)
+                    if self.until is not None and self.until():
+                        bar.finish_early(done)
+                        break
+        finally:
+            signals.__exit__()
+            bar.close()
+
+    def stop_if_asked(self, step: int, signals: StopOnSignals) -> None:
+        """A signal arrived or ``--stop-after`` is reached: checkpoint, then :class:`Stopped`."""
+        host = self.host
+        stop_after = host.cfg.stop_after
+        if signals.received is None and (stop_after is None or host.global_step < stop_after):
+            return
+        self.checkpoint(step)
+        host.save_state(status="stopped")
+        raise Stopped(host.rd.path, host.global_step, signal=signals.received)
+
+    # ------------------------------------------------------------------ one step
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch ``step`` on the device (DDP: this rank's shard of it)."""
+        x, y = self.host.task.train_batch(step, self.host.cfg.batch_size, self.seed)
+        return x.to(self.host.device), y.to(self.host.device)
+
+    def forward_loss(self, step: int, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
+        """Task loss (+ distillation) under autocast, + the resource loss of a search."""
+        cfg, task = self.host.cfg, self.host.task
+        record: dict[str, Any] = {}
+        with self.host.precision.autocast():
+            logits = task.forward(self.model, x)
+            task_loss = task.task_loss(logits, y)
+            loss = task_loss
+            if self.teacher is not None and cfg.distill_weight > 0:
+                with torch.no_grad():
+                    t_logits = task.forward(self.teacher, x)
+                kd = self.distill(logits, t_logits, cfg.distill_temperature)
+                loss = loss + cfg.distill_weight * kd
+                record["distill_loss"] = float(kd.detach())
+        progress = 1.0
+        if self.searcher is not None:
+            progress = step / self.total if self.phase == "search" else 1.0
+            if self.phase == "finish":
+                r_loss = calibrated_resource_loss(self.searcher, cfg.resource_weight)
+            else:
+                r_loss = self.searcher.resource_loss(progress=progress)
+            loss = loss + r_loss
+            record["resource_loss"] = float(r_loss.detach())
+        return StepOutput(loss, task_loss, logits, record, progress)
+
+    def skip_non_finite(self, out: StepOutput, step: int) -> bool:
+        """A NaN or infinite loss: skip the step (no backward, so neither weights, importance
+        nor structural parameters see it); stop when it keeps happening."""
+        if bool(torch.isfinite(out.loss.detach()).all()):
+            self._non_finite = 0
+            return False
+        host = self.host
+        self._non_finite += 1
+        host.global_step += 1
+        value = float(out.loss.detach())
+        host.rd.append_metrics({"phase": self.phase, "event": "non_finite_loss", "step": step + 1,
+                                "global_step": host.global_step, "loss": str(value)})
+        if self._non_finite >= MAX_NON_FINITE_STEPS:
+            raise NonFiniteLossError(
+                f"the {self.phase} loss was not finite ({value}) for {self._non_finite} steps "
+                f"in a row, up to step {step + 1}; those steps were skipped and changed nothing. "
+                "Start again with a lower --lr (or --structure-lr, --resource-weight), or check "
+                "the data for NaN or infinite values")
+        return True
+
+    def backward_and_step(self, loss: torch.Tensor, step: int) -> bool:
+        """Backward and one step of every optimizer and scheduler; returns False when the
+        GradScaler found non-finite gradients and no optimizer stepped."""
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=True)
+        scaler = self.host.precision.scaler
+        stepped = True
+        if scaler is None:
+            loss.backward()  # DDP: average the importance buffers across ranks after this
+            for o in self.optimizers:
+                o.step()
+        else:
+            stepped = self._scaled_step(loss, scaler, step)
+        for sch in self.schedulers:
+            sch.step()
+        return stepped
+
+    def _scaled_step(self, loss: torch.Tensor, scaler: Any, step: int) -> bool:
+        """fp16: scaled backward; an overflow in *any* optimizer's gradients skips all of them
+        (weights and structural parameters alike), restores the importance buffers the
+        backward hooks may have updated, and lowers the scale."""
+        kept = self._importance_snapshot()
+        scaler.scale(loss).backward()  # DDP: average the importance buffers across ranks here
+        for o in self.optimizers:
+            scaler.unscale_(o)
+        checks = [scaler._found_inf_per_device(o) for o in self.optimizers]
+        overflow = any(float(v.item()) > 0 for found in checks for v in found.values())
+        if overflow:
+            for buf, old in kept:
+                buf.copy_(old)
+        else:
+            for o, found in zip(self.optimizers, checks):
+                if found:  # an optimizer none of whose parameters got a gradient has nothing to do
+                    scaler.step(o)
+        scale = scaler.get_scale()
+        if any(checks):
+            scaler.update()
+        else:  # nothing was unscaled: forget this step's (empty) bookkeeping
+            scaler._per_optimizer_states.clear()
+        if overflow:
+            self.host.rd.append_metrics({"phase": self.phase, "event": "grad_overflow", "step": step + 1,
+                                         "global_step": self.host.global_step + 1, "scale": scale,
+                                         "new_scale": scaler.get_scale()})
+        return not overflow
+
+    def _importance_snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self.searcher is None:
+            return []
+        return [(b, b.detach().clone()) for b in self.searcher.gates.buffers() if b.is_floating_point()]
+
+    # ------------------------------------------------------------------ records
+    def log(self, out: StepOutput, y: torch.Tensor, done: int, bar: Progress) -> None:
+        """One line of ``metrics.jsonl`` and the progress bar's text."""
+        host, task = self.host, self.host.task
+        record = out.record
+        record.update(phase=self.phase, step=done, global_step=host.global_step,
+                      time=round(host.elapsed(), 2), loss=float(out.loss.detach()),
+                      task_loss=float(out.task_loss.detach()),
+                      train_acc=task.batch_metric(out.logits.detach(), y))
+        if self.optimizers and self.optimizers[0].param_groups:
+            record["lr"] = self.optimizers[0].param_groups[0]["lr"]
+        text = f"loss {float(out.task_loss.detach()):.3f}"
+        if self.searcher is not None:
+            res = self.searcher.resources()
+            record.update(cost_soft=res["soft"], cost_hard=res["hard"],
+                          cost_target=self.searcher.target_at(out.progress),
+                          cost_final=res["target"], cost_supernet=res["supernet"])
+            text += (f" | {res['resource']} {fmt_count(res['hard'])} "
+                     f"(target now {fmt_count(record['cost_target'])}, "
+                     f"final {fmt_count(res['target'])})")
+        if self.writes_files:
+            host.rd.append_metrics(record)
+        bar.update(done, text)
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self, step: int) -> None:
+        """Write everything a resumed run needs to compute exactly what this one would."""
+        host = self.host
+        host.state["elapsed"] = host.elapsed()
+        host.state["global_step"] = host.global_step
+        if not self.writes_files:
+            return
+        state = {
+            "version": CHECKPOINT_VERSION, "phase": self.phase, "step": step,
+            "global_step": host.global_step, "model": self.model.state_dict(),
+            "searcher": self.searcher.state_dict() if self.searcher is not None else None,
+            "optimizers": [o.state_dict() for o in self.optimizers],
+            "schedulers": [s.state_dict() for s in self.schedulers],
+            "rng": rng_state(), "metrics_offset": host.rd.metrics_size(),
+            "state": copy.deepcopy(host.state),
+        }
+        if host.precision.scaler is not None:
+            state["scaler"] = host.precision.state_dict()
+        host.rd.save_checkpoint(state)
+
+    def restore(self) -> int:
+        """Load this phase's checkpoint, if the run has one; returns the step to start at."""
+        ck = self.host.checkpoint_for(self.phase)
+        if ck is None:
+            return 0
+        self.model.load_state_dict(ck["model"])
+        if self.searcher is not None:
+            self.searcher.load_state_dict(ck["searcher"])
+        for o, s in zip(self.optimizers, ck["optimizers"]):
+            o.load_state_dict(s)
+        for sch, s in zip(self.schedulers, ck["schedulers"]):
+            sch.load_state_dict(s)
+        self.host.precision.load_state_dict(ck.get("scaler"))
+        set_rng_state(ck["rng"])
+        return int(ck["step"])

@@ -1,0 +1,111 @@
+"""DMS inside transformers.Trainer (dmscale.integrations.hf_trainer): a tiny Llama, ~10 steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dmscale as dms
+
+dms.ensure_torchvision()
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from dmscale.integrations.hf_trainer import DMSTrainer  # noqa: E402
+
+VOCAB = 100
+
+
+def tiny_llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(config)
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, n: int = 64, length: int = 16) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, VOCAB, (n, length), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class GroupProbe(transformers.TrainerCallback):
+    """Records the structural group's lr and weight decay right before each optimizer step."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, float]] = []
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        group = next(g for g in optimizer.param_groups if g.get("dms_structure"))
+        self.seen.append((group["lr"], group["weight_decay"]))
+
+
+def _args(tmp_path, **kw) -> transformers.TrainingArguments:
+    base = dict(output_dir=str(tmp_path / "run"), max_steps=10, per_device_train_batch_size=4,
+                learning_rate=1e-3, weight_decay=0.1, lr_scheduler_type="linear", report_to=[],
+                save_strategy="no", logging_steps=5, use_cpu=True, disable_tqdm=True, seed=0)
+    base.update(kw)
+    return transformers.TrainingArguments(**base)
+
+
+def test_dms_trainer_searches_exports_and_saves(tmp_path):
+    model = tiny_llama()
+    example = {"input_ids": torch.randint(0, VOCAB, (1, 16))}
+    probe = GroupProbe()
+    trainer = DMSTrainer(
+        model=model, args=_args(tmp_path, gradient_accumulation_steps=2), train_dataset=RandomTokens(),
+        callbacks=[probe],
+        search_config=dms.SearchConfig(resource="params", target=0.6, layer_uniform=True, search_depth=False,
+                                       exclude=["model.embed_tokens"]),
+        example_inputs=example, structure_lr=0.05, export_dir=tmp_path / "found")
+    searcher = trainer.searcher
+    a0 = [p.detach().clone() for p in searcher.structure_parameters()]
+    soft0 = searcher.resources()["soft"]
+    trainer.train()
+
+    # own group, own constant lr (the linear schedule drives the weights only), no weight decay
+    assert probe.seen == [(0.05, 0.0)] * 10
+    ids = {id(p) for p in searcher.structure_parameters()}
+    others = [p for g in trainer.optimizer.param_groups if not g.get("dms_structure") for p in g["params"]]
+    assert not ids & {id(p) for p in others}
+    # the structural parameters moved, and the resource loss pulled the cost toward the target
+    moved = [float((p.detach() - a).abs()) for p, a in zip(searcher.structure_parameters(), a0)]
+    assert max(moved) > 0.1
+    logged = [h for h in trainer.state.log_history if "dms_cost_soft" in h]
+    assert logged and logged[-1]["dms_cost_soft"] < 0.9 and logged[0]["dms_resource_loss"] > 0
+    assert searcher.resources()["soft"] < 0.9 * soft0
+    # the export is physically smaller, within the budget, and loads with from_pretrained
+    small = trainer.found_model
+    n_small, n_super = sum(p.numel() for p in small.parameters()), sum(p.numel() for p in model.parameters())
+    assert n_small < 0.75 * n_super
+    assert dms.count(small, example)["params"] <= searcher.target_cost
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "found")
+    x = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        small.eval(), loaded.eval()
+        torch.testing.assert_close(loaded(input_ids=x).logits, small(input_ids=x).logits, rtol=0, atol=1e-5)
+
+
+def test_dms_trainer_takes_a_searcher_and_names_wrong_use(tmp_path):
+    model = tiny_llama()
+    example = {"input_ids": torch.randint(0, VOCAB, (1, 8))}
+    with pytest.raises(ValueError, match="search_config=dms.SearchConfig"):
+        DMSTrainer(model=model, args=_args(tmp_path), train_dataset=RandomTokens())
+    other = tiny_llama()
+    searcher = dms.prepare(other, example, dms.SearchConfig(resource="params", target=0.5))
+    with pytest.raises(ValueError, match="not part of the trained"):
+        DMSTrainer(model=model, args=_args(tmp_path), train_dataset=RandomTokens(), searcher=searcher)
+    dms.detach(other)
+    searcher = dms.prepare(model, example, dms.SearchConfig(resource="params", target=0.5))
+    trainer = DMSTrainer(model=model, args=_args(tmp_path, max_steps=2), train_dataset=RandomTokens(),
+                         searcher=searcher)
+    trainer.train()
+    assert trainer.found_model is not None  # export_dir=None: exported, nothing written
+    assert not (tmp_path / "found").exists()

@@ -55,6 +55,7 @@ from typing import Any
 
 from torch import nn
 
+from .._compat import ensure_torchvision
 from ..search import SearchConfig, Searcher, prepare
 from ._search_steps import add_structure_group, export_and_save, pin_structure_lr, require, sync_importance
 
@@ -164,7 +165,7 @@ class DMSTrainerMixin:
 
 
 def _build_trainer() -> type:
-    require("dmscale._compat", "hf", "DMSTrainer").ensure_torchvision()  # transformers imports it
+    ensure_torchvision()  # transformers imports torchvision
     transformers = require("transformers", "hf", "dmscale.integrations.hf_trainer.DMSTrainer")
 
     class DMSTrainer(DMSTrainerMixin, transformers.Trainer):  # type: ignore[misc, valid-type]

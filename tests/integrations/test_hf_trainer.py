@@ -109,3 +109,41 @@ def test_dms_trainer_takes_a_searcher_and_names_wrong_use(tmp_path):
     trainer.train()
     assert trainer.found_model is not None  # export_dir=None: exported, nothing written
     assert not (tmp_path / "found").exists()
+
+
+@pytest.mark.slow  # two processes importing transformers: about 40 s on 2 cores
+def test_dms_trainer_under_torchrun_ddp_on_cpu(tmp_path):
+    """torchrun --nproc_per_node 2, gloo on CPU: DDP wraps the model, the structural ratios stay
+    equal on both ranks (their gradients are all-reduced, the resource term is the same on each),
+    rank 0 saves the export. Equal *structures* also need equal importance on both ranks:
+    Searcher.sync_importance (xfail while this dmscale lacks it)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(dms.__file__).parents[1]), str(here.parent),
+                                          os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(here / "hf_ddp_script.py"), str(tmp_path)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its two workers
+        _, err = proc.communicate()
+        raise AssertionError(f"torchrun did not finish in 240 s: {err[-2000:]}") from None
+    assert proc.returncode == 0, err[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["wrapped"] == "DistributedDataParallel"
+    assert ranks[0]["a"] == ranks[1]["a"] and ranks[0]["soft"] < 0.9
+    assert (tmp_path / "found" / "model.safetensors").is_file()
+    if not ranks[0]["has_sync"]:
+        pytest.xfail("importance is per rank until Searcher.sync_importance exists: the ranks keep "
+                     "the same counts but may keep different elements")
+    assert ranks[0]["structure"] == ranks[1]["structure"]

@@ -43,8 +43,9 @@ from typing import Any
 from torch import nn
 
 from .._compat import ensure_torchvision
+from ..errors import MissingDependencyError
 from ..search import SearchConfig, Searcher, prepare
-from ._search_steps import (add_structure_group, export_and_save, pin_structure_lr, require, resource_backward,
+from ._search_steps import (add_structure_group, export_and_save, pin_structure_lr, resource_backward,
                             structure_group, sync_importance)
 
 __all__ = ["DMSCallbackLogic", "DMSCallback"]
@@ -141,8 +142,14 @@ def _build_callback() -> type:
     ensure_torchvision()  # torchmetrics (imported by Lightning) may import torchvision
     try:
         import lightning.pytorch as pl
-    except ImportError:  # the standalone package has the same API
-        pl = require("pytorch_lightning", "lightning", "dmscale.integrations.lightning.DMSCallback")
+    except ImportError as err:
+        try:  # the standalone package has the same API
+            import pytorch_lightning as pl
+        except ImportError:
+            raise MissingDependencyError(
+                "dmscale.integrations.lightning.DMSCallback needs Lightning (the package 'lightning' "
+                f"or 'pytorch_lightning'), which is not installed ({err}): "
+                "pip install 'dmscale[lightning]'") from None
 
     class DMSCallback(DMSCallbackLogic, pl.Callback):  # type: ignore[misc, valid-type]
         """A Lightning ``Callback`` running a DMS search: see :class:`DMSCallbackLogic`."""

@@ -147,3 +147,24 @@ def test_dms_trainer_under_torchrun_ddp_on_cpu(tmp_path):
         pytest.xfail("importance is per rank until Searcher.sync_importance exists: the ranks keep "
                      "the same counts but may keep different elements")
     assert ranks[0]["structure"] == ranks[1]["structure"]
+
+
+def test_dms_trainer_checkpoints_and_resumes(tmp_path):
+    """Checkpoints save (layer-uniform ratios are shared tensors, which save_pretrained refuses
+    in a state dict) and resume_from_checkpoint restores the search: the resumed run ends
+    where the uninterrupted one did."""
+    def run(resume=None):
+        trainer = DMSTrainer(
+            model=tiny_llama(), train_dataset=RandomTokens(),
+            args=_args(tmp_path, max_steps=4, save_strategy="steps", save_steps=2),
+            search_config=dms.SearchConfig(resource="params", target=0.6, layer_uniform=True, search_depth=False,
+                                           exclude=["model.embed_tokens"]),
+            example_inputs={"input_ids": torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))},
+            structure_lr=0.05)
+        trainer.train(resume_from_checkpoint=resume)
+        return torch.stack([p.detach() for p in trainer.searcher.structure_parameters()])
+
+    whole = run()
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    assert (checkpoint / "dms_search.pt").is_file()
+    torch.testing.assert_close(run(resume=str(checkpoint)), whole)

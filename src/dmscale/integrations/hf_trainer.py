@@ -18,6 +18,9 @@ Why a small ``Trainer`` subclass, not a ``TrainerCallback`` or ``compute_loss_fu
   depend on whether the Trainer divides the loss by the accumulation steps (it does not
   when the model normalises by ``num_items_in_batch``).
 * **Progress** r_t follows ``state.global_step / state.max_steps``.
+* **Checkpoints** hold the weights without the gates (layer-uniform dims share one ratio,
+  which ``save_pretrained`` refuses as untied shared tensors) and ``dms_search.pt`` (the
+  searcher's ``state_dict``), loaded back by ``resume_from_checkpoint``.
 * **Export** after ``train()``: :meth:`~dmscale.search.Searcher.meet_target`, ``export()``,
   and (rank 0) :func:`dmscale.save_pretrained` into ``export_dir`` (``from_pretrained``
   loads it), or :func:`dmscale.save` for a model that is not a Hugging Face causal LM.
@@ -53,13 +56,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 from torch import nn
 
 from .._compat import ensure_torchvision
+from ..masks import GATES_NAME
 from ..search import SearchConfig, Searcher, prepare
 from ._search_steps import add_structure_group, export_and_save, pin_structure_lr, require, sync_importance
 
-__all__ = ["DMSTrainerMixin", "DMSTrainer"]
+__all__ = ["DMSTrainerMixin", "DMSTrainer", "SEARCH_STATE"]
+
+SEARCH_STATE = "dms_search.pt"  # the searcher's state_dict in each Trainer checkpoint
 
 
 class DMSTrainerMixin:
@@ -145,6 +152,27 @@ class DMSTrainerMixin:
             logs = {**logs, **self._dms_log, "dms_cost_soft": res["soft"] / sup,
                     "dms_cost_hard": res["hard"] / sup, "dms_target_now": self.searcher.target_at(self.progress()) / sup}
         super().log(logs, *args, **kwargs)  # type: ignore[misc]
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
+        """Checkpoints: the model's weights without the gates (``save_pretrained`` refuses the
+        ratios that layer-uniform dims share), and the search state in ``dms_search.pt``."""
+        if state_dict is None:
+            state_dict = self.model.state_dict()  # type: ignore[attr-defined]
+        state_dict = {k: v for k, v in state_dict.items() if GATES_NAME + "." not in k}
+        super()._save(output_dir, state_dict=state_dict)  # type: ignore[misc]
+        out = output_dir if output_dir is not None else self.args.output_dir  # type: ignore[attr-defined]
+        if self.args.should_save:  # type: ignore[attr-defined]
+            torch.save(self.searcher.state_dict(), os.path.join(out, SEARCH_STATE))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, *args: Any, **kwargs: Any) -> None:
+        """The Trainer's weights (loaded non-strict: the gates are not in them), then the search state."""
+        super()._load_from_checkpoint(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
+        path = os.path.join(resume_from_checkpoint, SEARCH_STATE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{resume_from_checkpoint} has no {SEARCH_STATE}: it was not written by "
+                                    f"{type(self).__name__}, so the search state (ratios, importance) is lost; "
+                                    "resume from a checkpoint of this search")
+        self.searcher.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """The Trainer's ``train()``, then the export (``found_model``, saved to ``export_dir``)."""

@@ -97,6 +97,10 @@ class DMSCallbackLogic:
 
     def on_fit_start(self, trainer: Any, pl_module: nn.Module) -> None:
         searcher = self._searcher()
+        strategy = type(getattr(trainer, "strategy", None)).__name__
+        if "FSDP" in strategy or "DeepSpeed" in strategy:
+            raise ValueError(f"DMS search under {strategy} is not supported: sharded parameters and "
+                             "its own backward bypass the resource loss; use strategy='ddp'")
         if not trainer.optimizers:
             raise ValueError("DMSCallback needs an optimizer: return one from configure_optimizers")
         ids = {id(p) for p in searcher.structure_parameters()}

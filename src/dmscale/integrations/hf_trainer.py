@@ -135,7 +135,8 @@ class DMSTrainerMixin:
         pin_structure_lr(self.optimizer, self.structure_lr)  # type: ignore[attr-defined]
         resource = self.searcher.resource_loss(self.progress())
         if resource.requires_grad:  # zero (no graph) while the cost is under r_t
-            steps = max(1, int(getattr(self, "current_gradient_accumulation_steps", 1) or 1))
+            steps = getattr(self, "current_gradient_accumulation_steps", None)  # transformers >= 4.46
+            steps = max(1, int(steps or self.args.gradient_accumulation_steps))  # type: ignore[attr-defined]
             self.accelerator.backward(resource / steps)  # type: ignore[attr-defined]
         if self.accelerator.sync_gradients:  # type: ignore[attr-defined]
             # last micro-batch of the step: under DDP, average importance over ranks

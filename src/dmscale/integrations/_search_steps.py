@@ -1,0 +1,167 @@
+"""What every trainer integration does around someone else's optimisation step.
+
+The Hugging Face and Lightning adapters differ only in *where* they hook in; the steps
+themselves live here, written once:
+
+* :func:`add_structure_group`: move the structural parameters (the pruning ratios ``a``)
+  out of the user's parameter groups into one group of their own: their own learning rate,
+  no weight decay (decay would pull every ratio towards 0, i.e. towards keeping everything).
+* :func:`pin_structure_lr`: put that learning rate back before each step (the user's LR
+  scheduler changes every group's rate; the CLI trains ``a`` at a constant rate).
+* :func:`sync_importance`: average the importance across ranks under DDP, when the
+  :class:`~dmscale.search.Searcher` offers it.
+* :func:`export_and_save`: bring the hard structure to the budget, export, save.
+
+Example:
+    >>> import torch, dmscale as dms
+    >>> from torch import nn
+    >>> net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    >>> searcher = dms.prepare(net, torch.randn(2, 8), dms.SearchConfig("params", 0.5))
+    >>> opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.1)
+    >>> group = add_structure_group(opt, searcher, lr=0.01)
+    >>> group["lr"], group["weight_decay"], len(opt.param_groups)
+    (0.01, 0.0, 2)
+    >>> add_structure_group(opt, searcher, lr=0.01) is group   # idempotent
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import MissingDependencyError
+
+__all__ = ["STRUCTURE_GROUP_KEY", "add_structure_group", "pin_structure_lr", "structure_group",
+           "sync_importance", "export_and_save", "require", "resource_backward", "ADAM_LIKE"]
+
+STRUCTURE_GROUP_KEY = "dms_structure"  # marks the group (survives optimizer state_dict round trips)
+ADAM_LIKE = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "AdamWScheduleFree", "AdamW8bit", "PagedAdamW")
+
+
+def require(module: str, extra: str, feature: str) -> Any:
+    """Import ``module`` or raise :class:`MissingDependencyError` naming the extra to install.
+
+    Example:
+        >>> require("math", "hf", "the test").sqrt(4.0)
+        2.0
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise MissingDependencyError(
+            f"{feature} needs the package {module.split('.')[0]!r}, which is not installed "
+            f"({err}): pip install 'dmscale[{extra}]'") from None
+
+
+def structure_group(optimizer: Any) -> dict[str, Any] | None:
+    """The parameter group :func:`add_structure_group` added, or None."""
+    for group in optimizer.param_groups:
+        if group.get(STRUCTURE_GROUP_KEY):
+            return group
+    return None
+
+
+def add_structure_group(optimizer: Any, searcher: Any, lr: float) -> dict[str, Any]:
+    """Give the structural parameters their own group in ``optimizer`` and return it.
+
+    They are removed from whichever groups the user's ``model.parameters()`` put them in
+    (a group left empty is dropped), then added as ``{"lr": lr, "weight_decay": 0.0}``.
+    Keys a scheduler put on the other groups (``initial_lr``, ``max_lr``, ...) are copied so
+    the scheduler does not fail on the new group; :func:`pin_structure_lr` undoes its effect.
+    Warns when the optimizer is not of the Adam family (the ratios move by roughly ``lr`` per
+    step with Adam whatever the gradient's scale; SGD makes ``lr`` scale-dependent).
+    """
+    found = structure_group(optimizer)
+    if found is not None:
+        return found
+    params = list(searcher.structure_parameters())
+    ids = {id(p) for p in params}
+    groups = optimizer.param_groups
+    template = dict(groups[0]) if groups else {}
+    for group in groups:
+        group["params"] = [p for p in group["params"] if id(p) not in ids]
+    groups[:] = [g for g in groups if g["params"]]
+    group = {k: v for k, v in template.items() if k != "params"}
+    group.update({"params": params, "lr": float(lr), "weight_decay": 0.0, STRUCTURE_GROUP_KEY: True})
+    if "initial_lr" in template:
+        group["initial_lr"] = float(lr)
+    optimizer.add_param_group(group)
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate / Lightning wrappers
+    name = type(inner).__name__
+    if not any(name.startswith(a) for a in ADAM_LIKE):
+        warnings.warn(f"the structural parameters are stepped by {name}; DMS trains them with Adam "
+                      "(a step of about lr per iteration whatever the gradient's scale): use an "
+                      "Adam-family optimizer, or set structure_lr for this one", stacklevel=3)
+    return structure_group(optimizer) or group
+
+
+def pin_structure_lr(optimizer: Any, lr: float) -> None:
+    """Set the structural group's learning rate back to ``lr`` (call before each step)."""
+    group = structure_group(optimizer)
+    if group is not None:
+        group["lr"] = float(lr)
+
+
+def sync_importance(searcher: Any) -> None:
+    """Average the importance over DDP ranks when the searcher can (after backward).
+
+    Under DDP each rank sees only its own micro-batch's mask gradients, so importances (and
+    with them the ranking of what is kept) drift apart across ranks; ``sync_importance``
+    averages them. Older searchers without it: no-op (single process needs none).
+    """
+    sync = getattr(searcher, "sync_importance", None)
+    if callable(sync):
+        sync()
+
+
+def export_and_save(searcher: Any, export_dir: str | os.PathLike[str] | None, *, meet_target: bool = True,
+                    save: bool = True, tokenizer: Any = None) -> nn.Module:
+    """Export the found model; write it to ``export_dir`` when given and ``save``.
+
+    ``meet_target``: first bring the hard structure to the largest cost not above the target
+    (:meth:`~dmscale.search.Searcher.meet_target`; a search of a few hundred steps ends near,
+    not at, its target). Hugging Face causal LMs are written with
+    :func:`dmscale.save_pretrained` (loads with ``from_pretrained``), other models with
+    :func:`dmscale.save` (``structure.json`` + ``model.safetensors``, loads with
+    ``dmscale.load``).
+    """
+    from ..io import save as save_files
+
+    if meet_target:
+        searcher.meet_target()
+    small = searcher.export()
+    if export_dir is not None and save:
+        out = Path(export_dir)
+        if _is_hf(small):
+            from ..hf_export import save_pretrained
+
+            save_pretrained(small, out, tokenizer=tokenizer)
+        else:
+            save_files(small, searcher.structure(), out)
+    return small
+
+
+def _is_hf(model: nn.Module) -> bool:
+    transformers = sys.modules.get("transformers")  # an HF model means it is imported already
+    if transformers is None:
+        return False
+    PreTrainedModel = transformers.PreTrainedModel
+    return isinstance(model, PreTrainedModel) or any(isinstance(m, PreTrainedModel) for m in model.children())
+
+
+def resource_backward(searcher: Any, progress: float, scale: float = 1.0) -> torch.Tensor:
+    """Backward of ``scale * searcher.resource_loss(progress)`` (gradients only on ``a``);
+    returns the unscaled loss, detached. Nothing happens when the cost is under r_t."""
+    with torch.enable_grad():
+        loss = searcher.resource_loss(progress)
+        if loss.requires_grad:
+            (loss * scale).backward()
+    return loss.detach()

@@ -1,0 +1,213 @@
+"""DMS inside the Hugging Face ``Trainer``: :class:`DMSTrainer` (or :class:`DMSTrainerMixin`).
+
+Why a small ``Trainer`` subclass, not a ``TrainerCallback`` or ``compute_loss_func``:
+
+* **The optimiser group.** The structural parameters need a group of their own (own lr, no
+  weight decay) *before* the Trainer builds its LR scheduler and loads a checkpoint's
+  optimizer state. Callbacks first run after both (``on_train_begin``), so a group added
+  there is unknown to the scheduler and breaks ``resume_from_checkpoint``. The subclass adds
+  it in ``create_optimizer``.
+* **The resource loss.** It depends only on the structural parameters, so it gets its own
+  backward, right after the Trainer's own in ``training_step``, through
+  ``accelerator.backward``: the same fp16 loss scale (unscaled together with every other
+  gradient), the same gradient clipping, and divided by the micro-batches of one step
+  (summed over gradient accumulation it counts once per optimizer step). A callback's
+  ``on_pre_optimizer_step`` comes after clipping and after unscaling only when clipping is
+  on, so its gradient would be scaled wrongly in fp16 without clipping. Adding the term in
+  ``compute_loss`` would also pollute the logged training loss and the evaluation loss and
+  depend on whether the Trainer divides the loss by the accumulation steps (it does not
+  when the model normalises by ``num_items_in_batch``).
+* **Progress** r_t follows ``state.global_step / state.max_steps``.
+* **Checkpoints** hold the weights without the gates (layer-uniform dims share one ratio,
+  which ``save_pretrained`` refuses as untied shared tensors) and ``dms_search.pt`` (the
+  searcher's ``state_dict``), loaded back by ``resume_from_checkpoint``.
+* **Export** after ``train()``: :meth:`~dmscale.search.Searcher.meet_target`, ``export()``,
+  and (rank 0) :func:`dmscale.save_pretrained` into ``export_dir`` (``from_pretrained``
+  loads it), or :func:`dmscale.save` for a model that is not a Hugging Face causal LM.
+
+Use the mixin with a ``Trainer`` subclass you already have (e.g. TRL's ``SFTTrainer``):
+``class MyTrainer(DMSTrainerMixin, SFTTrainer): pass``.
+
+Distributed: under DDP the extra backward runs after the Trainer's gradient all-reduce, so
+it only adds locally; its gradient is the same on every rank (a function of the replicated
+``a`` alone). Importance is averaged by ``Searcher.sync_importance`` once per optimizer step,
+when the searcher offers it. FSDP and DeepSpeed shard parameters and drive the backward
+themselves; :class:`DMSTrainer` refuses them.
+
+Example::
+
+    import torch, transformers, dmscale as dms
+    from dmscale.integrations.hf_trainer import DMSTrainer
+
+    model = transformers.AutoModelForCausalLM.from_pretrained("...")   # or from a config
+    example = {"input_ids": torch.randint(0, model.config.vocab_size, (1, 16))}
+    trainer = DMSTrainer(
+        model=model, args=transformers.TrainingArguments("out", max_steps=500),
+        train_dataset=dataset,
+        search_config=dms.SearchConfig(resource="params", target=0.5, layer_uniform=True),
+        example_inputs=example, structure_lr=0.01, export_dir="out/found")
+    trainer.train()             # searches; then exports and saves "out/found"
+    small = trainer.found_model  # the physically smaller model
+    transformers.AutoModelForCausalLM.from_pretrained("out/found")
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._compat import ensure_torchvision
+from ..masks import GATES_NAME
+from ..search import SearchConfig, Searcher, prepare
+from ._search_steps import add_structure_group, export_and_save, pin_structure_lr, require, sync_importance
+
+__all__ = ["DMSTrainerMixin", "DMSTrainer", "SEARCH_STATE"]
+
+SEARCH_STATE = "dms_search.pt"  # the searcher's state_dict in each Trainer checkpoint
+
+
+class DMSTrainerMixin:
+    """Adds a DMS search to a ``transformers.Trainer`` (subclass); see the module docs.
+
+    Keyword arguments (all others go to the Trainer):
+        searcher: a :class:`~dmscale.search.Searcher` already attached to the model (or to
+            one of its submodules) with :func:`dmscale.prepare`; or
+        search_config, example_inputs: attach one here (``dms.prepare(model, ...)``).
+        structure_lr: the structural parameters' learning rate (kept constant; the Trainer's
+            LR schedule applies to the weights only).
+        export_dir: where the found model is saved after ``train()`` (None: not saved;
+            ``trainer.found_model`` holds it either way).
+        meet_target: bring the hard structure to the budget before the export.
+    """
+
+    def __init__(self, *args: Any, searcher: Searcher | None = None,
+                 search_config: SearchConfig | None = None, example_inputs: Any = None,
+                 structure_lr: float = 0.01, export_dir: str | os.PathLike[str] | None = None,
+                 meet_target: bool = True, **kwargs: Any) -> None:
+        model = kwargs.get("model", args[0] if args else None)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"{type(self).__name__} needs model=<an nn.Module>, got {type(model).__name__}")
+        if not structure_lr > 0:
+            raise ValueError(f"structure_lr must be > 0, got {structure_lr}")
+        if searcher is None:
+            if search_config is None or example_inputs is None:
+                raise ValueError(f"{type(self).__name__}: pass searcher=dms.prepare(model, ...), or "
+                                 "search_config=dms.SearchConfig(...) with example_inputs=<a batch the "
+                                 "model accepts, e.g. {'input_ids': ...}>")
+            searcher = prepare(model, example_inputs, search_config)
+        elif not any(m is searcher.model for m in model.modules()):
+            raise ValueError(f"the searcher is attached to a {type(searcher.model).__name__} that is not "
+                             f"part of the trained {type(model).__name__}: prepare the model you pass "
+                             "to the Trainer (or one of its submodules)")
+        self.searcher = searcher
+        self.structure_lr = float(structure_lr)
+        self.export_dir = export_dir
+        self.meet_target = meet_target
+        self.found_model: nn.Module | None = None
+        self._dms_log: dict[str, float] = {}
+        super().__init__(*args, **kwargs)
+        if getattr(self, "is_deepspeed_enabled", False) or getattr(self, "is_fsdp_enabled", False):
+            raise ValueError("DMS search under DeepSpeed or FSDP is not supported: their sharded "
+                             "parameters and own backward bypass the resource loss; use DDP "
+                             "(torchrun without --deepspeed / --fsdp)")
+        scaler = getattr(self.accelerator, "scaler", None)
+        if scaler is not None:  # fp16: importance from unscaled gradients
+            searcher.use_grad_scaler(scaler)
+
+    # ------------------------------------------------------------------ Trainer hooks
+    def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
+        """The Trainer's optimizer, with the structural parameters in a group of their own."""
+        optimizer = super().create_optimizer(*args, **kwargs)  # type: ignore[misc]
+        add_structure_group(optimizer, self.searcher, self.structure_lr)
+        return optimizer
+
+    def progress(self) -> float:
+        """r_t's progress: ``global_step / max_steps`` in [0, 1]."""
+        state = self.state  # type: ignore[attr-defined]
+        return min(1.0, state.global_step / max(1, state.max_steps))
+
+    def training_step(self, model: nn.Module, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        """The Trainer's step (task loss, backward), then the resource loss's own backward."""
+        loss = super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
+        pin_structure_lr(self.optimizer, self.structure_lr)  # type: ignore[attr-defined]
+        resource = self.searcher.resource_loss(self.progress())
+        if resource.requires_grad:  # zero (no graph) while the cost is under r_t
+            steps = getattr(self, "current_gradient_accumulation_steps", None)  # transformers >= 4.46
+            steps = max(1, int(steps or self.args.gradient_accumulation_steps))  # type: ignore[attr-defined]
+            self.accelerator.backward(resource / steps)  # type: ignore[attr-defined]
+        if self.accelerator.sync_gradients:  # type: ignore[attr-defined]
+            # last micro-batch of the step: under DDP, average importance over ranks
+            # (Searcher.sync_importance, where this dmscale has it)
+            sync_importance(self.searcher)
+            self._dms_log = {"dms_resource_loss": float(resource.detach())}
+        return loss
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's logs, plus the resource loss and the cost (fractions of the supernet)."""
+        if "loss" in logs and self._dms_log:  # training logs only
+            res = self.searcher.resources()
+            sup = self.searcher.supernet_cost
+            logs = {**logs, **self._dms_log, "dms_cost_soft": res["soft"] / sup,
+                    "dms_cost_hard": res["hard"] / sup, "dms_target_now": self.searcher.target_at(self.progress()) / sup}
+        super().log(logs, *args, **kwargs)  # type: ignore[misc]
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
+        """Checkpoints: the model's weights without the gates (``save_pretrained`` refuses the
+        ratios that layer-uniform dims share), and the search state in ``dms_search.pt``."""
+        if state_dict is None:
+            state_dict = self.model.state_dict()  # type: ignore[attr-defined]
+        state_dict = {k: v for k, v in state_dict.items() if GATES_NAME + "." not in k}
+        super()._save(output_dir, state_dict=state_dict)  # type: ignore[misc]
+        out = output_dir if output_dir is not None else self.args.output_dir  # type: ignore[attr-defined]
+        if self.args.should_save:  # type: ignore[attr-defined]
+            torch.save(self.searcher.state_dict(), os.path.join(out, SEARCH_STATE))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, *args: Any, **kwargs: Any) -> None:
+        """The Trainer's weights (loaded non-strict: the gates are not in them), then the search state."""
+        super()._load_from_checkpoint(resume_from_checkpoint, *args, **kwargs)  # type: ignore[misc]
+        path = os.path.join(resume_from_checkpoint, SEARCH_STATE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{resume_from_checkpoint} has no {SEARCH_STATE}: it was not written by "
+                                    f"{type(self).__name__}, so the search state (ratios, importance) is lost; "
+                                    "resume from a checkpoint of this search")
+        self.searcher.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """The Trainer's ``train()``, then the export (``found_model``, saved to ``export_dir``)."""
+        output = super().train(*args, **kwargs)  # type: ignore[misc]
+        self.found_model = self.export_found()
+        return output
+
+    def export_found(self) -> nn.Module:
+        """Export the found model now and save it (main process only) to ``export_dir``."""
+        was = self.searcher.model.training
+        try:
+            small = export_and_save(self.searcher, self.export_dir, meet_target=self.meet_target,
+                                    save=bool(self.args.should_save),  # type: ignore[attr-defined]
+                                    tokenizer=getattr(self, "processing_class", None))
+        finally:
+            self.searcher.model.train(was)
+        return small
+
+
+def _build_trainer() -> type:
+    ensure_torchvision()  # transformers imports torchvision
+    transformers = require("transformers", "hf", "dmscale.integrations.hf_trainer.DMSTrainer")
+
+    class DMSTrainer(DMSTrainerMixin, transformers.Trainer):  # type: ignore[misc, valid-type]
+        """``transformers.Trainer`` with a DMS search: see :class:`DMSTrainerMixin`."""
+
+    DMSTrainer.__module__ = __name__
+    return DMSTrainer
+
+
+def __getattr__(name: str) -> Any:
+    """``DMSTrainer`` is built on first use, so importing this module needs no transformers."""
+    if name == "DMSTrainer":
+        cls = _build_trainer()
+        globals()["DMSTrainer"] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

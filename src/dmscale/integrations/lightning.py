@@ -1,0 +1,171 @@
+"""DMS inside a Lightning ``Trainer``: :class:`DMSCallback`, nothing to change in the module.
+
+What the callback does, and at which hook:
+
+* ``setup`` (before ``configure_optimizers``): attach the search, ``dms.prepare`` on the
+  ``LightningModule`` or on one of its submodules (``submodule="net"``), unless a searcher
+  was given. The structural parameters are then part of ``self.parameters()``.
+* ``on_fit_start`` (optimizers built, checkpoint not yet restored, so ``ckpt_path`` resumes
+  with the same groups): move the structural parameters out of the user's groups into a
+  group of their own in the same optimizer (their own lr, no weight decay). This is the
+  least intrusive way that works: the user's ``configure_optimizers`` stays as it is.
+* ``on_before_optimizer_step`` (once per optimizer step: after every micro-batch's backward
+  of gradient accumulation and after AMP's unscale, before gradient clipping): put the
+  structural lr back (the user's LR scheduler scales every group), add the gradient of
+  ``searcher.resource_loss(progress)`` with its own backward, and average importance over
+  ranks (``Searcher.sync_importance``, where this dmscale has it). Under DDP this backward
+  runs after the gradient all-reduce, so it only adds locally; it is the same on every rank
+  (a function of the replicated ``a`` alone).
+* ``on_fit_end``: :meth:`~dmscale.search.Searcher.meet_target`, ``export()``, and (rank 0)
+  save to ``export_dir`` (:func:`dmscale.save`; :func:`dmscale.save_pretrained` for a
+  Hugging Face causal LM). ``callback.found_model`` holds the export.
+
+Progress r_t follows ``trainer.global_step / max_steps`` (``estimated_stepping_batches``
+when ``max_steps`` is not set).
+
+Example::
+
+    import lightning as L, torch, dmscale as dms
+    from dmscale.integrations.lightning import DMSCallback
+
+    dms_cb = DMSCallback(search_config=dms.SearchConfig(resource="macs", target=0.5),
+                         example_inputs=torch.randn(1, 3, 32, 32), submodule="net",
+                         structure_lr=0.01, export_dir="found")
+    L.Trainer(max_steps=1000, callbacks=[dms_cb]).fit(module, loader)
+    small = dms_cb.found_model          # also saved in "found" (dms.load(fresh_net, "found"))
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torch import nn
+
+from .._compat import ensure_torchvision
+from ..errors import MissingDependencyError
+from ..search import SearchConfig, Searcher, prepare
+from ._search_steps import (add_structure_group, export_and_save, pin_structure_lr, resource_backward,
+                            structure_group, sync_importance)
+
+__all__ = ["DMSCallbackLogic", "DMSCallback"]
+
+
+class DMSCallbackLogic:
+    """The hooks of :class:`DMSCallback` (a Lightning ``Callback``); see the module docs.
+
+    Args:
+        searcher: a :class:`~dmscale.search.Searcher` already attached to the module (or one
+            of its submodules); or
+        search_config, example_inputs: attach one in ``setup``, on ``pl_module`` or on
+            ``pl_module.get_submodule(submodule)``.
+        structure_lr: the structural parameters' learning rate (constant).
+        export_dir: where the found model is saved at the end of ``fit`` (None: not saved).
+        meet_target: bring the hard structure to the budget before the export.
+    """
+
+    def __init__(self, searcher: Searcher | None = None, *, search_config: SearchConfig | None = None,
+                 example_inputs: Any = None, submodule: str | None = None, structure_lr: float = 0.01,
+                 export_dir: str | os.PathLike[str] | None = None, meet_target: bool = True) -> None:
+        super().__init__()
+        if searcher is None and (search_config is None or example_inputs is None):
+            raise ValueError("DMSCallback: pass searcher=dms.prepare(net, ...), or search_config="
+                             "dms.SearchConfig(...) with example_inputs=<a batch the network accepts>")
+        if not structure_lr > 0:
+            raise ValueError(f"structure_lr must be > 0, got {structure_lr}")
+        self.searcher = searcher
+        self.search_config = search_config
+        self.example_inputs = example_inputs
+        self.submodule = submodule
+        self.structure_lr = float(structure_lr)
+        self.export_dir = export_dir
+        self.meet_target = meet_target
+        self.found_model: nn.Module | None = None
+        self.resource_losses: list[float] = []  # one per optimizer step
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: Any, pl_module: nn.Module, stage: str) -> None:
+        if stage != "fit":
+            return
+        if self.searcher is None:
+            target = pl_module.get_submodule(self.submodule) if self.submodule else pl_module
+            self.searcher = prepare(target, self.example_inputs, self.search_config)
+        elif not any(m is self.searcher.model for m in pl_module.modules()):
+            raise ValueError(f"the searcher is attached to a {type(self.searcher.model).__name__} that is "
+                             f"not part of the fitted {type(pl_module).__name__}: prepare the network the "
+                             "LightningModule holds")
+
+    def on_fit_start(self, trainer: Any, pl_module: nn.Module) -> None:
+        searcher = self._searcher()
+        strategy = type(getattr(trainer, "strategy", None)).__name__
+        if "FSDP" in strategy or "DeepSpeed" in strategy:
+            raise ValueError(f"DMS search under {strategy} is not supported: sharded parameters and "
+                             "its own backward bypass the resource loss; use strategy='ddp'")
+        if not trainer.optimizers:
+            raise ValueError("DMSCallback needs an optimizer: return one from configure_optimizers")
+        ids = {id(p) for p in searcher.structure_parameters()}
+        holding = [o for o in trainer.optimizers if any(id(p) in ids for g in o.param_groups for p in g["params"])]
+        add_structure_group((holding or trainer.optimizers)[0], searcher, self.structure_lr)
+        scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+        if scaler is not None:  # 16-mixed: importance from unscaled gradients
+            searcher.use_grad_scaler(scaler)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: nn.Module, optimizer: Any) -> None:
+        if structure_group(optimizer) is None:  # another optimizer (manual optimisation)
+            return
+        pin_structure_lr(optimizer, self.structure_lr)
+        searcher = self._searcher()
+        loss = resource_backward(searcher, self.progress(trainer))
+        # under DDP: average importance over ranks (Searcher.sync_importance, where present)
+        sync_importance(searcher)
+        self.resource_losses.append(float(loss))
+
+    def on_fit_end(self, trainer: Any, pl_module: nn.Module) -> None:
+        searcher = self._searcher()
+        was = searcher.model.training
+        try:
+            self.found_model = export_and_save(searcher, self.export_dir, meet_target=self.meet_target,
+                                               save=bool(trainer.is_global_zero))
+        finally:
+            searcher.model.train(was)
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def progress(trainer: Any) -> float:
+        """r_t's progress: ``global_step / max_steps`` in [0, 1]."""
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        return min(1.0, trainer.global_step / max(1, float(total)))
+
+    def _searcher(self) -> Searcher:
+        if self.searcher is None:
+            raise RuntimeError("DMSCallback: no search attached yet (setup('fit') attaches it)")
+        return self.searcher
+
+
+def _build_callback() -> type:
+    ensure_torchvision()  # torchmetrics (imported by Lightning) may import torchvision
+    try:
+        import lightning.pytorch as pl
+    except ImportError as err:
+        try:  # the standalone package has the same API
+            import pytorch_lightning as pl
+        except ImportError:
+            raise MissingDependencyError(
+                "dmscale.integrations.lightning.DMSCallback needs Lightning (the package 'lightning' "
+                f"or 'pytorch_lightning'), which is not installed ({err}): "
+                "pip install 'dmscale[lightning]'") from None
+
+    class DMSCallback(DMSCallbackLogic, pl.Callback):  # type: ignore[misc, valid-type]
+        """A Lightning ``Callback`` running a DMS search: see :class:`DMSCallbackLogic`."""
+
+    DMSCallback.__module__ = __name__
+    return DMSCallback
+
+
+def __getattr__(name: str) -> Any:
+    """``DMSCallback`` is built on first use, so importing this module needs no Lightning."""
+    if name == "DMSCallback":
+        cls = _build_callback()
+        globals()["DMSCallback"] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

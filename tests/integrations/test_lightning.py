@@ -1,0 +1,111 @@
+"""DMS inside a Lightning Trainer (dmscale.integrations.lightning): a tiny MLP, 10 steps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import dmscale as dms
+
+dms.ensure_torchvision()
+L = pytest.importorskip("lightning")
+
+from dmscale.integrations.lightning import DMSCallback  # noqa: E402
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+class Classifier(L.LightningModule):
+    """A user's module as it is: AdamW over self.parameters() with a step LR schedule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class GroupProbe(L.Callback):
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, float]] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        group = next(g for g in optimizer.param_groups if g.get("dms_structure"))
+        self.seen.append((group["lr"], group["weight_decay"]))
+
+
+def _loader() -> torch.utils.data.DataLoader:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(160, 16, generator=g)
+    y = (x[:, :4].argmax(1))
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+
+
+def _trainer(*callbacks, **kw) -> L.Trainer:
+    return L.Trainer(max_steps=10, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks), **kw)
+
+
+def test_callback_searches_exports_and_saves(tmp_path):
+    module = Classifier()
+    dms_cb = DMSCallback(search_config=dms.SearchConfig(resource="params", target=0.5),
+                         example_inputs=torch.randn(2, 16), submodule="net", structure_lr=0.05,
+                         export_dir=tmp_path / "found")
+    probe = GroupProbe()
+    trainer = _trainer(dms_cb, probe, accumulate_grad_batches=1)
+    trainer.fit(module, _loader())
+    searcher = dms_cb.searcher
+
+    # own group in the user's optimizer: own constant lr (StepLR halves the weights' lr), no decay
+    assert probe.seen == [(0.05, 0.0)] * 10
+    opt = trainer.optimizers[0]
+    assert opt.param_groups[0]["lr"] < 1e-2 / 100  # the user's schedule still drives the weights
+    ids = {id(p) for p in searcher.structure_parameters()}
+    others = [p for g in opt.param_groups if not g.get("dms_structure") for p in g["params"]]
+    assert not ids & {id(p) for p in others} and len(others) == len(list(mlp().parameters()))
+    # the structural parameters moved, the resource loss was applied and the cost came down
+    assert all(float(p.detach()) > 0.1 for p in searcher.structure_parameters())
+    assert len(dms_cb.resource_losses) == 10 and max(dms_cb.resource_losses) > 0  # 0 at step 0: r_t = supernet
+    assert searcher.resources()["soft"] < 0.8 * searcher.supernet_cost
+    # the export is physically smaller, within the budget, and reloads from the saved files
+    small = dms_cb.found_model
+    x = torch.randn(2, 16)
+    assert dms.count(small, x)["params"] <= searcher.target_cost < dms.count(mlp(), x)["params"]
+    again = dms.load(mlp(), tmp_path / "found")
+    with torch.no_grad():
+        torch.testing.assert_close(again.eval()(x), small.eval()(x))
+
+
+def test_callback_with_searcher_and_accumulation(tmp_path):
+    module = Classifier()
+    searcher = dms.prepare(module.net, torch.randn(2, 16), dms.SearchConfig(resource="macs", target=0.5))
+    dms_cb = DMSCallback(searcher, structure_lr=0.05)
+    trainer = _trainer(dms_cb, accumulate_grad_batches=2)
+    trainer.fit(module, _loader())
+    assert len(dms_cb.resource_losses) == 10  # once per optimizer step, not per micro-batch
+    assert dms_cb.found_model is not None and not (tmp_path / "found").exists()
+
+
+def test_callback_names_wrong_use():
+    with pytest.raises(ValueError, match="example_inputs"):
+        DMSCallback(search_config=dms.SearchConfig())
+    other = mlp()
+    searcher = dms.prepare(other, torch.randn(2, 16), dms.SearchConfig(resource="params", target=0.5))
+    with pytest.raises(ValueError, match="not part of the fitted"):
+        _trainer(DMSCallback(searcher)).fit(Classifier(), _loader())

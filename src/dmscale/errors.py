@@ -13,7 +13,8 @@ from __future__ import annotations
 
 __all__ = ["DMScaleError", "UnsupportedLayerError", "StructureError", "VerificationError",
            "MissingDependencyError", "ExportCheckError", "StandaloneError", "ConfigError",
-           "InputError", "NothingToSearchError", "DataError", "MissingFileError", "NonFiniteLossError", "WriteError"]
+           "InputError", "NothingToSearchError", "DataError", "MissingFileError", "NonFiniteLossError", "WriteError",
+           "TraceError"]
 
 
 class DMScaleError(ValueError):
@@ -73,3 +74,8 @@ class NonFiniteLossError(DMScaleError):
 
 class WriteError(DMScaleError):
     """A file could not be written (a full disk); the message says what survived."""
+
+
+class TraceError(DMScaleError):
+    """The model runs on the example inputs but not under dmscale's trace (forward hooks and a
+    ``TorchFunctionMode``); the message names the error and what to pass instead."""

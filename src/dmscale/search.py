@@ -27,7 +27,8 @@ from torch import nn
 
 from .discover import SearchSpace, discover
 from .tracer import split_inputs
-from .errors import ConfigError, InputError, NothingToSearchError, UnsupportedLayerError, VerificationError
+from .errors import (ConfigError, InputError, NothingToSearchError, TraceError, UnsupportedLayerError,
+                     VerificationError)
 from .export import FORMAT, export_model
 from .handlers import handler_for
 from .importance import IMPORTANCE_METRICS
@@ -156,6 +157,13 @@ class Searcher:
                     f"{str(err).splitlines()[0] if str(err) else ''}; pass inputs the model's forward "
                     "accepts (a tensor, a tuple of positional inputs or a dict of keyword inputs)"
                 ) from err
+            if not isinstance(err, ValueError):
+                raise TraceError(
+                    f"{type(model).__name__} runs on the example inputs but not under dmscale's trace "
+                    f"(forward hooks and a TorchFunctionMode): {type(err).__name__}: "
+                    f"{str(err).splitlines()[0] if str(err) else ''}; pass the plain nn.Module (not "
+                    "torch.compile'd or scripted), or exclude the module that fails "
+                    "(SearchConfig(exclude=[...]))") from err
             raise
         if not config.search_width:
             space = _without_width(space)

@@ -260,6 +260,10 @@ def _idx_dir(tmp: Path, damage: str) -> Path:
 
 DATA_CASES = {"missing": ["no MNIST file"], "truncated_gzip": ["corrupt or truncated gzip"],
               "truncated_idx": ["truncated IDX file", "download it again"], "wrong_format": ["not an IDX file"]}
+DATA_WHAT = {"missing": "an MNIST (IDX) directory with a file missing",
+             "truncated_gzip": "an IDX file whose gzip stream is cut short",
+             "truncated_idx": "an IDX file with fewer items than its header says",
+             "wrong_format": "a file that is not IDX (here HTML) under an IDX name"}
 
 
 @pytest.mark.parametrize("damage", list(DATA_CASES))
@@ -350,7 +354,7 @@ CLI_CASES: dict[str, tuple[str, Callable[[Path, Path], list[Any]], list[str]]] =
                                          "--quiet"], ["truncated IDX file"]),
     "imagefolder_empty": ("`--task imagefolder` on a folder without class folders",
                           lambda r, t: ["search", "--task", "imagefolder", "--data", _image_dir(t, "empty"),
-                                        "--out", t / "o", "--quiet"], ["Couldn't find any class folder"]),
+                                        "--out", t / "o", "--quiet"], ["Couldn't find any class folder", "one folder per class"]),
     "imagefolder_not_an_image": ("`--task imagefolder` with a file that is not an image",
                                  lambda r, t: ["search", "--task", "imagefolder", "--data",
                                                _image_dir(t, "not_an_image"), "--out", t / "o", "--quiet"],
@@ -383,28 +387,6 @@ def test_not_an_image_with_ultralytics_imported(tmp_path: Path, capsys: pytest.C
     _, args, fragments = CLI_CASES["imagefolder_not_an_image"]
     rc, err = cli(capsys, *args(tmp_path, tmp_path))
     assert rc != 0 and all(f in err for f in fragments), err
-
-
-def markdown_table(tmp_path: Path) -> str:
-    """The README table, from the messages the library cases get today."""
-    rows = ["| Bad input | Error and message |", "| --- | --- |"]
-    for name, (what, call, _) in LIBRARY_CASES.items():
-        model = MODELS.get(name, (small_net, X))[0]()
-        try:
-            call(model, tmp_path / name)
-        except DMScaleError as err:
-            msg = str(err).replace(str(tmp_path / name), "DIR").replace("|", "\\|")
-            rows.append(f"| {what} | `{type(err).__name__}`: {msg} |")
-    return "\n".join(rows)
-
-
-if __name__ == "__main__":  # print the README table
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in LIBRARY_CASES:
-            (Path(tmp) / name).mkdir()
-        print(markdown_table(Path(tmp)))
 
 
 # ----------------------------------------------------------------------------- non-finite losses
@@ -504,6 +486,11 @@ def _text_data(tmp: Path, damage: str) -> Path:
     return d
 
 
+TEXT_WHAT = {"missing": "`--task text --data` naming a path that does not exist",
+             "empty": "`--task text --data` with only empty files",
+             "gzip": "`--task text --data` holding a gzip-compressed file",
+             "latin1": "`--task text --data` holding a Latin-1 (not UTF-8) file",
+             "truncated_utf8": "`--task text --data` holding a file cut inside a UTF-8 character"}
 TEXT_CASES = {"missing": ["no such file or directory", "give a text file"],
               "empty": ["no non-empty files", "give a UTF-8 text file"],
               "gzip": ["b.txt.gz is not UTF-8 text", "byte 1", "gzip-compressed: decompress it", "give plain UTF-8"],
@@ -542,3 +529,115 @@ def test_a_truncated_token_cache_is_written_again(tmp_path: Path, monkeypatch: p
     assert len(_memmap(again / "train.bin", meta["train_tokens"])) == len(whole) // 4
     (cache / "meta.json").write_text('{"train_tok')
     assert token_cache(files, tok) == cache and json.loads((cache / "meta.json").read_text()) == meta
+
+
+def test_a_nan_backward_in_a_library_loop_leaves_importance_unchanged() -> None:
+    """A library user's loop (no CLI): a backward through a NaN loss leaves every importance
+    as it was (the Eq. 4 update is skipped), while the structural parameters get NaN
+    gradients, which is why the Searcher docstring says to skip such a step; skipping it
+    leaves the whole search state unchanged."""
+    net = small_net()
+    y = torch.tensor([0, 1])
+    searcher = dms.prepare(net, X, dms.SearchConfig(target=0.5))
+    opt = torch.optim.SGD([{"params": searcher.model_parameters(), "lr": 0.01},
+                           {"params": searcher.structure_parameters(), "lr": 5e-3}])
+
+    def loss_of(scale: float) -> torch.Tensor:
+        return nn.functional.cross_entropy(net(X), y) * scale + searcher.resource_loss(0.5)
+
+    opt.zero_grad(); loss_of(1.0).backward(); opt.step()  # noqa: E702  (one finite step first)
+    topks = list(searcher.gates.width) + list(searcher.gates.depth)
+    before = [t.importance.clone() for t in topks]
+    assert any(bool(b.abs().sum() > 0) for b in before)
+    state = {k: v.clone() for k, v in searcher.state_dict()["gates"].items()}
+    opt.zero_grad()
+    loss = loss_of(float("nan"))
+    loss.backward()
+    assert all(torch.equal(t.importance, b) for t, b in zip(topks, before)), "a NaN backward changed importance"
+    assert any(p.grad is not None and not bool(torch.isfinite(p.grad).all())
+               for p in searcher.structure_parameters()), "expected NaN gradients on the structural parameters"
+    if torch.isfinite(loss):  # the documented guard: the step is skipped
+        opt.step()
+    after = searcher.state_dict()["gates"]
+    assert all(torch.equal(after[k], v) for k, v in state.items())
+
+
+# ----------------------------------------------------------------------------- the README table
+def _row(what: str, err: BaseException | str, tmp: Path) -> str:
+    msg = (err if isinstance(err, str) else f"`{type(err).__name__}`: {err}").strip()
+    msg = msg.replace(str(tmp), "DIR").replace("|", "\\|")
+    return f"| {what} | {msg} |"
+
+
+def _library_rows(tmp: Path) -> list[str]:
+    rows = []
+    for name, (what, call, _) in LIBRARY_CASES.items():
+        (tmp / name).mkdir()
+        try:
+            call(MODELS.get(name, (small_net, X))[0](), tmp / name)
+        except DMScaleError as err:
+            rows.append(_row(what, err, tmp / name))
+    return rows
+
+
+def _data_rows(tmp: Path) -> list[str]:
+    from dmscale.data import load_mnist_dir
+    from dmscale.tasks.text import text_files, token_cache
+
+    rows = []
+    for damage, what in DATA_WHAT.items():
+        (tmp / f"idx-{damage}").mkdir()
+        try:
+            load_mnist_dir(_idx_dir(tmp / f"idx-{damage}", damage))
+        except DMScaleError as err:
+            rows.append(_row(what, err, tmp / f"idx-{damage}"))
+    os.environ["DMSCALE_CACHE"] = str(tmp / "token-cache")
+    for damage, what in TEXT_WHAT.items():
+        (tmp / f"text-{damage}").mkdir()
+        try:
+            token_cache(text_files(str(_text_data(tmp / f"text-{damage}", damage))), _ByteTokenizer())
+        except DMScaleError as err:
+            rows.append(_row(what, err, tmp / f"text-{damage}"))
+    return rows
+
+
+def _cli_rows(tmp: Path) -> list[str]:
+    """``dmscale ...`` cases: the one stderr line and the exit status."""
+    import contextlib
+    import io
+
+    from dmscale.cli import main
+
+    stopped = tmp / "stopped"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        main(["search", *TINY, "--epochs", "1", "--out", str(stopped), "--stop-after", "2"])
+    rows = []
+    for name, (what, args, _) in CLI_CASES.items():
+        (tmp / name).mkdir()
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                rc = main([str(a) for a in args(stopped, tmp / name)])
+            except SystemExit as stop:
+                rc = stop.code if isinstance(stop.code, int) else 1
+        line = err.getvalue().strip().replace(str(stopped), "RUN")
+        rows.append(_row(what, f"exit {rc}: {line}", tmp / name))
+    return rows
+
+
+def markdown_table(tmp_path: Path) -> str:
+    """The README table, from the messages every case gets today (library calls, data files,
+    then the command line)."""
+    rows = ["| Bad input | Error and message |", "| --- | --- |"]
+    return "\n".join(rows + _library_rows(tmp_path) + _data_rows(tmp_path) + _cli_rows(tmp_path))
+
+
+def test_every_library_case_has_a_table_row(tmp_path: Path) -> None:
+    assert len(_library_rows(tmp_path)) == len(LIBRARY_CASES)
+
+
+if __name__ == "__main__":  # print the README table
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        print(markdown_table(Path(tmp)))

@@ -140,7 +140,29 @@ class SearchConfig:
 
 
 class Searcher:
-    """A DMS search attached to a model. Create it with :func:`prepare`."""
+    """A DMS search attached to a model. Create it with :func:`prepare`.
+
+    Non-finite losses: a backward through a NaN or infinite loss never changes importance
+    (the update is skipped on the device), but it leaves NaN gradients on the weights and on
+    the structural parameters, which an optimiser step would write into them for good. Skip
+    such a step in your loop, as ``dmscale search`` does:
+
+        >>> import torch
+        >>> from torch import nn
+        >>> import dmscale as dms
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+        >>> searcher = dms.prepare(net, x, dms.SearchConfig(resource="params", target=0.5))
+        >>> opt = torch.optim.SGD([{"params": searcher.model_parameters(), "lr": 0.1},
+        ...                        {"params": searcher.structure_parameters(), "lr": 5e-3}])
+        >>> for step in range(3):
+        ...     loss = nn.functional.cross_entropy(net(x), y) + searcher.resource_loss(step / 3)
+        ...     if not torch.isfinite(loss):
+        ...         continue  # no backward, no step: weights, importance and structure untouched
+        ...     opt.zero_grad(); loss.backward(); opt.step()
+        >>> all(bool(torch.isfinite(p).all()) for p in searcher.structure_parameters())
+        True
+    """
 
     def __init__(self, model: nn.Module, example_inputs: Any, config: SearchConfig) -> None:
         self.model = model

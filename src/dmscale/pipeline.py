@@ -67,7 +67,7 @@ from .config import (
     load_run_config,
     save_config,
 )
-from .deploy import check_onnx, check_pt2, save_pickled, to_onnx, to_pt2
+from .deploy import batch_is_dynamic, check_onnx, check_pt2, save_pickled, to_onnx, to_pt2
 from .errors import NonFiniteLossError, WriteError
 from .io import save_weights
 from .report import posthoc_line
@@ -1080,7 +1080,8 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -
         else:
             diff = check_pt2(to_pt2(small, x, od / "model.pt2", check=False), small, x)
         files.append(f"model.{fmt}")
-        notes.append(f"  model.{fmt}: input shape {tuple(x.shape)} (static), checked against PyTorch "
+        shape = "dynamic batch" if batch_is_dynamic(od / f"model.{fmt}") else "static"
+        notes.append(f"  model.{fmt}: input shape {tuple(x.shape)} ({shape}), checked against PyTorch "
                      f"on a random input: max |diff| {diff:.2g}")
     elif fmt != "safetensors":
         raise ConfigError(f"unknown export format {fmt!r}: expected safetensors, pt, hf, onnx or pt2")

@@ -83,6 +83,64 @@ class _FFTNet(nn.Module):
         return self.b(torch.fft.fft(self.a(x)).real)
 
 
+class _Untraceable(nn.Module):
+    """Runs on its own but refuses to run under a TorchFunctionMode (as some compiled or
+    framework-wrapped forwards do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch._C._is_torch_function_mode_enabled():
+            raise RuntimeError("this forward cannot run under a TorchFunctionMode")
+        return self.b(torch.relu(self.a(x)))
+
+
+class _HiddenScale(nn.Module):
+    """A layer with weights and no handler whose forward reads them outside torch's function
+    dispatch (as TorchScript or a custom kernel would)."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch._C.DisableTorchFunction():
+            return x * self.weight.view(1, -1, 1, 1)
+
+
+def _scripted_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(torch.jit.script(nn.Sequential(nn.Linear(4, 8), nn.ReLU())), nn.Linear(8, 2))
+
+
+def _hidden_scale_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), _HiddenScale(8), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+X4 = torch.randn(2, 4, generator=torch.Generator().manual_seed(2))
+
+# cases whose model is not small_net(): name -> (model factory, inputs for the snapshot)
+MODELS: dict[str, tuple[Callable[[], nn.Module], Any]] = {
+    "unsupported_function": (_FFTNet, X4),
+    "untraceable_model": (_Untraceable, X4),
+    "torchscript_layer": (_scripted_net, X4),
+    "layer_without_handler": (_hidden_scale_net, X),
+}
+
+
+def _weights_dir(tmp: Path, damage: str) -> Path:
+    """A directory saved for small_net() whose structure fits but whose weights file is damaged."""
+    d = _save_dir(tmp, _structure_of(small_net(), X))
+    if damage == "corrupt":
+        (d / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    return d  # otherwise: _save_dir's weights, a file from another model
+
+
 # name -> (description, call(model, tmp_path), fragments the message must contain)
 LIBRARY_CASES: dict[str, tuple[str, Callable[[nn.Module, Path], Any], list[str]]] = {
     "inputs_do_not_fit": ("example inputs that do not fit the model",
@@ -91,8 +149,21 @@ LIBRARY_CASES: dict[str, tuple[str, Callable[[nn.Module, Path], Any], list[str]]
     "nothing_to_search": ("a model with nothing to search",
                           lambda m, t: dms.prepare(m, X, dms.SearchConfig(exclude=["0", "3", "1"])),
                           ["found nothing to search", "exclude fewer"]),
+    "inputs_wrong_type": ("example inputs that are not a tensor, tuple or dict",
+                          lambda m, t: dms.prepare(m, "an image"),
+                          ["example_inputs must be a tensor", "got str", "pass them in one of these forms"]),
+    "untraceable_model": ("a model that cannot be traced (runs alone, fails under the trace)",
+                          lambda m, t: dms.prepare(m, X4),
+                          ["_Untraceable runs on the example inputs but not under dmscale's trace",
+                           "cannot run under a TorchFunctionMode", "pass the plain nn.Module"]),
+    "torchscript_layer": ("a model with a TorchScript submodule",
+                          lambda m, t: dms.prepare(m, X4),
+                          ["layer '0' is a TorchScript module", "pass the nn.Module from before torch.jit.script"]),
+    "layer_without_handler": ("a layer no handler supports, whose weights the trace cannot see",
+                              lambda m, t: dms.prepare(m, X),
+                              ["layer '1' (_HiddenScale)", "exclude=['1']", "register_handler"]),
     "unsupported_function": ("a model whose hidden layer goes through a function dmscale has no rule for",
-                             lambda m, t: dms.prepare(_FFTNet(), torch.randn(2, 4)),
+                             lambda m, t: dms.prepare(m, X4),
                              ["found nothing to search", "fft_fft", "no channel rule", "register_handler"]),
     "target_above_supernet": ("a target above the supernet's cost",
                               lambda m, t: dms.prepare(m, X, dms.SearchConfig(target=1e12)),
@@ -125,6 +196,13 @@ LIBRARY_CASES: dict[str, tuple[str, Callable[[nn.Module, Path], Any], list[str]]
     "load_corrupt_structure": ("`dms.load` with a corrupt structure.json",
                                lambda m, t: dms.load(m, _save_dir(t, '{"format": "dmscale.struc')),
                                ["is not valid JSON", "save the model again"]),
+    "load_weights_mismatch": ("`dms.load` of a directory whose weights file is from another model",
+                              lambda m, t: dms.load(m, _weights_dir(t, "other")),
+                              ["do not fit the model shrunk to its structure.json", "missing from the file ('0.weight'",
+                               "1 tensor in the file but not in the model ('w')", "both files from the same save"]),
+    "load_corrupt_weights": ("`dms.load` with a corrupt model.safetensors",
+                             lambda m, t: dms.load(m, _weights_dir(t, "corrupt")),
+                             ["model.safetensors is not a readable safetensors file", "save the model again"]),
     "load_missing_dir": ("`dms.load` of a directory that does not exist",
                          lambda m, t: dms.load(m, t / "nowhere"), ["is missing", "dmscale.save"]),
 }
@@ -133,8 +211,9 @@ LIBRARY_CASES: dict[str, tuple[str, Callable[[nn.Module, Path], Any], list[str]]
 def library_message(name: str, tmp_path: Path) -> tuple[DMScaleError, ModelSnapshot, nn.Module]:
     """Run one library case on a fresh model; returns the error, the snapshot and the model."""
     _, call, _ = LIBRARY_CASES[name]
-    model = small_net()
-    snap = ModelSnapshot.take(model, X)
+    make, inputs = MODELS.get(name, (small_net, X))
+    model = make()
+    snap = ModelSnapshot.take(model, inputs)
     with pytest.raises(DMScaleError) as info:
         call(model, tmp_path)
     return info.value, snap, model
@@ -181,6 +260,10 @@ def _idx_dir(tmp: Path, damage: str) -> Path:
 
 DATA_CASES = {"missing": ["no MNIST file"], "truncated_gzip": ["corrupt or truncated gzip"],
               "truncated_idx": ["truncated IDX file", "download it again"], "wrong_format": ["not an IDX file"]}
+DATA_WHAT = {"missing": "an MNIST (IDX) directory with a file missing",
+             "truncated_gzip": "an IDX file whose gzip stream is cut short",
+             "truncated_idx": "an IDX file with fewer items than its header says",
+             "wrong_format": "a file that is not IDX (here HTML) under an IDX name"}
 
 
 @pytest.mark.parametrize("damage", list(DATA_CASES))
@@ -271,7 +354,7 @@ CLI_CASES: dict[str, tuple[str, Callable[[Path, Path], list[Any]], list[str]]] =
                                          "--quiet"], ["truncated IDX file"]),
     "imagefolder_empty": ("`--task imagefolder` on a folder without class folders",
                           lambda r, t: ["search", "--task", "imagefolder", "--data", _image_dir(t, "empty"),
-                                        "--out", t / "o", "--quiet"], ["Couldn't find any class folder"]),
+                                        "--out", t / "o", "--quiet"], ["Couldn't find any class folder", "one folder per class"]),
     "imagefolder_not_an_image": ("`--task imagefolder` with a file that is not an image",
                                  lambda r, t: ["search", "--task", "imagefolder", "--data",
                                                _image_dir(t, "not_an_image"), "--out", t / "o", "--quiet"],
@@ -304,28 +387,6 @@ def test_not_an_image_with_ultralytics_imported(tmp_path: Path, capsys: pytest.C
     _, args, fragments = CLI_CASES["imagefolder_not_an_image"]
     rc, err = cli(capsys, *args(tmp_path, tmp_path))
     assert rc != 0 and all(f in err for f in fragments), err
-
-
-def markdown_table(tmp_path: Path) -> str:
-    """The README table, from the messages the library cases get today."""
-    rows = ["| Bad input | Error and message |", "| --- | --- |"]
-    for name, (what, call, _) in LIBRARY_CASES.items():
-        model = small_net()
-        try:
-            call(model, tmp_path / name)
-        except DMScaleError as err:
-            msg = str(err).replace(str(tmp_path / name), "DIR").replace("|", "\\|")
-            rows.append(f"| {what} | `{type(err).__name__}`: {msg} |")
-    return "\n".join(rows)
-
-
-if __name__ == "__main__":  # print the README table
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in LIBRARY_CASES:
-            (Path(tmp) / name).mkdir()
-        print(markdown_table(Path(tmp)))
 
 
 # ----------------------------------------------------------------------------- non-finite losses
@@ -395,3 +456,188 @@ def test_a_full_disk_keeps_the_previous_checkpoint(monkeypatch: pytest.MonkeyPat
     assert torch.load(run / "checkpoint.pt", weights_only=False)["global_step"] == 1
     rc, err = cli(capsys, "search", "--resume", run, "--stop-after", "3")
     assert rc == 0 and "--resume" in err
+
+
+# ----------------------------------------------------------------------------- text data files
+class _ByteTokenizer:
+    """One token per UTF-8 byte: what :func:`dmscale.tasks.text.token_cache` needs of a tokenizer."""
+
+    def get_vocab(self) -> dict[str, int]:
+        return {str(i): i for i in range(256)}
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": list(text.encode("utf-8"))}
+
+
+def _text_data(tmp: Path, damage: str) -> Path:
+    d = tmp / "text"
+    d.mkdir()
+    (d / "a.txt").write_text("To be, or not to be, that is the question.\n" * 20, encoding="utf-8")
+    if damage == "missing":
+        return tmp / "no-such-text"
+    if damage == "empty":
+        (d / "a.txt").write_bytes(b"")
+    elif damage == "gzip":
+        (d / "b.txt.gz").write_bytes(gzip.compress(b"compressed text\n" * 50))
+    elif damage == "latin1":
+        (d / "b.txt").write_bytes("caf\u00e9 cr\u00e8me\n".encode("latin-1") * 10)
+    elif damage == "truncated_utf8":  # cut in the middle of a two-byte character
+        (d / "b.txt").write_bytes("na\u00efve\n".encode("utf-8") * 10 + "\u00e9".encode("utf-8")[:1])
+    return d
+
+
+TEXT_WHAT = {"missing": "`--task text --data` naming a path that does not exist",
+             "empty": "`--task text --data` with only empty files",
+             "gzip": "`--task text --data` holding a gzip-compressed file",
+             "latin1": "`--task text --data` holding a Latin-1 (not UTF-8) file",
+             "truncated_utf8": "`--task text --data` holding a file cut inside a UTF-8 character"}
+TEXT_CASES = {"missing": ["no such file or directory", "give a text file"],
+              "empty": ["no non-empty files", "give a UTF-8 text file"],
+              "gzip": ["b.txt.gz is not UTF-8 text", "byte 1", "gzip-compressed: decompress it", "give plain UTF-8"],
+              "latin1": ["b.txt is not UTF-8 text", "byte 3", "convert it"],
+              "truncated_utf8": ["b.txt is not UTF-8 text", "byte 70", "unexpected end of data"]}
+
+
+@pytest.mark.parametrize("damage", list(TEXT_CASES))
+def test_text_data_files(damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--task text`` data: a missing path, only empty files, or a file that is not UTF-8 text
+    (compressed, another encoding, cut inside a character) is refused, naming the file (was:
+    decoded with errors="replace", so the model trained on U+FFFD); no cache is left behind."""
+    from dmscale.tasks.text import text_files, token_cache
+
+    monkeypatch.setenv("DMSCALE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(DMScaleError) as info:
+        token_cache(text_files(str(_text_data(tmp_path, damage))), _ByteTokenizer())
+    for fragment in TEXT_CASES[damage]:
+        assert fragment in str(info.value), f"{fragment!r} not in {info.value}"
+    assert not list((tmp_path / "cache").rglob("*.bin*"))
+
+
+def test_a_truncated_token_cache_is_written_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token cache whose train.bin was cut short (a full disk, a copy interrupted) is rebuilt
+    (was: memory-mapping it raised "mmap length is greater than file size")."""
+    from dmscale.tasks.text import _memmap, token_cache, text_files
+
+    monkeypatch.setenv("DMSCALE_CACHE", str(tmp_path / "cache"))
+    files, tok = text_files(str(_text_data(tmp_path, "none"))), _ByteTokenizer()
+    cache = token_cache(files, tok)
+    whole = (cache / "train.bin").read_bytes()
+    (cache / "train.bin").write_bytes(whole[: len(whole) // 2])
+    again = token_cache(files, tok)
+    meta = json.loads((again / "meta.json").read_text())
+    assert again == cache and (again / "train.bin").read_bytes() == whole
+    assert len(_memmap(again / "train.bin", meta["train_tokens"])) == len(whole) // 4
+    (cache / "meta.json").write_text('{"train_tok')
+    assert token_cache(files, tok) == cache and json.loads((cache / "meta.json").read_text()) == meta
+
+
+def test_a_nan_backward_in_a_library_loop_leaves_importance_unchanged() -> None:
+    """A library user's loop (no CLI): a backward through a NaN loss leaves every importance
+    as it was (the Eq. 4 update is skipped), while the structural parameters get NaN
+    gradients, which is why the Searcher docstring says to skip such a step; skipping it
+    leaves the whole search state unchanged."""
+    net = small_net()
+    y = torch.tensor([0, 1])
+    searcher = dms.prepare(net, X, dms.SearchConfig(target=0.5))
+    opt = torch.optim.SGD([{"params": searcher.model_parameters(), "lr": 0.01},
+                           {"params": searcher.structure_parameters(), "lr": 5e-3}])
+
+    def loss_of(scale: float) -> torch.Tensor:
+        return nn.functional.cross_entropy(net(X), y) * scale + searcher.resource_loss(0.5)
+
+    opt.zero_grad(); loss_of(1.0).backward(); opt.step()  # noqa: E702  (one finite step first)
+    topks = list(searcher.gates.width) + list(searcher.gates.depth)
+    before = [t.importance.clone() for t in topks]
+    assert any(bool(b.abs().sum() > 0) for b in before)
+    state = {k: v.clone() for k, v in searcher.state_dict()["gates"].items()}
+    opt.zero_grad()
+    loss = loss_of(float("nan"))
+    loss.backward()
+    assert all(torch.equal(t.importance, b) for t, b in zip(topks, before)), "a NaN backward changed importance"
+    assert any(p.grad is not None and not bool(torch.isfinite(p.grad).all())
+               for p in searcher.structure_parameters()), "expected NaN gradients on the structural parameters"
+    if torch.isfinite(loss):  # the documented guard: the step is skipped
+        opt.step()
+    after = searcher.state_dict()["gates"]
+    assert all(torch.equal(after[k], v) for k, v in state.items())
+
+
+# ----------------------------------------------------------------------------- the README table
+def _row(what: str, err: BaseException | str, tmp: Path) -> str:
+    msg = (err if isinstance(err, str) else f"`{type(err).__name__}`: {err}").strip()
+    msg = msg.replace(str(tmp), "DIR").replace("|", "\\|")
+    return f"| {what} | {msg} |"
+
+
+def _library_rows(tmp: Path) -> list[str]:
+    rows = []
+    for name, (what, call, _) in LIBRARY_CASES.items():
+        (tmp / name).mkdir()
+        try:
+            call(MODELS.get(name, (small_net, X))[0](), tmp / name)
+        except DMScaleError as err:
+            rows.append(_row(what, err, tmp / name))
+    return rows
+
+
+def _data_rows(tmp: Path) -> list[str]:
+    from dmscale.data import load_mnist_dir
+    from dmscale.tasks.text import text_files, token_cache
+
+    rows = []
+    for damage, what in DATA_WHAT.items():
+        (tmp / f"idx-{damage}").mkdir()
+        try:
+            load_mnist_dir(_idx_dir(tmp / f"idx-{damage}", damage))
+        except DMScaleError as err:
+            rows.append(_row(what, err, tmp / f"idx-{damage}"))
+    os.environ["DMSCALE_CACHE"] = str(tmp / "token-cache")
+    for damage, what in TEXT_WHAT.items():
+        (tmp / f"text-{damage}").mkdir()
+        try:
+            token_cache(text_files(str(_text_data(tmp / f"text-{damage}", damage))), _ByteTokenizer())
+        except DMScaleError as err:
+            rows.append(_row(what, err, tmp / f"text-{damage}"))
+    return rows
+
+
+def _cli_rows(tmp: Path) -> list[str]:
+    """``dmscale ...`` cases: the one stderr line and the exit status."""
+    import contextlib
+    import io
+
+    from dmscale.cli import main
+
+    stopped = tmp / "stopped"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        main(["search", *TINY, "--epochs", "1", "--out", str(stopped), "--stop-after", "2"])
+    rows = []
+    for name, (what, args, _) in CLI_CASES.items():
+        (tmp / name).mkdir()
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                rc = main([str(a) for a in args(stopped, tmp / name)])
+            except SystemExit as stop:
+                rc = stop.code if isinstance(stop.code, int) else 1
+        line = err.getvalue().strip().replace(str(stopped), "RUN")
+        rows.append(_row(what, f"exit {rc}: {line}", tmp / name))
+    return rows
+
+
+def markdown_table(tmp_path: Path) -> str:
+    """The README table, from the messages every case gets today (library calls, data files,
+    then the command line)."""
+    rows = ["| Bad input | Error and message |", "| --- | --- |"]
+    return "\n".join(rows + _library_rows(tmp_path) + _data_rows(tmp_path) + _cli_rows(tmp_path))
+
+
+def test_every_library_case_has_a_table_row(tmp_path: Path) -> None:
+    assert len(_library_rows(tmp_path)) == len(LIBRARY_CASES)
+
+
+if __name__ == "__main__":  # print the README table
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        print(markdown_table(Path(tmp)))

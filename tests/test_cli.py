@@ -179,10 +179,10 @@ def test_eval_report_export(searched: Path, tmp_path: Path, capsys: pytest.Captu
 def test_export_onnx_and_pt2(searched: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import onnxruntime as ort
 
-    x = torch.randn(1, 1, 8, 8)
+    x = torch.randn(3, 1, 8, 8)  # exported from a batch of 1: the batch size is dynamic
     for fmt in ("onnx", "pt2"):
         rc, out, _ = run(capsys, "export", searched, "--format", fmt, "--out", tmp_path / fmt)
-        assert rc == 0 and f"model.{fmt}: input shape (1, 1, 8, 8) (static), checked" in out, out
+        assert rc == 0 and f"model.{fmt}: input shape (1, 1, 8, 8) (dynamic batch), checked" in out, out
     cfg = yaml.safe_load((searched / "config.yaml").read_text())
     module = SmallCNN(in_channels=1, num_classes=10, **cfg["model_args"])
     dms.load(module, searched)

@@ -257,3 +257,85 @@ def test_onnx_and_pt2_of_yolov8n(tmp_path):
     model = DetectionModel("yolov8n.yaml", verbose=False).eval()
     x = torch.randn(1, 3, 64, 64)
     _onnx_and_pt2(_pruned(model, x), x, tmp_path, "yolo")
+
+
+# ----------------------------------------------------------------------------- dynamic batch (issue 14)
+def _small_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)).eval()
+
+
+def _small_vit() -> nn.Module:
+    dms.ensure_torchvision()  # before timm imports torchvision
+    timm = pytest.importorskip("timm")
+
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=10,
+                             pretrained=False).eval()
+
+
+class _FixedBatch(nn.Module):
+    """Its code fixes the batch size at 2 (``reshape(2, -1)``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(2, -1).sum(1)
+
+
+def _in_onnxruntime(path: Path, x: torch.Tensor) -> torch.Tensor:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0])
+
+
+@needs_onnx
+@pytest.mark.parametrize("make", [_small_cnn, _small_vit], ids=["cnn", "vit"])
+def test_onnx_and_pt2_take_any_batch_size(make, tmp_path: Path) -> None:
+    """Exported from an example of batch 1, the ONNX file (in onnxruntime) and the .pt2 (after
+    torch.export.load) compute what PyTorch computes at batch 1 and at batch 3."""
+    import onnxruntime as ort
+
+    model, x = make(), torch.randn(1, 3, 32, 32)
+    onnx_path = deploy.to_onnx(model, x, tmp_path / "m.onnx")
+    pt2_path = deploy.to_pt2(model, x, tmp_path / "m.pt2")
+    assert deploy.batch_is_dynamic(onnx_path) and deploy.batch_is_dynamic(pt2_path)
+    assert ort.InferenceSession(str(onnx_path)).get_inputs()[0].shape[0] == "batch"
+    loaded = torch.export.load(str(pt2_path)).module()
+    for n in (1, 3):
+        xn = deploy.with_batch(torch.randn(2, 3, 32, 32), n)
+        with torch.no_grad():
+            ref = model(xn)
+            torch.testing.assert_close(_in_onnxruntime(onnx_path, xn), ref, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(loaded(xn), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_that_fixes_its_batch_size_is_exported_static_with_a_warning(tmp_path: Path) -> None:
+    model, x = _FixedBatch(), torch.randn(2, 3)
+    with pytest.warns(UserWarning, match=r"_FixedBatch cannot be exported with a dynamic batch size "
+                                         r"\(.*specialized it to be a constant \(2\)\); exporting for batch 2 only"):
+        path = deploy.to_pt2(model, x, tmp_path / "f.pt2")
+    assert not deploy.batch_is_dynamic(path)
+    if HAS_ONNX:
+        with pytest.warns(UserWarning, match="cannot be exported with a dynamic batch size"):
+            path = deploy.to_onnx(model, x, tmp_path / "f.onnx")
+        assert not deploy.batch_is_dynamic(path)
+        torch.testing.assert_close(_in_onnxruntime(path, x), model(x))
+
+
+def test_dynamic_batch_false_keeps_the_example_shapes(tmp_path: Path) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = deploy.to_pt2(_FixedBatch(), torch.randn(2, 3), tmp_path / "f.pt2", dynamic_batch=False)
+        static = deploy.to_pt2(_small_cnn(), torch.randn(2, 3, 8, 8), tmp_path / "c.pt2", dynamic_batch=False)
+    assert not deploy.batch_is_dynamic(path) and not deploy.batch_is_dynamic(static)
+    assert deploy.batch_is_dynamic(deploy.to_pt2(_small_cnn(), torch.randn(2, 3, 8, 8), tmp_path / "d.pt2"))
+
+
+def test_with_batch_resizes_only_batched_inputs() -> None:
+    ids, mask, table = torch.arange(6).view(2, 3), torch.ones(2, 3), torch.zeros(5, 2)
+    out = deploy.with_batch({"input_ids": ids, "attention_mask": mask, "table": table}, 3)
+    assert out["input_ids"].tolist() == [[0, 1, 2], [3, 4, 5], [0, 1, 2]]
+    assert out["attention_mask"].shape == (3, 3) and out["table"] is table

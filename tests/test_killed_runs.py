@@ -5,6 +5,9 @@ a subprocess and interrupts it in the middle of its first search epoch (4 steps 
 a checkpoint every 2 steps):
 
 * SIGKILL right after the first checkpoint appears: ``--resume`` continues from it;
+* SIGKILL *while a checkpoint is being written* (``torch.save`` patched in the child to write
+  half the file, then kill its own process): the previous checkpoint survives and
+  ``--resume`` continues from it;
 * SIGTERM / SIGINT: the run writes a checkpoint at the next step, says how to resume on one
   stderr line, and exits with 128 + the signal's number.
 
@@ -19,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -37,10 +41,37 @@ ARGS = ["search", "--task", "digits", "--model", "smallcnn", "--model-args", "wi
         "--seed", "0"]
 
 
-def _start(out: Path) -> subprocess.Popen[str]:
+def _start(out: Path, prelude: str | None = None) -> subprocess.Popen[str]:
+    """``python -m dmscale ARGS --out OUT``; with ``prelude``, that code runs first in the
+    child and the command line is then run by ``dmscale.cli.main`` (what ``-m dmscale`` calls)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "dmscale", *ARGS, "--out", str(out)], cwd=ROOT, env=env,
+    head = ["-m", "dmscale"] if prelude is None else [
+        "-c", prelude + "\nimport sys\nfrom dmscale.cli import main\nsys.exit(main(sys.argv[1:]))"]
+    return subprocess.Popen([sys.executable, *head, *ARGS, "--out", str(out)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# In the child: the second checkpoint write puts half its bytes on disk, then the process
+# SIGKILLs itself, i.e. a kill lands in the middle of writing the checkpoint.
+_KILL_MID_WRITE = textwrap.dedent("""
+    import io, os, signal, torch
+    _real_save, _writes = torch.save, []
+
+    def _save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)) and os.path.basename(f).startswith("checkpoint.pt"):
+            _writes.append(f)
+            if len(_writes) == 2:
+                buf = io.BytesIO()
+                _real_save(obj, buf, *args, **kwargs)
+                with open(f, "wb") as fh:
+                    fh.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.kill(os.getpid(), signal.SIGKILL)
+        return _real_save(obj, f, *args, **kwargs)
+
+    torch.save = _save
+""")
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 240.0) -> None:
@@ -80,6 +111,23 @@ def test_sigkill_mid_epoch_then_resume(uninterrupted: Path, tmp_path: Path) -> N
     assert state["status"] == "running" and not (out / "structure.json").exists()
     assert main(["search", "--resume", str(out), "--quiet"]) == 0
     assert not (out / "checkpoint.pt.tmp").exists()
+    _assert_same_result(out, uninterrupted)
+
+
+def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(uninterrupted: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _start(out, _KILL_MID_WRITE)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, err
+    partial = [p.name for p in out.iterdir() if p.name.startswith("checkpoint.pt.")]
+    assert partial, "the kill did not land during a checkpoint write"
+    state = torch.load(out / "checkpoint.pt", weights_only=False)  # the first one, whole
+    assert state["global_step"] == 2
+    assert json.loads((out / "state.json").read_text())["status"] == "running"
+    # resumed without --checkpoint-every (it is per invocation), so no later write replaces the
+    # half file: the end of the run removes it with the checkpoint
+    assert main(["search", "--resume", str(out), "--quiet"]) == 0
+    assert not [p.name for p in out.iterdir() if p.name.startswith("checkpoint.pt")]
     _assert_same_result(out, uninterrupted)
 
 

@@ -9,8 +9,13 @@ without dmscale.
   would reference, i.e. what makes ``torch.load`` of it need dmscale; :func:`save_pickled`
   refuses (or warns) when there are any.
 
-Shapes are static: the files are made for the example inputs' shapes (export once per batch
-size you serve). ONNX needs the optional packages of the ``deploy`` extra
+The batch size is dynamic by default (``dynamic_batch=True``): every input tensor whose first
+dim is the example's batch size gets one symbolic ``batch`` dim, the export runs on a batch of
+at least 2 (an example batch of 1 would be specialised to 1), and the check runs the file at
+the example's batch, at 1 and at 3. A model whose code fixes the batch size (``x.view(2, -1)``,
+a branch on ``x.shape[0]``) cannot be exported so: it is exported for the example's batch
+size only, with a warning naming the reason. Other dims (image size, sequence length) stay
+static. ONNX needs the optional packages of the ``deploy`` extra
 (``pip install dmscale[deploy]``): onnx, onnxscript and, for the check, onnxruntime.
 
 Example:
@@ -27,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import io
 import os
 import pickle
@@ -37,16 +43,17 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from .tracer import split_inputs
 from .errors import ExportCheckError, MissingDependencyError, StandaloneError
 from .modes import eval_mode
 
 __all__ = ["to_onnx", "to_pt2", "check_onnx", "check_pt2", "dmscale_classes", "dmscale_modules",
-           "save_pickled", "DEPLOY_EXTRA"]
+           "save_pickled", "batch_is_dynamic", "with_batch", "DEPLOY_EXTRA", "CHECK_BATCHES"]
 
 DEPLOY_EXTRA = "pip install dmscale[deploy]"
+CHECK_BATCHES = (1, 3)  # besides the example's: the batch sizes a dynamic-batch file is checked at
 
 
 def _require(*packages: str) -> None:
@@ -111,10 +118,122 @@ def check_onnx(path: str | os.PathLike[str], model: nn.Module, example_inputs: A
     return _compare(ref, got, atol, rtol, f"ONNX file {path} in onnxruntime")
 
 
+# ----------------------------------------------------------------------------- dynamic batch
+def _batch_of(args: tuple, kwargs: dict) -> int | None:
+    leaves = [t for t in _tensor_leaves((args, kwargs)) if t.dim() >= 1]
+    return int(leaves[0].shape[0]) if leaves else None
+
+
+def with_batch(example_inputs: Any, n: int) -> Any:
+    """``example_inputs`` with every batched tensor (first dim = the first tensor's) made ``n``
+    rows long by cycling its rows; other values unchanged.
+
+    Example:
+        >>> with_batch((torch.arange(2.0), torch.zeros(5)), 3)[0]
+        tensor([0., 1., 0.])
+    """
+    args, kwargs = split_inputs(example_inputs)
+    batch = _batch_of(args, kwargs)
+
+    def resize(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != batch:
+            return t
+        return t.index_select(0, torch.arange(n, device=t.device) % batch)
+
+    if isinstance(example_inputs, torch.Tensor):
+        return resize(example_inputs)
+    return tree_map(resize, example_inputs if isinstance(example_inputs, dict) else tuple(example_inputs))
+
+
+def _batch_spec(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """``dynamic_shapes`` for torch.export: dim 0 of every batched tensor is one ``batch`` Dim."""
+    batch, dim = _batch_of(args, kwargs), torch.export.Dim("batch")
+    if batch is None:
+        return None
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    return {name: tree_map(lambda t: {0: dim} if isinstance(t, torch.Tensor) and t.dim() >= 1
+                           and t.shape[0] == batch else None, value)
+            for name, value in bound.arguments.items()}
+
+
+def _dynamic_export(model: nn.Module, example_inputs: Any) -> Any:
+    """An ExportedProgram with a dynamic batch size, or None (with a warning naming the
+    reason) when the model fixes its batch size or has no batched input."""
+    args, kwargs = split_inputs(example_inputs)
+    spec = _batch_spec(model, args, kwargs)
+    if spec is None:
+        return None
+    bargs, bkwargs = split_inputs(with_batch(example_inputs, max(2, _batch_of(args, kwargs) or 2)))
+    try:  # on a batch of 2 or more: a batch of 1 would be specialised to 1
+        with torch.no_grad(), eval_mode(model):
+            return torch.export.export(model, bargs, kwargs=bkwargs or None, dynamic_shapes=spec, strict=False)
+    except Exception as err:  # torch.export raises several types for a specialised dim
+        lines = [line.strip(" -") for line in str(err).splitlines() if line.strip(" -")] or [""]
+        reason = next((line for line in lines if "speciali" in line), lines[0]).split(". ")[0]
+        warnings.warn(f"{type(model).__name__} cannot be exported with a dynamic batch size "
+                      f"({type(err).__name__}: {reason[:300]}); exporting for batch {_batch_of(args, kwargs)} "
+                      "only. Serve that batch size, remove the code that fixes it, or pass "
+                      "dynamic_batch=False to silence this", stacklevel=3)
+        return None
+
+
+def _check_batches(check: Any, path: Path, model: nn.Module, example_inputs: Any, dynamic: bool,
+                   atol: float, rtol: float) -> float:
+    """Run ``check`` at the example's batch and, for a dynamic-batch file, at :data:`CHECK_BATCHES`."""
+    worst = check(path, model, example_inputs, atol, rtol)
+    if dynamic:
+        own = _batch_of(*split_inputs(example_inputs))
+        for n in CHECK_BATCHES:
+            if n != own:
+                worst = max(worst, check(path, model, with_batch(example_inputs, n), atol, rtol))
+    return worst
+
+
+def _rename_batch(onnx_path: Path, symbol: str) -> None:
+    """Call the exporter's symbol for the batch dim ``batch`` in the ONNX file's shapes."""
+    import onnx
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    g = proto.graph
+    for info in list(g.input) + list(g.output) + list(g.value_info):
+        for d in info.type.tensor_type.shape.dim:
+            if d.dim_param == symbol:
+                d.dim_param = "batch"
+    onnx.save(proto, str(onnx_path))
+
+
+def _batch_symbol(program: Any) -> str | None:
+    names = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in names:
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.dim() >= 1 and isinstance(val.shape[0], torch.SymInt):
+                return str(val.shape[0])
+    return None
+
+
+def batch_is_dynamic(path: str | os.PathLike[str]) -> bool:
+    """Whether the ONNX or .pt2 file at ``path`` takes any batch size (its first input's dim 0
+    is symbolic)."""
+    p = Path(path)
+    if p.suffix == ".onnx":
+        import onnx
+
+        graph = onnx.load(str(p), load_external_data=False).graph
+        dims = graph.input[0].type.tensor_type.shape.dim if len(graph.input) else []
+        return bool(dims) and bool(dims[0].dim_param)
+    return _batch_symbol(torch.export.load(str(p))) is not None
+
+
 def to_onnx(model: nn.Module, example_inputs: Any, path: str | os.PathLike[str], check: bool = True,
-            atol: float = 1e-4, rtol: float = 1e-4, opset: int | None = None) -> Path:
+            atol: float = 1e-4, rtol: float = 1e-4, opset: int | None = None,
+            dynamic_batch: bool = True) -> Path:
     """Export ``model`` (in eval mode) to ONNX at ``path`` with ``torch.onnx.export(dynamo=True)``;
-    with ``check``, run it in onnxruntime and compare with PyTorch (see :func:`check_onnx`).
+    with ``check``, run it in onnxruntime and compare with PyTorch (see :func:`check_onnx`) at
+    the example's batch size and, when the batch is dynamic (see the module docs), at 1 and 3.
 
     Example (needs the deploy extra):
         >>> import tempfile, os, torch
@@ -125,17 +244,24 @@ def to_onnx(model: nn.Module, example_inputs: Any, path: str | os.PathLike[str],
         '.onnx'
     """
     _require("onnx", "onnxscript", *(("onnxruntime",) if check else ()))
-    args, kwargs = split_inputs(example_inputs)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     extra = {} if opset is None else {"opset_version": opset}
+    exported = _dynamic_export(model, example_inputs) if dynamic_batch else None
+    args, kwargs = split_inputs(example_inputs)
     with torch.no_grad(), eval_mode(model), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(model, args, kwargs=kwargs or None, dynamo=True, verbose=False,
-                                    optimize=True, **extra)
+        if exported is not None:
+            program = torch.onnx.export(exported, dynamo=True, verbose=False, optimize=True, **extra)
+        else:
+            program = torch.onnx.export(model, args, kwargs=kwargs or None, dynamo=True, verbose=False,
+                                        optimize=True, **extra)
     program.save(str(out))
+    symbol = _batch_symbol(exported) if exported is not None else None
+    if symbol is not None:
+        _rename_batch(out, symbol)
     if check:
-        check_onnx(out, model, example_inputs, atol, rtol)
+        _check_batches(check_onnx, out, model, example_inputs, exported is not None, atol, rtol)
     return out
 
 
@@ -151,19 +277,24 @@ def check_pt2(path: str | os.PathLike[str], model: nn.Module, example_inputs: An
 
 
 def to_pt2(model: nn.Module, example_inputs: Any, path: str | os.PathLike[str], check: bool = True,
-           atol: float = 1e-5, rtol: float = 1e-5) -> Path:
+           atol: float = 1e-5, rtol: float = 1e-5, dynamic_batch: bool = True) -> Path:
     """``torch.export.export`` ``model`` (eval mode) on ``example_inputs`` and save it to
-    ``path`` with ``torch.export.save``; with ``check``, load it back and compare outputs."""
-    args, kwargs = split_inputs(example_inputs)
+    ``path`` with ``torch.export.save``, with a dynamic batch size unless the model fixes it
+    (see the module docs); with ``check``, load it back and compare outputs (at the example's
+    batch size and, when dynamic, at 1 and 3)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad(), eval_mode(model):
-        program = torch.export.export(model, args, kwargs=kwargs or None, strict=False)
+    program = _dynamic_export(model, example_inputs) if dynamic_batch else None
+    dynamic = program is not None
+    if program is None:
+        args, kwargs = split_inputs(example_inputs)
+        with torch.no_grad(), eval_mode(model):
+            program = torch.export.export(model, args, kwargs=kwargs or None, strict=False)
     tmp = out.with_name(out.stem + ".tmp.pt2")
     torch.export.save(program, str(tmp))
     os.replace(tmp, out)
     if check:
-        check_pt2(out, model, example_inputs, atol, rtol)
+        _check_batches(check_pt2, out, model, example_inputs, dynamic, atol, rtol)
     return out
 
 

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 from torch import nn
-from .errors import UnsupportedLayerError
+from .errors import ConfigError, UnsupportedLayerError
 from .flops import ForwardFlopCounter
 from .graph import PIN, LayerRecord, ModuleCall, UnionFind
 from .handlers import handler_for, load_families
@@ -125,6 +125,18 @@ class SearchSpace:
 
 
 # ---------------------------------------------------------------------- unsupported layers
+
+
+def refuse_script_modules(model: nn.Module) -> None:
+    """Raise :class:`UnsupportedLayerError` naming the first TorchScript submodule: its
+    forward runs outside Python, so neither hooks nor the trace can see it."""
+    for name, m in model.named_modules():
+        if isinstance(m, torch.jit.ScriptModule):
+            where = f"layer {name!r}" if name else "the model"
+            raise UnsupportedLayerError(
+                f"{where} is a TorchScript module ({type(m).__name__}), which dmscale cannot trace "
+                "(no hooks, no Python forward): pass the nn.Module from before torch.jit.script / "
+                "torch.jit.trace, and script the exported model afterwards")
 
 
 def check_traced_through(tr: Tracer) -> None:
@@ -263,6 +275,7 @@ def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
     """
     load_families()
     exclude = tuple(exclude)
+    refuse_script_modules(model)
     tr = Tracer(model, exclude)
     with eval_mode(model), torch.no_grad():
         out, counter = tr.run(example_inputs)
@@ -274,7 +287,8 @@ def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
         blocks = [(p, b) for p, b in blocks if p in wanted]
         missing = wanted - {p for p, _ in blocks}
         if missing:
-            raise ValueError(f"depth stages {sorted(missing)} have no residual block with an identity shortcut")
+            raise ConfigError(f"depth stages {sorted(missing)} have no residual block with an identity "
+                              "shortcut: name stages whose children are residual blocks, or pass depth=True")
     blocks = [(p, b) for p, b in blocks if not tr._excluded(b.name)]
     space = _build(tr, blocks, module_macs, counter.get_total_flops() // 2)
     space.example_output = out

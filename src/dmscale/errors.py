@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = ["DMScaleError", "UnsupportedLayerError", "StructureError", "VerificationError",
            "MissingDependencyError", "ExportCheckError", "StandaloneError", "ConfigError",
            "InputError", "NothingToSearchError", "DataError", "MissingFileError", "NonFiniteLossError", "WriteError",
-           "PendingImportanceError"]
+           "PendingImportanceError", "TraceError"]
 
 
 class DMScaleError(ValueError):
@@ -80,3 +80,8 @@ class PendingImportanceError(DMScaleError):
     """Under torch.distributed, importance updates of the last backward are still waiting for
     their all-reduce (``Searcher.sync_importance()`` was not called): a structure read now
     would miss them."""
+
+
+class TraceError(DMScaleError):
+    """The model runs on the example inputs but not under dmscale's trace (forward hooks and a
+    ``TorchFunctionMode``); the message names the error and what to pass instead."""

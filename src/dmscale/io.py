@@ -23,17 +23,21 @@ Example:
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from .errors import MissingFileError, StructureError
 from .export import apply_structure
+from .norms import share_formula
 
-__all__ = ["save", "load", "save_weights", "load_weights", "STRUCTURE_FILE", "WEIGHTS_FILE"]
+__all__ = ["save", "load", "save_weights", "load_weights", "check_weights_fit", "STRUCTURE_FILE", "WEIGHTS_FILE"]
 
 STRUCTURE_FILE = "structure.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -87,5 +91,76 @@ def load(model: nn.Module, directory: str | os.PathLike[str]) -> nn.Module:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise StructureError(f"{src / STRUCTURE_FILE} is not valid JSON ({err}): save the model "
                              "again with dmscale.save") from None
+    check_weights_fit(model, structure, src / WEIGHTS_FILE)  # before anything changes
     apply_structure(model, structure)
     return load_weights(model, src / WEIGHTS_FILE)
+
+
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` whose parameters and buffers are on the meta device (no
+    weights are copied; tied parameters stay tied)."""
+    memo: dict[int, Any] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        meta = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
+    shadow = copy.deepcopy(model, memo)
+    for original, twin in zip(model.modules(), shadow.modules()):
+        share_formula(twin, original)  # norms are recognised by probing their real weights
+    return shadow
+
+
+def _expected_shapes(model: nn.Module) -> tuple[dict[str, list[int]], list[list[str]]]:
+    """``{state_dict key: shape}`` and the groups of keys that name one tensor (tied)."""
+    state = model.state_dict(keep_vars=True)
+    groups: dict[int, list[str]] = {}
+    for key, t in state.items():
+        groups.setdefault(id(t), []).append(key)
+    return {k: list(t.shape) for k, t in state.items()}, list(groups.values())
+
+
+def _file_shapes(path: Path) -> dict[str, list[int]]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as err:  # safetensors raises its own error types for a damaged header
+        raise StructureError(f"{path} is not a readable safetensors file ({type(err).__name__}: "
+                             f"{str(err)[:200]}): save the model again with dmscale.save") from None
+
+
+def check_weights_fit(model: nn.Module, structure: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Raise :class:`StructureError` unless the weights file at ``path`` fits ``model`` once
+    shrunk to ``structure``; ``model`` is not changed (the check shrinks a meta-device copy).
+
+    Example:
+        >>> import tempfile, torch
+        >>> from torch import nn
+        >>> import dmscale as dms
+        >>> net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        >>> searcher = dms.prepare(net, torch.randn(1, 8), dms.SearchConfig(resource="params", target=0.5))
+        >>> _ = searcher.meet_target()
+        >>> d = tempfile.mkdtemp()
+        >>> dms.save(searcher.export(), searcher.structure(), d)
+        >>> check_weights_fit(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), searcher.structure(),
+        ...                   d + "/model.safetensors")
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise MissingFileError(f"no weights file {p}: expected model.safetensors written by dmscale.save")
+    shadow = _meta_copy(model)
+    apply_structure(shadow, structure)
+    expected, groups = _expected_shapes(shadow)
+    stored = _file_shapes(p)
+    shapes = [f"{k!r} is {stored[k]} in the file, {shape} in the shrunk model"
+              for k, shape in expected.items() if k in stored and stored[k] != shape]
+    missing = [g[0] for g in groups if not any(k in stored for k in g)]
+    unexpected = [k for k in stored if k not in expected]
+    problems = [f"{len(items)} tensor{'s' if len(items) > 1 else ''} {what} ({', '.join(map(str, items[:2]))}{', ...' if len(items) > 2 else ''})"
+                for what, items in (("of another shape", shapes), ("missing from the file", [repr(k) for k in missing]),
+                                    ("in the file but not in the model", [repr(k) for k in unexpected])) if items]
+    if problems:
+        raise StructureError(f"the weights in {p} do not fit the model shrunk to its structure.json: "
+                             f"{'; '.join(problems)}; load a directory written by dmscale.save "
+                             "for this architecture (both files from the same save), onto a freshly built "
+                             "model")

@@ -47,7 +47,7 @@ from .handlers import _NORM_DIMS, Handler, _slice_param, register_handler
 if TYPE_CHECKING:
     from .tracer import Tracer
 
-__all__ = ["NormFormula", "norm_formula", "LAYERNORM", "RMSNORM"]
+__all__ = ["NormFormula", "norm_formula", "share_formula", "LAYERNORM", "RMSNORM"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,12 @@ def norm_formula(module: nn.Module) -> NormFormula | None:
         found = None
     _CACHE[module] = found
     return found
+
+
+def share_formula(copy: nn.Module, original: nn.Module) -> None:
+    """Give ``copy`` the formula probed on ``original`` (for a copy that cannot be probed
+    itself, e.g. one whose weights are on the meta device)."""
+    _CACHE[copy] = norm_formula(original)
 
 
 def _eps(module: nn.Module) -> float | None:

@@ -271,8 +271,7 @@ class Pipeline:
             self.state["done"].append(phase)
             self.save_state(metrics_offset=self.rd.metrics_size())
             self.rd_checkpoint = None
-            if self.rd.checkpoint.exists():
-                self.rd.checkpoint.unlink()
+            self.rd.remove_checkpoint()
         if hasattr(self.task, "save_artifacts") and (self.rd / "model.safetensors").is_file():
             self.state["artifacts"] = self.task.save_artifacts(load_run_model(self.rd.path)[0], self.rd.path)
         summary = self._summary()

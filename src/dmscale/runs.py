@@ -35,7 +35,7 @@ import dmscale as dms
 
 from . import io as _io
 from .config import ConfigError, RunConfig, load_run_config
-from .deploy import check_onnx, check_pt2, save_pickled, to_onnx, to_pt2
+from .deploy import batch_is_dynamic, check_onnx, check_pt2, save_pickled, to_onnx, to_pt2
 from .engine.device import resolve_device, set_threads
 from .engine.rundir import RunDir, fmt_count, read_checkpoint
 from .io import save_weights
@@ -257,7 +257,8 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -
         else:
             diff = check_pt2(to_pt2(small, x, od / "model.pt2", check=False), small, x)
         files.append(f"model.{fmt}")
-        notes.append(f"  model.{fmt}: input shape {tuple(x.shape)} (static), checked against PyTorch "
+        shape = "dynamic batch" if batch_is_dynamic(od / f"model.{fmt}") else "static"
+        notes.append(f"  model.{fmt}: input shape {tuple(x.shape)} ({shape}), checked against PyTorch "
                      f"on a random input: max |diff| {diff:.2g}")
     elif fmt != "safetensors":
         raise ConfigError(f"unknown export format {fmt!r}: expected safetensors, pt, hf, onnx or pt2")

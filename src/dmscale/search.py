@@ -28,7 +28,7 @@ from torch import nn
 from .discover import SearchSpace, discover
 from .tracer import split_inputs
 from .errors import (ConfigError, InputError, NothingToSearchError, PendingImportanceError,
-                     UnsupportedLayerError, VerificationError)
+                     TraceError, UnsupportedLayerError, VerificationError)
 from .export import FORMAT, export_model
 from .handlers import handler_for
 from .importance import IMPORTANCE_METRICS
@@ -140,7 +140,29 @@ class SearchConfig:
 
 
 class Searcher:
-    """A DMS search attached to a model. Create it with :func:`prepare`."""
+    """A DMS search attached to a model. Create it with :func:`prepare`.
+
+    Non-finite losses: a backward through a NaN or infinite loss never changes importance
+    (the update is skipped on the device), but it leaves NaN gradients on the weights and on
+    the structural parameters, which an optimiser step would write into them for good. Skip
+    such a step in your loop, as ``dmscale search`` does:
+
+        >>> import torch
+        >>> from torch import nn
+        >>> import dmscale as dms
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+        >>> searcher = dms.prepare(net, x, dms.SearchConfig(resource="params", target=0.5))
+        >>> opt = torch.optim.SGD([{"params": searcher.model_parameters(), "lr": 0.1},
+        ...                        {"params": searcher.structure_parameters(), "lr": 5e-3}])
+        >>> for step in range(3):
+        ...     loss = nn.functional.cross_entropy(net(x), y) + searcher.resource_loss(step / 3)
+        ...     if not torch.isfinite(loss):
+        ...         continue  # no backward, no step: weights, importance and structure untouched
+        ...     opt.zero_grad(); loss.backward(); opt.step()
+        >>> all(bool(torch.isfinite(p).all()) for p in searcher.structure_parameters())
+        True
+    """
 
     def __init__(self, model: nn.Module, example_inputs: Any, config: SearchConfig) -> None:
         self.model = model
@@ -157,6 +179,13 @@ class Searcher:
                     f"{str(err).splitlines()[0] if str(err) else ''}; pass inputs the model's forward "
                     "accepts (a tensor, a tuple of positional inputs or a dict of keyword inputs)"
                 ) from err
+            if not isinstance(err, ValueError):
+                raise TraceError(
+                    f"{type(model).__name__} runs on the example inputs but not under dmscale's trace "
+                    f"(forward hooks and a TorchFunctionMode): {type(err).__name__}: "
+                    f"{str(err).splitlines()[0] if str(err) else ''}; pass the plain nn.Module (not "
+                    "torch.compile'd or scripted), or exclude the module that fails "
+                    "(SearchConfig(exclude=[...]))") from err
             raise
         if not config.search_width:
             space = _without_width(space)

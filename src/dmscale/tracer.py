@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .errors import InputError
 from .flops import ForwardFlopCounter
 from .graph import PIN, Event, Label, LayerRecord, ModuleCall, UnionFind
 from .handlers import handler_for
@@ -402,10 +403,10 @@ class Tracer:
     @contextlib.contextmanager
     def hooks(self) -> Iterator[None]:
         handles = []
-        for m in self.model.modules():
-            handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
-            handles.append(m.register_forward_hook(self._post_hook, with_kwargs=True))
-        try:
+        try:  # registering may fail half-way (a ScriptModule): remove what was registered
+            for m in self.model.modules():
+                handles.append(m.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
+                handles.append(m.register_forward_hook(self._post_hook, with_kwargs=True))
             yield
         finally:
             for h in handles:
@@ -432,9 +433,9 @@ def split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
         return tuple(example_inputs), {}
     if isinstance(example_inputs, dict):
         return (), dict(example_inputs)
-    raise TypeError(
+    raise InputError(
         "example_inputs must be a tensor, a tuple of positional inputs or a dict of keyword "
-        f"inputs, got {type(example_inputs).__name__}"
+        f"inputs, got {type(example_inputs).__name__}: pass them in one of these forms"
     )
 
 

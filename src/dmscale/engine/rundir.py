@@ -159,6 +159,11 @@ class RunDir:
             with open(self.metrics, "r+b") as f:
                 f.truncate(size)
 
+    def remove_checkpoint(self) -> None:
+        """Delete the checkpoint and any half-written one a killed write left behind."""
+        self.checkpoint.unlink(missing_ok=True)
+        self.checkpoint.with_name("checkpoint.pt.tmp").unlink(missing_ok=True)
+
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         """Write the checkpoint to a temporary file, then move it into place: a kill or a
         full disk never leaves a broken ``checkpoint.pt``; the previous one survives."""

@@ -127,7 +127,8 @@ def _imagefolder(cfg: RunConfig) -> ClassificationTask:
         try:
             ds = datasets.ImageFolder(str(path), transform=tf)
         except (FileNotFoundError, RuntimeError) as err:
-            raise ConfigError(f"--data {path}: {err}") from None
+            raise ConfigError(f"--data {path}: {str(err).strip()} Expected one folder per class holding "
+                              "its images (DIR/CLASS/IMAGE, or DIR/train/CLASS/IMAGE and DIR/val/CLASS/IMAGE)") from None
         n = len(ds) if limit is None else min(limit, len(ds))
         order = list(range(len(ds)))
         if limit is not None:  # a class-balanced prefix: interleave the classes

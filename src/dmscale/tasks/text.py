@@ -2,8 +2,9 @@
 
 Data (``--data FILE_OR_DIR``): one text file, or every file under a directory (recursively,
 sorted by path, hidden files skipped); without ``--data`` the bundled Shakespeare plays. The
-files are read as one stream of UTF-8 text; the last 10 % of its bytes (from the next line
-break on) is the held-out split, the rest trains.
+files are read as one stream of UTF-8 text (a file that is not UTF-8, e.g. compressed or in
+another encoding, is refused with its name and the offending byte); the last 10 % of its
+bytes (from the next line break on) is the held-out split, the rest trains.
 
 Token cache: the stream is tokenised once per (data, tokenizer) with the model's own
 tokenizer, line-aligned chunk by chunk, and written as ``uint32`` token ids to
@@ -34,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import math
@@ -47,10 +49,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError, RunConfig
+from ..errors import DataError
 from .hf_model import load_hf_tokenizer, parse_hf_spec
 from .registry import Task
 
-__all__ = ["TextTask", "text_files", "split_stream", "token_cache", "HELD_OUT", "CACHE_ENV"]
+__all__ = ["TextTask", "text_files", "split_stream", "token_cache", "cache_is_complete", "first_non_utf8",
+           "HELD_OUT", "CACHE_ENV"]
 
 HELD_OUT = 0.1  # fraction of the bytes (at a line break) held out for evaluation
 CACHE_ENV = "DMSCALE_CACHE"
@@ -79,8 +83,41 @@ def text_files(data: str | None) -> list[Path]:
                           "directory of text files)")
     files = [f for f in files if f.stat().st_size > 0]
     if not files:
-        raise ConfigError(f"--data {data}: no non-empty files")
+        raise ConfigError(f"--data {data}: no non-empty files (empty files and hidden files are skipped); "
+                          "give a UTF-8 text file or a directory that holds some")
     return files
+
+
+def first_non_utf8(files: list[Path]) -> tuple[Path, int, str] | None:
+    """``(file, byte offset, reason)`` of the first byte that is not UTF-8 text, or None."""
+    for f in files:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        with open(f, "rb") as fh:
+            while block := fh.read(CHUNK_BYTES):
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError as err:
+                    return f, offset + err.start, err.reason
+                offset += len(block)
+            pending = len(decoder.getstate()[0])  # the bytes of a character cut off at the end
+            try:
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError as err:
+                return f, offset - pending + err.start, err.reason
+    return None
+
+
+def _not_text_error(files: list[Path]) -> DataError:
+    found = first_non_utf8(files)
+    if found is None:  # cannot happen: a chunk failed to decode, so some file does
+        return DataError("the --data files are not UTF-8 text: convert them to UTF-8")
+    f, offset, reason = found
+    head = f.read_bytes()[:4]
+    kind = (" (it is gzip-compressed: decompress it)" if head[:2] == b"\x1f\x8b" else
+            " (it is a zip archive: extract it)" if head[:2] == b"PK" else "")
+    return DataError(f"{f} is not UTF-8 text: byte {offset} ({reason}){kind}; give plain UTF-8 text "
+                     "files (convert it, e.g. iconv -t utf-8, or remove it from --data)")
 
 
 def _chunks(files: list[Path]) -> Iterator[bytes]:
@@ -151,21 +188,30 @@ def token_cache(files: list[Path], tokenizer: Any, held_out: float = HELD_OUT) -
         h.update(f"{f.resolve()}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
     h.update(_tokenizer_key(tokenizer).encode())
     out = _cache_root() / h.hexdigest()[:24]
-    if (out / "meta.json").is_file():
-        return out
+    if cache_is_complete(out):
+        return out  # (a truncated or damaged cache is written again)
     out.mkdir(parents=True, exist_ok=True)
     counts = {"train": [0, 0], "test": [0, 0]}  # tokens, bytes
     tmp = {k: out / f"{k}.bin.{os.getpid()}.tmp" for k in counts}  # concurrent runs: own files
     handles = {k: open(p, "wb") for k, p in tmp.items()}
     try:
         for part, chunk in _split_chunks(files, held_out):
-            ids = tokenizer(chunk.decode("utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
+            try:
+                text = chunk.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _not_text_error(files) from None
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             handles[part].write(np.asarray(ids, dtype=np.uint32).tobytes())
             counts[part][0] += len(ids)
             counts[part][1] += len(chunk)
-    finally:
+    except BaseException:
         for fh in handles.values():
             fh.close()
+        for p in tmp.values():
+            p.unlink(missing_ok=True)
+        raise
+    for fh in handles.values():
+        fh.close()
     for k, p in tmp.items():
         os.replace(p, out / f"{k}.bin")
     meta = {"files": [str(f) for f in files], "held_out": held_out,
@@ -175,6 +221,15 @@ def token_cache(files: list[Path], tokenizer: Any, held_out: float = HELD_OUT) -
     meta_tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     os.replace(meta_tmp, out / "meta.json")  # written last: its presence marks a complete cache
     return out
+
+
+def cache_is_complete(out: Path) -> bool:
+    """Whether ``out`` holds a readable ``meta.json`` and token files of the sizes it states."""
+    try:
+        meta = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+        return all((out / f"{k}.bin").stat().st_size == 4 * int(meta[f"{k}_tokens"]) for k in ("train", "test"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _memmap(path: Path, count: int) -> np.ndarray:

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from .topk import DifferentiableTopK, StructuralGate
+from .topk import DifferentiableTopK, GateFactory, StructuralGate
 
 __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
 
@@ -241,6 +241,7 @@ class Gates(nn.Module):
         norms: dict[str, Any] | None = None,
         outputs: dict[str, tuple[int, Any]] | None = None,
         derived: list[tuple[int, int]] | None = None,
+        gate_factory: GateFactory | None = None,
     ) -> "Gates":
         """Create the gates, register them on ``model`` and attach every hook.
 
@@ -249,13 +250,16 @@ class Gates(nn.Module):
             consumers: layer name -> (channel dim of its input, global slot per channel,
                 -1 for a fixed channel).
             branches: module name -> (depth dim, block index).
+            gate_factory: builds each gate (default :class:`DifferentiableTopK`, DMS's own);
+                a baseline gate implementing :class:`~dmscale.topk.StructuralGate`.
         """
         if hasattr(model, GATES_NAME):
             raise ValueError(
                 f"model already has a {GATES_NAME!r} submodule: it is prepared for a search "
                 "already; call dmscale.detach(model) first"
             )
-        make = lambda spec: DifferentiableTopK(  # noqa: E731
+        factory = DifferentiableTopK if gate_factory is None else gate_factory
+        make = lambda spec: factory(  # noqa: E731
             spec[0], step=spec[1], min_keep=spec[2], temperature=spec[3],
             importance=importance, normalize=normalize,
         )

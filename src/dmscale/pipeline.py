@@ -805,18 +805,23 @@ class Pipeline:
             p = p / "model.safetensors"
         return load_weights(model, p), exclude
 
+    def search_config(self, exclude: list[str]) -> dms.SearchConfig:
+        """The library config of this run's search (a subclass may change it, e.g. the gate of
+        the baselines in bench/gates.py)."""
+        cfg = self.cfg
+        return dms.SearchConfig(
+            resource=cfg.resource, target=cfg.target, resource_weight=cfg.resource_weight,
+            schedule=cfg.schedule, importance=cfg.importance, min_width=cfg.min_width,
+            width_step=cfg.width_step, search_width=cfg.search_dims in ("both", "width"),
+            search_depth=cfg.search_dims in ("both", "depth"), exclude=exclude,
+            width_only_from=cfg.width_only_from, cost_forward=cfg.cost_forward,
+            layer_uniform=cfg.layer_uniform)
+
     def _make_searcher(self, model: nn.Module, extra_exclude: list[str]) -> dms.Searcher:
         cfg = self.cfg
         exclude = _expand_patterns(model, cfg.exclude or []) + extra_exclude
         try:
-            scfg = dms.SearchConfig(
-                resource=cfg.resource, target=cfg.target, resource_weight=cfg.resource_weight,
-                schedule=cfg.schedule, importance=cfg.importance, min_width=cfg.min_width,
-                width_step=cfg.width_step, search_width=cfg.search_dims in ("both", "width"),
-                search_depth=cfg.search_dims in ("both", "depth"), exclude=exclude,
-                width_only_from=cfg.width_only_from, cost_forward=cfg.cost_forward,
-                layer_uniform=cfg.layer_uniform)
-            return dms.prepare(model, self.example, scfg)
+            return dms.prepare(model, self.example, self.search_config(exclude))
         except ValueError as err:  # bad budget, nothing to search, unsupported layer ...
             raise ConfigError(str(err).splitlines()[0]) from None
         except ModuleNotFoundError as err:

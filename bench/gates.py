@@ -1,6 +1,6 @@
 """DMS_p- against the paper's other gradient-based gates at equal MACs (issue 10, table 1; paper Table 2 + 12).
 
-    PYTHONPATH=src python bench/gates.py [--quick] [--seeds 0 1 2] [--target 0.5] [--search-epochs 72.7] [--table-only]
+    PYTHONPATH=src python bench/gates.py [--quick] [--seeds 0 1 2] [--target 0.5] [--search-epochs 36.36] [--table-only]
 
 Per seed, one pretrained supernet (the project's ``pretrain`` phase; ResNet-20 of width 8
 on the bundled 8x8 digits, the protocol of bench/peers.py), then the same ``--pipeline p-``
@@ -267,8 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--target", type=float, default=0.5)
     p.add_argument("--pretrain-epochs", type=float, default=10.0)
-    p.add_argument("--search-epochs", type=float, default=72.7,
-                   help="72.7 epochs of 11 steps: the paper's 800 search iterations")
+    p.add_argument("--search-epochs", type=float, default=36.36,
+                   help="36.36 epochs of 11 steps: 400 search iterations (the paper: 800)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--table-only", action="store_true", help="only rewrite gates.md / gates.png from the cache")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "gates")

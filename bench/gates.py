@@ -57,6 +57,8 @@ SEARCHED = ("dms", "mes", "sns", "get", "dms_nonorm")
 METHODS = SEARCHED + ("uniform",)
 LABELS = {"dms": "DMS_p- (ours)", "mes": "MES", "sns": "SNS", "get": "GET",
           "dms_nonorm": "DMS_p- w/o normalisation", "uniform": "uniform width (no search)"}
+SHORT = {"dms": "DMS_p-", "mes": "MES", "sns": "SNS", "get": "GET", "dms_nonorm": "DMS_p-\nno norm.",
+         "uniform": "uniform\n(no search)"}
 MODEL = {"model": "resnet", "model_args": {"width": 8}}
 
 
@@ -248,7 +250,7 @@ def plot(cache: dict[str, Any], key: str) -> Path | None:
                     if i == 0 else None)
     for ax in (ax1, ax2):
         ax.set_xticks(list(xs))
-        ax.set_xticklabels([LABELS[m].replace(" (", "\n(").replace(" w/o", "\nw/o") for m in METHODS], fontsize=7)
+        ax.set_xticklabels([SHORT[m] for m in METHODS], fontsize=8)
     ax1.set_ylabel("top-1 of the export, no retrain (%)")
     ax1.set_title(f"Table 1 analog: {cache['settings'][key]['target']} x MACs, seeds {have}")
     ax2.axhline(1.0, color="k", lw=0.8, ls="--")

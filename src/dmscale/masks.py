@@ -34,7 +34,7 @@ from torch import nn
 
 from .distributed import is_distributed
 from .importance import PendingImportance
-from .topk import DifferentiableTopK, StructuralGate
+from .topk import DifferentiableTopK, GateFactory, StructuralGate
 
 __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
 
@@ -249,6 +249,7 @@ class Gates(nn.Module):
         norms: dict[str, Any] | None = None,
         outputs: dict[str, tuple[int, Any]] | None = None,
         derived: list[tuple[int, int]] | None = None,
+        gate_factory: GateFactory | None = None,
     ) -> "Gates":
         """Create the gates, register them on ``model`` and attach every hook.
 
@@ -257,13 +258,16 @@ class Gates(nn.Module):
             consumers: layer name -> (channel dim of its input, global slot per channel,
                 -1 for a fixed channel).
             branches: module name -> (depth dim, block index).
+            gate_factory: builds each gate (default :class:`DifferentiableTopK`, DMS's own);
+                a baseline gate implementing :class:`~dmscale.topk.StructuralGate`.
         """
         if hasattr(model, GATES_NAME):
             raise ValueError(
                 f"model already has a {GATES_NAME!r} submodule: it is prepared for a search "
                 "already; call dmscale.detach(model) first"
             )
-        make = lambda spec: DifferentiableTopK(  # noqa: E731
+        factory = DifferentiableTopK if gate_factory is None else gate_factory
+        make = lambda spec: factory(  # noqa: E731
             spec[0], step=spec[1], min_keep=spec[2], temperature=spec[3],
             importance=importance, normalize=normalize,
         )

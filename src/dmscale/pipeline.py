@@ -86,6 +86,7 @@ from .runs import (
     load_teacher,
     load_weights,
     make_searcher,
+    search_config,
     new_supernet,
     searcher_from_checkpoint,
 )
@@ -388,8 +389,13 @@ class Pipeline:
             p = p / "model.safetensors"
         return load_weights(model, p), exclude
 
+    def search_config(self, exclude: list[str]) -> dms.SearchConfig:
+        """The library config of this run's search (a subclass may change it, e.g. the gate of
+        the baselines in bench/gates.py)."""
+        return search_config(self.cfg, exclude)
+
     def _make_searcher(self, model: nn.Module, extra_exclude: list[str]) -> dms.Searcher:
-        return make_searcher(self.cfg, model, self.example, extra_exclude)
+        return make_searcher(self.cfg, model, self.example, extra_exclude, self.search_config)
 
     def _phase_search(self) -> None:
         cfg = self.cfg

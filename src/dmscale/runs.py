@@ -26,7 +26,7 @@ import json
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -51,6 +51,7 @@ __all__ = [
     "load_teacher",
     "load_weights",
     "make_searcher",
+    "search_config",
     "new_supernet",
     "searcher_from_checkpoint",
 ]
@@ -166,18 +167,24 @@ def check_inputs_from_info(info: dict[str, Any], seed: int = 0) -> torch.Tensor:
     return torch.randn(1, int(info["in_channels"]), *[int(s) for s in info["image_size"]], generator=g)
 
 
-def make_searcher(cfg: RunConfig, model: nn.Module, example: Any, extra_exclude: list[str]) -> dms.Searcher:
-    """``dms.prepare`` of ``model`` with the search options of ``cfg``; its errors as
-    :class:`ConfigError` (one line)."""
+def search_config(cfg: RunConfig, exclude: list[str]) -> dms.SearchConfig:
+    """The library :class:`~dmscale.SearchConfig` of the run configuration ``cfg``."""
+    return dms.SearchConfig(
+        resource=cfg.resource, target=cfg.target, resource_weight=cfg.resource_weight,
+        schedule=cfg.schedule, importance=cfg.importance, min_width=cfg.min_width,
+        width_step=cfg.width_step, search_width=cfg.search_dims in ("both", "width"),
+        search_depth=cfg.search_dims in ("both", "depth"), exclude=exclude,
+        width_only_from=cfg.width_only_from, cost_forward=cfg.cost_forward,
+        layer_uniform=cfg.layer_uniform)
+
+
+def make_searcher(cfg: RunConfig, model: nn.Module, example: Any, extra_exclude: list[str],
+                  configure: Callable[[list[str]], dms.SearchConfig] | None = None) -> dms.Searcher:
+    """``dms.prepare`` of ``model`` with the search options of ``cfg`` (or ``configure(exclude)``,
+    e.g. a baseline's gate); its errors as :class:`ConfigError` (one line)."""
     exclude = _expand_patterns(model, cfg.exclude or []) + extra_exclude
     try:
-        scfg = dms.SearchConfig(
-            resource=cfg.resource, target=cfg.target, resource_weight=cfg.resource_weight,
-            schedule=cfg.schedule, importance=cfg.importance, min_width=cfg.min_width,
-            width_step=cfg.width_step, search_width=cfg.search_dims in ("both", "width"),
-            search_depth=cfg.search_dims in ("both", "depth"), exclude=exclude,
-            width_only_from=cfg.width_only_from, cost_forward=cfg.cost_forward,
-            layer_uniform=cfg.layer_uniform)
+        scfg = configure(exclude) if configure is not None else search_config(cfg, exclude)
         return dms.prepare(model, example, scfg)
     except ValueError as err:  # bad budget, nothing to search, unsupported layer ...
         raise ConfigError(str(err).splitlines()[0]) from None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -34,6 +34,7 @@ from .handlers import handler_for
 from .importance import IMPORTANCE_METRICS
 from .masks import GATES_NAME, Gates, assemble_width_mask
 from .modes import eval_mode
+from .topk import GateFactory
 from .norms import norm_formula
 from .resources import RESOURCES, CostModel
 from .uniform import tie_ratios, uniform_groups
@@ -78,6 +79,11 @@ class SearchConfig:
             layer's heads) share one pruning ratio, so all layers keep the same count while
             each keeps its own most important elements (:mod:`dmscale.uniform`); the result
             has a standard config (``dmscale.save_pretrained`` without custom code).
+        gate_factory: builds the gate of every width and depth dimension (None: DMS's
+            :class:`~dmscale.topk.DifferentiableTopK`). For baselines and ablations: any
+            callable with DifferentiableTopK's signature returning a
+            :class:`~dmscale.topk.StructuralGate` (bench/gates_lib.py has the paper's MES,
+            SNS and GET). Export, exact cost and the export check are the same for every gate.
         verify: self-checks on the example inputs (one extra forward each, tolerance in
             :mod:`dmscale.verify`): ``prepare`` refuses a model whose output changes with all
             masks open, ``export`` raises when the export does not compute what the hardened
@@ -106,6 +112,7 @@ class SearchConfig:
     cost_forward: str = "soft"
     verify: bool = True
     layer_uniform: bool = False
+    gate_factory: GateFactory | None = None
 
     def __post_init__(self) -> None:
         if self.resource not in RESOURCES:
@@ -136,6 +143,9 @@ class SearchConfig:
             raise ConfigError(f"verify must be True or False, got {self.verify!r}")
         if not isinstance(self.layer_uniform, bool):
             raise ConfigError(f"layer_uniform must be True or False, got {self.layer_uniform!r}")
+        if self.gate_factory is not None and not callable(self.gate_factory):
+            raise ConfigError(f"gate_factory must be a callable that builds a StructuralGate (e.g. a gate "
+                              f"class), got {self.gate_factory!r}; None uses DMS's DifferentiableTopK")
         self.exclude = list(self.exclude)
 
 
@@ -244,7 +254,7 @@ class Searcher:
                     for m in b.branch_modules}
         gates = Gates.attach(self.model, dims, depth, consumers, branches,
                              importance=cfg.importance, normalize=cfg.normalize, norms=norms,
-                             outputs=outputs, derived=space.derived)
+                             outputs=outputs, derived=space.derived, gate_factory=cfg.gate_factory)
         tie_ratios(list(gates.width), self.uniform_groups)
         for d, topk in zip(space.width, gates.width):
             topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]
@@ -388,13 +398,20 @@ class Searcher:
         """
         self._require_synced("meet_target()")
         topks = _distinct(list(self.gates.width) + ([] if self.gates.depth_frozen else list(self.gates.depth)))
-        base = [float(t.a.detach()) for t in topks]
+        # a scalar a is a pruning ratio (DMS): shifted directly; a gate with vector parameters
+        # (a baseline's logits) is shifted in the same ratio terms through set_count
+        base = [float(t.a.detach()) if t.a.numel() == 1 else 1.0 - t.hard_count() / t.n_units
+                for t in topks]
 
         def cost_at(offset: float) -> float:
             with torch.no_grad():
                 for t, a0 in zip(topks, base):
-                    t.a.fill_(a0 + offset)
-                    t.clamp_()
+                    if t.a.numel() == 1:
+                        t.a.fill_(a0 + offset)
+                        t.clamp_()
+                    else:
+                        ratio = min(max(a0 + offset, 0.0), t.max_ratio)
+                        t.set_count(int(round((1.0 - ratio) * t.n_units)))
             return self._exact_cost("hard")
 
         lo, hi = -1.0, 1.0  # cost_at(lo) is the largest, cost_at(hi) the smallest
@@ -420,11 +437,11 @@ class Searcher:
                 k = t.hard_count()
                 if k >= t.n_units:
                     continue
-                old_a = float(t.a.detach())
+                old_a = t.a.detach().clone()
                 t.set_count(k + 1)
                 cost = self._exact_cost("hard") if t.hard_count() == k + 1 else math.inf
                 with torch.no_grad():
-                    t.a.fill_(old_a)
+                    t.a.copy_(old_a)
                 if cost <= self.target_cost and (best is None or cost < best[0]):
                     best = (cost, t, k + 1)
             if best is None:
@@ -611,7 +628,7 @@ class Searcher:
         """Everything needed to resume: structural parameters, importance, config, target."""
         self._require_synced("state_dict()")
         state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
-                 "config": asdict(self.config), "target_cost": self.target_cost,
+                 "config": _config_state(self.config), "target_cost": self.target_cost,
                  "supernet_cost": self.supernet_cost, "depth_frozen": self.gates.depth_frozen}
         if "latency" in self._costs:  # a resumed search keeps the measured cost scale
             state["latency_profile"] = self._costs["latency"].state_dict()
@@ -620,10 +637,11 @@ class Searcher:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (same model architecture and config)."""
         saved = dict(state["config"])
-        current = asdict(self.config)
+        current = _config_state(self.config)
         for key in ("latency_options", "verify"):  # neither changes what is searched
             saved.pop(key, None), current.pop(key, None)
         saved.setdefault("layer_uniform", False)  # states saved before the option existed
+        saved.setdefault("gate_factory", None)
         if current != saved:
             raise ValueError(f"searcher config differs from the saved one: {state['config']} vs {asdict(self.config)}")
         self.gates.load_state_dict(state["gates"])
@@ -635,6 +653,16 @@ class Searcher:
         self.target_cost = float(state["target_cost"])
         self.supernet_cost = float(state["supernet_cost"])
         self.freeze_depth(bool(state.get("depth_frozen", False)))
+
+
+def _config_state(config: SearchConfig) -> dict[str, Any]:
+    """The config as plain data: the gate factory by its qualified name (checkpoints stay
+    loadable without importing it; a resume with another gate is refused by name)."""
+    factory = config.gate_factory
+    state = asdict(replace(config, gate_factory=None))
+    state["gate_factory"] = None if factory is None else \
+        f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
+    return state
 
 
 def _distinct(topks: list[Any]) -> list[Any]:

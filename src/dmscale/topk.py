@@ -29,14 +29,15 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from .importance import IMPORTANCE_METRICS, update_importance
 
-__all__ = ["DifferentiableTopK", "StructuralGate", "normalized_rank", "integer_rank"]
+__all__ = ["DifferentiableTopK", "StructuralGate", "GateFactory", "normalized_rank", "integer_rank",
+           "top_units"]
 
 
 @runtime_checkable
@@ -44,7 +45,16 @@ class StructuralGate(Protocol):
     """What the rest of dmscale needs from a width/depth gate.
 
     :class:`DifferentiableTopK` is the paper's gate; a baseline (Gumbel gates, straight-through
-    top-k, ...) can be dropped in beside it by implementing these members.
+    top-k, ...) can be dropped in beside it by implementing these members and passing its
+    constructor as ``SearchConfig(gate_factory=...)`` (see :data:`GateFactory`).
+
+    ``unit_soft_mask`` is what the forward pass multiplies in during the search (it may be
+    stochastic); ``soft_mask`` is what the differentiable cost r_c is computed from (for
+    :class:`DifferentiableTopK` both are Eq. 3). ``hard_mask`` must keep exactly
+    ``hard_count()`` units, at least ``min_units`` and one of each ``required_groups`` (use
+    :func:`top_units`); ``set_count(k)`` moves the parameters so that ``hard_count() == k``
+    (the budget solver). ``a`` may be a scalar (a pruning ratio) or a vector (per-element or
+    per-candidate logits).
     """
 
     a: nn.Parameter  # the learnable structural parameter(s)
@@ -69,6 +79,8 @@ class StructuralGate(Protocol):
 
     def hard_count(self) -> int: ...
 
+    def set_count(self, k: int) -> None: ...
+
     def update_importance(self, unit_mask: torch.Tensor, grad: torch.Tensor) -> None: ...
 
 
@@ -85,6 +97,45 @@ def integer_rank(c: torch.Tensor) -> torch.Tensor:
     rank = torch.empty(n, dtype=torch.long, device=c.device)
     rank[(n - 1) - order] = torch.arange(n, device=c.device)
     return rank
+
+
+GateFactory = Callable[..., StructuralGate]
+"""Builds one gate: called as ``factory(size, step=..., min_keep=..., temperature=...,
+importance=..., normalize=...)`` (the signature of :class:`DifferentiableTopK`, which is the
+default factory) for every width and depth dimension of a search."""
+
+
+def top_units(rank: torch.Tensor, k: int, required_groups: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """Bool mask of the ``k`` highest-ranked units (``rank``: 0 = least important, all distinct).
+
+    When ``required_groups`` are given and a group has no kept unit, its best unit takes the
+    place of the lowest-ranked kept unit that no group needs (k is unchanged): every layer
+    that writes part of a shared width keeps at least one of its channels.
+
+    Example:
+        >>> top_units(torch.tensor([2, 0, 1, 3]), 2).tolist()
+        [True, False, False, True]
+        >>> top_units(torch.tensor([2, 0, 1, 3]), 2, [torch.tensor([1, 2])]).tolist()
+        [False, False, True, True]
+    """
+    n = rank.numel()
+    keep = rank >= n - k
+    groups = [g.to(keep.device) for g in (required_groups or [])]
+    for group in groups:
+        if keep[group].any() or k == 0:
+            continue
+        needed = torch.zeros_like(keep)
+        for g in groups:
+            kept = g[keep[g]]
+            if len(kept) == 1:
+                needed[kept] = True
+        spare = keep & ~needed
+        if not spare.any():
+            continue
+        drop = torch.nonzero(spare).flatten()[rank[spare].argmin()]
+        keep[drop] = False
+        keep[group[rank[group].argmax()]] = True
+    return keep
 
 
 def normalized_rank(c: torch.Tensor) -> torch.Tensor:
@@ -224,24 +275,7 @@ class DifferentiableTopK(nn.Module):
         When ``required_groups`` are set and a group has no kept unit, its best unit takes
         the place of the lowest-ranked kept unit that no group needs (k is unchanged).
         """
-        rank = integer_rank(self.importance)  # 0 = least important
-        k = self.hard_count()
-        keep = rank >= self.n_units - k
-        groups = [g.to(keep.device) for g in self.required_groups]
-        for group in groups:
-            if keep[group].any() or k == 0:
-                continue
-            needed = torch.zeros_like(keep)
-            for g in groups:
-                kept = g[keep[g]]
-                if len(kept) == 1:
-                    needed[kept] = True
-            spare = keep & ~needed
-            if not spare.any():
-                continue
-            drop = torch.nonzero(spare).flatten()[rank[spare].argmin()]
-            keep[drop] = False
-            keep[group[rank[group].argmax()]] = True
+        keep = top_units(integer_rank(self.importance), self.hard_count(), self.required_groups)
         return keep.to(self.a.dtype)
 
     def expand(self, unit_mask: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,159 @@
+"""One matplotlib plot per benchmark table whose per-run results are cached (bench/RESULTS.md).
+
+    PYTHONPATH=src python bench/results_plots.py
+
+Reads only the json caches the benchmark scripts write (nothing is re-run) and writes
+``bench/results/<table>.png``:
+
+* ``peers.png`` from ``peers.json`` (table 4): top-1 after finetuning per method and setting,
+  mean ± std, seeds as dots;
+* ``budget.png`` from ``budget.json`` (table 6): exported MACs / target at the search's end
+  and after the finish phase and budget solver, per target and r_c mode;
+* ``yolo_table11.png`` from ``yolo_table11.json`` (table 11): mAP50-95 and MACs per arm.
+
+The gate table (``gates.png``) is drawn by ``bench/gates.py --table-only``. Tables with no
+per-run cache (deploy latency, latency fit, search overhead, SmolLM2) get no plot here; their
+markdown is the record.
+
+Example:
+    >>> sorted(PLOTS)
+    ['budget', 'peers', 'yolo_table11']
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+__all__ = ["PLOTS", "plot_peers", "plot_budget", "plot_yolo", "main"]
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def plot_peers(cache: dict[str, Any], out: Path) -> Path:
+    """Top-1 after finetune per method, one group of bars per full setting (no quick runs)."""
+    methods = ("dms_p", "tp_magnitude", "tp_taylor", "uniform")
+    keys = [k for k, s in sorted(cache["settings"].items(), key=lambda kv: (-kv[1]["target"], kv[0]))
+            if s["finetune_epochs"] >= 1]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(methods)
+    low = 100.0
+    for g, key in enumerate(keys):
+        runs = cache["runs"].get(key, {})
+        seeds = sorted(s for s, r in runs.items() if all(m in r for m in methods))
+        for i, m in enumerate(methods):
+            accs = [100 * runs[s][m]["acc"] for s in seeds]
+            if not accs:
+                continue
+            mean, sd = _mean_sd(accs)
+            low = min(low, min(accs), mean - sd)
+            x = g + (i - (len(methods) - 1) / 2) * width
+            ax.bar(x, mean, width, yerr=sd, capsize=2, color=f"C{i}", label=m if g == 0 else None)
+            ax.plot([x] * len(accs), accs, "k.", ms=3)
+    labels = []
+    for key in keys:
+        s = cache["settings"][key]
+        labels.append(f"{s['target']} x MACs\n" + ("peers finetuned\n+search epochs" if s.get("equal_training")
+                                                    else "same finetune"))
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("top-1 after finetune (%)")
+    ax.set_ylim(5 * int(low // 5), 100)
+    ax.set_title("Table 4: DMS_p vs Torch-Pruning vs uniform width (digits ResNet-20, mean ± std, seeds as dots)",
+                 fontsize=9)
+    ax.legend(fontsize=8, ncol=4, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_budget(cache: dict[str, Any], out: Path) -> Path:
+    """Exported cost / target per (target, r_c mode): at the search's end and exported."""
+    rows = list(cache["runs"].values())
+    groups = sorted({(r["target"], r["mode"]) for r in rows}, key=lambda t: (-t[0], t[1]))
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for g, (target, mode) in enumerate(groups):
+        rs = [r for r in rows if r["target"] == target and r["mode"] == mode]
+        for j, (field, label) in enumerate((("search_end", "at the search's end (loss alone)"),
+                                            ("exported", "exported (after finish + solver)"))):
+            vals = [r[field] for r in rs]
+            mean, sd = _mean_sd(vals)
+            x = g + (j - 0.5) * 0.38
+            ax.bar(x, mean, 0.38, yerr=sd, capsize=2, color=f"C{j + 1}", label=label if g == 0 else None)
+            ax.plot([x] * len(vals), vals, "k.", ms=3)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"target {t}\nr_c {m}" for t, m in groups], fontsize=8)
+    ax.set_ylabel("exact MACs / target")
+    ax.set_title("Table 6: does the resource loss land on the budget? (DMS_np, digits)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_yolo(cache: dict[str, Any], out: Path) -> Path:
+    """mAP50-95 and MACs per arm (every arm is at 0 mAP in the cached run: says so)."""
+    arms = list(cache["rows"])
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.5))
+    for i, arm in enumerate(arms):
+        rs = cache["rows"][arm]
+        for ax, field, scale in ((ax1, "map50_95", 100.0), (ax2, "macs", 1e-6)):
+            vals = [scale * r[field] for r in rs]
+            mean, sd = _mean_sd(vals)
+            ax.bar(i, mean, yerr=sd, capsize=2, color=f"C{i}")
+            ax.plot([i] * len(vals), vals, "k.", ms=3)
+    for ax in (ax1, ax2):
+        ax.set_xticks(range(len(arms)))
+        ax.set_xticklabels(arms, fontsize=8)
+    ax1.set_ylabel("box mAP50-95 (%)")
+    ax1.set_ylim(0, max(1.0, ax1.get_ylim()[1]))
+    ax2.set_ylabel("MACs at 64 px (M)")
+    fig.suptitle("Table 11 analog: YOLOv8n arms on generated MNIST detection (no conclusion: all at 0 mAP)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+PLOTS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
+    "peers": plot_peers,
+    "budget": plot_budget,
+    "yolo_table11": plot_yolo,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    for name, draw in PLOTS.items():
+        cache = RESULTS / f"{name}.json"
+        if not cache.exists():
+            print(f"{name}: no cache {cache.name}, no plot (run its benchmark first)")
+            continue
+        print(f"wrote {draw(json.loads(cache.read_text()), RESULTS / f'{name}.png')}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

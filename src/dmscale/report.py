@@ -310,6 +310,11 @@ def posthoc_line(search_end: dict[str, Any] | None, final: dict[str, Any] | None
             f"budget solver changed the structure to {final['hard'] / t:.3f} x target")
 
 
+def _processes(n: int) -> str:
+    """``1 process``, ``2 processes`` (data-parallel ranks of a torchrun job)."""
+    return f"{n} process" + ("es" if n != 1 else "")
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The one-screen summary printed at the end of a run."""
     counts = summary.get("counts", {})
@@ -318,7 +323,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     evals = summary.get("evals", {})
     res = summary.get("resources") or {}
     out = [f"dmscale {summary['command']} finished in {summary['elapsed']:.0f} s "
-           f"({summary['steps']} steps, phases: {' -> '.join(summary['phases'])})",
+           f"({summary['steps']} steps, {_processes(summary.get('processes', 1))}, "
+           f"phases: {' -> '.join(summary['phases'])})",
            f"  task        {summary['task']}",
            f"  model       {summary['model']}"
            + (f" {summary['model_args']}" if summary.get("model_args") else "")

@@ -246,7 +246,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
               f"- model: `{cfg.get('model')}`" + (f" {cfg.get('model_args')}" if cfg.get("model_args") else "")
               + (f", expanded {cfg.get('expand')}" if cfg.get("expand") else ""),
               f"- status: {state.get('status', '?')}, {state.get('global_step', 0)} steps, "
-              f"{state.get('elapsed', 0):.0f} s",
+              f"{state.get('elapsed', 0):.0f} s, {_processes(summary.get('processes', 1))}",
               f"- result: {_metric_line(evals, language)}", ""]
     lines += ["| | supernet | found |", "|---|---:|---:|",
               f"| MACs (one example) | {format_count(sup.get('macs'))} | {format_count(found.get('macs'))} |",

@@ -241,7 +241,7 @@ class StepLoop:
         host = self.host
         self._non_finite += 1
         host.global_step += 1
-        value = float(out.loss.detach())
+        value = mean_over_ranks([float(out.loss.detach())])[0]  # all ranks are here: non-finite
         host.rd.append_metrics({"phase": self.phase, "event": "non_finite_loss", "step": step + 1,
                                 "global_step": host.global_step, "loss": str(value)})
         if self._non_finite >= MAX_NON_FINITE_STEPS:

@@ -280,6 +280,7 @@ TASK_FIELDS = ("task", "data", "train_limit", "test_limit", "image_size", "imgsz
 
 
 def _cmd_train(args: argparse.Namespace, command: str) -> int:
+    from .engine.ddp import from_rank0, main_rank_env, on_all_ranks, process_group
     from .pipeline import Pipeline
     from .report import format_summary
 
@@ -307,9 +308,11 @@ def _cmd_train(args: argparse.Namespace, command: str) -> int:
     else:
         cfg = RunConfig(command=command, **options)
         cfg.out = cfg.out or _default_out(command, cfg.task, cfg.name)
-    pipe = Pipeline(cfg, resume=resume is not None, explicit=set(options))
-    summary = pipe.run()
-    if not pipe.cfg.quiet:
+    with process_group(cfg.device):  # torchrun: one process per rank, rank 0 writes and prints
+        cfg.out = from_rank0(cfg.out)
+        pipe = on_all_ranks(lambda: Pipeline(cfg, resume=resume is not None, explicit=set(options)))
+        summary = pipe.run()
+    if not pipe.cfg.quiet and main_rank_env():
         print(format_summary(summary))
     return 0
 
@@ -354,8 +357,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from .engine.ddp import main_rank_env
     from .errors import DMScaleError
     from .pipeline import Stopped
+
+    def say(message: str) -> None:  # under torchrun every rank meets the same error: rank 0 says it
+        if main_rank_env():
+            print(message, file=sys.stderr)
 
     try:
         if args.command in ("pretrain", "search", "retrain"):
@@ -363,21 +371,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"export": _cmd_export, "eval": _cmd_eval, "report": _cmd_report,
                 "data": _cmd_data}[args.command](args)
     except ConfigError as err:
-        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        say(f"{PROG} {args.command}: error: {err}")
         return 2
     except DMScaleError as err:  # a model, structure or check dmscale refuses: no traceback
-        print(f"{PROG} {args.command}: error: {err}", file=sys.stderr)
+        say(f"{PROG} {args.command}: error: {err}")
         return 1
     except Stopped as stop:
         import signal
 
         why = "--stop-after" if stop.signal is None else signal.Signals(stop.signal).name
-        print(f"{PROG} {args.command}: stopped after {stop.global_step} steps ({why}), checkpoint "
-              f"written; continue with: {PROG} {args.command} --resume {stop.run_dir}", file=sys.stderr)
+        say(f"{PROG} {args.command}: stopped after {stop.global_step} steps ({why}), checkpoint "
+            f"written; continue with: {PROG} {args.command} --resume {stop.run_dir}")
         return 0 if stop.signal is None else 128 + stop.signal
     except KeyboardInterrupt:
-        print(f"\n{PROG} {args.command}: interrupted; a run continues from its last checkpoint "
-              f"with --resume RUN", file=sys.stderr)
+        say(f"\n{PROG} {args.command}: interrupted; a run continues from its last checkpoint "
+            f"with --resume RUN")
         return 130
 
 

@@ -64,6 +64,8 @@ from .config import (
     load_run_config,
     save_config,
 )
+from .distributed import is_main_process, world_size
+from .engine.ddp import barrier, check_task_for_ranks
 from .engine.device import Precision, resolve_device, set_threads
 from .engine.loop import MAX_NON_FINITE_STEPS, StepLoop, calibrated_resource_loss
 from .engine.rundir import (
@@ -174,7 +176,7 @@ class Pipeline:
     def __init__(self, cfg: RunConfig, resume: bool = False, explicit: set[str] | None = None) -> None:
         if cfg.out is None:
             raise ConfigError("the run needs a directory (--out)")
-        self.rd = RunDir(cfg.out)
+        self.rd = RunDir(cfg.out, writes=is_main_process())  # under torchrun: rank 0 writes
         self.resume = resume
         self._explicit = explicit
         self.cfg = self._prepare_config(cfg.resolved())
@@ -183,6 +185,7 @@ class Pipeline:
         self.threads = set_threads(self.cfg.threads)
         self.phases = phases_of(self.cfg)
         self.task: Task = build_task(self.cfg)
+        check_task_for_ranks(self.task)
         if not self.cfg.task_info:
             self.cfg.task_info = dict(self.task.info)
         self.example = self.task.example_inputs().to(self.device)
@@ -235,7 +238,7 @@ class Pipeline:
         self.rd.write_json("state.json", self.state)
 
     def _log(self, message: str) -> None:
-        if not self.cfg.quiet:
+        if not self.cfg.quiet and self.rd.writes:
             print(message, file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ main
@@ -247,13 +250,20 @@ class Pipeline:
         try:
             return self._run()
         except ConfigError:
-            if not self.resume and getattr(self, "_created", False) and self.global_step == 0:
+            if not self.resume and getattr(self, "_created", False) and self.global_step == 0 \
+                    and self.rd.writes:
                 shutil.rmtree(self.rd.path, ignore_errors=True)
             raise
 
+    def _save_weights(self, model: nn.Module, name: str) -> None:
+        if self.rd.writes:
+            save_weights(model, self.rd / name)
+
     def _run(self) -> dict[str, Any]:
-        self.rd.path.mkdir(parents=True, exist_ok=True)
-        save_config(self.cfg, self.rd.config)
+        barrier()  # every rank has checked the run directory before rank 0 writes to it
+        if self.rd.writes:
+            self.rd.path.mkdir(parents=True, exist_ok=True)
+            save_config(self.cfg, self.rd.config)
         if self.resume:
             self.rd_checkpoint = self._load_checkpoint()
         else:
@@ -272,7 +282,10 @@ class Pipeline:
             self.state["done"].append(phase)
             self.save_state(metrics_offset=self.rd.metrics_size())
             self.rd_checkpoint = None
-            self.rd.remove_checkpoint()
+            self.rd.discard_checkpoint()
+            barrier()  # the phase's files are written before any rank reads them
+        if not self.rd.writes:
+            return self._summary()
         if hasattr(self.task, "save_artifacts") and (self.rd / "model.safetensors").is_file():
             self.state["artifacts"] = self.task.save_artifacts(load_run_model(self.rd.path)[0], self.rd.path)
         summary = self._summary()
@@ -360,9 +373,9 @@ class Pipeline:
         self._train("pretrain", model, total, [opt], [sch])
         metrics = self.evaluate("pretrain", model, None, total)
         self.state["evals"]["pretrain"] = metrics
-        save_weights(model, self.rd / "supernet.safetensors")
+        self._save_weights(model, "supernet.safetensors")
         if cfg.command == "pretrain":
-            save_weights(model, self.rd / "model.safetensors")
+            self._save_weights(model, "model.safetensors")
             self.state["counts"]["found"] = self.state["counts"]["supernet"]
 
     def _record_supernet(self, model: nn.Module) -> None:
@@ -431,7 +444,7 @@ class Pipeline:
         metrics = self.evaluate("search", small, None, total)
         self.state["evals"]["search"] = metrics
         self.state["evals"]["final"] = metrics
-        save_weights(small, self.rd / "model.safetensors")
+        self._save_weights(small, "model.safetensors")
         if is_hf_model(cfg.model) and "retrain" not in self.phases:
             self._save_hf(small)
         self.state["counts"]["found"] = dms.count(small, self.example)
@@ -527,12 +540,14 @@ class Pipeline:
         metrics = self.evaluate("retrain", model, None, total)
         self.state["evals"]["retrain"] = metrics
         self.state["evals"]["final"] = metrics
-        save_weights(model, self.rd / "model.safetensors")
+        self._save_weights(model, "model.safetensors")
         if is_hf_model(cfg.model):
             self._save_hf(model)
 
     def _save_hf(self, model: nn.Module) -> None:
         """``RUN/hf``: the found model of an ``hf:`` run as a ``from_pretrained`` directory."""
+        if not self.rd.writes:
+            return
         fmt = save_hf_dir(model, self.rd / HF_DIR, self.cfg.model,
                           tokenizer=getattr(self.task, "tokenizer", None))
         how = "from_pretrained" + (" (trust_remote_code=True)" if fmt == "per_layer" else "")
@@ -549,7 +564,7 @@ class Pipeline:
             "resource": cfg.resource, "target": cfg.target,
             "counts": st["counts"], "resources": st.get("resources"),
             "resources_search_end": st.get("resources_search_end"),
-            "evals": st["evals"], "steps": self.global_step,
+            "evals": st["evals"], "steps": self.global_step, "processes": world_size(),
             "elapsed": round(self.elapsed(), 1), "warnings": st["warnings"],
             "structure": _structure_brief(structure) if structure else None,
         }

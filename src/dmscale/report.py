@@ -246,7 +246,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
               f"- model: `{cfg.get('model')}`" + (f" {cfg.get('model_args')}" if cfg.get("model_args") else "")
               + (f", expanded {cfg.get('expand')}" if cfg.get("expand") else ""),
               f"- status: {state.get('status', '?')}, {state.get('global_step', 0)} steps, "
-              f"{state.get('elapsed', 0):.0f} s",
+              f"{state.get('elapsed', 0):.0f} s, {_processes(summary.get('processes', 1))}",
               f"- result: {_metric_line(evals, language)}", ""]
     lines += ["| | supernet | found |", "|---|---:|---:|",
               f"| MACs (one example) | {format_count(sup.get('macs'))} | {format_count(found.get('macs'))} |",
@@ -310,6 +310,11 @@ def posthoc_line(search_end: dict[str, Any] | None, final: dict[str, Any] | None
             f"budget solver changed the structure to {final['hard'] / t:.3f} x target")
 
 
+def _processes(n: int) -> str:
+    """``1 process``, ``2 processes`` (data-parallel ranks of a torchrun job)."""
+    return f"{n} process" + ("es" if n != 1 else "")
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The one-screen summary printed at the end of a run."""
     counts = summary.get("counts", {})
@@ -318,7 +323,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     evals = summary.get("evals", {})
     res = summary.get("resources") or {}
     out = [f"dmscale {summary['command']} finished in {summary['elapsed']:.0f} s "
-           f"({summary['steps']} steps, phases: {' -> '.join(summary['phases'])})",
+           f"({summary['steps']} steps, {_processes(summary.get('processes', 1))}, "
+           f"phases: {' -> '.join(summary['phases'])})",
            f"  task        {summary['task']}",
            f"  model       {summary['model']}"
            + (f" {summary['model_args']}" if summary.get("model_args") else "")

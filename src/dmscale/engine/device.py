@@ -44,13 +44,30 @@ _DTYPES = {"32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu; ``cuda`` without CUDA is a ConfigError."""
+    """``auto`` -> cuda when available, else cpu; ``cuda`` without CUDA is a ConfigError.
+
+    Under torchrun (``WORLD_SIZE > 1``) ``cuda`` means ``cuda:LOCAL_RANK``, and a node with
+    fewer GPUs than processes is a ConfigError.
+    """
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is available (torch "
                           f"{torch.__version__} sees none); use --device cpu or auto")
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _local_gpu()
+    return device
+
+
+def _local_gpu() -> torch.device:
+    """``cuda:LOCAL_RANK`` for one of several processes of a node (torchrun)."""
+    local, n = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    if local >= n:
+        raise ConfigError(f"--device cuda under torchrun: local rank {local} has no GPU of its own "
+                          f"(this node has {n}); start at most {n} processes per node "
+                          f"(--nproc_per_node {n}), or use --device cpu")
+    return torch.device("cuda", local)
 
 
 def set_threads(threads: int | None) -> int:

@@ -16,10 +16,13 @@ of a step:
 :meth:`checkpoint`    model, searcher, optimizers, schedulers, scaler, RNG states, step
 ====================  ===================================================================
 
-Scaling out (torch.distributed) goes into this class only: wrap the model in
-:meth:`run` (``# DDP: wrap``), shard the batch by rank in :meth:`batch`, average the
-importance buffers after backward in :meth:`backward_and_step`, and let only rank 0 write
-files or print (:attr:`writes_files`).
+Under torchrun (a process group of N > 1 ranks, :mod:`dmscale.engine.ddp`) :meth:`run`
+trains through DistributedDataParallel, :meth:`batch` takes this rank's B/N share of the
+global batch of B (so ``--batch-size`` and the learning rates mean what they mean in one
+process), :meth:`backward_and_step` calls ``searcher.sync_importance()`` after every backward
+(importance from the global batch's mask gradients), the non-finite skip and the stop
+signals are decided by all ranks together, and only rank 0 writes files or prints
+(:attr:`writes_files`). Every rank holds the same model, structure and RNG state.
 
 The loop talks to its run through :class:`LoopHost` (what :class:`dmscale.pipeline.Pipeline`
 provides): configuration, task, device, precision, run directory, the run's state and step
@@ -52,6 +55,7 @@ import torch
 from torch import nn
 
 from ..errors import NonFiniteLossError
+from .ddp import agreed_signal, any_rank, mean_over_ranks, shard_of_this_rank, wrap_model
 from .device import Precision, compiled_forward
 from .rundir import CHECKPOINT_VERSION, Progress, RunDir, StopOnSignals, Stopped, fmt_count, rng_state, \
     set_rng_state
@@ -138,11 +142,12 @@ class StepLoop:
     until: Callable[[], bool] | None = None
     seed: int = 0
     _non_finite: int = field(default=0, init=False)  # consecutive non-finite losses (skipped)
+    _net: nn.Module | None = field(default=None, init=False)  # the model, in DDP under torchrun
 
     @property
     def writes_files(self) -> bool:
         """Whether this process writes metrics and checkpoints (DDP: rank 0 only)."""
-        return True
+        return bool(getattr(self.host.rd, "writes", True))
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -155,7 +160,9 @@ class StepLoop:
             self.searcher.use_grad_scaler(scaler)  # importance from unscaled gradients
         spe = host.task.steps_per_epoch(cfg.batch_size)
         log_every = max(1, self.total // 300)
-        self.model.train()  # DDP: wrap the model here
+        self.model.train()
+        width_only = getattr(getattr(self.searcher, "config", None), "width_only_from", None) is not None
+        self._net = wrap_model(self.model, host.device, unused=width_only)  # `a` is averaged too
         bar = Progress(self.phase, self.total, start, cfg.quiet or not self.writes_files)
         signals = StopOnSignals().__enter__()  # SIGINT/SIGTERM: checkpoint, then stop
         try:
@@ -186,16 +193,18 @@ class StepLoop:
         """A signal arrived or ``--stop-after`` is reached: checkpoint, then :class:`Stopped`."""
         host = self.host
         stop_after = host.cfg.stop_after
-        if signals.received is None and (stop_after is None or host.global_step < stop_after):
+        received = agreed_signal(signals.received)  # every rank stops at the same step
+        if received is None and (stop_after is None or host.global_step < stop_after):
             return
         self.checkpoint(step)
         host.save_state(status="stopped")
-        raise Stopped(host.rd.path, host.global_step, signal=signals.received)
+        raise Stopped(host.rd.path, host.global_step, signal=received)
 
     # ------------------------------------------------------------------ one step
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch ``step`` on the device (DDP: this rank's shard of it)."""
         x, y = self.host.task.train_batch(step, self.host.cfg.batch_size, self.seed)
+        x, y = shard_of_this_rank((x, y))
         return x.to(self.host.device), y.to(self.host.device)
 
     def forward_loss(self, step: int, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
@@ -203,7 +212,7 @@ class StepLoop:
         cfg, task = self.host.cfg, self.host.task
         record: dict[str, Any] = {}
         with self.host.precision.autocast():
-            logits = task.forward(self.model, x)
+            logits = task.forward(self._net if self._net is not None else self.model, x)
             task_loss = task.task_loss(logits, y)
             loss = task_loss
             if self.teacher is not None and cfg.distill_weight > 0:
@@ -226,13 +235,13 @@ class StepLoop:
     def skip_non_finite(self, out: StepOutput, step: int) -> bool:
         """A NaN or infinite loss: skip the step (no backward, so neither weights, importance
         nor structural parameters see it); stop when it keeps happening."""
-        if bool(torch.isfinite(out.loss.detach()).all()):
+        if not any_rank(not bool(torch.isfinite(out.loss.detach()).all())):  # skipped on all ranks
             self._non_finite = 0
             return False
         host = self.host
         self._non_finite += 1
         host.global_step += 1
-        value = float(out.loss.detach())
+        value = mean_over_ranks([float(out.loss.detach())])[0]  # all ranks are here: non-finite
         host.rd.append_metrics({"phase": self.phase, "event": "non_finite_loss", "step": step + 1,
                                 "global_step": host.global_step, "loss": str(value)})
         if self._non_finite >= MAX_NON_FINITE_STEPS:
@@ -251,7 +260,8 @@ class StepLoop:
         scaler = self.host.precision.scaler
         stepped = True
         if scaler is None:
-            loss.backward()  # DDP: average the importance buffers across ranks after this
+            loss.backward()
+            self._sync_importance()
             for o in self.optimizers:
                 o.step()
         else:
@@ -265,7 +275,8 @@ class StepLoop:
         (weights and structural parameters alike), restores the importance buffers the
         backward hooks may have updated, and lowers the scale."""
         kept = self._importance_snapshot()
-        scaler.scale(loss).backward()  # DDP: average the importance buffers across ranks here
+        scaler.scale(loss).backward()
+        self._sync_importance()  # before the overflow check: a restore must find nothing pending
         for o in self.optimizers:
             scaler.unscale_(o)
         checks = [scaler._found_inf_per_device(o) for o in self.optimizers]
@@ -288,6 +299,13 @@ class StepLoop:
                                          "new_scale": scaler.get_scale()})
         return not overflow
 
+    def _sync_importance(self) -> None:
+        """DDP: this step's Taylor importance from the global batch's mask gradients (one
+        all-reduce); a no-op in one process. An overflow is seen alike on all ranks (DDP
+        averages the gradients before the scaler looks at them)."""
+        if self.searcher is not None:
+            self.searcher.sync_importance()
+
     def _importance_snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if self.searcher is None:
             return []
@@ -298,13 +316,13 @@ class StepLoop:
         """One line of ``metrics.jsonl`` and the progress bar's text."""
         host, task = self.host, self.host.task
         record = out.record
+        loss, task_loss, acc = mean_over_ranks([float(out.loss.detach()), float(out.task_loss.detach()),
+                                                task.batch_metric(out.logits.detach(), y)])
         record.update(phase=self.phase, step=done, global_step=host.global_step,
-                      time=round(host.elapsed(), 2), loss=float(out.loss.detach()),
-                      task_loss=float(out.task_loss.detach()),
-                      train_acc=task.batch_metric(out.logits.detach(), y))
+                      time=round(host.elapsed(), 2), loss=loss, task_loss=task_loss, train_acc=acc)
         if self.optimizers and self.optimizers[0].param_groups:
             record["lr"] = self.optimizers[0].param_groups[0]["lr"]
-        text = f"loss {float(out.task_loss.detach()):.3f}"
+        text = f"loss {task_loss:.3f}"
         if self.searcher is not None:
             res = self.searcher.resources()
             record.update(cost_soft=res["soft"], cost_hard=res["hard"],

@@ -118,10 +118,14 @@ def _jsonable(obj: Any) -> Any:
 
 
 class RunDir:
-    """The files of one run directory."""
+    """The files of one run directory.
 
-    def __init__(self, path: str | Path) -> None:
+    ``writes=False`` (every rank but 0 under torchrun): reads work, writes do nothing.
+    """
+
+    def __init__(self, path: str | Path, writes: bool = True) -> None:
         self.path = Path(path)
+        self.writes = writes
 
     def __truediv__(self, name: str) -> Path:
         return self.path / name
@@ -145,9 +149,13 @@ class RunDir:
         return json.loads(p.read_text(encoding="utf-8"))
 
     def write_json(self, name: str, obj: Any) -> None:
+        if not self.writes:
+            return
         atomic_write_text(self.path / name, json.dumps(obj, indent=1, default=_jsonable) + "\n")
 
     def append_metrics(self, record: dict[str, Any]) -> None:
+        if not self.writes:
+            return
         with open(self.metrics, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, default=_jsonable) + "\n")
 
@@ -155,18 +163,15 @@ class RunDir:
         return self.metrics.stat().st_size if self.metrics.exists() else 0
 
     def truncate_metrics(self, size: int) -> None:
-        if self.metrics.exists():
+        if self.writes and self.metrics.exists():
             with open(self.metrics, "r+b") as f:
                 f.truncate(size)
-
-    def remove_checkpoint(self) -> None:
-        """Delete the checkpoint and any half-written one a killed write left behind."""
-        self.checkpoint.unlink(missing_ok=True)
-        self.checkpoint.with_name("checkpoint.pt.tmp").unlink(missing_ok=True)
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         """Write the checkpoint to a temporary file, then move it into place: a kill or a
         full disk never leaves a broken ``checkpoint.pt``; the previous one survives."""
+        if not self.writes:
+            return
         tmp = self.checkpoint.with_name("checkpoint.pt.tmp")
         try:
             torch.save(state, tmp)
@@ -177,6 +182,14 @@ class RunDir:
                     else "no earlier checkpoint exists")
             raise WriteError(f"cannot write {self.checkpoint}: {err.strerror or err}; {kept}. Free space "
                              f"in {self.path} and continue with --resume {self.path}") from None
+
+
+    def discard_checkpoint(self) -> None:
+        """Remove the checkpoint (its phase is done) and any half-written one a killed write
+        left behind."""
+        if self.writes:
+            self.checkpoint.unlink(missing_ok=True)
+            self.checkpoint.with_name("checkpoint.pt.tmp").unlink(missing_ok=True)
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:

@@ -26,6 +26,11 @@ from torch import nn
 __all__ = ["BasicBlock", "ResNetCifar", "resnet20", "ResidualBlock", "SmallCNN"]
 
 
+def _norm(channels: int, norm: bool) -> nn.Module:
+    """BatchNorm2d, or nothing (``norm=False``)."""
+    return nn.BatchNorm2d(channels) if norm else nn.Identity()
+
+
 def _conv3x3(c_in: int, c_out: int, stride: int = 1) -> nn.Conv2d:
     """3x3 convolution with padding 1 and no bias (a BatchNorm follows)."""
     return nn.Conv2d(c_in, c_out, kernel_size=3, stride=stride, padding=1, bias=False)
@@ -146,7 +151,8 @@ def resnet20(**kwargs: Any) -> ResNetCifar:
 
 
 class ResidualBlock(nn.Module):
-    """Residual block ``x + body(x)``, body = conv-BN-ReLU-conv-BN.
+    """Residual block ``x + body(x)``, body = conv-BN-ReLU-conv-BN (conv-ReLU-conv without
+    ``norm``).
 
     There is no activation after the addition.
 
@@ -156,14 +162,14 @@ class ResidualBlock(nn.Module):
         torch.Size([1, 8, 5, 5])
     """
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, norm: bool = True) -> None:
         super().__init__()
         self.body = nn.Sequential(
             _conv3x3(channels, channels),
-            nn.BatchNorm2d(channels),
+            _norm(channels, norm),
             nn.ReLU(),
             _conv3x3(channels, channels),
-            nn.BatchNorm2d(channels),
+            _norm(channels, norm),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,6 +189,8 @@ class SmallCNN(nn.Module):
         num_classes: number of output logits.
         width: channels of the first stage; the second stage has ``2 * width``.
         blocks: residual blocks per stage.
+        norm: BatchNorm after every convolution (default); ``False``: none, so a sample's
+            output does not depend on the other samples of its batch.
 
     Example:
         >>> import torch
@@ -194,18 +202,20 @@ class SmallCNN(nn.Module):
     """
 
     def __init__(
-        self, in_channels: int = 1, num_classes: int = 10, width: int = 32, blocks: int = 2
+        self, in_channels: int = 1, num_classes: int = 10, width: int = 32, blocks: int = 2,
+        norm: bool = True,
     ) -> None:
         super().__init__()
         c1, c2 = width, 2 * width
+        norm = bool(norm)
         self.stem = nn.Sequential(
-            _conv3x3(in_channels, c1), nn.BatchNorm2d(c1), nn.ReLU()
+            _conv3x3(in_channels, c1), _norm(c1, norm), nn.ReLU()
         )
-        self.stage1 = nn.Sequential(*[ResidualBlock(c1) for _ in range(blocks)])
+        self.stage1 = nn.Sequential(*[ResidualBlock(c1, norm) for _ in range(blocks)])
         self.down = nn.Sequential(
-            _conv3x3(c1, c2, stride=2), nn.BatchNorm2d(c2), nn.ReLU()
+            _conv3x3(c1, c2, stride=2), _norm(c2, norm), nn.ReLU()
         )
-        self.stage2 = nn.Sequential(*[ResidualBlock(c2) for _ in range(blocks)])
+        self.stage2 = nn.Sequential(*[ResidualBlock(c2, norm) for _ in range(blocks)])
         self.pool = nn.AdaptiveAvgPool2d(2)
         self.fc1 = nn.Linear(c2 * 2 * 2, 4 * width)
         self.relu = nn.ReLU()

@@ -223,3 +223,20 @@ def test_profile_min_counts_the_short_last_unit():
     again = dms.prepare(nn.Sequential(nn.Linear(4, 10), nn.ReLU(), nn.Linear(10, 2)), x,
                         dms.SearchConfig(resource="macs", target=12.0, width_step=4))
     assert again.target_cost == pytest.approx(12.0)
+
+
+def test_state_saved_before_an_option_existed_loads_and_a_changed_option_is_named():
+    """A searcher state written by an older dmscale lacks the newer SearchConfig fields: they
+    take their defaults (a resume across versions works); a field that really differs is
+    named in the error."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(2, 8)
+    state = dms.prepare(net, x, dms.SearchConfig(target=0.5)).state_dict()
+    for newer in ("layer_uniform", "gate_factory", "cost_forward", "width_only_from"):
+        state["config"].pop(newer)
+    fresh = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    dms.prepare(fresh, x, dms.SearchConfig(target=0.5)).load_state_dict(state)
+    other = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    with pytest.raises(ValueError, match=r"target: saved 0\.5, now 0\.6"):
+        dms.prepare(other, x, dms.SearchConfig(target=0.6)).load_state_dict(state)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -638,12 +638,16 @@ class Searcher:
         """Restore a :meth:`state_dict` (same model architecture and config)."""
         saved = dict(state["config"])
         current = _config_state(self.config)
+        for f in fields(SearchConfig):  # states saved before an option existed: its default
+            if f.name not in saved and f.default is not MISSING:
+                saved[f.name] = f.default
         for key in ("latency_options", "verify"):  # neither changes what is searched
             saved.pop(key, None), current.pop(key, None)
-        saved.setdefault("layer_uniform", False)  # states saved before the option existed
-        saved.setdefault("gate_factory", None)
         if current != saved:
-            raise ValueError(f"searcher config differs from the saved one: {state['config']} vs {asdict(self.config)}")
+            diff = ", ".join(f"{k}: saved {saved.get(k)!r}, now {current.get(k)!r}"
+                             for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k))
+            raise ValueError(f"searcher config differs from the saved one ({diff}); build the "
+                             "searcher with the saved config to load this state")
         self.gates.load_state_dict(state["gates"])
         if "latency_profile" in state:
             from .latency import LatencyCostModel

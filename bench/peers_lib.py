@@ -91,7 +91,8 @@ def apply(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
 def template_structure(model: nn.Module, example: torch.Tensor) -> dict[str, Any]:
     """The full-width structure of ``model``: every prunable layer with its handler and shapes."""
     work = copy.deepcopy(model)
-    searcher = dms.prepare(work, example, dms.SearchConfig(resource="macs", target=0.5))
+    # untrained, all kept (a = 0): "index" says so; only the layout is read
+    searcher = dms.prepare(work, example, dms.SearchConfig(resource="macs", target=0.5, importance="index"))
     structure = searcher.structure()  # widths/depth entries; lists only pruned layers
     modules = dict(work.named_modules())
     layers = {}

@@ -1,7 +1,8 @@
 """The three exactness checks every supported model must pass, as one test helper.
 
 1. open masks (every channel and block kept) reproduce the original model's outputs;
-2. the export computes what the hardened supernet computes, for random structures;
+2. the export computes what the hardened supernet computes, for random structures (random
+   ratios and random importance, so kept elements are not only the leading ones);
 3. the cost at hard masks is ``dms.count`` of the export.
 """
 
@@ -66,6 +67,7 @@ def check_exact(model: nn.Module, x: Any, seeds: tuple[int, ...] = (0, 1),
         with torch.no_grad():
             for t in gates:
                 t.a.fill_(float(torch.rand((), generator=g)) * t.max_ratio)
+            searcher.randomize_importance(g)  # kept elements anywhere, not only leading ones
             with searcher.hardened():
                 hard = model(x)
         small = searcher.export().eval()

@@ -26,6 +26,7 @@ def test_olmo2_q_norm_over_all_heads_fixes_the_heads_and_the_export_is_exact():
     searcher = dms.prepare(model, x, dms.SearchConfig(resource="params", target=0.7))
     assert not any(d.name.endswith(".heads") for d in searcher.space.width)
     assert "q_norm" in " ".join(searcher.space.pinned_reasons.values())
+    searcher.randomize_importance(0)  # untrained: random kept heads/channels, not leading ones
     searcher.meet_target()
     small = searcher.export()  # verifies against the hardened supernet
     assert dms.count(small, x)["params"] == searcher.resources()["hard"]

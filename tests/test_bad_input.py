@@ -45,13 +45,25 @@ X = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
 
 
 def _structure_of(net: nn.Module, x: torch.Tensor) -> dict[str, Any]:
-    searcher = dms.prepare(net, x, dms.SearchConfig(target=1.0))
+    # no training here: keep elements by position on purpose (the structure's shapes matter)
+    searcher = dms.prepare(net, x, dms.SearchConfig(target=1.0, importance="index"))
     with torch.no_grad():
         for t in searcher.gates.width:
             t.a.fill_(0.5 * t.max_ratio)
     structure = searcher.structure()
     dms.detach(net)
     return structure
+
+
+def _export_untrained(net: nn.Module, what: str = "export") -> None:
+    """``searcher.export()`` (or ``structure()``) right after ``prepare``: no training step, so
+    no importance; the model is detached afterwards, whatever happens."""
+    searcher = dms.prepare(net, X, dms.SearchConfig(target=0.5))
+    try:
+        searcher.meet_target()  # adjusting the counts is fine; handing out a structure is not
+        searcher.export() if what == "export" else searcher.structure()
+    finally:
+        dms.detach(net)
 
 
 def _other_structure() -> dict[str, Any]:
@@ -180,6 +192,14 @@ LIBRARY_CASES: dict[str, tuple[str, Callable[[nn.Module, Path], Any], list[str]]
                          ["unknown resource 'flops'", "'macs'"]),
     "unknown_importance": ("an unknown importance name", lambda m, t: dms.SearchConfig(importance="grad"),
                            ["unknown importance 'grad'", "'taylor'"]),
+    "export_untrained": ("`searcher.export()` before any training step (no importance yet)",
+                         lambda m, t: _export_untrained(m),
+                         ["export() before any importance exists", "would keep its first elements",
+                          "Train at least one step", "task loss", "Eq. 4",
+                          'SearchConfig(importance="index")']),
+    "structure_untrained": ("`searcher.structure()` before any training step",
+                            lambda m, t: _export_untrained(m, "structure"),
+                            ["structure() before any importance exists", "Train at least one step"]),
     "apply_structure_mismatch": ("`apply_structure` with a structure made for another model",
                                  lambda m, t: dms.apply_structure(m, _other_structure()),
                                  ["structure was made for shape", "the model has",
@@ -314,6 +334,13 @@ def _damaged_run(stopped: Path, tmp: Path, damage: str) -> Path:
         ck.write_bytes(b"\x00garbage" * 100)
     elif damage == "truncated":
         ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
+    elif damage == "untrained":  # as if stopped before its first search step: no importance yet
+        state = torch.load(ck, weights_only=False)
+        for key, value in state["searcher"]["gates"].items():
+            if key.endswith("importance"):
+                value.zero_()
+        state["step"] = 0
+        torch.save(state, ck)
     elif damage == "wrong_version":
         state = torch.load(ck, weights_only=False)
         state["version"] = 999
@@ -345,6 +372,10 @@ CLI_CASES: dict[str, tuple[str, Callable[[Path, Path], list[Any]], list[str]]] =
                              ["expected a dmscale checkpoint of version", "got version 999"]),
     "resume_not_a_run": ("`--resume` of a directory that is not a run",
                          lambda r, t: ["search", "--resume", t], ["is not a dmscale run directory"]),
+    "export_untrained_search": ("`export` of a search stopped before its first search step (no importance)",
+                                lambda r, t: ["export", _damaged_run(r, t, "untrained"), "--out", t / "out"],
+                                ["the search stopped at step 0", "before any step updated importance",
+                                 "has found no structure yet", "dmscale search --resume"]),
     "export_not_a_run": ("`export` of a directory that is not a run",
                          lambda r, t: ["export", t], ["is not a dmscale run directory"]),
     "target_nan_flag": ("`--target nan`", lambda r, t: ["search", *TINY, "--target", "nan", "--out", t / "o"],
@@ -426,6 +457,18 @@ def test_a_loss_that_stays_nan_stops_with_a_message(monkeypatch: pytest.MonkeyPa
     lines = err.strip().splitlines()
     assert rc == 1 and len(lines) == 1 and "Traceback" not in err, err
     assert "loss was not finite (nan) for 3 steps in a row" in lines[0] and "lower --lr" in lines[0]
+
+
+def test_a_search_whose_every_step_was_skipped_writes_no_structure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Both search steps skipped (NaN loss) and the supernet already under the target, so no
+    finish step either: no importance, so no structure.json of leading channels, but one line."""
+    _nan_loss_at(monkeypatch, {0, 1})
+    rc, err = cli(capsys, "search", *TINY, "--epochs", "1", "--target", "1.0", "--out", tmp_path / "r")
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and "Traceback" not in err, err
+    assert "the search ran 2 steps but none updated importance" in lines[0] and "--epochs" in lines[0]
+    assert not (tmp_path / "r" / "structure.json").exists()
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -560,6 +603,77 @@ def test_a_nan_backward_in_a_library_loop_leaves_importance_unchanged() -> None:
         opt.step()
     after = searcher.state_dict()["gates"]
     assert all(torch.equal(after[k], v) for k, v in state.items())
+
+
+def _search_state(searcher: dms.Searcher, net: nn.Module) -> dict[str, Any]:
+    return {"gates": {k: v.clone() for k, v in searcher.state_dict()["gates"].items()},
+            "model": {k: v.clone() for k, v in net.state_dict().items()},
+            "modes": [m.training for m in net.modules()], "target": searcher.target_cost,
+            "grads": [None if p.grad is None else p.grad.clone() for p in net.parameters()]}
+
+
+def _assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["gates"].keys() == b["gates"].keys() and a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["gates"][k], b["gates"][k]) for k in a["gates"]), "the search state changed"
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), "the model's weights changed"
+    assert a["modes"] == b["modes"] and a["target"] == b["target"]
+    assert all((x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+               for x, y in zip(a["grads"], b["grads"])), "gradients changed"
+
+
+def test_export_before_training_raises_changes_nothing_and_one_step_fixes_it() -> None:
+    """Before any task-loss backward every importance is zero: ``export()`` and ``structure()``
+    raise :class:`NoImportanceError` (not an arbitrary structure of leading elements) and
+    change nothing; ``hardened()`` and ``meet_target()`` stay usable; one training step with
+    the task loss is enough to export, and so is a checkpoint with importance restored by
+    ``load_state_dict``; ``importance="index"`` exports by position on purpose."""
+    from dmscale.errors import NoImportanceError
+
+    net = small_net()
+    y = torch.tensor([0, 1])
+    searcher = dms.prepare(net, X, dms.SearchConfig(target=0.5))
+    assert not searcher.has_importance()
+    searcher.meet_target()
+    with torch.no_grad(), searcher.hardened():
+        net(X)
+    before = _search_state(searcher, net)
+    for call, name in ((searcher.export, "export()"), (searcher.structure, "structure()"),
+                       (lambda: searcher.export(verify=False), "export()")):
+        with pytest.raises(NoImportanceError, match=r"importance=\"index\"") as info:
+            call()
+        assert str(info.value).startswith(f"{name} before any importance exists")
+        _assert_same_state(before, _search_state(searcher, net))
+    fresh = small_net()
+    fresh_searcher = dms.prepare(fresh, X, dms.SearchConfig(target=0.5))
+    untrained_state = searcher.state_dict()
+    # a resource-loss-only backward is not a task-loss step: still no importance
+    searcher.resource_loss(1.0).backward()
+    assert not searcher.has_importance()
+    opt = torch.optim.SGD([{"params": searcher.model_parameters(), "lr": 0.01},
+                           {"params": searcher.structure_parameters(), "lr": 5e-3}])
+    opt.zero_grad()
+    (nn.functional.cross_entropy(net(X), y) + searcher.resource_loss(0.5)).backward()
+    opt.step()
+    assert searcher.has_importance()
+    searcher.meet_target()
+    small = searcher.export()
+    assert dms.count(small, X)["macs"] == round(searcher.resources()["hard"])
+    # importance comes back with a checkpoint (derived from the buffers, no separate flag) ...
+    fresh_searcher.load_state_dict(searcher.state_dict())
+    assert fresh_searcher.has_importance()
+    fresh.load_state_dict(net.state_dict())
+    assert fresh_searcher.structure() == searcher.structure()
+    # ... and goes away with one of an untrained search
+    fresh_searcher.load_state_dict(untrained_state)
+    with pytest.raises(NoImportanceError):
+        fresh_searcher.export()
+    dms.detach(net), dms.detach(fresh)
+    # importance="index": keeping leading elements is what was asked for
+    by_index = small_net()
+    s_index = dms.prepare(by_index, X, dms.SearchConfig(target=0.5, importance="index"))
+    assert s_index.has_importance()
+    s_index.meet_target()
+    assert dms.count(s_index.export(), X)["macs"] == round(s_index.resources()["hard"])
 
 
 # ----------------------------------------------------------------------------- the README table

@@ -60,6 +60,8 @@ def run_without_dmscale(code: str, cwd: Path) -> str:
 
 
 def _remove_blocks(searcher: dms.Searcher, keep: int) -> None:
+    """Keep the first ``keep`` blocks of each depth dim (the searchers here are built with
+    importance="index": no training, position decides on purpose)."""
     with torch.no_grad():
         for gate in searcher.gates.depth:
             gate.set_count(keep)
@@ -108,7 +110,7 @@ def _small_net() -> nn.Module:
 
 def test_removed_blocks_become_torch_modules():
     net, x = _small_net(), torch.randn(2, 3, 8, 8)
-    searcher = dms.prepare(net, x, dms.SearchConfig(resource="macs", target=1.0, search_width=False))
+    searcher = dms.prepare(net, x, dms.SearchConfig(resource="macs", target=1.0, search_width=False, importance="index"))
     _remove_blocks(searcher, 0)
     with torch.no_grad(), searcher.hardened():
         hard = net(x)
@@ -142,7 +144,7 @@ def test_torch_save_of_exports_loads_without_dmscale(tmp_path):
     cases = {"resnet": (_resnet18(), 1), "vit": (_vit(), 10), "post": (_small_net(), 0)}
     for name, (model, keep) in cases.items():
         inp = x if name != "post" else torch.randn(1, 3, 8, 8)
-        searcher = dms.prepare(model, inp, dms.SearchConfig(resource="macs", target=1.0, search_width=False))
+        searcher = dms.prepare(model, inp, dms.SearchConfig(resource="macs", target=1.0, search_width=False, importance="index"))
         _remove_blocks(searcher, keep)
         assert searcher.structure()["removed_blocks"], name
         small = searcher.export().eval()
@@ -170,7 +172,7 @@ def test_torch_save_of_exports_loads_without_dmscale(tmp_path):
 
 def test_torchvision_export_keeps_class_and_attributes():
     model = _resnet18()
-    searcher = dms.prepare(model, torch.randn(1, 3, 32, 32), dms.SearchConfig(resource="macs", target=0.5))
+    searcher = dms.prepare(model, torch.randn(1, 3, 32, 32), dms.SearchConfig(resource="macs", target=0.5, importance="index"))
     searcher.meet_target()
     small = searcher.export()
     assert type(small).__name__ == "ResNet" and type(small.layer1[0]).__name__ == "BasicBlock"
@@ -204,7 +206,7 @@ def test_onnx_missing_packages_name_the_extra(monkeypatch):
 
 
 def _pruned(model: nn.Module, x: torch.Tensor) -> nn.Module:
-    searcher = dms.prepare(model, x, dms.SearchConfig(resource="macs", target=0.5))
+    searcher = dms.prepare(model, x, dms.SearchConfig(resource="macs", target=0.5, importance="index"))
     searcher.meet_target()
     small = searcher.export().eval()
     ratio = dms.count(small, x)["macs"] / searcher.resources()["supernet"]

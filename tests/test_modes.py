@@ -24,7 +24,7 @@ def _modes(net: nn.Module) -> list[bool]:
 def test_prepare_keeps_a_frozen_batchnorm_frozen():
     net = _net()
     before = _modes(net)
-    searcher = dms.prepare(net, torch.randn(2, 3, 12, 12), dms.SearchConfig(target=0.5))
+    searcher = dms.prepare(net, torch.randn(2, 3, 12, 12), dms.SearchConfig(target=0.5, importance="index"))
     assert [m.training for n, m in net.named_modules() if not n.startswith("dms_gates")] == before
     searcher.export()  # self-check runs in eval mode and restores the modes too
     assert not net[1].training and net[4].training

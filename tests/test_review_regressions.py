@@ -42,6 +42,7 @@ def test_elementwise_max_and_permute_with_keyword_dims():
     x = torch.randn(2, 3, 4)
     searcher = dms.prepare(net, x, dms.SearchConfig(resource="params", target=0.6))
     assert [d.size for d in searcher.space.width] == [8]  # a and b tied by the maximum
+    searcher.randomize_importance(0)  # untrained: random kept channels
     with torch.no_grad():
         for t in searcher.gates.width:
             t.a.fill_(0.5)

@@ -11,6 +11,9 @@ Example:
     ...                     nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
     >>> x = torch.randn(1, 3, 16, 16)
     >>> searcher = dms.prepare(net, x, dms.SearchConfig(resource="macs", target=0.5))
+    >>> y = torch.tensor([3])
+    >>> loss = nn.functional.cross_entropy(net(x), y) + searcher.resource_loss(progress=1.0)
+    >>> loss.backward()  # one search step (no optimizer here): importance from the task loss
     >>> small = searcher.export()
     >>> _ = dms.detach(net)
 """
@@ -20,7 +23,7 @@ from . import deploy, distributed
 from ._compat import ensure_torchvision
 from .calibrate import recalibrate_batchnorm
 from .discover import discover
-from .errors import DMScaleError, StructureError, UnsupportedLayerError, VerificationError
+from .errors import DMScaleError, NoImportanceError, StructureError, UnsupportedLayerError, VerificationError
 from .export import apply_structure
 from .hf_export import save_pretrained
 from .handlers import Handler, register_handler
@@ -49,6 +52,7 @@ __all__ = [
     "StructureError",
     "DMScaleError",
     "VerificationError",
+    "NoImportanceError",
     "ensure_torchvision",
     "deploy",
     "distributed",

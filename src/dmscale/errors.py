@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = ["DMScaleError", "UnsupportedLayerError", "StructureError", "VerificationError",
            "MissingDependencyError", "ExportCheckError", "StandaloneError", "ConfigError",
            "InputError", "NothingToSearchError", "DataError", "MissingFileError", "NonFiniteLossError", "WriteError",
-           "PendingImportanceError", "TraceError"]
+           "PendingImportanceError", "TraceError", "NoImportanceError"]
 
 
 class DMScaleError(ValueError):
@@ -80,6 +80,12 @@ class PendingImportanceError(DMScaleError):
     """Under torch.distributed, importance updates of the last backward are still waiting for
     their all-reduce (``Searcher.sync_importance()`` was not called): a structure read now
     would miss them."""
+
+
+class NoImportanceError(DMScaleError):
+    """A structure was asked for before any importance existed: no training step with the
+    task loss updated importance (Eq. 4), so the kept elements would be an arbitrary
+    choice (the first ones). Train first, or search with ``importance="index"``."""
 
 
 class TraceError(DMScaleError):

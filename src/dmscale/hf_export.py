@@ -35,6 +35,8 @@ Example:
     >>> lm = LlamaForCausalLM(cfg).eval()
     >>> ids = {"input_ids": torch.randint(0, 32, (1, 6))}
     >>> searcher = dms.prepare(lm, ids, dms.SearchConfig("params", 0.6, layer_uniform=True))
+    >>> _ = lm.train()  # one task-loss backward: importance (Eq. 4); a search trains many
+    >>> lm(**ids, labels=ids["input_ids"]).loss.backward()
     >>> _ = searcher.meet_target()
     >>> small = searcher.export()
     >>> out = dms.save_pretrained(small, tempfile.mkdtemp())

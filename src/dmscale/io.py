@@ -12,6 +12,7 @@ Example:
     >>> import dmscale as dms
     >>> net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     >>> searcher = dms.prepare(net, torch.randn(1, 8), dms.SearchConfig(resource="params", target=0.5))
+    >>> net(torch.randn(4, 8)).pow(2).mean().backward()  # a task-loss step: importance (Eq. 4)
     >>> _ = searcher.meet_target()
     >>> small, structure = searcher.export(), searcher.structure()
     >>> d = tempfile.mkdtemp()
@@ -139,6 +140,7 @@ def check_weights_fit(model: nn.Module, structure: dict[str, Any], path: str | o
         >>> import dmscale as dms
         >>> net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
         >>> searcher = dms.prepare(net, torch.randn(1, 8), dms.SearchConfig(resource="params", target=0.5))
+        >>> net(torch.randn(4, 8)).pow(2).mean().backward()  # a task-loss step: importance (Eq. 4)
         >>> _ = searcher.meet_target()
         >>> d = tempfile.mkdtemp()
         >>> dms.save(searcher.export(), searcher.structure(), d)

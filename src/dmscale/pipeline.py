@@ -67,6 +67,7 @@ from .config import (
 from .distributed import is_main_process, world_size
 from .engine.ddp import barrier, check_task_for_ranks
 from .engine.device import Precision, resolve_device, set_threads
+from .errors import NoImportanceError
 from .engine.loop import MAX_NON_FINITE_STEPS, StepLoop, calibrated_resource_loss
 from .engine.rundir import (
     CHECKPOINT_VERSION,
@@ -438,6 +439,12 @@ class Pipeline:
         if self.checkpoint_for("finish") is None:
             self._train("search", model, total, optimizers, schedulers, searcher, teacher)
         self._finish_search(model, searcher, teacher, s_opt)
+        if not searcher.has_importance():  # every step skipped (non-finite loss or gradients)
+            raise NoImportanceError(
+                f"the search ran {total} steps but none updated importance (each was skipped for a "
+                "non-finite loss or gradient, see metrics.jsonl), so it found no structure (an "
+                "export would keep the first channels of every layer); no structure.json was written: "
+                "search again with more --epochs, a lower --lr or --precision 32")
         self.rd.write_json("structure.json", searcher.structure())
         small = searcher.export()
         recalibrate_batchnorm(small, self.task, cfg.batch_size, cfg.seed * 10 + 5, self.device)

@@ -221,9 +221,14 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -
     cfg = load_run_config(rd.path)
     state = rd.read_json("state.json", {})
     structure = rd.read_json("structure.json")
-    od.path.mkdir(parents=True, exist_ok=True)
     if structure is None and rd.checkpoint.exists() and cfg.command == "search":
         model, searcher, cfg, step = searcher_from_checkpoint(rd.path)
+        if not searcher.has_importance():  # stopped before its first search step
+            raise ConfigError(
+                f"{rd.path}: the search stopped at step {step}, before any step updated importance "
+                "(no search step with a finite task loss yet), so it has found no structure yet "
+                "(an export would keep the first channels of every layer): continue it with "
+                f"`dmscale search --resume {rd.path}`, then export")
         structure = searcher.structure()
         small = searcher.export()
         origin = f"the structure reached at step {step} of the unfinished search"
@@ -234,6 +239,7 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -
             origin += " (of an unfinished run)"
     else:
         raise ConfigError(f"{rd.path} has neither a found model nor a search checkpoint to export")
+    od.path.mkdir(parents=True, exist_ok=True)
     small.eval()
     if fmt == "hf":  # a Hugging Face directory only (dmscale.hf_export)
         if is_hf_model(cfg.model):  # with the original tokenizer

@@ -27,8 +27,8 @@ from torch import nn
 
 from .discover import SearchSpace, discover
 from .tracer import split_inputs
-from .errors import (ConfigError, InputError, NothingToSearchError, PendingImportanceError,
-                     TraceError, UnsupportedLayerError, VerificationError)
+from .errors import (ConfigError, InputError, NoImportanceError, NothingToSearchError,
+                     PendingImportanceError, TraceError, UnsupportedLayerError, VerificationError)
 from .export import FORMAT, export_model
 from .handlers import handler_for
 from .importance import IMPORTANCE_METRICS
@@ -455,9 +455,63 @@ class Searcher:
         with self.gates.use("hard"):
             yield self.model
 
+    def has_importance(self) -> bool:
+        """Whether the hard structure is chosen by importance: the metric is ``"index"``
+        (static, earlier elements first) or some width or depth gate has a non-zero
+        importance (a task-loss backward updated it, Eq. 4, or a checkpoint restored it).
+
+        Derived from the importance buffers, so it follows :meth:`load_state_dict`. While it
+        is False every gate ranks its elements by position only, and :meth:`structure` and
+        :meth:`export` raise :class:`~dmscale.errors.NoImportanceError`.
+        """
+        if self.config.importance == "index":
+            return True
+        return any(bool(t.importance.detach().ne(0).any())
+                   for t in list(self.gates.width) + list(self.gates.depth))
+
+    def randomize_importance(self, seed: int | torch.Generator = 0) -> None:
+        """Give every gate a random importance (uniform in (0, 1], seeded): structures that
+        keep random, not leading, elements. For exactness checks and random-pruning
+        baselines; a search overwrites it gradually (Eq. 4's moving average).
+
+        Example:
+            >>> import torch
+            >>> from torch import nn
+            >>> import dmscale as dms
+            >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+            >>> searcher = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig("params", 0.5))
+            >>> searcher.has_importance()
+            False
+            >>> searcher.randomize_importance(seed=0)
+            >>> _ = searcher.meet_target()  # half the parameters: random hidden units
+            >>> searcher.has_importance(), searcher.structure()["layers"]["0"]["out"] != [0, 1, 2, 3]
+            (True, True)
+        """
+        g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
+        with torch.no_grad():
+            for t in list(self.gates.width) + list(self.gates.depth):
+                values = 1.0 - torch.rand(t.importance.shape, generator=g, dtype=torch.float64)
+                t.importance.copy_(values.to(t.importance.dtype))
+
+    def _require_importance(self, what: str) -> None:
+        if self.has_importance():
+            return
+        raise NoImportanceError(
+            f"{what} before any importance exists: no training step with the task loss has "
+            f"run, so every layer of {type(self.model).__name__} would keep its first elements, "
+            "an arbitrary choice and not a found structure. Train at least one step whose loss "
+            "includes the task loss (importance comes from its gradient, paper Eq. 4: "
+            "loss.backward() on task_loss + searcher.resource_loss(p)) before exporting; to keep "
+            "elements by position on purpose, search with SearchConfig(importance=\"index\").")
+
     def structure(self) -> dict[str, Any]:
-        """The found structure as a JSON-able dict (input of :func:`dmscale.apply_structure`)."""
+        """The found structure as a JSON-able dict (input of :func:`dmscale.apply_structure`).
+
+        Raises :class:`~dmscale.errors.NoImportanceError` before any importance exists
+        (see :meth:`has_importance`).
+        """
         self._require_synced("structure()")
+        self._require_importance("structure()")
         with torch.no_grad():
             width_mask, depth_mask = self._masks("hard")
         keep = width_mask.cpu().numpy() > 0.5
@@ -505,7 +559,13 @@ class Searcher:
         With ``verify`` (default: ``config.verify``) the export is run on the example inputs
         against the hardened supernet (eval mode) and a :class:`VerificationError` naming
         the first diverging layer is raised when they differ; ``self.model`` is untouched.
+
+        Raises :class:`~dmscale.errors.NoImportanceError` (and changes nothing) when no
+        importance exists yet: train at least one step with the task loss first, or search
+        with ``SearchConfig(importance="index")`` to keep elements by position on purpose.
         """
+        self._require_synced("export()")
+        self._require_importance("export()")
         small = export_model(self.model, self.structure())
         if self.config.verify if verify is None else verify:
             self._verify_export(small)

@@ -92,6 +92,8 @@ class MESGate(_LogitGate):
         tau: temperature of the Gumbel-sigmoid relaxation of the backward pass.
     """
 
+    ranks_by_importance = False  # theta ranks the units; export needs no importance
+
     def __init__(self, size: int, init: float = 3.0, tau: float = 0.5, **kw: Any) -> None:
         step = int(kw.get("step", 1))
         n_units = -(-size // step)

@@ -466,8 +466,9 @@ class Searcher:
         """
         if self.config.importance == "index":
             return True
-        return any(bool(t.importance.detach().ne(0).any())
-                   for t in list(self.gates.width) + list(self.gates.depth))
+        ranked = [t for t in list(self.gates.width) + list(self.gates.depth)
+                  if getattr(t, "ranks_by_importance", True)]  # e.g. MES ranks by its logits
+        return not ranked or any(bool(t.importance.detach().ne(0).any()) for t in ranked)
 
     def randomize_importance(self, seed: int | torch.Generator = 0) -> None:
         """Give every gate a random importance (uniform in (0, 1], seeded): structures that

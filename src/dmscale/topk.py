@@ -54,7 +54,10 @@ class StructuralGate(Protocol):
     ``hard_count()`` units, at least ``min_units`` and one of each ``required_groups`` (use
     :func:`top_units`); ``set_count(k)`` moves the parameters so that ``hard_count() == k``
     (the budget solver). ``a`` may be a scalar (a pruning ratio) or a vector (per-element or
-    per-candidate logits).
+    per-candidate logits). A gate that ranks its units by its own parameters rather than by
+    ``importance`` (e.g. per-element logits) sets the class attribute
+    ``ranks_by_importance = False``, so an untrained ``importance`` buffer does not block
+    :meth:`Searcher.export`.
     """
 
     a: nn.Parameter  # the learnable structural parameter(s)

@@ -1,4 +1,5 @@
-"""The Searcher: config, resource loss and schedule, hard masks, export and state.
+"""The Searcher: resource loss and schedule, hard masks, budget solver, export and state
+(the config is :mod:`dmscale.search_config`, the self-checks :mod:`dmscale.selfcheck`).
 
 Example:
     >>> import torch
@@ -17,8 +18,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import math
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, fields
 from typing import Any, Iterator
 
 import numpy as np
@@ -26,127 +26,19 @@ import torch
 from torch import nn
 
 from .discover import SearchSpace, discover
-from .tracer import split_inputs
 from .errors import (ConfigError, InputError, NoImportanceError, NothingToSearchError,
-                     PendingImportanceError, TraceError, UnsupportedLayerError, VerificationError)
+                     PendingImportanceError, TraceError, UnsupportedLayerError)
 from .export import FORMAT, export_model
 from .handlers import handler_for
-from .importance import IMPORTANCE_METRICS
 from .masks import GATES_NAME, Gates, assemble_width_mask
-from .modes import eval_mode
-from .topk import GateFactory
 from .norms import norm_formula
-from .resources import RESOURCES, CostModel
+from .resources import CostModel
+from .search_config import COST_FORWARD, SearchConfig, config_state
+from .selfcheck import describe_inputs, fails_on, run_example, verify_export, verify_open
+from .solver import solve_budget
 from .uniform import tie_ratios, uniform_groups
-from .verify import compare, describe, first_divergence, flat_outputs
 
 __all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
-
-COST_FORWARD = ("soft", "exact")
-
-
-@dataclass
-class SearchConfig:
-    """What to search and under which budget.
-
-    Attributes:
-        resource: "macs", "params" or "latency".
-        target: <= 1: a fraction of the supernet's cost; > 1: an absolute count.
-        resource_weight: lambda_resource of Eq. 5.
-        schedule: "exp" (r_t decays from the supernet's cost to the target, Eq. 10) or
-            "constant" (r_t = target from the start).
-        importance: "taylor" (Eq. 4), "snip", "fisher" or "index".
-        normalize: rank-normalise importance (Eq. 2); False is the paper's ablation.
-        width_temperature / depth_temperature: lambda = temperature * N (1 and 4, A.1.1).
-        min_width: smallest width a dimension may keep (x_min, A.1.1).
-        width_step: channels per unit in a coarse search space (1 = fine-grained).
-        dim_overrides: per width-dimension name, {"min": int, "step": int}.
-        search_width: search widths.
-        search_depth: True: every residual stage found; False: none; a list: those stages.
-        exclude: module names (or prefixes) whose widths stay fixed.
-        width_only_from: progress from which depth is frozen at its hard value and only
-            widths are searched (the extra width-only phase of A.1.2); None = never.
-        latency_options: keyword arguments of :class:`dmscale.latency.LatencyCostModel`
-            (ratios, budget_s, quantile, calibrate, profile: a saved profile, e.g. measured
-            on the target device). Latency is in microseconds: a target > 1 is in us.
-        cost_forward: the value of r_c in the resource loss (Eq. 6). "soft": the cost of the
-            soft masks, as the paper writes it; it sits below the exported model's cost while
-            the least important kept elements have soft masks under 1, so a search that meets
-            its target in soft terms exports a model over it. "exact": the exact cost of the
-            hard masks (what the export will cost), with the soft cost's gradient
-            (straight-through: r_c = s + (h - s).detach()).
-        layer_uniform: the dims of one kind in repeated layers (every layer's FFN width, every
-            layer's heads) share one pruning ratio, so all layers keep the same count while
-            each keeps its own most important elements (:mod:`dmscale.uniform`); the result
-            has a standard config (``dmscale.save_pretrained`` without custom code).
-        gate_factory: builds the gate of every width and depth dimension (None: DMS's
-            :class:`~dmscale.topk.DifferentiableTopK`). For baselines and ablations: any
-            callable with DifferentiableTopK's signature returning a
-            :class:`~dmscale.topk.StructuralGate` (bench/gates_lib.py has the paper's MES,
-            SNS and GET). Export, exact cost and the export check are the same for every gate.
-        verify: self-checks on the example inputs (one extra forward each, tolerance in
-            :mod:`dmscale.verify`): ``prepare`` refuses a model whose output changes with all
-            masks open, ``export`` raises when the export does not compute what the hardened
-            supernet computes. Both name the first layer that diverges.
-
-    ``min_width`` and ``width_step`` apply to channels; attention heads and blocks are
-    always searched one at a time (``dim_overrides`` can still set a heads dim's step/min).
-    """
-
-    resource: str = "macs"
-    target: float = 0.5
-    resource_weight: float = 1.0
-    schedule: str = "exp"
-    importance: str = "taylor"
-    normalize: bool = True
-    width_temperature: float = 1.0
-    depth_temperature: float = 4.0
-    min_width: int = 1
-    width_step: int = 1
-    dim_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
-    search_width: bool = True
-    search_depth: bool | list[str] = True
-    exclude: list[str] = field(default_factory=list)
-    width_only_from: float | None = None
-    latency_options: dict[str, Any] = field(default_factory=dict)
-    cost_forward: str = "soft"
-    verify: bool = True
-    layer_uniform: bool = False
-    gate_factory: GateFactory | None = None
-
-    def __post_init__(self) -> None:
-        if self.resource not in RESOURCES:
-            raise ConfigError(f"unknown resource {self.resource!r}: expected one of {RESOURCES}")
-        if not (isinstance(self.target, (int, float)) and self.target > 0 and math.isfinite(self.target)):
-            raise ConfigError(f"target must be a finite number > 0, got {self.target!r}: pass a fraction "
-                              "of the supernet's cost (e.g. 0.5) or an absolute count > 1")
-        if self.resource_weight < 0:
-            raise ConfigError(f"resource_weight must be >= 0, got {self.resource_weight}")
-        if self.schedule not in ("exp", "constant"):
-            raise ConfigError(f"schedule must be 'exp' or 'constant', got {self.schedule!r}")
-        if self.importance not in IMPORTANCE_METRICS:
-            raise ConfigError(f"unknown importance {self.importance!r}: expected one of {sorted(IMPORTANCE_METRICS)}")
-        if self.min_width < 1:
-            raise ConfigError(f"min_width must be >= 1, got {self.min_width}")
-        if self.width_step < 1:
-            raise ConfigError(f"width_step must be >= 1, got {self.width_step}")
-        if self.width_temperature <= 0 or self.depth_temperature <= 0:
-            raise ConfigError("temperatures must be > 0, got "
-                             f"width={self.width_temperature}, depth={self.depth_temperature}")
-        if self.width_only_from is not None and not 0 <= self.width_only_from <= 1:
-            raise ConfigError(f"width_only_from must be in [0, 1] or None, got {self.width_only_from}")
-        if not (self.search_width or self.search_depth):
-            raise ConfigError("nothing to search: search_width and search_depth are both off")
-        if self.cost_forward not in COST_FORWARD:
-            raise ConfigError(f"cost_forward must be one of {COST_FORWARD}, got {self.cost_forward!r}")
-        if not isinstance(self.verify, bool):
-            raise ConfigError(f"verify must be True or False, got {self.verify!r}")
-        if not isinstance(self.layer_uniform, bool):
-            raise ConfigError(f"layer_uniform must be True or False, got {self.layer_uniform!r}")
-        if self.gate_factory is not None and not callable(self.gate_factory):
-            raise ConfigError(f"gate_factory must be a callable that builds a StructuralGate (e.g. a gate "
-                              f"class), got {self.gate_factory!r}; None uses DMS's DifferentiableTopK")
-        self.exclude = list(self.exclude)
 
 
 class Searcher:
@@ -182,10 +74,10 @@ class Searcher:
             space = discover(model, example_inputs, config.exclude,
                              depth=config.search_depth if config.search_depth else False)
         except Exception as err:
-            if not isinstance(err, ValueError) and _fails_on(model, example_inputs):
+            if not isinstance(err, ValueError) and fails_on(model, example_inputs):
                 raise InputError(
                     f"{type(model).__name__} does not run on the example inputs "
-                    f"({_describe_inputs(example_inputs)}): {type(err).__name__}: "
+                    f"({describe_inputs(example_inputs)}): {type(err).__name__}: "
                     f"{str(err).splitlines()[0] if str(err) else ''}; pass inputs the model's forward "
                     "accepts (a tensor, a tuple of positional inputs or a dict of keyword inputs)"
                 ) from err
@@ -398,55 +290,8 @@ class Searcher:
         """
         self._require_synced("meet_target()")
         topks = _distinct(list(self.gates.width) + ([] if self.gates.depth_frozen else list(self.gates.depth)))
-        # a scalar a is a pruning ratio (DMS): shifted directly; a gate with vector parameters
-        # (a baseline's logits) is shifted in the same ratio terms through set_count
-        base = [float(t.a.detach()) if t.a.numel() == 1 else 1.0 - t.hard_count() / t.n_units
-                for t in topks]
-
-        def cost_at(offset: float) -> float:
-            with torch.no_grad():
-                for t, a0 in zip(topks, base):
-                    if t.a.numel() == 1:
-                        t.a.fill_(a0 + offset)
-                        t.clamp_()
-                    else:
-                        ratio = min(max(a0 + offset, 0.0), t.max_ratio)
-                        t.set_count(int(round((1.0 - ratio) * t.n_units)))
-            return self._exact_cost("hard")
-
-        lo, hi = -1.0, 1.0  # cost_at(lo) is the largest, cost_at(hi) the smallest
-        if cost_at(lo) <= self.target_cost:
-            hi = lo
-        for _ in range(iterations):
-            if hi - lo < 1e-6:
-                break
-            mid = (lo + hi) / 2
-            if cost_at(mid) <= self.target_cost:
-                hi = mid
-            else:
-                lo = mid
-        cost_at(hi)
-        self._give_back_units(topks)
+        solve_budget(topks, lambda: self._exact_cost("hard"), self.target_cost, iterations)
         return self.resources()
-
-    def _give_back_units(self, topks: list[Any]) -> None:
-        """Greedy: add one unit to the dim whose unit costs least, while under target."""
-        for _ in range(10 * sum(t.n_units for t in topks)):
-            best: tuple[float, Any, int] | None = None
-            for t in topks:
-                k = t.hard_count()
-                if k >= t.n_units:
-                    continue
-                old_a = t.a.detach().clone()
-                t.set_count(k + 1)
-                cost = self._exact_cost("hard") if t.hard_count() == k + 1 else math.inf
-                with torch.no_grad():
-                    t.a.copy_(old_a)
-                if cost <= self.target_cost and (best is None or cost < best[0]):
-                    best = (cost, t, k + 1)
-            if best is None:
-                break
-            best[1].set_count(best[2])
 
     @contextlib.contextmanager
     def hardened(self) -> Iterator[nn.Module]:
@@ -624,72 +469,19 @@ class Searcher:
 
     # ------------------------------------------------------------------ self-checks
     def _run_example(self, model: nn.Module) -> Any:
-        args, kwargs = split_inputs(self.example_inputs)
-        with torch.no_grad(), eval_mode(model):
-            return model(*args, **kwargs)
+        return run_example(model, self.example_inputs)
 
     def _verify_open(self, reference: Any) -> None:
-        """All masks open must reproduce the original model (the trace's output)."""
-        bad = compare(flat_outputs(self._open_run()), flat_outputs(reference))
-        if bad is None:
-            return
-        with self.gates.use(enabled=False):
-            where = first_divergence(lambda: self._run_example(self.model), self.model,
-                                     self._open_run, self.model, skip=GATES_NAME)
-        layer = "no single layer (only the final output)" if where is None else \
-            f"{describe(self.model, where[0])} (differs by {where[1]:.3g}, allowed {where[2]:.3g})"
-        fix = "" if where is None else (
-            f" Exclude it to keep its channels fixed (SearchConfig(exclude=[{where[0]!r}]) or "
-            f"--exclude {where[0]}), or register a handler that knows what it computes "
-            "(dmscale.register_handler).")
-        raise VerificationError(
-            f"with all masks open {type(self.model).__name__} no longer computes its own output "
-            f"(output {bad[0]} differs by {bad[1]:.3g}, allowed {bad[2]:.3g}): dmscale does not "
-            f"handle some layer exactly. First layer whose output diverges: {layer}.{fix} "
-            "SearchConfig(verify=False) skips this check.")
-
-    def _open_run(self) -> Any:
-        with self.gates.use("open"):
-            return self._run_example(self.model)
+        verify_open(self, reference)
 
     def _verify_export(self, small: nn.Module) -> None:
-        """The export must compute what the hardened supernet computes."""
-        def hard_run() -> Any:
-            with self.hardened():
-                return self._run_example(self.model)
-
-        try:
-            got = flat_outputs(self._run_example(small))
-        except Exception as err:
-            raise VerificationError(
-                f"the export fails on the example inputs ({type(err).__name__}: {err}); the model "
-                "was not changed. This is a dmscale bug or a custom handler's: please report it "
-                "with the model; excluding the layer named in the error keeps its channels "
-                "fixed. export(verify=False) skips this check.") from err
-        bad = compare(got, flat_outputs(hard_run()))
-        if bad is None:
-            return
-        modules = dict(self.model.named_modules())
-        align = {name: (handler_for(modules[name]).channel_dim, spec["out"])
-                 for name, spec in self.structure()["layers"].items()
-                 if spec["out"] is not None and handler_for(modules[name]) is not None}
-        where = first_divergence(hard_run, self.model, lambda: self._run_example(small), small,
-                                 skip=GATES_NAME, align=align)
-        layer = "none of equal shape (only the final output)" if where is None else \
-            f"{describe(small, where[0])} (differs by {where[1]:.3g}, allowed {where[2]:.3g})"
-        fix = "" if where is None else (
-            f" Excluding {where[0]!r} (SearchConfig(exclude=[...])) keeps its channels fixed.")
-        raise VerificationError(
-            f"the export does not compute what the hardened supernet computes (output {bad[0]} "
-            f"differs by {bad[1]:.3g}, allowed {bad[2]:.3g}); the model was not changed. First "
-            f"layer whose output diverges: {layer}.{fix} This is a dmscale bug or a custom "
-            "handler's: please report it with the model. export(verify=False) skips this check.")
+        verify_export(self, small)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: structural parameters, importance, config, target."""
         self._require_synced("state_dict()")
         state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
-                 "config": _config_state(self.config), "target_cost": self.target_cost,
+                 "config": config_state(self.config), "target_cost": self.target_cost,
                  "supernet_cost": self.supernet_cost, "depth_frozen": self.gates.depth_frozen}
         if "latency" in self._costs:  # a resumed search keeps the measured cost scale
             state["latency_profile"] = self._costs["latency"].state_dict()
@@ -698,7 +490,7 @@ class Searcher:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (same model architecture and config)."""
         saved = dict(state["config"])
-        current = _config_state(self.config)
+        current = config_state(self.config)
         for f in fields(SearchConfig):  # states saved before an option existed: its default
             if f.name not in saved and f.default is not MISSING:
                 saved[f.name] = f.default
@@ -718,16 +510,6 @@ class Searcher:
         self.target_cost = float(state["target_cost"])
         self.supernet_cost = float(state["supernet_cost"])
         self.freeze_depth(bool(state.get("depth_frozen", False)))
-
-
-def _config_state(config: SearchConfig) -> dict[str, Any]:
-    """The config as plain data: the gate factory by its qualified name (checkpoints stay
-    loadable without importing it; a resume with another gate is refused by name)."""
-    factory = config.gate_factory
-    state = asdict(replace(config, gate_factory=None))
-    state["gate_factory"] = None if factory is None else \
-        f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
-    return state
 
 
 def _distinct(topks: list[Any]) -> list[Any]:
@@ -753,31 +535,6 @@ def _without_width(space: SearchSpace) -> SearchSpace:
                          l.mask_output) for n, l in space.layers.items()}
     return SearchSpace([], space.depth, layers, space.pinned_reasons, space.total_macs, space.module_macs,
                        example_output=space.example_output)
-
-
-def _describe_inputs(inputs: Any) -> str:
-    """Shapes of the example inputs, for error messages."""
-    if isinstance(inputs, torch.Tensor):
-        return f"a tensor of shape {tuple(inputs.shape)}"
-    if isinstance(inputs, dict):
-        return "keywords " + ", ".join(f"{k}={_describe_inputs(v)}" for k, v in inputs.items())
-    if isinstance(inputs, (tuple, list)):
-        return "(" + ", ".join(_describe_inputs(v) for v in inputs) + ")"
-    return type(inputs).__name__
-
-
-def _fails_on(model: nn.Module, inputs: Any) -> bool:
-    """Whether the plain model (a copy: BatchNorm statistics stay as they are) raises on
-    ``inputs``; tells a wrong input from a tracing problem."""
-    import copy
-
-    args, kwargs = split_inputs(inputs)
-    try:
-        with torch.no_grad():
-            copy.deepcopy(model)(*args, **kwargs)
-    except Exception:
-        return True
-    return False
 
 
 def _reasons(space: SearchSpace) -> str:

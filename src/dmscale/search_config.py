@@ -1,0 +1,143 @@
+"""The search configuration: what to search and under which budget (:class:`SearchConfig`).
+
+Example:
+    >>> from dmscale.search_config import SearchConfig, config_state
+    >>> cfg = SearchConfig(resource="params", target=0.25)
+    >>> config_state(cfg)["target"], config_state(cfg)["gate_factory"]
+    (0.25, None)
+    >>> SearchConfig(target=-1)
+    Traceback (most recent call last):
+    ...
+    dmscale.errors.ConfigError: target must be a finite number > 0, got -1: pass a fraction of the supernet's cost (e.g. 0.5) or an absolute count > 1
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from .errors import ConfigError
+from .importance import IMPORTANCE_METRICS
+from .resources import RESOURCES
+from .topk import GateFactory
+
+__all__ = ["SearchConfig", "COST_FORWARD", "config_state"]
+
+COST_FORWARD = ("soft", "exact")
+
+
+@dataclass
+class SearchConfig:
+    """What to search and under which budget.
+
+    Attributes:
+        resource: "macs", "params" or "latency".
+        target: <= 1: a fraction of the supernet's cost; > 1: an absolute count.
+        resource_weight: lambda_resource of Eq. 5.
+        schedule: "exp" (r_t decays from the supernet's cost to the target, Eq. 10) or
+            "constant" (r_t = target from the start).
+        importance: "taylor" (Eq. 4), "snip", "fisher" or "index".
+        normalize: rank-normalise importance (Eq. 2); False is the paper's ablation.
+        width_temperature / depth_temperature: lambda = temperature * N (1 and 4, A.1.1).
+        min_width: smallest width a dimension may keep (x_min, A.1.1).
+        width_step: channels per unit in a coarse search space (1 = fine-grained).
+        dim_overrides: per width-dimension name, {"min": int, "step": int}.
+        search_width: search widths.
+        search_depth: True: every residual stage found; False: none; a list: those stages.
+        exclude: module names (or prefixes) whose widths stay fixed.
+        width_only_from: progress from which depth is frozen at its hard value and only
+            widths are searched (the extra width-only phase of A.1.2); None = never.
+        latency_options: keyword arguments of :class:`dmscale.latency.LatencyCostModel`
+            (ratios, budget_s, quantile, calibrate, profile: a saved profile, e.g. measured
+            on the target device). Latency is in microseconds: a target > 1 is in us.
+        cost_forward: the value of r_c in the resource loss (Eq. 6). "soft": the cost of the
+            soft masks, as the paper writes it; it sits below the exported model's cost while
+            the least important kept elements have soft masks under 1, so a search that meets
+            its target in soft terms exports a model over it. "exact": the exact cost of the
+            hard masks (what the export will cost), with the soft cost's gradient
+            (straight-through: r_c = s + (h - s).detach()).
+        layer_uniform: the dims of one kind in repeated layers (every layer's FFN width, every
+            layer's heads) share one pruning ratio, so all layers keep the same count while
+            each keeps its own most important elements (:mod:`dmscale.uniform`); the result
+            has a standard config (``dmscale.save_pretrained`` without custom code).
+        gate_factory: builds the gate of every width and depth dimension (None: DMS's
+            :class:`~dmscale.topk.DifferentiableTopK`). For baselines and ablations: any
+            callable with DifferentiableTopK's signature returning a
+            :class:`~dmscale.topk.StructuralGate` (bench/gates_lib.py has the paper's MES,
+            SNS and GET). Export, exact cost and the export check are the same for every gate.
+        verify: self-checks on the example inputs (one extra forward each, tolerance in
+            :mod:`dmscale.verify`): ``prepare`` refuses a model whose output changes with all
+            masks open, ``export`` raises when the export does not compute what the hardened
+            supernet computes. Both name the first layer that diverges.
+
+    ``min_width`` and ``width_step`` apply to channels; attention heads and blocks are
+    always searched one at a time (``dim_overrides`` can still set a heads dim's step/min).
+    """
+
+    resource: str = "macs"
+    target: float = 0.5
+    resource_weight: float = 1.0
+    schedule: str = "exp"
+    importance: str = "taylor"
+    normalize: bool = True
+    width_temperature: float = 1.0
+    depth_temperature: float = 4.0
+    min_width: int = 1
+    width_step: int = 1
+    dim_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
+    search_width: bool = True
+    search_depth: bool | list[str] = True
+    exclude: list[str] = field(default_factory=list)
+    width_only_from: float | None = None
+    latency_options: dict[str, Any] = field(default_factory=dict)
+    cost_forward: str = "soft"
+    verify: bool = True
+    layer_uniform: bool = False
+    gate_factory: GateFactory | None = None
+
+    def __post_init__(self) -> None:
+        if self.resource not in RESOURCES:
+            raise ConfigError(f"unknown resource {self.resource!r}: expected one of {RESOURCES}")
+        if not (isinstance(self.target, (int, float)) and self.target > 0 and math.isfinite(self.target)):
+            raise ConfigError(f"target must be a finite number > 0, got {self.target!r}: pass a fraction "
+                              "of the supernet's cost (e.g. 0.5) or an absolute count > 1")
+        if self.resource_weight < 0:
+            raise ConfigError(f"resource_weight must be >= 0, got {self.resource_weight}")
+        if self.schedule not in ("exp", "constant"):
+            raise ConfigError(f"schedule must be 'exp' or 'constant', got {self.schedule!r}")
+        if self.importance not in IMPORTANCE_METRICS:
+            raise ConfigError(f"unknown importance {self.importance!r}: expected one of {sorted(IMPORTANCE_METRICS)}")
+        if self.min_width < 1:
+            raise ConfigError(f"min_width must be >= 1, got {self.min_width}")
+        if self.width_step < 1:
+            raise ConfigError(f"width_step must be >= 1, got {self.width_step}")
+        if self.width_temperature <= 0 or self.depth_temperature <= 0:
+            raise ConfigError("temperatures must be > 0, got "
+                             f"width={self.width_temperature}, depth={self.depth_temperature}")
+        if self.width_only_from is not None and not 0 <= self.width_only_from <= 1:
+            raise ConfigError(f"width_only_from must be in [0, 1] or None, got {self.width_only_from}")
+        if not (self.search_width or self.search_depth):
+            raise ConfigError("nothing to search: search_width and search_depth are both off")
+        if self.cost_forward not in COST_FORWARD:
+            raise ConfigError(f"cost_forward must be one of {COST_FORWARD}, got {self.cost_forward!r}")
+        if not isinstance(self.verify, bool):
+            raise ConfigError(f"verify must be True or False, got {self.verify!r}")
+        if not isinstance(self.layer_uniform, bool):
+            raise ConfigError(f"layer_uniform must be True or False, got {self.layer_uniform!r}")
+        if self.gate_factory is not None and not callable(self.gate_factory):
+            raise ConfigError(f"gate_factory must be a callable that builds a StructuralGate (e.g. a gate "
+                              f"class), got {self.gate_factory!r}; None uses DMS's DifferentiableTopK")
+        self.exclude = list(self.exclude)
+
+
+
+
+def config_state(config: SearchConfig) -> dict[str, Any]:
+    """The config as plain data: the gate factory by its qualified name (checkpoints stay
+    loadable without importing it; a resume with another gate is refused by name)."""
+    factory = config.gate_factory
+    state = asdict(replace(config, gate_factory=None))
+    state["gate_factory"] = None if factory is None else \
+        f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
+    return state

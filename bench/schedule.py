@@ -142,36 +142,11 @@ def write_table(cache: dict[str, Any], epochs: float, seeds: list[int], command:
     return out
 
 
-def plot(cache: dict[str, Any], epochs: float, seeds: list[int]) -> Path:
-    """Cost at search end and accuracy after retraining per arm, mean ± std with seeds as dots."""
-    import matplotlib
+def plot(cache: dict[str, Any]) -> Path:
+    """The table's plot, drawn by bench/results_plots.py like every cached table's."""
+    from results_plots import plot_schedule
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    by_arm = _rows(cache, epochs, seeds)
-    arms = [a for a in ARMS if by_arm[a.name]]
-    labels = [f"end {a.schedule_end}\n" + ("no width-only" if a.width_only_from is None
-                                           else f"width-only {a.width_only_from}") for a in arms]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    panels = (("search_end", 1.0, "MACs / target at search end"), ("acc", 100.0, "top-1 after retrain (%)"))
-    for ax, (field, scale, title) in zip(axes, panels):
-        for i, a in enumerate(arms):
-            vals = [scale * r[field] for r in by_arm[a.name]]
-            sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-            ax.bar(i, statistics.mean(vals), 0.6, yerr=sd, capsize=3, color=f"C{i}")
-            ax.plot([i] * len(vals), vals, "k.", ms=4)
-        ax.set_xticks(range(len(arms)))
-        ax.set_xticklabels(labels, fontsize=8)
-        ax.set_title(title, fontsize=9)
-    axes[0].axhline(1.0, color="k", lw=0.8, ls="--")
-    fig.suptitle(f"Table 7: r_t schedule (digits ResNet-20 w8, {TARGET} x MACs, {epochs} ep search + retrain)",
-                 fontsize=10)
-    fig.tight_layout()
-    out = RESULTS / "schedule.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return plot_schedule(cache, RESULTS / "schedule.png")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -203,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"target, top-1 {100 * r['acc']:.1f} % ({r['seconds']} s)", flush=True)
     command = "python bench/schedule.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"wrote {write_table(cache, args.epochs, args.seeds, command.strip())}")
-    print(f"wrote {plot(cache, args.epochs, args.seeds)}")
+    print(f"wrote {plot(cache)}")
 
 
 if __name__ == "__main__":

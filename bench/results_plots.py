@@ -181,7 +181,7 @@ def plot_schedule(cache: dict[str, Any], out: Path) -> Path:
 
 def plot_search_overhead(cache: dict[str, Any], out: Path) -> Path:
     """Table 8: DMS / plain step time (median, q1-q3 of per-round ratios) and peak RSS ratios."""
-    rows = cache["rows"]
+    rows = list(cache["rows"].values())
     names = [r["name"] for r in rows]
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))

@@ -8,14 +8,17 @@ round by round (which goes first alternates); the ratio of their median times is
 with the quartiles of the per-round ratios (absolute times on a shared machine are noise,
 ratios measured side by side are not).
 
-Peak memory: one fresh subprocess per model x variant builds the model (and prepares it),
-then resets the kernel's resident-set high-water mark (``/proc/self/clear_refs`` = 5) and
-reads VmRSS (the base: weights, plus the searcher's state for DMS), runs ``--mem-steps``
-training steps and reads VmHWM (the peak). Reported: the peak RSS and what the steps added
-on top of the base (activations, gradients, optimizer state, allocator caching), DMS over
+Peak memory: one fresh subprocess per model x variant imports torch and the model's
+libraries (and builds the model once, to load every lazy import), resets the kernel's
+resident-set high-water mark (``/proc/self/clear_refs`` = 5) and reads VmRSS (the base), then
+builds the model, prepares it (DMS), runs ``--mem-steps`` training steps and reads VmHWM (the
+peak). Reported: the peak RSS and what the run added on top of the base (weights, gradients,
+optimizer state, activations, the searcher and its tracing, allocator caching), DMS over
 plain. Where ``clear_refs`` cannot be written the subprocess falls back to
 ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, which then also holds imports and preparation;
-the table says which was used. Writes bench/results/search_overhead.md and .json.
+the table says which was used. Results are cached per model in bench/results/search_overhead.json
+(a model already measured with the same batch, rounds, steps and threads is not re-run; --fresh
+re-runs) and the table bench/results/search_overhead.md is rewritten after each model.
 """
 
 from __future__ import annotations
@@ -170,17 +173,20 @@ def _status_kb(field: str) -> int:
 
 
 def _child(name: str, variant: str, batch: int, steps: int, threads: int) -> dict[str, Any]:
-    """In a fresh process: base RSS after building (and preparing), peak RSS over the steps."""
+    """In a fresh process with torch imported: base RSS, then the peak RSS over building the model,
+    ``dms.prepare`` (DMS only: tracing and the self-check forwards) and ``steps`` training steps."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     bench = BENCHES[name]
-    model, x, opt, searcher = _setup(bench, batch, variant == "dms")
+    bench.inputs(1)  # import what the model's builder and inputs import before the base is read
+    bench.build()
     try:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
         method = "VmHWM after clear_refs"
     except OSError:
         method = "ru_maxrss (whole process)"
     base = _status_kb("VmRSS")
+    model, x, opt, searcher = _setup(bench, batch, variant == "dms")
     for _ in range(steps):
         _step(bench, model, opt, x, searcher)
     peak = _status_kb("VmHWM") if method.startswith("VmHWM") else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -211,7 +217,12 @@ def _row(name: str, batch: int, t: dict[str, float], m: dict[str, dict[str, Any]
             f"{t['prepare_s']:.2f} |")
 
 
-def write_table(rows: list[dict[str, Any]], args: argparse.Namespace, load: tuple[float, ...], seconds: float) -> Path:
+def _protocol(args: argparse.Namespace) -> dict[str, int]:
+    return {"threads": args.threads, "rounds": args.rounds, "batch": args.batch, "mem_steps": args.mem_steps}
+
+
+def write_table(cache: dict[str, Any], args: argparse.Namespace) -> Path:
+    rows = [cache["rows"][n] for n in BENCHES if n in cache["rows"]]
     methods = sorted({r["mem"][v]["method"] for r in rows for v in ("plain", "dms")})
     lines = [
         "# Cost of the method: a DMS training step vs a plain one (issue 10, table 8)", "",
@@ -219,14 +230,16 @@ def write_table(rows: list[dict[str, Any]], args: argparse.Namespace, load: tupl
         "step (masks on every searched dimension, depth masks, Taylor importance hooks, the",
         "differentiable resource loss) on the same batch in one process, alternating which goes first;",
         "ratio = median(DMS) / median(plain), q1-q3 = quartiles of the per-round ratios. Peak memory:",
-        "a fresh subprocess per model and variant; base = RSS after building (and `dms.prepare`),",
-        f"peak = the resident-set high-water mark over {args.mem_steps} training steps, measured as "
-        f"{' and '.join(methods)}; added = peak - base.", "",
+        "a fresh subprocess per model and variant; base = RSS with torch and the model's libraries",
+        "imported; peak = the resident-set high-water mark over building the model, `dms.prepare` (DMS)",
+        f"and {args.mem_steps} training steps, measured as {' and '.join(methods)}; added = peak - base.", "",
         f"- command: `PYTHONPATH=src:tests python bench/search_overhead.py --threads {args.threads} "
-        f"--rounds {args.rounds} --batch {args.batch} --mem-steps {args.mem_steps} --models {' '.join(args.models)}`",
-        f"- commit: `{git_commit(ROOT)}`; machine: {platform.platform()}, {os.cpu_count()} CPUs shared with other "
-        f"jobs, Python {platform.python_version()}, torch {torch.__version__}, {args.threads} thread(s); load "
-        f"average before: {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}; {seconds:.0f} s in all",
+        f"--rounds {args.rounds} --batch {args.batch} --mem-steps {args.mem_steps} --models MODEL ...` (one "
+        "invocation per model or several; each row is cached in the json)",
+        f"- commits: {', '.join(sorted({'`' + r['commit'] + '`' for r in rows}))}; machine: {platform.platform()}, "
+        f"{os.cpu_count()} CPUs shared with other jobs, Python {platform.python_version()}, torch "
+        f"{torch.__version__}, {args.threads} thread(s); load average (1 min) when each row started: "
+        + ", ".join(f"{r['name']} {r['load']:.1f}" for r in rows),
         f"- seeds: model init 0, batch generator 0; {args.rounds} rounds after 2 warm-up steps; one run "
         "(the spread is the per-round q1-q3, not across runs)", "",
         "| model | input | dims searched | step ratio | ratio q1-q3 | step ms plain / DMS | peak RSS MB "
@@ -236,8 +249,6 @@ def write_table(rows: list[dict[str, Any]], args: argparse.Namespace, load: tupl
     lines += ["", "## Reading", "", READING]
     out = RESULTS / "search_overhead.md"
     out.write_text("\n".join(lines) + "\n")
-    (RESULTS / "search_overhead.json").write_text(json.dumps(
-        {"commit": git_commit(ROOT), "args": vars(args), "rows": rows}, indent=1))
     return out
 
 
@@ -252,19 +263,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--mem-steps", type=int, default=3)
     ap.add_argument("--models", nargs="+", default=list(BENCHES), choices=list(BENCHES))
+    ap.add_argument("--fresh", action="store_true", help="re-measure models already in the cache")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.child:
         print(json.dumps(_child(*args.child, args.batch, args.mem_steps, args.threads)))
         return
-    load, t0, rows = os.getloadavg(), time.perf_counter(), []
+    cache_path = RESULTS / "search_overhead.json"
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    if cache.get("args") != _protocol(args):  # another protocol: start a new table
+        cache = {"args": _protocol(args), "rows": {}}
     for name in args.models:
+        if name in cache["rows"] and not args.fresh:
+            continue
+        load, t0 = os.getloadavg()[0], time.perf_counter()
         t = measure_time(BENCHES[name], args.batch, args.rounds)
         m = measure_memory(name, args.batch, args.mem_steps, args.threads)
-        rows.append({"name": name, "time": t, "mem": m})
+        cache["rows"][name] = {"name": name, "time": t, "mem": m, "load": load, "commit": git_commit(ROOT),
+                               "seconds": round(time.perf_counter() - t0, 1)}
+        cache_path.write_text(json.dumps(cache, indent=1))
         print(_row(name, args.batch, t, m), flush=True)
-    print(f"wrote {write_table(rows, args, load, time.perf_counter() - t0)}")
+        print(f"wrote {write_table(cache, args)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -193,7 +193,7 @@ def plot_search_overhead(cache: dict[str, Any], out: Path) -> Path:
         added_p = p["peak_mb"] - p["base_mb"]
         ax2.bar(i - 0.2, d["peak_mb"] / p["peak_mb"], 0.4, color="C1", label="peak RSS" if i == 0 else None)
         ax2.bar(i + 0.2, (d["peak_mb"] - d["base_mb"]) / added_p if added_p > 0 else 0.0, 0.4, color="C2",
-                label="added by the steps (peak - base)" if i == 0 else None)
+                label="added over the imported interpreter (peak - base)" if i == 0 else None)
     for ax, title in ((ax1, "step time DMS / plain (median; line: q1-q3 of per-round ratios)"),
                       (ax2, "memory DMS / plain (fresh process per variant)")):
         ax.axhline(1.0, color="k", lw=0.8, ls="--")

@@ -1,7 +1,7 @@
 """Schedule ablation: r_t decayed over the whole search (Eq. 10) vs its first 60 % then held,
 with and without a width-only phase (issue 10, table 7).
 
-    PYTHONPATH=src python bench/schedule.py [--quick] [--seeds 0 1 2] [--epochs 3] [--threads 1]
+    PYTHONPATH=src python bench/schedule_ablation.py [--quick] [--seeds 0 1 2] [--epochs 3] [--threads 1]
 
 The protocol of ``bench/budget.py`` (DMS_np on the bundled 8x8 digits, the built-in ResNet-20
 of width 8, a 0.5 x MACs budget, the CLI's pipeline with its defaults), now with the retrain
@@ -78,7 +78,7 @@ def run_one(arm: Arm, seed: int, epochs: float, threads: int) -> dict[str, Any]:
     return {"arm": arm.name, "seed": seed, "epochs": epochs,
             "search_end": end["hard"] / end["target"], "exported": final["hard"] / final["target"],
             "acc_search": summary["evals"]["search"]["acc"], "acc": summary["evals"]["final"]["acc"],
-            "seconds": round(seconds, 1)}
+            "seconds": round(seconds, 1), "commit": git_commit(ROOT)}
 
 
 def _key(arm: Arm, seed: int, epochs: float) -> str:
@@ -120,7 +120,9 @@ def write_table(cache: dict[str, Any], epochs: float, seeds: list[int], command:
     by_arm = _rows(cache, epochs, seeds)
     lines = ["# Schedule ablation: r_t over the whole search vs its first 60 % then held (issue 10, table 7)", "",
              f"- command: `{command}`",
-             f"- commit: `{cache['commit']}`; machine: {cache['machine']}",
+             f"- commit(s) of the runs: "
+             f"{', '.join(sorted({'`' + r.get('commit', cache['commit']) + '`' for rs in by_arm.values() for r in rs}))}"
+             f"; machine: {cache['machine']}",
              f"- setup: DMS_np of ResNet-20 (width 8) on the 8x8 digits, {TARGET} x MACs, {epochs} epoch(s) of "
              f"search then {epochs} of retraining (the CLI's defaults otherwise), seeds {seeds}; the pipeline's "
              "finish phase and budget solver run after the search in every arm", "",
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
             CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
             print(f"{arm.name} seed {seed}: search end {r['search_end']:.3f}, exported {r['exported']:.3f} x "
                   f"target, top-1 {100 * r['acc']:.1f} % ({r['seconds']} s)", flush=True)
-    command = "python bench/schedule.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python bench/schedule_ablation.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"wrote {write_table(cache, args.epochs, args.seeds, command.strip())}")
     print(f"wrote {plot(cache)}")
 

@@ -92,6 +92,17 @@ def test_schedule_end_decays_then_holds_and_default_is_eq10():
     assert [searcher.target_at(p) for p in (0.0, 0.3, 0.6, 1.0)] == eq10
 
 
+def test_state_saved_before_schedule_end_existed_resumes_and_another_end_is_refused():
+    model, x = _resnet20()
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5))
+    state = searcher.state_dict()
+    del state["config"]["schedule_end"]  # a checkpoint from before the option: Eq. 10 over the whole search
+    searcher.load_state_dict(state)
+    other = dms.prepare(_resnet20()[0], x, dms.SearchConfig(target=0.5, schedule_end=0.6))
+    with pytest.raises(ValueError, match="searcher config differs"):
+        other.load_state_dict(state)
+
+
 def test_resource_loss_eq6_and_it_does_not_feed_importance():
     model, x = _resnet20()
     searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5, resource_weight=2.0))

@@ -652,6 +652,7 @@ class Searcher:
             saved.pop(key, None), current.pop(key, None)
         saved.setdefault("layer_uniform", False)  # states saved before the option existed
         saved.setdefault("gate_factory", None)
+        saved.setdefault("schedule_end", 1.0)
         if current != saved:
             raise ValueError(f"searcher config differs from the saved one: {state['config']} vs {asdict(self.config)}")
         self.gates.load_state_dict(state["gates"])

@@ -9,15 +9,19 @@ Reads only the json caches the benchmark scripts write (nothing is re-run) and w
   mean ± std, seeds as dots;
 * ``budget.png`` from ``budget.json`` (table 6): exported MACs / target at the search's end
   and after the finish phase and budget solver, per target and r_c mode;
-* ``yolo_table11.png`` from ``yolo_table11.json`` (table 11): mAP50-95 and MACs per arm.
+* ``yolo_table11.png`` from ``yolo_table11.json`` (table 11): mAP50-95 and MACs per arm;
+* ``schedule.png`` from ``schedule.json`` (table 7): MACs / target at the search's end and
+  top-1 after retraining per r_t schedule arm, mean ± std, seeds as dots;
+* ``search_overhead.png`` from ``search_overhead.json`` (table 8): DMS / plain step time
+  (median, per-round quartiles) and peak memory per model.
 
 The gate table (``gates.png``) is drawn by ``bench/gates.py --table-only``. Tables with no
-per-run cache (deploy latency, latency fit, search overhead, SmolLM2) get no plot here; their
+per-run cache (deploy latency, latency fit, SmolLM2) get no plot here; their
 markdown is the record.
 
 Example:
     >>> sorted(PLOTS)
-    ['budget', 'peers', 'yolo_table11']
+    ['budget', 'peers', 'schedule', 'search_overhead', 'yolo_table11']
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
-__all__ = ["PLOTS", "plot_peers", "plot_budget", "plot_yolo", "main"]
+__all__ = ["PLOTS", "plot_peers", "plot_budget", "plot_yolo", "plot_schedule", "plot_search_overhead", "main"]
 
 
 def _plt() -> Any:
@@ -139,10 +143,78 @@ def plot_yolo(cache: dict[str, Any], out: Path) -> Path:
     return out
 
 
+def _arm_label(name: str) -> str:
+    """``end=0.6/width_only_from=0.8`` -> two short lines for a tick label."""
+    end, wo = (part.split("=")[1] for part in name.split("/"))
+    return f"decay {float(end):.0%}\n" + ("no width-only" if wo == "none" else f"width-only {wo}-1")
+
+
+def plot_schedule(cache: dict[str, Any], out: Path) -> Path:
+    """Table 7: cost at search end and accuracy after retraining per arm (the longest cached runs)."""
+    epochs = max(r["epochs"] for r in cache["runs"].values())
+    rows = [r for r in cache["runs"].values() if r["epochs"] == epochs]
+    arms = list(dict.fromkeys(r["arm"] for r in sorted(rows, key=lambda r: (r["seed"], r["arm"]))))
+    arms.sort(key=lambda a: ("none" not in a, a.split("/")[0] != "end=1.0"))
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    panels = (("search_end", 1.0, "exact MACs / target at the search's end (loss alone)"),
+              ("acc", 100.0, "top-1 after retraining (%)"))
+    for ax, (field, scale, title) in zip(axes, panels):
+        for i, arm in enumerate(arms):
+            vals = [scale * r[field] for r in rows if r["arm"] == arm]
+            mean, sd = _mean_sd(vals)
+            ax.bar(i, mean, 0.6, yerr=sd, capsize=3, color=f"C{i}")
+            ax.plot([i] * len(vals), vals, "k.", ms=4)
+        ax.set_xticks(range(len(arms)))
+        ax.set_xticklabels([_arm_label(a) for a in arms], fontsize=7)
+        ax.set_title(title, fontsize=9)
+    axes[0].axhline(1.0, color="k", lw=0.8, ls="--")
+    accs = [100 * r["acc"] for r in rows]
+    axes[1].set_ylim(max(0.0, min(accs) - 3), min(100.0, max(accs) + 1.5))
+    fig.suptitle(f"Table 7: r_t schedule (DMS_np, digits ResNet-20 w8, 0.5 x MACs, {epochs:g} epochs search "
+                 "+ retrain; mean ± std, seeds as dots)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_search_overhead(cache: dict[str, Any], out: Path) -> Path:
+    """Table 8: DMS / plain step time (median, q1-q3 of per-round ratios) and peak RSS ratios."""
+    rows = list(cache["rows"].values())
+    names = [r["name"] for r in rows]
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, r in enumerate(rows):
+        t = r["time"]
+        ax1.bar(i, t["ratio"], 0.6, color="C0")
+        ax1.plot([i, i], [t["ratio_q1"], t["ratio_q3"]], "k-", lw=1.5)
+        p, d = r["mem"]["plain"], r["mem"]["dms"]
+        added_p = p["peak_mb"] - p["base_mb"]
+        ax2.bar(i - 0.2, d["peak_mb"] / p["peak_mb"], 0.4, color="C1", label="peak RSS" if i == 0 else None)
+        ax2.bar(i + 0.2, (d["peak_mb"] - d["base_mb"]) / added_p if added_p > 0 else 0.0, 0.4, color="C2",
+                label="added over the imported interpreter (peak - base)" if i == 0 else None)
+    for ax, title in ((ax1, "step time DMS / plain (median; line: q1-q3 of per-round ratios)"),
+                      (ax2, "memory DMS / plain (fresh process per variant)")):
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, fontsize=7, rotation=20)
+        ax.set_title(title, fontsize=9)
+    ax2.legend(fontsize=7)
+    fig.suptitle(f"Table 8: cost of DMS during training (batch {cache['args']['batch']}, "
+                 f"{cache['args']['threads']} thread, CPU)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "peers": plot_peers,
     "budget": plot_budget,
     "yolo_table11": plot_yolo,
+    "schedule": plot_schedule,
+    "search_overhead": plot_search_overhead,
 }
 
 

@@ -1,37 +1,138 @@
-"""Cost of searching: a DMS training step vs a plain training step, side by side.
+"""Cost of searching: a DMS training step vs a plain training step, side by side (issue 10, table 8).
 
-    PYTHONPATH=src:tests python bench/search_overhead.py [--threads 1] [--rounds 15]
+    PYTHONPATH=src:tests python bench/search_overhead.py [--threads 1] [--rounds 15] [--models ...]
 
-For each model, a plain copy and a prepared copy (masks + resource loss) run the same
-forward + backward + SGD step on the same batch, interleaved round by round; the ratio of
-their median times is reported (absolute times on a shared machine are noise, ratios
-measured side by side are not). Writes bench/results/search_overhead.md.
+Step time: for each model, a plain copy and a prepared copy (masks + importance hooks +
+resource loss) run the same forward + backward + SGD step on the same batch, interleaved
+round by round (which goes first alternates); the ratio of their median times is reported
+with the quartiles of the per-round ratios (absolute times on a shared machine are noise,
+ratios measured side by side are not).
+
+Peak memory: one fresh subprocess per model x variant imports torch and the model's
+libraries (and builds the model once, to load every lazy import), resets the kernel's
+resident-set high-water mark (``/proc/self/clear_refs`` = 5) and reads VmRSS (the base), then
+builds the model, prepares it (DMS), runs ``--mem-steps`` training steps and reads VmHWM (the
+peak). Reported: the peak RSS and what the run added on top of the base (weights, gradients,
+optimizer state, activations, the searcher and its tracing, allocator caching), DMS over
+plain. Where ``clear_refs`` cannot be written the subprocess falls back to
+``resource.getrusage(RUSAGE_SELF).ru_maxrss``, which then also holds imports and preparation;
+the table says which was used. Results are cached per model in bench/results/search_overhead.json
+(a model already measured with the same batch, rounds, steps and threads is not re-run; --fresh
+re-runs) and the table bench/results/search_overhead.md is rewritten after each model.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 import dmscale as dms  # noqa: E402
-from zoo import ZOO  # noqa: E402
+from benchlib import git_commit  # noqa: E402
 
-MODELS = ["resnet20", "small_cnn", "tv_resnet18", "tv_mobilenet_v2", "timm_efficientnet_b0"]
+__all__ = ["Bench", "BENCHES", "measure_time", "measure_memory", "main"]
+
+RESULTS = ROOT / "bench" / "results"
+LM_SEQ = 32
 
 
-def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, searcher=None) -> float:
+@dataclass(frozen=True)
+class Bench:
+    """A model to time: its builder, a batch of inputs and the task loss of its output."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    inputs: Callable[[int], Any]
+    loss: Callable[[Any, Any], torch.Tensor]
+    shape: str
+
+    def example(self, batch_inputs: Any) -> Any:
+        """The first example of a batch (what ``dms.prepare`` traces)."""
+        if isinstance(batch_inputs, dict):
+            return {k: v[:1] for k, v in batch_inputs.items()}
+        return batch_inputs[:1]
+
+
+def _zoo(name: str) -> Callable[[], nn.Module]:
+    from zoo import ZOO
+
+    return lambda: ZOO[name].build()
+
+
+def _tzoo(name: str) -> Callable[[], nn.Module]:
+    from transformer_zoo import TZOO
+
+    return lambda: TZOO[name].build()
+
+
+def _images(size: int, channels: int = 3) -> Callable[[int], torch.Tensor]:
+    return lambda b: torch.randn(b, channels, size, size, generator=torch.Generator().manual_seed(0))
+
+
+def _tokens(b: int) -> dict[str, torch.Tensor]:
+    from transformer_zoo import token_ids
+
+    return {"input_ids": token_ids(b, LM_SEQ, seed=0)}
+
+
+def _ce(out: Any, inputs: Any) -> torch.Tensor:
+    n = out.shape[0]
+    return nn.functional.cross_entropy(out, torch.arange(n) % 10)
+
+
+def _lm(out: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    logits, ids = out.logits[:, :-1], inputs["input_ids"][:, 1:]
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
+
+
+BENCHES: dict[str, Bench] = {b.name: b for b in [
+    Bench("resnet20", _zoo("resnet20"), _images(32), _ce, "3x32x32"),
+    Bench("small_cnn", _zoo("small_cnn"), _images(28, 1), _ce, "1x28x28"),
+    Bench("tv_resnet18", _zoo("tv_resnet18"), _images(64), _ce, "3x64x64"),
+    Bench("tv_mobilenet_v2", _zoo("tv_mobilenet_v2"), _images(64), _ce, "3x64x64"),
+    Bench("timm_efficientnet_b0", _zoo("timm_efficientnet_b0"), _images(64), _ce, "3x64x64"),
+    Bench("timm_vit_small", _tzoo("timm_vit_small"), _images(32), _ce, "3x32x32 (4 patches + cls)"),
+    Bench("hf_llama_tiny", _tzoo("hf_llama_gqa"), _tokens, _lm, f"{LM_SEQ} tokens (3 layers, d 64, GQA 8/2)"),
+]}
+
+
+def _setup(bench: Bench, batch: int, with_dms: bool, model: nn.Module | None = None
+           ) -> tuple[nn.Module, Any, torch.optim.Optimizer, Any]:
+    """The model in train mode, its batch, an SGD optimizer, and the searcher (or None)."""
+    model = (model if model is not None else bench.build()).train()
+    x = bench.inputs(batch)
+    if not with_dms:
+        return model, x, torch.optim.SGD(model.parameters(), lr=1e-3), None
+    searcher = dms.prepare(model, bench.example(x), dms.SearchConfig(target=0.5))
+    model.train()
+    opt = torch.optim.SGD([{"params": list(searcher.model_parameters())},
+                           {"params": list(searcher.structure_parameters())}], lr=1e-3)
+    return model, x, opt, searcher
+
+
+def _call(model: nn.Module, x: Any) -> Any:
+    return model(**x) if isinstance(x, dict) else model(x)
+
+
+def _step(bench: Bench, model: nn.Module, opt: torch.optim.Optimizer, x: Any, searcher: Any = None) -> float:
     t0 = time.perf_counter()
-    loss = nn.functional.cross_entropy(model(x), y)
+    loss = bench.loss(_call(model, x), x)
     if searcher is not None:
         loss = loss + searcher.resource_loss(progress=0.5)
     opt.zero_grad()
@@ -40,72 +141,175 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torc
     return time.perf_counter() - t0
 
 
-def measure(name: str, batch: int, rounds: int) -> dict[str, float]:
-    entry = ZOO[name]
-    plain = entry.build().train()
-    dmsnet = copy.deepcopy(plain)
-    x = torch.randn(batch, *entry.input_shape[1:], generator=torch.Generator().manual_seed(0))
-    y = torch.arange(batch) % 10
+def measure_time(bench: Bench, batch: int, rounds: int) -> dict[str, float]:
+    """Plain and DMS steps interleaved in one process; medians, their ratio, per-round quartiles."""
+    torch.manual_seed(0)
+    base = bench.build()
+    plain, x, opt_p, _ = _setup(bench, batch, False, copy.deepcopy(base))
     t0 = time.perf_counter()
-    searcher = dms.prepare(dmsnet, x[:1], dms.SearchConfig(target=0.5))
+    dmsnet, _, opt_d, searcher = _setup(bench, batch, True, base)
     prepare_s = time.perf_counter() - t0
-    opt_p = torch.optim.SGD(plain.parameters(), lr=1e-3)
-    opt_d = torch.optim.SGD([{"params": list(searcher.model_parameters())},
-                             {"params": list(searcher.structure_parameters())}], lr=1e-3)
     for _ in range(2):  # warm-up
-        _step(plain, opt_p, x, y)
-        _step(dmsnet, opt_d, x, y, searcher)
-    tp, td = [], []
+        _step(bench, plain, opt_p, x)
+        _step(bench, dmsnet, opt_d, x, searcher)
+    tp: list[float] = []
+    td: list[float] = []
     for r in range(rounds):
-        pair = [(tp, lambda: _step(plain, opt_p, x, y)), (td, lambda: _step(dmsnet, opt_d, x, y, searcher))]
+        pair = [(tp, lambda: _step(bench, plain, opt_p, x)),
+                (td, lambda: _step(bench, dmsnet, opt_d, x, searcher))]
         for out, fn in (pair if r % 2 == 0 else pair[::-1]):
             out.append(fn())
     mp, md = statistics.median(tp), statistics.median(td)
-    ratios = [d / p for d, p in zip(td, tp)]
-    return {"plain_ms": mp * 1e3, "dms_ms": md * 1e3, "ratio": md / mp,
-            "ratio_q1": statistics.quantiles(ratios, n=4)[0], "ratio_q3": statistics.quantiles(ratios, n=4)[2],
+    q = statistics.quantiles([d / p for d, p in zip(td, tp)], n=4)
+    return {"plain_ms": mp * 1e3, "dms_ms": md * 1e3, "ratio": md / mp, "ratio_q1": q[0], "ratio_q3": q[2],
             "dims": len(searcher.gates.width) + len(searcher.gates.depth), "prepare_s": prepare_s}
 
 
-def main() -> None:
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field} line (Linux only)")
+
+
+def _child(name: str, variant: str, batch: int, steps: int, threads: int) -> dict[str, Any]:
+    """In a fresh process with torch imported: base RSS, then the peak RSS over building the model,
+    ``dms.prepare`` (DMS only: tracing and the self-check forwards) and ``steps`` training steps."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    bench = BENCHES[name]
+    bench.inputs(1)  # import what the model's builder and inputs import before the base is read
+    bench.build()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        method = "VmHWM after clear_refs"
+    except OSError:
+        method = "ru_maxrss (whole process)"
+    base = _status_kb("VmRSS")
+    model, x, opt, searcher = _setup(bench, batch, variant == "dms")
+    out = {"base_mb": base / 1024, "method": method}
+    if method.startswith("VmHWM"):  # the peak of building + preparing, then of the steps alone
+        out["setup_peak_mb"] = _status_kb("VmHWM") / 1024
+        Path("/proc/self/clear_refs").write_text("5")
+    for _ in range(steps):
+        _step(bench, model, opt, x, searcher)
+    if method.startswith("VmHWM"):
+        out["steps_peak_mb"] = _status_kb("VmHWM") / 1024
+        out["peak_mb"] = max(out["setup_peak_mb"], out["steps_peak_mb"])
+    else:
+        out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def measure_memory(name: str, batch: int, steps: int, threads: int) -> dict[str, dict[str, Any]]:
+    """One fresh subprocess per variant (plain, dms)."""
+    out = {}
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    for variant in ("plain", "dms"):
+        cmd = [sys.executable, __file__, "--child", name, variant, "--batch", str(batch),
+               "--mem-steps", str(steps), "--threads", str(threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory subprocess for {name}/{variant} failed:\n{proc.stderr[-2000:]}")
+        out[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _row(name: str, batch: int, t: dict[str, float], m: dict[str, dict[str, Any]]) -> str:
+    p, d = m["plain"], m["dms"]
+    added_p, added_d = p["peak_mb"] - p["base_mb"], d["peak_mb"] - d["base_mb"]
+    return (f"| {name} | {batch}x{BENCHES[name].shape} | {t['dims']} | {t['ratio']:.3f} | "
+            f"{t['ratio_q1']:.3f}-{t['ratio_q3']:.3f} | {t['plain_ms']:.1f} / {t['dms_ms']:.1f} | "
+            f"{p['peak_mb']:.0f} / {d['peak_mb']:.0f} | {d['peak_mb'] / p['peak_mb']:.3f} | "
+            f"{added_p:.0f} / {added_d:.0f} | {added_d / added_p if added_p > 0 else float('nan'):.2f} | "
+            f"{_steps_ratio(p, d)} | {t['prepare_s']:.2f} |")
+
+
+def _steps_ratio(p: dict[str, Any], d: dict[str, Any]) -> str:
+    """(peak over the steps alone - base), DMS over plain; '-' where it was not measured."""
+    if "steps_peak_mb" not in p or "steps_peak_mb" not in d:
+        return "-"
+    sp, sd = p["steps_peak_mb"] - p["base_mb"], d["steps_peak_mb"] - d["base_mb"]
+    return f"{sd / sp:.2f}" if sp > 0 else "-"
+
+
+def _protocol(args: argparse.Namespace) -> dict[str, int]:
+    return {"threads": args.threads, "rounds": args.rounds, "batch": args.batch, "mem_steps": args.mem_steps}
+
+
+def write_table(cache: dict[str, Any], args: argparse.Namespace) -> Path:
+    rows = [cache["rows"][n] for n in BENCHES if n in cache["rows"]]
+    methods = sorted({r["mem"][v]["method"] for r in rows for v in ("plain", "dms")})
+    lines = [
+        "# Cost of the method: a DMS training step vs a plain one (issue 10, table 8)", "",
+        "Written by `bench/search_overhead.py`. Step time: each round runs one plain step and one DMS",
+        "step (masks on every searched dimension, depth masks, Taylor importance hooks, the",
+        "differentiable resource loss) on the same batch in one process, alternating which goes first;",
+        "ratio = median(DMS) / median(plain), q1-q3 = quartiles of the per-round ratios. Peak memory:",
+        "a fresh subprocess per model and variant; base = RSS with torch and the model's libraries",
+        "imported; peak = the resident-set high-water mark over building the model, `dms.prepare` (DMS)",
+        f"and {args.mem_steps} training steps, measured as {' and '.join(methods)}; added = peak - base;",
+        "steps-only peak ratio = (high-water mark over the training steps alone, reset after building",
+        "and `dms.prepare`, - base), DMS over plain: the training footprint without preparation's tracing.", "",
+        f"- command: `PYTHONPATH=src:tests python bench/search_overhead.py --threads {args.threads} "
+        f"--rounds {args.rounds} --batch {args.batch} --mem-steps {args.mem_steps} --models MODEL ...` (one "
+        "invocation per model or several; each row is cached in the json)",
+        f"- commits: {', '.join(sorted({'`' + r['commit'] + '`' for r in rows}))}; machine: {platform.platform()}, "
+        f"{os.cpu_count()} CPUs shared with other jobs, Python {platform.python_version()}, torch "
+        f"{torch.__version__}, {args.threads} thread(s); load average (1 min) when each row started: "
+        + ", ".join(f"{r['name']} {r['load']:.1f}" for r in rows),
+        f"- seeds: model init 0, batch generator 0; {args.rounds} rounds after 2 warm-up steps; one run "
+        "(the spread is the per-round q1-q3, not across runs)", "",
+        "| model | input | dims searched | step ratio | ratio q1-q3 | step ms plain / DMS | peak RSS MB "
+        "plain / DMS | peak ratio | added MB plain / DMS | added ratio | steps-only peak ratio | prepare (s) |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [_row(r["name"], args.batch, r["time"], r["mem"]) for r in rows]
+    lines += ["", "## Reading", "", READING]
+    out = RESULTS / "search_overhead.md"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+READING = ("See bench/RESULTS.md (table 8) for the reading of these numbers next to the deployment "
+           "latency of the exported models.")
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--batch", type=int, default=32)
-    args = ap.parse_args()
+    ap.add_argument("--mem-steps", type=int, default=3)
+    ap.add_argument("--models", nargs="+", default=list(BENCHES), choices=list(BENCHES))
+    ap.add_argument("--fresh", action="store_true", help="re-measure models already in the cache")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="re-measure only the memory of models already in the cache (keeps their step times)")
+    ap.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    load = os.getloadavg()
-    rows = []
-    for name in MODELS:
-        r = measure(name, args.batch, args.rounds)
-        rows.append((name, r))
-        print(f"{name}: x{r['ratio']:.3f} ({r['plain_ms']:.1f} ms -> {r['dms_ms']:.1f} ms)", flush=True)
-    lines = [
-        "# Search overhead: a DMS step vs a plain training step",
-        "",
-        "Written by `bench/search_overhead.py`. Each round runs one plain step and one DMS step",
-        "(masks on every channel-mixing layer, depth masks, Taylor importance hooks, the",
-        "differentiable resource loss) on the same batch, alternating which goes first; the",
-        "ratio is median(DMS) / median(plain). The quartiles are those of the per-round ratios.",
-        "",
-        f"- command: `PYTHONPATH=src:tests python bench/search_overhead.py --threads {args.threads} "
-        f"--rounds {args.rounds} --batch {args.batch}`",
-        f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"torch {torch.__version__}, {args.threads} thread(s); load average before: "
-        f"{load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}",
-        f"- seeds: model init 0 (zoo), batch generator 0; {args.rounds} rounds after 2 warm-up steps; one run",
-        "",
-        "| model | input | dims searched | plain step (ms) | DMS step (ms) | ratio | ratio q1-q3 | prepare (s) |",
-        "|---|---|---:|---:|---:|---:|---|---:|",
-    ]
-    for name, r in rows:
-        shape = "x".join(str(s) for s in (args.batch,) + tuple(ZOO[name].input_shape[1:]))
-        lines.append(f"| {name} | {shape} | {r['dims']} | {r['plain_ms']:.1f} | {r['dms_ms']:.1f} | "
-                     f"{r['ratio']:.3f} | {r['ratio_q1']:.3f}-{r['ratio_q3']:.3f} | {r['prepare_s']:.2f} |")
-    out = Path(__file__).resolve().parent / "results" / "search_overhead.md"
-    out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out.name}")
+    if args.child:
+        print(json.dumps(_child(*args.child, args.batch, args.mem_steps, args.threads)))
+        return
+    cache_path = RESULTS / "search_overhead.json"
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    if cache.get("args") != _protocol(args):  # another protocol: start a new table
+        cache = {"args": _protocol(args), "rows": {}}
+    for name in args.models:
+        if args.memory_only and name in cache["rows"]:
+            cache["rows"][name]["mem"] = measure_memory(name, args.batch, args.mem_steps, args.threads)
+            cache_path.write_text(json.dumps(cache, indent=1))
+            print(f"{name}: memory re-measured; wrote {write_table(cache, args)}", flush=True)
+            continue
+        if name in cache["rows"] and not args.fresh:
+            continue
+        load, t0 = os.getloadavg()[0], time.perf_counter()
+        t = measure_time(BENCHES[name], args.batch, args.rounds)
+        m = measure_memory(name, args.batch, args.mem_steps, args.threads)
+        cache["rows"][name] = {"name": name, "time": t, "mem": m, "load": load, "commit": git_commit(ROOT),
+                               "seconds": round(time.perf_counter() - t0, 1)}
+        cache_path.write_text(json.dumps(cache, indent=1))
+        print(_row(name, args.batch, t, m), flush=True)
+        print(f"wrote {write_table(cache, args)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -755,3 +755,9 @@ if __name__ == "__main__":  # print the README table
 
     with tempfile.TemporaryDirectory() as tmp:
         print(markdown_table(Path(tmp)))
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.2"])
+def test_schedule_end_outside_its_range_names_the_range(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    rc, err = cli(capsys, "search", *TINY, "--schedule-end", value, "--epochs", "0.01")
+    assert rc != 0 and "schedule-end" in err and "(0, 1]" in err, err

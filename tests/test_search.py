@@ -25,6 +25,8 @@ def _resnet20():
         ({"target": 0}, r"target must be a finite number > 0, got 0"),
         ({"target": -1.0}, r"target must be a finite number > 0, got -1.0"),
         ({"schedule": "linear"}, r"schedule must be 'exp' or 'constant', got 'linear'"),
+        ({"schedule_end": 0.0}, r"schedule_end must be in \(0, 1\] \(the fraction of the search"),
+        ({"schedule_end": 1.5}, r"schedule_end must be in \(0, 1\] .* got 1.5"),
         ({"importance": "l2"}, r"unknown importance 'l2': expected one of"),
         ({"min_width": 0}, r"min_width must be >= 1, got 0"),
         ({"width_only_from": 1.5}, r"width_only_from must be in \[0, 1\] or None, got 1.5"),
@@ -72,6 +74,33 @@ def test_schedule_matches_eq10_and_constant():
     assert searcher.target_at(2.0) == pytest.approx(rf)  # clamped progress
     searcher.config.schedule = "constant"
     assert searcher.target_at(0.0) == pytest.approx(rf)
+
+
+def test_schedule_end_decays_then_holds_and_default_is_eq10():
+    model, x = _resnet20()
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.25))
+    assert searcher.config.schedule_end == 1.0
+    rs, rf = searcher.supernet_cost, searcher.target_cost
+    eq10 = [searcher.target_at(p) for p in (0.0, 0.3, 0.6, 1.0)]
+    searcher.config.schedule_end = 0.6
+    assert searcher.target_at(0.0) == pytest.approx(rs)
+    assert searcher.target_at(0.3) == pytest.approx((rf / rs) ** 0.5 * rs)  # halfway through the decay
+    for p in (0.6, 0.8, 1.0, 2.0):
+        assert searcher.target_at(p) == pytest.approx(rf)  # held at the final target
+    assert searcher.target_at(0.3) < eq10[1]  # a shorter decay is ahead of Eq. 10
+    searcher.config.schedule_end = 1.0
+    assert [searcher.target_at(p) for p in (0.0, 0.3, 0.6, 1.0)] == eq10
+
+
+def test_state_saved_before_schedule_end_existed_resumes_and_another_end_is_refused():
+    model, x = _resnet20()
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5))
+    state = searcher.state_dict()
+    del state["config"]["schedule_end"]  # a checkpoint from before the option: Eq. 10 over the whole search
+    searcher.load_state_dict(state)
+    other = dms.prepare(_resnet20()[0], x, dms.SearchConfig(target=0.5, schedule_end=0.6))
+    with pytest.raises(ValueError, match="searcher config differs"):
+        other.load_state_dict(state)
 
 
 def test_resource_loss_eq6_and_it_does_not_feed_importance():

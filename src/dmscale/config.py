@@ -111,6 +111,13 @@ def _fraction(value: Any) -> float:
     return number
 
 
+def _open_fraction(value: Any) -> float:
+    number = _float(value)
+    if not 0.0 < number <= 1.0:
+        raise ConfigError(f"expected a number in (0, 1], got {value!r}")
+    return number
+
+
 def _str(value: Any) -> str:
     if not isinstance(value, (str, int, float)) or isinstance(value, bool) or str(value) == "":
         raise ConfigError(f"expected a non-empty string, got {value!r}")
@@ -301,6 +308,10 @@ OPTIONS: tuple[Option, ...] = (
     _o("schedule", _choice("exp", "constant"), "exp",
        "target schedule: exp decays r_t from the supernet's cost to the target over the "
        "search; constant uses the target from the start", _SEARCHING, "search"),
+    _o("schedule_end", _open_fraction, 1.0,
+       "fraction of the search, in (0, 1], over which the exp schedule decays r_t; after it "
+       "r_t holds at the target (1 = the whole search, Eq. 10 as written)", _SEARCHING,
+       "search", metavar="F"),
     _o("cost_forward", _choice("soft", "exact"), "soft",
        "the value of r_c in the resource loss: soft (the soft masks' cost, Eq. 6) or exact "
        "(the hard masks' cost, i.e. the export's, with the soft cost's gradient)",
@@ -432,6 +443,7 @@ class RunConfig:
     structure_lr: float = 0.01
     importance: str = "taylor"
     schedule: str = "exp"
+    schedule_end: float = 1.0
     cost_forward: str = "soft"
     search_dims: str = "both"
     min_width: int = 1

@@ -224,10 +224,11 @@ class Searcher:
         return iter([t.a for t in _distinct(list(self.gates.width) + list(self.gates.depth))])
 
     def target_at(self, progress: float) -> float:
-        """r_t at ``progress`` in [0, 1] (Eq. 10, or constant)."""
-        p = min(max(float(progress), 0.0), 1.0)
+        """r_t at ``progress`` in [0, 1] (Eq. 10 with e / e_max = progress / schedule_end,
+        held at the final target once that reaches 1; or constant)."""
         if self.config.schedule == "constant":
             return self.target_cost
+        p = min(max(float(progress) / self.config.schedule_end, 0.0), 1.0)
         ratio = self.target_cost / self.supernet_cost
         return ratio**p * self.supernet_cost
 

@@ -37,6 +37,10 @@ class SearchConfig:
         resource_weight: lambda_resource of Eq. 5.
         schedule: "exp" (r_t decays from the supernet's cost to the target, Eq. 10) or
             "constant" (r_t = target from the start).
+        schedule_end: the fraction of the search, in (0, 1], over which the "exp" schedule
+            decays r_t; from there on r_t holds at the final target. 1.0 (default) is Eq. 10
+            as written (the target is reached only at the last step); 0.6 decays over the
+            first 60 % and leaves the last 40 % to settle on the target.
         importance: "taylor" (Eq. 4), "snip", "fisher" or "index".
         normalize: rank-normalise importance (Eq. 2); False is the paper's ablation.
         width_temperature / depth_temperature: lambda = temperature * N (1 and 4, A.1.1).
@@ -79,6 +83,7 @@ class SearchConfig:
     target: float = 0.5
     resource_weight: float = 1.0
     schedule: str = "exp"
+    schedule_end: float = 1.0
     importance: str = "taylor"
     normalize: bool = True
     width_temperature: float = 1.0
@@ -106,6 +111,10 @@ class SearchConfig:
             raise ConfigError(f"resource_weight must be >= 0, got {self.resource_weight}")
         if self.schedule not in ("exp", "constant"):
             raise ConfigError(f"schedule must be 'exp' or 'constant', got {self.schedule!r}")
+        if not (isinstance(self.schedule_end, (int, float)) and not isinstance(self.schedule_end, bool)
+                and 0 < self.schedule_end <= 1):
+            raise ConfigError(f"schedule_end must be in (0, 1] (the fraction of the search over which "
+                              f"r_t decays; 1 = the whole search, Eq. 10), got {self.schedule_end!r}")
         if self.importance not in IMPORTANCE_METRICS:
             raise ConfigError(f"unknown importance {self.importance!r}: expected one of {sorted(IMPORTANCE_METRICS)}")
         if self.min_width < 1:

@@ -16,13 +16,26 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
+from .config_values import (
+    boolean,
+    choice,
+    expand_factors,
+    fraction,
+    integer,
+    kv_dict,
+    nonneg_float,
+    open_fraction,
+    positive_float,
+    positive_int,
+    nonempty_str,
+    str_list,
+)
 from .errors import ConfigError
 
 __all__ = [
@@ -56,148 +69,6 @@ DEFAULT_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 # ConfigError lives in errors.py (a DMScaleError); re-exported here for the command line.
 
 
-# ----------------------------------------------------------------------------- converters
-def _positive_int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"expected a positive integer, got {value!r}")
-    try:
-        number = int(str(value), 10) if isinstance(value, str) else value
-    except ValueError:
-        raise ConfigError(f"expected a positive integer, got {value!r}") from None
-    if not isinstance(number, int) or number < 1:
-        raise ConfigError(f"expected a positive integer, got {value!r}")
-    return number
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(f"expected an integer, got {value!r}")
-    try:
-        return int(str(value), 10) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"expected an integer, got {value!r}") from None
-
-
-def _float(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ConfigError(f"expected a number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"expected a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise ConfigError(f"expected a finite number, got {value!r}")
-    return number
-
-
-def _positive_float(value: Any) -> float:
-    number = _float(value)
-    if number <= 0:
-        raise ConfigError(f"expected a number > 0, got {value!r}")
-    return number
-
-
-def _nonneg_float(value: Any) -> float:
-    number = _float(value)
-    if number < 0:
-        raise ConfigError(f"expected a number >= 0, got {value!r}")
-    return number
-
-
-def _fraction(value: Any) -> float:
-    number = _float(value)
-    if not 0.0 <= number <= 1.0:
-        raise ConfigError(f"expected a number in [0, 1], got {value!r}")
-    return number
-
-
-def _open_fraction(value: Any) -> float:
-    number = _float(value)
-    if not 0.0 < number <= 1.0:
-        raise ConfigError(f"expected a number in (0, 1], got {value!r}")
-    return number
-
-
-def _str(value: Any) -> str:
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool) or str(value) == "":
-        raise ConfigError(f"expected a non-empty string, got {value!r}")
-    return str(value)
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"expected true or false, got {value!r}")
-
-
-def _choice(*choices: str) -> Callable[[Any], str]:
-    def convert(value: Any) -> str:
-        text = str(value)
-        if text not in choices:
-            raise ConfigError(f"expected one of {', '.join(choices)}; got {value!r}")
-        return text
-
-    convert.choices = choices  # type: ignore[attr-defined]
-    return convert
-
-
-def _scalar(text: str) -> Any:
-    """'3' -> 3, '0.5' -> 0.5, 'true' -> True, anything else stays a string."""
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _kv_dict(value: Any) -> dict[str, Any]:
-    """'depth=20,width=16' (or a mapping) -> {'depth': 20, 'width': 16}."""
-    if isinstance(value, dict):
-        return {str(k): v for k, v in value.items()}
-    text = _str(value)
-    out: dict[str, Any] = {}
-    for part in text.split(","):
-        key, sep, val = part.partition("=")
-        if not sep or not key.strip() or not val.strip():
-            raise ConfigError(f"expected KEY=VALUE[,KEY=VALUE...], got {text!r}")
-        out[key.strip()] = _scalar(val.strip())
-    return out
-
-
-def _expand(value: Any) -> dict[str, float]:
-    """'width=1.5,depth=2' -> {'width': 1.5, 'depth': 2.0}; either key may be left out."""
-    items = _kv_dict(value)
-    unknown = sorted(set(items) - {"width", "depth"})
-    if unknown:
-        raise ConfigError(f"expected width=W,depth=D, got unknown key(s) {unknown}")
-    out = {"width": 1.0, "depth": 1.0}
-    for key, val in items.items():
-        number = _float(val)
-        if number <= 0:
-            raise ConfigError(f"expand {key} must be > 0, got {val!r}")
-        out[key] = number
-    return out
-
-
-def _str_list(value: Any) -> list[str]:
-    if isinstance(value, (list, tuple)):
-        items = [str(v) for v in value]
-    else:
-        items = _str(value).split(",")
-    items = [i.strip() for i in items if i.strip()]
-    return items
-
-
-# ----------------------------------------------------------------------------- options
 _ALL_TRAIN = ("pretrain", "search", "retrain")
 _SEARCHING = ("search",)
 _RUN_DIR = ("retrain", "export", "eval", "report")
@@ -232,7 +103,7 @@ def _o(name: str, convert: Callable[[Any], Any], default: Any, help: str,
 
 OPTIONS: tuple[Option, ...] = (
     # ---- data
-    _o("task", _choice(*TASKS), "mnist",
+    _o("task", choice(*TASKS), "mnist",
        "built-in task: mnist (bundled MNIST, or a directory of MNIST IDX files with --data), "
        "digits (scikit-learn 8x8 digits), imagefolder (a torchvision ImageFolder directory, "
        "--data DIR), shakespeare (character-level language modelling on the bundled plays), "
@@ -240,30 +111,30 @@ OPTIONS: tuple[Option, ...] = (
        "text (plain text files of --data, or the bundled plays, tokenised with the tokenizer "
        "of --model hf:PATH; perplexity and bits per byte)",
        ("pretrain", "search"), "data"),
-    _o("data", _str, None,
+    _o("data", nonempty_str, None,
        "data location: for mnist a directory with the four MNIST IDX files (raw or .gz; "
        "default: the bundled copy); for imagefolder a directory of class folders (with "
        "train/ and val/ or test/ subfolders, or one folder split 90/10); for detect an "
        "Ultralytics dataset YAML (`dmscale data mnist-detect` writes one); for text a text "
        "file or a directory of them (last 10 %% of the bytes held out)",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="PATH"),
-    _o("train_limit", _positive_int, None,
+    _o("train_limit", positive_int, None,
        "use only the first N training examples (characters for shakespeare, tokens for text)",
        ("pretrain", "search", "retrain"), "data", metavar="N"),
-    _o("test_limit", _positive_int, None,
+    _o("test_limit", positive_int, None,
        "use only the first N test examples (characters for shakespeare, tokens for text)",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="N"),
-    _o("image_size", _positive_int, 32,
+    _o("image_size", positive_int, 32,
        "imagefolder: images are resized to SIZE x SIZE", ("pretrain", "search"), "data",
        metavar="SIZE"),
-    _o("imgsz", _positive_int, None,
+    _o("imgsz", positive_int, None,
        "detect: training and validation image size, a multiple of 32 (Ultralytics' imgsz; "
        "default 64)", ("pretrain", "search"), "data", metavar="SIZE"),
-    _o("seq_len", _positive_int, 64,
+    _o("seq_len", positive_int, 64,
        "shakespeare / text: characters / tokens per sequence", ("pretrain", "search"), "data",
        metavar="N"),
     # ---- model
-    _o("model", _str, None,
+    _o("model", nonempty_str, None,
        "the supernet: resnet (CIFAR-style ResNet-20; default for images, with width=8 for "
        "mnist and digits), smallcnn, "
        "tv:NAME (a torchvision model, e.g. tv:resnet18), timm:NAME (e.g. timm:resnet18), "
@@ -273,138 +144,138 @@ OPTIONS: tuple[Option, ...] = (
        "hf:PATH (a local pretrained Hugging Face causal LM directory or .gguf file, for --task "
        "text with --pipeline p/p-)",
        ("pretrain", "search"), "model", metavar="NAME"),
-    _o("model_args", _kv_dict, None,
+    _o("model_args", kv_dict, None,
        "constructor arguments of the model, e.g. depth=20,width=16 for resnet, "
        "hidden_size=128,num_hidden_layers=4 for llama",
        ("pretrain", "search"), "model", metavar="K=V,..."),
-    _o("expand", _expand, None,
+    _o("expand", expand_factors, None,
        "enlarge the baseline model into the supernet (DMS_np, paper A.4): multiply every "
        "width by W and the blocks per stage by D (built-in models only)",
        ("pretrain", "search"), "model", metavar="width=W,depth=D"),
-    _o("init", _str, None,
+    _o("init", nonempty_str, None,
        "pipeline p / p-: start from these pretrained weights (a run directory of "
        "`dmscale pretrain`, or its model.safetensors) instead of pretraining",
        ("search",), "model", metavar="RUN"),
     # ---- search
-    _o("pipeline", _choice(*PIPELINES), "np",
+    _o("pipeline", choice(*PIPELINES), "np",
        "np: search a randomly initialised supernet, then retrain the found model; "
        "p: pretrain (or --init), search, retrain; p-: pretrain (or --init), then train only "
        "the structural parameters (weights frozen), no retrain",
        _SEARCHING, "search"),
-    _o("resource", _choice("macs", "params", "latency"), "macs",
+    _o("resource", choice("macs", "params", "latency"), "macs",
        "the budgeted resource", _SEARCHING, "search"),
-    _o("target", _positive_float, 0.5,
+    _o("target", positive_float, 0.5,
        "the budget: <= 1 is a fraction of the supernet's cost, > 1 an absolute count",
        _SEARCHING, "search", metavar="T"),
-    _o("resource_weight", _nonneg_float, 1.0,
+    _o("resource_weight", nonneg_float, 1.0,
        "lambda_resource: weight of the resource loss log(r_c / r_t)", _SEARCHING, "search",
        metavar="W"),
-    _o("structure_lr", _positive_float, 0.01,
+    _o("structure_lr", positive_float, 0.01,
        "learning rate of the structural parameters (Adam, no weight decay)", _SEARCHING,
        "search", metavar="LR"),
-    _o("importance", _choice("taylor", "snip", "fisher", "index"), "taylor",
+    _o("importance", choice("taylor", "snip", "fisher", "index"), "taylor",
        "element importance: taylor (moving average of (m g)^2), snip, fisher, index",
        _SEARCHING, "search"),
-    _o("schedule", _choice("exp", "constant"), "exp",
+    _o("schedule", choice("exp", "constant"), "exp",
        "target schedule: exp decays r_t from the supernet's cost to the target over the "
        "search; constant uses the target from the start", _SEARCHING, "search"),
-    _o("schedule_end", _open_fraction, 1.0,
+    _o("schedule_end", open_fraction, 1.0,
        "fraction of the search, in (0, 1], over which the exp schedule decays r_t; after it "
        "r_t holds at the target (1 = the whole search, Eq. 10 as written)", _SEARCHING,
        "search", metavar="F"),
-    _o("cost_forward", _choice("soft", "exact"), "soft",
+    _o("cost_forward", choice("soft", "exact"), "soft",
        "the value of r_c in the resource loss: soft (the soft masks' cost, Eq. 6) or exact "
        "(the hard masks' cost, i.e. the export's, with the soft cost's gradient)",
        _SEARCHING, "search"),
-    _o("search_dims", _choice("both", "width", "depth"), "both",
+    _o("search_dims", choice("both", "width", "depth"), "both",
        "what to search: widths, depths (residual blocks per stage) or both", _SEARCHING,
        "search"),
-    _o("min_width", _positive_int, 1, "the smallest width any dimension may keep",
+    _o("min_width", positive_int, 1, "the smallest width any dimension may keep",
        _SEARCHING, "search", metavar="N"),
-    _o("width_step", _positive_int, 1,
+    _o("width_step", positive_int, 1,
        "channels per search unit (a coarse search space; 1 = every channel)", _SEARCHING,
        "search", metavar="N"),
-    _o("exclude", _str_list, None,
+    _o("exclude", str_list, None,
        "module names or glob patterns (e.g. 'model.layers.*.mlp') whose widths stay fixed; "
        "comma-separated or repeated", _SEARCHING, "search", metavar="PATTERN",
        flag_kind="append"),
-    _o("layer_uniform", _bool, False,
+    _o("layer_uniform", boolean, False,
        "every repeated layer keeps the same count per kind (heads, FFN width, ...), each its "
        "own most important elements; a Hugging Face model then exports with a standard config "
        "(export --format hf loads with plain from_pretrained)", _SEARCHING, "search",
        flag_kind="flag"),
-    _o("width_only_from", _fraction, None,
+    _o("width_only_from", fraction, None,
        "from this fraction of the search on, freeze depth and search widths only",
        _SEARCHING, "search", metavar="P"),
     # ---- distillation
-    _o("teacher", _str, None,
+    _o("teacher", nonempty_str, None,
        "distil from a teacher (KL divergence on the logits) during search and retraining: "
        "a run directory, a model.safetensors inside one, a torch.save'd nn.Module (.pt), or "
        "'supernet' for the pretrained supernet itself (pipelines p / p-)",
        ("search", "retrain"), "distillation", metavar="RUN|FILE|supernet"),
-    _o("distill_weight", _nonneg_float, 1.0,
+    _o("distill_weight", nonneg_float, 1.0,
        "weight of the distillation loss (added to the task loss)", ("search", "retrain"),
        "distillation", metavar="W"),
-    _o("distill_temperature", _positive_float, 1.0,
+    _o("distill_temperature", positive_float, 1.0,
        "softmax temperature of the distillation loss", ("search", "retrain"), "distillation",
        metavar="T"),
     # ---- training
-    _o("epochs", _positive_float, 1.0,
+    _o("epochs", positive_float, 1.0,
        "epochs of the main phase: the search (search), pretraining (pretrain) or "
        "retraining (retrain); fractions allowed", _ALL_TRAIN, "training", metavar="E"),
-    _o("pretrain_epochs", _nonneg_float, None,
+    _o("pretrain_epochs", nonneg_float, None,
        "pipelines p / p-: epochs of pretraining (default: --epochs)", _SEARCHING,
        "training", metavar="E"),
-    _o("retrain_epochs", _nonneg_float, None,
+    _o("retrain_epochs", nonneg_float, None,
        "pipelines np / p: epochs of retraining the found model (default: --epochs; 0 skips "
        "it, run `dmscale retrain RUN` later)", _SEARCHING, "training", metavar="E"),
-    _o("retrain_init", _choice("inherit", "scratch"), "inherit",
+    _o("retrain_init", choice("inherit", "scratch"), "inherit",
        "retrain the found model from the searched weights (inherit) or from a random "
        "initialisation (scratch)", ("search", "retrain"), "training"),
-    _o("batch_size", _positive_int, 128, "examples (sequences) per step", _ALL_TRAIN + ("eval",),
+    _o("batch_size", positive_int, 128, "examples (sequences) per step", _ALL_TRAIN + ("eval",),
        "training", metavar="N"),
-    _o("optimizer", _choice("sgd", "adamw"), "sgd",
+    _o("optimizer", choice("sgd", "adamw"), "sgd",
        "optimizer of the weights: sgd (momentum, nesterov) or adamw", _ALL_TRAIN, "training"),
-    _o("lr", _positive_float, None,
+    _o("lr", positive_float, None,
        "peak learning rate of the weights, cosine-decayed over each phase "
        "(default: 0.05 for sgd, 0.002 for adamw)", _ALL_TRAIN, "training", metavar="LR"),
-    _o("weight_decay", _nonneg_float, None,
+    _o("weight_decay", nonneg_float, None,
        "weight decay of the weights (default: 5e-4 for sgd, 0.01 for adamw)", _ALL_TRAIN,
        "training", metavar="WD"),
-    _o("warmup", _fraction, 0.02,
+    _o("warmup", fraction, 0.02,
        "fraction of each phase with a linear learning-rate warm-up", _ALL_TRAIN, "training",
        metavar="P"),
     # ---- run
-    _o("seed", _int, 0, "random seed (initialisation, data order)", _ALL_TRAIN, "run",
+    _o("seed", integer, 0, "random seed (initialisation, data order)", _ALL_TRAIN, "run",
        metavar="N"),
-    _o("out", _str, None,
+    _o("out", nonempty_str, None,
        "where to write: the run directory (pretrain, search, retrain), the exported model "
        "(export), a JSON file of the metrics (eval), the report (report)",
        COMMANDS, "run", metavar="DIR"),
-    _o("name", _str, None, "name of the run directory under runs/ (instead of a timestamp)",
+    _o("name", nonempty_str, None, "name of the run directory under runs/ (instead of a timestamp)",
        _ALL_TRAIN, "run", metavar="NAME"),
-    _o("checkpoint_every", _positive_int, 100,
+    _o("checkpoint_every", positive_int, 100,
        "write the resumable checkpoint every N steps (atomically)", _ALL_TRAIN, "run",
        metavar="N"),
-    _o("stop_after", _positive_int, None,
+    _o("stop_after", positive_int, None,
        "stop (with a checkpoint) once the run has taken N optimizer steps in total; "
        "continue it later with --resume", _ALL_TRAIN, "run", metavar="N"),
-    _o("device", _choice("auto", "cpu", "cuda"), "auto",
+    _o("device", choice("auto", "cpu", "cuda"), "auto",
        "where to train: auto picks cuda when available", COMMANDS[:5], "run"),
-    _o("threads", _positive_int, None,
+    _o("threads", positive_int, None,
        "CPU threads for torch (default: the cores not busy with other work, by the load "
        "average; at least 1)",
        COMMANDS[:5], "run", metavar="N"),
-    _o("precision", _choice("32", "bf16", "fp16"), "32",
+    _o("precision", choice("32", "bf16", "fp16"), "32",
        "arithmetic of the training steps: 32 (float32), bf16 (autocast to bfloat16, CPU and "
        "GPU) or fp16 (autocast to float16 with a GradScaler; an overflowing step is skipped). "
        "Parameters, structural parameters and importance stay float32",
        _ALL_TRAIN, "run"),
-    _o("compile", _bool, False,
+    _o("compile", boolean, False,
        "run the model's forward under torch.compile during training (the masks are computed "
        "eagerly; the first steps are slow while it compiles)",
        _ALL_TRAIN, "run", flag_kind="flag"),
-    _o("quiet", _bool, False, "no progress bars or summaries, only errors", COMMANDS, "run",
+    _o("quiet", boolean, False, "no progress bars or summaries, only errors", COMMANDS, "run",
        flag_kind="flag"),
 )
 

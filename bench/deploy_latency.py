@@ -191,13 +191,23 @@ def _row(entry: dict[str, Any], batch: int, name: str = "", run: str = "") -> st
             f"{_fmt(r['ort_pruned'])} | {r['ort_pruned'][1] / r['ort_orig'][1]:.2f} | {onnx} | {r['rounds']} | {run} |")
 
 
+def _run_key(entry: dict[str, Any]) -> str:
+    return f"{entry['run']['command']} @ {entry['run']['commit']}"
+
+
 def _runs(cache: dict[str, Any]) -> dict[str, str]:
     """``{run key: label}``: one label (A, B, ...) per distinct (command, commit), in cache order."""
     labels: dict[str, str] = {}
     for e in cache["models"].values():
-        key = f"{e['run']['command']} @ {e['run']['commit']}"
-        labels.setdefault(key, chr(ord("A") + len(labels)))
+        labels.setdefault(_run_key(e), chr(ord("A") + len(labels)))
     return labels
+
+
+def _run_line(cache: dict[str, Any], key: str, label: str) -> str:
+    names = [n for n, e in cache["models"].items() if _run_key(e) == key]
+    run = cache["models"][names[0]]["run"]
+    return (f"- Run {label}: `{run['command']}`; commit {run['commit']}{'; ' + run['date'] if run.get('date') else ''}"
+            f"; {run['machine']}{'; ' + run['note'] if run.get('note') else ''} ({', '.join(names)})")
 
 
 def render(cache: dict[str, Any]) -> str:
@@ -206,12 +216,7 @@ def render(cache: dict[str, Any]) -> str:
     lines = ["# Deployment latency: original vs pruned export (half the MACs), PyTorch and onnxruntime", "",
              "Rendered from `deploy_latency.json` by `bench/deploy_latency.py` (each model's rows come from "
              "the run named in the last column; a run replaces only the models it measures).", "", "Runs:", ""]
-    for key, label in labels.items():
-        e = next(e for e in cache["models"].values() if f"{e['run']['command']} @ {e['run']['commit']}" == key)
-        names = [n for n, m in cache["models"].items() if f"{m['run']['command']} @ {m['run']['commit']}" == key]
-        lines.append(f"- Run {label}: `{e['run']['command']}`; commit {e['run']['commit']}"
-                     f"{'; ' + e['run']['date'] if e['run'].get('date') else ''}; {e['run']['machine']}"
-                     f"{'; ' + e['run']['note'] if e['run'].get('note') else ''} ({', '.join(names)})")
+    lines += [_run_line(cache, key, label) for key, label in labels.items()]
     lines += ["", "Milliseconds per forward pass: median (interquartile range) over the rounds column, the four "
               "variants interleaved round by round after one warm-up call each. Pruned: `searcher.meet_target()` "
               "on the model at initialisation (one common pruning ratio for all width and depth dimensions, down "
@@ -224,8 +229,7 @@ def render(cache: dict[str, Any]) -> str:
               "| ort ratio | ONNX batch | rounds | run |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, e in cache["models"].items():
-        label = labels[f"{e['run']['command']} @ {e['run']['commit']}"]
-        lines += [_row(e, int(b), name, label) for b in e["batches"]]
+        lines += [_row(e, int(b), name, labels[_run_key(e)]) for b in e["batches"]]
     warned = [f"- {n}: {w}" for n, e in cache["models"].items() for w in e.get("export_warnings", [])]
     if warned:
         lines += ["", "Export warnings (dynamic batch):", "", *warned]

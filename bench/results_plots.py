@@ -9,15 +9,17 @@ Reads only the json caches the benchmark scripts write (nothing is re-run) and w
   mean ± std, seeds as dots;
 * ``budget.png`` from ``budget.json`` (table 6): exported MACs / target at the search's end
   and after the finish phase and budget solver, per target and r_c mode;
-* ``yolo_table11.png`` from ``yolo_table11.json`` (table 11): mAP50-95 and MACs per arm.
+* ``yolo_table11.png`` from ``yolo_table11.json`` (table 11): mAP50-95 and MACs per arm;
+* ``deploy_latency.png`` from ``deploy_latency.json`` (deployment latency): pruned / original
+  latency per model, engine and batch size, next to the model's MACs ratio.
 
 The gate table (``gates.png``) is drawn by ``bench/gates.py --table-only``. Tables with no
-per-run cache (deploy latency, latency fit, search overhead, SmolLM2) get no plot here; their
-markdown is the record.
+per-run cache (latency fit, search overhead, SmolLM2) get no plot here; their markdown is the
+record.
 
 Example:
     >>> sorted(PLOTS)
-    ['budget', 'peers', 'yolo_table11']
+    ['budget', 'deploy_latency', 'peers', 'yolo_table11']
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
-__all__ = ["PLOTS", "plot_peers", "plot_budget", "plot_yolo", "main"]
+__all__ = ["PLOTS", "plot_peers", "plot_budget", "plot_yolo", "plot_deploy_latency", "latency_ratios", "main"]
 
 
 def _plt() -> Any:
@@ -139,10 +141,67 @@ def plot_yolo(cache: dict[str, Any], out: Path) -> Path:
     return out
 
 
+DEPLOY_SERIES = (("torch", 1), ("torch", 32), ("ort", 1), ("ort", 32))
+
+
+def latency_ratios(entry: dict[str, Any]) -> dict[tuple[str, int], tuple[float, float, float]]:
+    """``{(engine, batch): (ratio of medians, low, high)}`` for one model of ``deploy_latency.json``;
+    low/high divide the pruned quartiles by the opposite original quartiles (a crude spread).
+
+    Example:
+        >>> e = {"batches": {"1": {"torch_orig": [9, 10, 11], "torch_pruned": [4, 5, 6],
+        ...                        "ort_orig": [1, 2, 3], "ort_pruned": [1, 2, 3]}}}
+        >>> latency_ratios(e)[("torch", 1)]
+        (0.5, 0.36363636363636365, 0.6666666666666666)
+    """
+    out = {}
+    for engine, batch in DEPLOY_SERIES:
+        b = entry["batches"].get(str(batch))
+        if b is None:
+            continue
+        o, p = b[f"{engine}_orig"], b[f"{engine}_pruned"]
+        out[(engine, batch)] = (p[1] / o[1], p[0] / o[2], p[2] / o[0])
+    return out
+
+
+def plot_deploy_latency(cache: dict[str, Any], out: Path) -> Path:
+    """Pruned / original latency per model, engine (PyTorch, onnxruntime) and batch, as bars
+    with the crude quartile spread; a black dash at each model's MACs ratio."""
+    names = list(cache["models"])
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(DEPLOY_SERIES)
+    for g, name in enumerate(names):
+        entry = cache["models"][name]
+        ratios = latency_ratios(entry)
+        for i, key in enumerate(DEPLOY_SERIES):
+            if key not in ratios:
+                continue
+            mid, low, high = ratios[key]
+            x = g + (i - (len(DEPLOY_SERIES) - 1) / 2) * width
+            ax.bar(x, mid, width, yerr=[[mid - low], [high - mid]], capsize=2, color=f"C{i}",
+                   label=f"{'PyTorch' if key[0] == 'torch' else 'onnxruntime'}, batch {key[1]}" if g == 0 else None)
+        ax.plot([g - 0.45, g + 0.45], [entry["macs_ratio"]] * 2, "k-", lw=2,
+                label="MACs ratio" if g == 0 else None)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([f"{n.split(' ')[0]}\n{cache['models'][n]['size']} px" for n in names], fontsize=8)
+    ax.set_ylabel("pruned / original latency (medians)")
+    ax.set_title("Deployment latency at half the MACs, 1 CPU thread on a shared machine "
+                 "(whiskers: pruned IQR / original IQR)", fontsize=9)
+    ax.legend(fontsize=7, ncol=3, loc="upper left")
+    ax.set_ylim(0, max(1.6, ax.get_ylim()[1]))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "peers": plot_peers,
     "budget": plot_budget,
     "yolo_table11": plot_yolo,
+    "deploy_latency": plot_deploy_latency,
 }
 
 

@@ -2,21 +2,30 @@
 PyTorch and in onnxruntime, at batch 1 and 32, next to the MACs ratio.
 
     PYTHONPATH=src python bench/deploy_latency.py [--threads 1] [--rounds 15] [--models ...]
+    PYTHONPATH=src python bench/deploy_latency.py --table-only   # rewrite the md from the json
 
 Each model is pruned to half its MACs with the budget solver on the supernet at
 initialisation (``searcher.meet_target()``: one common pruning ratio for every width and
 depth dimension, then single units given back greedily; no training: latency depends on the
-shapes, not on the weights). The four variants (PyTorch / onnxruntime x original / pruned)
-run interleaved round by round on the same input, and medians with the interquartile range
-are reported. ONNX files come from ``torch.onnx.export(dynamo=True)`` with a dynamic batch
-dimension and are checked against PyTorch with :func:`dmscale.deploy.check_onnx` at both
-batch sizes. Small image sizes keep the run to a few minutes on 2 cores. Writes
-bench/results/deploy_latency.md.
+shapes, not on the weights; ``importance="index"`` keeps channels by position). The four
+variants (PyTorch / onnxruntime x original / pruned) run interleaved round by round on the
+same input, and medians with the interquartile range are reported. ONNX files come from
+:func:`dmscale.deploy.to_onnx` with a dynamic batch dimension; a model that cannot be
+exported so is exported once per batch size (``dynamic_batch=False``) and its row says
+"fixed". Every file is checked against PyTorch with :func:`dmscale.deploy.check_onnx` at the
+batch sizes it is timed at. Small image sizes keep the run to a few minutes on 2 cores.
+
+Results are cached per model in ``bench/results/deploy_latency.json`` (each entry with the
+command, commit and machine of the run that measured it); a run replaces the entries of the
+models it measures and keeps the others. ``bench/results/deploy_latency.md`` is rendered from
+the cache, followed by the hand-written ``deploy_latency_reading.md`` when it exists.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import platform
 import statistics
@@ -26,39 +35,84 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import nn
 
 import dmscale as dms
 from dmscale import deploy
+from dmscale.deploy import with_batch
+
+__all__ = ["RESULTS", "CACHE", "Builder", "models", "prune_half", "onnx_files", "measure", "bench_one",
+           "render", "main"]
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CACHE = RESULTS / "deploy_latency.json"
+VARIANTS = ("torch_orig", "torch_pruned", "ort_orig", "ort_pruned")
+Builder = Callable[[], nn.Module]
 
 
-def _models() -> dict[str, tuple[nn.Module, int]]:
-    dms.ensure_torchvision()
+def _vit(size: int) -> Builder:
     import timm
+
+    return lambda: timm.create_model("vit_tiny_patch16_224", img_size=size, pretrained=False)
+
+
+def _yolo() -> nn.Module:
+    from dmscale.integrations.ultralytics import build_yolo
+
+    return build_yolo("yolov8n.yaml", nc=80)
+
+
+def models() -> dict[str, tuple[Builder, int]]:
+    """``{row name: (builder of the model at random init, image size)}``."""
+    dms.ensure_torchvision()
     import torchvision
-    from ultralytics.nn.tasks import DetectionModel
 
     return {
         "resnet18 (torchvision)": (lambda: torchvision.models.resnet18(), 96),
         "mobilenet_v3_small (torchvision)": (lambda: torchvision.models.mobilenet_v3_small(), 96),
-        "vit_tiny_patch16 (timm)": (lambda: timm.create_model("vit_tiny_patch16_224", img_size=96,
-                                                              pretrained=False), 96),
-        "yolov8n (ultralytics)": (lambda: DetectionModel("yolov8n.yaml", verbose=False), 128),
+        "vit_tiny_patch16 (timm)": (_vit(96), 96),
+        "yolov8n (ultralytics)": (_yolo, 160),
     }
 
 
-def _onnx(model: nn.Module, x: torch.Tensor, path: Path) -> None:
-    batch = torch.export.Dim("batch", min=1, max=64)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(model, (x[:2],), dynamo=True, verbose=False, optimize=True,
-                                    dynamic_shapes=({0: batch},))
-    program.save(str(path))
+def prune_half(build: Builder, x: torch.Tensor) -> tuple[nn.Module, nn.Module, tuple[int, int]]:
+    """The model at init, its export at half the MACs (same weights) and both MACs counts."""
+    torch.manual_seed(0)
+    original = build().eval()
+    source = build().eval()
+    source.load_state_dict(original.state_dict())
+    # untrained: keep channels by position (only the pruned shapes matter for the timings)
+    searcher = dms.prepare(source, x, dms.SearchConfig(resource="macs", target=0.5, importance="index"))
+    searcher.meet_target()
+    pruned = searcher.export().eval()
+    dms.detach(source)
+    return original, pruned, (dms.count(original, x)["macs"], dms.count(pruned, x)["macs"])
 
 
-def _timer(fn, x):
+def onnx_files(model: nn.Module, x: torch.Tensor, batches: list[int], stem: Path) -> tuple[dict[int, Path], list[str]]:
+    """``{batch: ONNX file}`` (one dynamic-batch file, or one file per batch when the model
+    cannot be exported with a dynamic batch) and the export warnings; each file is checked
+    against PyTorch at its batch sizes."""
+    path = stem.with_suffix(".onnx")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        deploy.to_onnx(model, torch.cat([x, x]), path, check=False)
+    notes = [str(w.message) for w in caught if "dynamic batch" in str(w.message)]
+    if deploy.batch_is_dynamic(path):
+        files = {b: path for b in batches}
+    else:
+        files = {b: deploy.to_onnx(model, with_batch(x, b), stem.with_name(f"{stem.name}_b{b}.onnx"), check=False,
+                                   dynamic_batch=False) for b in batches}
+    for b, f in files.items():
+        deploy.check_onnx(f, model, torch.randn(b, *x.shape[1:]))
+    return files, notes
+
+
+def _timer(fn: Callable[[Any], Any], x: Any) -> Callable[[], float]:
     def run() -> float:
         t0 = time.perf_counter()
         fn(x)
@@ -66,105 +120,181 @@ def _timer(fn, x):
     return run
 
 
-def _stats(ts: list[float]) -> str:
+def _quartiles(ts: list[float]) -> list[float]:
+    """[q1, median, q3] in milliseconds."""
     q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
-    return f"{1e3 * q[1]:.1f} ({1e3 * q[0]:.1f}-{1e3 * q[2]:.1f})"
+    return [round(1e3 * v, 2) for v in q]
 
 
-def bench_one(name: str, build, size: int, threads: int, rounds: dict[int, int], tmp: Path) -> list[str]:
+def measure(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Run every timer once to warm up, then ``rounds`` rounds interleaved; quartiles per timer."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    with torch.no_grad():
+        for f in fns.values():
+            f()
+        for _ in range(rounds):
+            for k, f in fns.items():
+                times[k].append(f())
+    return {k: _quartiles(v) for k, v in times.items()}
+
+
+def _sessions(files: dict[int, Path], threads: int) -> dict[int, Any]:
     import onnxruntime as ort
 
-    torch.manual_seed(0)
-    original = build().eval()
-    x1 = torch.randn(1, 3, size, size)
-    pruned_src = build().eval()
-    pruned_src.load_state_dict(original.state_dict())
-    # untrained: keep channels by position (only the pruned shapes matter for the timings)
-    searcher = dms.prepare(pruned_src, x1, dms.SearchConfig(resource="macs", target=0.5, importance="index"))
-    searcher.meet_target()
-    pruned = searcher.export().eval()
-    dms.detach(pruned_src)
-    macs = (dms.count(original, x1)["macs"], dms.count(pruned, x1)["macs"])
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    sessions = {}
-    for tag, m in (("orig", original), ("pruned", pruned)):
-        path = tmp / f"{tag}.onnx"
-        _onnx(m, torch.cat([x1, x1]), path)
-        for b in rounds:
-            deploy.check_onnx(path, m, torch.randn(b, 3, size, size))
-        sessions[tag] = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    rows = []
+    made: dict[Path, Any] = {}
+    for f in set(files.values()):
+        made[f] = ort.InferenceSession(str(f), opts, providers=["CPUExecutionProvider"])
+    return {b: made[f] for b, f in files.items()}
+
+
+def _ort_fn(session: Any) -> Callable[[np.ndarray], Any]:
+    name = session.get_inputs()[0].name
+    return lambda inp: session.run(None, {name: inp})
+
+
+def bench_one(build: Builder, size: int, threads: int, rounds: dict[int, int], tmp: Path) -> dict[str, Any]:
+    """One model's cache entry: MACs, ONNX batch mode and the quartiles of the four variants
+    per batch size."""
+    x1 = torch.randn(1, 3, size, size)
+    original, pruned, macs = prune_half(build, x1)
+    nets = {"orig": original, "pruned": pruned}
+    sessions, dynamic, notes = {}, {}, []
+    for tag, m in nets.items():
+        files, warned = onnx_files(m, x1, list(rounds), tmp / tag)
+        sessions[tag] = _sessions(files, threads)
+        dynamic[tag] = len(set(files.values())) == 1 and deploy.batch_is_dynamic(files[1])
+        notes += [f"{tag}: {w}" for w in warned]
+    entry: dict[str, Any] = {"size": size, "macs": list(macs), "macs_ratio": round(macs[1] / macs[0], 4),
+                             "onnx_dynamic_batch": dynamic, "export_warnings": notes, "batches": {}}
     for b, n in rounds.items():
         x = torch.randn(b, 3, size, size)
-        xn = x.numpy()
-        fns = {}
-        for tag, m in (("orig", original), ("pruned", pruned)):
-            fns[("torch", tag)] = _timer(lambda inp, m=m: m(inp), x)
-            s = sessions[tag]
-            feed_name = s.get_inputs()[0].name
-            fns[("ort", tag)] = _timer(lambda inp, s=s, k=feed_name: s.run(None, {k: inp}), xn)
-        times = {k: [] for k in fns}
-        with torch.no_grad():
-            for f in fns.values():  # warm-up
-                f()
-            for _ in range(n):
-                for k, f in fns.items():
-                    times[k].append(f())
-        med = {k: statistics.median(v) for k, v in times.items()}
-        rows.append(
-            f"| {name} | {size} | {b} | {macs[1] / macs[0]:.2f} | {_stats(times[('torch', 'orig')])} | "
-            f"{_stats(times[('torch', 'pruned')])} | {med[('torch', 'pruned')] / med[('torch', 'orig')]:.2f} | "
-            f"{_stats(times[('ort', 'orig')])} | {_stats(times[('ort', 'pruned')])} | "
-            f"{med[('ort', 'pruned')] / med[('ort', 'orig')]:.2f} |")
-        print(rows[-1], flush=True)
-    return rows
+        fns = {f"torch_{t}": _timer(m, x) for t, m in nets.items()}
+        fns.update({f"ort_{t}": _timer(_ort_fn(sessions[t][b]), x.numpy()) for t in nets})
+        entry["batches"][str(b)] = {"rounds": n, **measure({k: fns[k] for k in VARIANTS}, n)}
+        print(_row(entry, b), flush=True)
+    return entry
 
 
-def main() -> None:
+# ----------------------------------------------------------------------------- markdown
+def _fmt(q: list[float]) -> str:
+    return f"{q[1]:.1f} ({q[0]:.1f}-{q[2]:.1f})"
+
+
+def _row(entry: dict[str, Any], batch: int, name: str = "", run: str = "") -> str:
+    r = entry["batches"][str(batch)]
+    onnx = "dynamic" if all(entry.get("onnx_dynamic_batch", {"": True}).values()) else "fixed"
+    return (f"| {name} | {entry['size']} | {batch} | {entry['macs_ratio']:.2f} | {_fmt(r['torch_orig'])} | "
+            f"{_fmt(r['torch_pruned'])} | {r['torch_pruned'][1] / r['torch_orig'][1]:.2f} | {_fmt(r['ort_orig'])} | "
+            f"{_fmt(r['ort_pruned'])} | {r['ort_pruned'][1] / r['ort_orig'][1]:.2f} | {onnx} | {r['rounds']} | {run} |")
+
+
+def _run_key(entry: dict[str, Any]) -> str:
+    return f"{entry['run']['command']} @ {entry['run']['commit']}"
+
+
+def _runs(cache: dict[str, Any]) -> dict[str, str]:
+    """``{run key: label}``: one label (A, B, ...) per distinct (command, commit), in cache order."""
+    labels: dict[str, str] = {}
+    for e in cache["models"].values():
+        labels.setdefault(_run_key(e), chr(ord("A") + len(labels)))
+    return labels
+
+
+def _run_line(cache: dict[str, Any], key: str, label: str) -> str:
+    names = [n for n, e in cache["models"].items() if _run_key(e) == key]
+    run = cache["models"][names[0]]["run"]
+    return (f"- Run {label}: `{run['command']}`; commit {run['commit']}{'; ' + run['date'] if run.get('date') else ''}"
+            f"; {run['machine']}{'; ' + run['note'] if run.get('note') else ''} ({', '.join(names)})")
+
+
+def render(cache: dict[str, Any]) -> str:
+    """The markdown of ``deploy_latency.md`` from the cache (and the hand-written reading)."""
+    labels = _runs(cache)
+    lines = ["# Deployment latency: original vs pruned export (half the MACs), PyTorch and onnxruntime", "",
+             "Rendered from `deploy_latency.json` by `bench/deploy_latency.py` (each model's rows come from "
+             "the run named in the last column; a run replaces only the models it measures).", "", "Runs:", ""]
+    lines += [_run_line(cache, key, label) for key, label in labels.items()]
+    lines += ["", "Milliseconds per forward pass: median (interquartile range) over the rounds column, the four "
+              "variants interleaved round by round after one warm-up call each. Pruned: `searcher.meet_target()` "
+              "on the model at initialisation (one common pruning ratio for all width and depth dimensions, down "
+              "to half the MACs; `importance=\"index\"`; no search training, random weights: latency depends on "
+              "shapes only). Small inputs (size column) to keep the run short. ONNX via `dmscale.deploy.to_onnx` "
+              "(`torch.onnx.export(dynamo=True)`): `dynamic` = one file with a dynamic batch dimension, `fixed` = "
+              "the dynamic export failed and one file per batch size was exported; every file is checked "
+              "against PyTorch with `dmscale.deploy.check_onnx` at the batch sizes it is timed at.", "",
+              "| model | size | batch | MACs ratio | torch orig | torch pruned | torch ratio | ort orig | ort pruned "
+              "| ort ratio | ONNX batch | rounds | run |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, e in cache["models"].items():
+        lines += [_row(e, int(b), name, labels[_run_key(e)]) for b in e["batches"]]
+    warned = [f"- {n}: {w}" for n, e in cache["models"].items() for w in e.get("export_warnings", [])]
+    if warned:
+        lines += ["", "Export warnings (dynamic batch):", "", *warned]
+    reading = RESULTS / "deploy_latency_reading.md"
+    if reading.exists():
+        lines += ["", reading.read_text().strip()]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- main
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _machine(threads: int) -> str:
+    import onnxruntime
+
+    return (f"{platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs), Python "
+            f"{platform.python_version()}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, "
+            f"{threads} thread(s) for PyTorch and onnxruntime")
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {"models": {}}
+
+
+def _save(cache: dict[str, Any], path: Path, out: Path) -> None:
+    path.write_text(json.dumps(cache, indent=1) + "\n")
+    out.write_text(render(cache))
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=15, help="rounds at batch 1 (batch 32: a third)")
     parser.add_argument("--models", nargs="*", help="substrings of the model names to run")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "deploy_latency.md"))
-    args = parser.parse_args()
+    parser.add_argument("--table-only", action="store_true", help="only rewrite the md from the json")
+    parser.add_argument("--cache", type=Path, default=CACHE)
+    parser.add_argument("--out", type=Path, default=RESULTS / "deploy_latency.md")
+    args = parser.parse_args(argv)
+    cache = _load(args.cache)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.table_only:
+        args.out.write_text(render(cache))
+        print(f"wrote {args.out}")
+        return
     torch.set_num_threads(args.threads)
     rounds = {1: args.rounds, 32: max(3, args.rounds // 3)}
-    rows = []
-    t0 = time.time()
+    run = {"command": ("PYTHONPATH=src python bench/deploy_latency.py "
+                       + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
+           "commit": _commit(), "date": datetime.date.today().isoformat(), "machine": _machine(args.threads)}
     with tempfile.TemporaryDirectory() as d:
-        for name, (build, size) in _models().items():
+        for name, (build, size) in models().items():
             if args.models and not any(s in name for s in args.models):
                 continue
-            rows += bench_one(name, build, size, args.threads, rounds, Path(d))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = "?"
-    import onnxruntime
-
-    header = [
-        "# Deployment latency: original vs pruned export (half the MACs), PyTorch and onnxruntime",
-        "",
-        f"Command: `PYTHONPATH=src python bench/deploy_latency.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
-        f"Commit: {commit}; machine: {platform.machine()}, {os.cpu_count()} CPU cores (shared with other "
-        f"jobs), {platform.python_version()}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}; "
-        f"{args.threads} thread(s) for PyTorch and onnxruntime; {time.time() - t0:.0f} s in all.",
-        "",
-        "Milliseconds per forward pass: median (interquartile range) over "
-        f"{rounds[1]} rounds at batch 1 and {rounds[32]} at batch 32, the four variants interleaved "
-        "round by round. Pruned: `searcher.meet_target()` on the model at initialisation (one common "
-        "pruning ratio for all width and depth dimensions to half the MACs; no search training, "
-        "random weights: latency depends on shapes only). Small inputs (size column) to keep the run short.",
-        "",
-        "| model | size | batch | MACs ratio | torch orig | torch pruned | torch ratio | ort orig | ort pruned | ort ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(header + rows) + "\n")
-    print(f"wrote {args.out}")
+            t0 = time.time()
+            entry = bench_one(build, size, args.threads, rounds, Path(d) / name.split()[0])
+            entry["run"] = {**run, "wall_s": round(time.time() - t0)}
+            cache["models"][name] = entry
+            _save(cache, args.cache, args.out)  # after each model: a stopped run keeps what it measured
+    print(f"wrote {args.cache} and {args.out}")
 
 
 if __name__ == "__main__":

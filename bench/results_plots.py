@@ -13,15 +13,16 @@ Reads only the json caches the benchmark scripts write (nothing is re-run) and w
 * ``schedule.png`` from ``schedule.json`` (table 7): MACs / target at the search's end and
   top-1 after retraining per r_t schedule arm, mean ± std, seeds as dots;
 * ``search_overhead.png`` from ``search_overhead.json`` (table 8): DMS / plain step time
-  (median, per-round quartiles) and peak memory per model.
+  (median, per-round quartiles) and peak memory per model;
+* ``deploy_latency.png`` from ``deploy_latency.json`` (deployment latency): pruned / original
+  latency per model, engine and batch size, next to the model's MACs ratio.
 
 The gate table (``gates.png``) is drawn by ``bench/gates.py --table-only``. Tables with no
-per-run cache (deploy latency, latency fit, SmolLM2) get no plot here; their
-markdown is the record.
+per-run cache (latency fit, SmolLM2) get no plot here; their markdown is the record.
 
 Example:
     >>> sorted(PLOTS)
-    ['budget', 'peers', 'schedule', 'search_overhead', 'yolo_table11']
+    ['budget', 'deploy_latency', 'peers', 'schedule', 'search_overhead', 'yolo_table11']
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
-__all__ = ["PLOTS", "plot_peers", "plot_budget", "plot_yolo", "plot_schedule", "plot_search_overhead", "main"]
+__all__ = ["PLOTS", "plot_peers", "plot_budget", "plot_yolo", "plot_schedule", "plot_search_overhead",
+           "plot_deploy_latency", "latency_ratios", "main"]
 
 
 def _plt() -> Any:
@@ -203,6 +205,58 @@ def plot_search_overhead(cache: dict[str, Any], out: Path) -> Path:
     ax2.legend(fontsize=7)
     fig.suptitle(f"Table 8: cost of DMS during training (batch {cache['args']['batch']}, "
                  f"{cache['args']['threads']} thread, CPU)", fontsize=9)
+
+
+DEPLOY_SERIES = (("torch", 1), ("torch", 32), ("ort", 1), ("ort", 32))
+
+
+def latency_ratios(entry: dict[str, Any]) -> dict[tuple[str, int], tuple[float, float, float]]:
+    """``{(engine, batch): (ratio of medians, low, high)}`` for one model of ``deploy_latency.json``;
+    low/high divide the pruned quartiles by the opposite original quartiles (a crude spread).
+
+    Example:
+        >>> e = {"batches": {"1": {"torch_orig": [9, 10, 11], "torch_pruned": [4, 5, 6],
+        ...                        "ort_orig": [1, 2, 3], "ort_pruned": [1, 2, 3]}}}
+        >>> latency_ratios(e)[("torch", 1)]
+        (0.5, 0.36363636363636365, 0.6666666666666666)
+    """
+    out = {}
+    for engine, batch in DEPLOY_SERIES:
+        b = entry["batches"].get(str(batch))
+        if b is None:
+            continue
+        o, p = b[f"{engine}_orig"], b[f"{engine}_pruned"]
+        out[(engine, batch)] = (p[1] / o[1], p[0] / o[2], p[2] / o[0])
+    return out
+
+
+def plot_deploy_latency(cache: dict[str, Any], out: Path) -> Path:
+    """Pruned / original latency per model, engine (PyTorch, onnxruntime) and batch, as bars
+    with the crude quartile spread; a black dash at each model's MACs ratio."""
+    names = list(cache["models"])
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(DEPLOY_SERIES)
+    for g, name in enumerate(names):
+        entry = cache["models"][name]
+        ratios = latency_ratios(entry)
+        for i, key in enumerate(DEPLOY_SERIES):
+            if key not in ratios:
+                continue
+            mid, low, high = ratios[key]
+            x = g + (i - (len(DEPLOY_SERIES) - 1) / 2) * width
+            ax.bar(x, mid, width, yerr=[[mid - low], [high - mid]], capsize=2, color=f"C{i}",
+                   label=f"{'PyTorch' if key[0] == 'torch' else 'onnxruntime'}, batch {key[1]}" if g == 0 else None)
+        ax.plot([g - 0.45, g + 0.45], [entry["macs_ratio"]] * 2, "k-", lw=2,
+                label="MACs ratio" if g == 0 else None)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([f"{n.split(' ')[0]}\n{cache['models'][n]['size']} px" for n in names], fontsize=8)
+    ax.set_ylabel("pruned / original latency (medians)")
+    ax.set_title("Deployment latency at half the MACs, 1 CPU thread on a shared machine "
+                 "(whiskers: pruned IQR / original IQR)", fontsize=9)
+    ax.legend(fontsize=7, ncol=3, loc="upper left")
+    ax.set_ylim(0, max(1.6, ax.get_ylim()[1]))
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -215,6 +269,7 @@ PLOTS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "yolo_table11": plot_yolo,
     "schedule": plot_schedule,
     "search_overhead": plot_search_overhead,
+    "deploy_latency": plot_deploy_latency,
 }
 
 

@@ -67,6 +67,7 @@ class EvolutionConfig:
     mutation_prob: float = 0.1
     max_tries: int = 200
     seed: int = 0
+    max_seconds: float | None = None  # stop early once the clock passes this (a guard, not the budget)
 
     def __post_init__(self) -> None:
         for name in ("population", "parents", "max_tries"):
@@ -77,6 +78,8 @@ class EvolutionConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.parents > self.population:
             raise ValueError(f"parents ({self.parents}) must be <= population ({self.population})")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ValueError(f"max_seconds must be > 0 or None, got {self.max_seconds}")
         if not 0.0 < self.mutation_prob <= 1.0:
             raise ValueError(f"mutation_prob must be in (0, 1], got {self.mutation_prob}")
 
@@ -109,6 +112,7 @@ class EvolutionResult:
     evaluated: list[Candidate] = field(default_factory=list)
     improvements: list[Improvement] = field(default_factory=list)
     best_per_generation: list[float] = field(default_factory=list)
+    stopped_early: bool = False
 
 
 class CpuClock:
@@ -211,16 +215,21 @@ def evolve(space: SearchSpace, fitness: Callable[[Counts], float], cfg: Evolutio
            clock: Callable[[], float] | None = None) -> EvolutionResult:
     """Constrained evolutionary search: the fittest candidate at or under ``space.target``.
 
-    ``clock()`` time-stamps each new best (default: process CPU seconds since the call). The
-    best fitness never decreases (the best candidate always survives as a parent).
+    ``clock()`` time-stamps each new best (default: process CPU seconds since the call); once
+    it passes ``cfg.max_seconds`` no more candidates are evaluated (``result.stopped_early``).
+    The best fitness never decreases (the best candidate always survives as a parent).
     """
     clock = clock or CpuClock()
     rng = random.Random(cfg.seed)
     seen: dict[Counts, Candidate] = {}
     result = EvolutionResult(best=Candidate((), float("inf"), float("-inf")))
 
+    def out_of_time() -> bool:
+        result.stopped_early = cfg.max_seconds is not None and clock() > cfg.max_seconds
+        return result.stopped_early
+
     def consider(counts: Counts, cost: float, generation: int) -> None:
-        if counts in seen:
+        if counts in seen or out_of_time():
             return
         cand = Candidate(counts, cost, float(fitness(counts)))
         seen[counts] = cand
@@ -233,6 +242,8 @@ def evolve(space: SearchSpace, fitness: Callable[[Counts], float], cfg: Evolutio
         found = _under(space, lambda: _random(space, rng), cfg.max_tries)
         if found is not None:
             consider(*found, 0)
+        if result.stopped_early:
+            break
     if not result.evaluated:
         raise ValueError(f"no random candidate of {cfg.max_tries} tries fits the target {space.target:,.0f}")
     result.best_per_generation.append(result.best.fitness)
@@ -240,7 +251,11 @@ def evolve(space: SearchSpace, fitness: Callable[[Counts], float], cfg: Evolutio
         parents = sorted(seen.values(), key=lambda c: c.fitness, reverse=True)[:cfg.parents]
         for counts, cost in _children(space, parents, cfg, rng):
             consider(counts, cost, gen)
+            if result.stopped_early:
+                break
         result.best_per_generation.append(result.best.fitness)
+        if result.stopped_early:
+            break
     space.set(result.best.counts)
     return result
 

@@ -78,3 +78,15 @@ def test_constraint_binds() -> None:
     assert result.best.cost > 0.9 * space.target
     assert all(b >= a for a, b in zip(result.best_per_generation, result.best_per_generation[1:]))
     assert space.counts() == result.best.counts  # the searcher is left at the best candidate
+
+
+def test_time_guard_stops_early() -> None:
+    """``max_seconds`` ends the search on the given clock; the best so far is kept."""
+    _, searcher, _, _ = _setup()
+    space = el.SearchSpace.of(searcher)
+    ticks = iter(range(10_000))
+    result = el.evolve(space, lambda counts: float(sum(counts)),
+                       el.EvolutionConfig(population=6, generations=5, parents=2, n_mutation=3, n_crossover=3,
+                                          max_seconds=8.5), clock=lambda: float(next(ticks)))
+    assert result.stopped_early and 0 < len(result.evaluated) < 6 + 5 * 6
+    assert all(b >= a for a, b in zip(result.best_per_generation, result.best_per_generation[1:]))

@@ -1,6 +1,6 @@
 """Search cost of DMS_p- vs evolutionary search on the same pretrained supernet (issue 10, table 3).
 
-    PYTHONPATH=src python bench/evolution.py [--quick] [--seeds 0 1 2] [--table-only]
+    PYTHONPATH=src python bench/evolution.py [--quick] [--seeds 0 1 2] [--generations 10] [--name evolution] [--table-only]
 
 The analog of the paper's Table 3 (search cost of DMS vs evolutionary / NAS methods). Per
 seed, the pretrained supernet of bench/gates.py (ResNet-20 width 8 on the 8x8 digits,
@@ -59,7 +59,8 @@ from dmscale.tasks.registry import build_task  # noqa: E402
 __all__ = ["BenchConfig", "run_dms", "run_evolution", "reach", "write_table", "plot", "main"]
 
 RESULTS = ROOT / "bench" / "results"
-CACHE = RESULTS / "evolution.json"
+NAME = "evolution"
+CACHE = RESULTS / f"{NAME}.json"
 MODEL = {"model": "resnet", "model_args": {"width": 8}}
 
 
@@ -251,7 +252,7 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
              "includes its export and one test evaluation, the evolution's test evaluations are off its clock",
              f"- seeds done: {have}", ""]
     if not have:
-        out = RESULTS / "evolution.md"
+        out = RESULTS / f"{NAME}.md"
         out.write_text("\n".join(lines))
         return out
     summ = _summary(cache, key)
@@ -290,10 +291,10 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
     for s in have:
         lines.append(f"- DMS_p-, seed {s}: {_widths(runs[str(s)]['dms']['structure'])}")
         lines.append(f"- evolution, seed {s}: {_widths(runs[str(s)]['evolution']['structure'])}")
-    reading = RESULTS / "evolution_reading.md"
+    reading = RESULTS / f"{NAME}_reading.md"
     if reading.exists():
         lines += ["", reading.read_text().strip()]
-    out = RESULTS / "evolution.md"
+    out = RESULTS / f"{NAME}.md"
     out.write_text("\n".join(lines) + "\n")
     return out
 
@@ -328,7 +329,7 @@ def plot(cache: dict[str, Any], key: str) -> Path | None:
                  fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    out = RESULTS / "evolution.png"
+    out = RESULTS / f"{NAME}.png"
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
@@ -339,16 +340,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="smoke run: one seed, short pretrain, search and evolution")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--table-only", action="store_true", help="only rewrite evolution.md / .png from the cache")
+    p.add_argument("--generations", type=int, default=10, help="generations of the evolution (SPOS: 20)")
+    p.add_argument("--name", default="evolution", help="stem of the results files (json, md, png)")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "evolution")
     args = p.parse_args(argv)
-    global RESULTS, CACHE
-    bc = BenchConfig()
+    global RESULTS, CACHE, NAME
+    NAME = args.name
+    CACHE = RESULTS / f"{NAME}.json"
+    bc = BenchConfig(evolution=dataclasses.replace(BenchConfig().evolution, generations=args.generations))
     if args.quick:  # a smoke run: its cache and table stay under the work directory
         args.seeds = [0]
         bc = BenchConfig(pretrain_epochs=2.0, search_epochs=2.0, importance_steps=4,
                          evolution=el.EvolutionConfig(population=8, generations=2, parents=3, n_mutation=4, n_crossover=4))
         RESULTS = args.workdir / "quick"
-        CACHE = RESULTS / "evolution.json"
+        CACHE = RESULTS / f"{NAME}.json"
     torch.set_num_threads(1)
     key = bc.key()
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,386 @@
+"""Search cost of DMS_p- vs evolutionary search on the same pretrained supernet (issue 10, table 3).
+
+    PYTHONPATH=src python bench/evolution.py [--quick] [--seeds 0 1 2] [--generations 10] [--name evolution] [--table-only]
+
+The analog of the paper's Table 3 (search cost of DMS vs evolutionary / NAS methods). Per
+seed, the pretrained supernet of bench/gates.py (ResNet-20 width 8 on the 8x8 digits,
+``dmscale pretrain`` 10 epochs), and at the same 0.5 x MACs target:
+
+* **DMS_p-**: the project's ``--pipeline p-`` search exactly as in bench/gates.py (400 steps,
+  finish phase, budget solver, BatchNorm recalibration of the export), run in this process
+  and timed in **process CPU seconds** (``time.process_time``: the machine is shared, wall
+  time is not the cost);
+* **evolution** (bench/evolution_lib.py): SPOS/OFA-style constrained evolutionary search over
+  the same 15 per-gate counts, population 50, top 10 parents, 25 mutation +
+  25 crossover children, 10 generations (at most 550 distinct candidates, and at most 420 CPU
+  seconds: each run stays under 8 minutes); elements ranked by DMS's own Taylor importance
+  from a short importance-only pass at DMS's initial masks (20 batches); fitness = top-1 on a
+  held-out 20 % of the *training* images of the hardened supernet after BatchNorm
+  recalibration on the other 80 % (5 batches of 128 per candidate, OFA's "a few batches").
+  Its clock (CPU seconds) starts before the task, supernet and searcher are built, as DMS's.
+
+For every new best candidate of the evolution, its **test** top-1 (hardened supernet, the
+pipeline's export recalibration on the training set, no retraining: DMS_p-'s protocol) is
+computed after the search, off its clock. Reported: the evolution's CPU seconds to first
+reach DMS_p-'s mean test top-1 (or that it never did in its budget), and the ratio to
+DMS_p-'s CPU seconds. Cache: ``bench/results/evolution.json`` (per seed and method); table
+``evolution.md``; plot ``evolution.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+import evolution_lib as el  # noqa: E402
+from benchlib import git_commit  # noqa: E402
+import dmscale as dms  # noqa: E402
+from dmscale.config import RunConfig  # noqa: E402
+from dmscale.io import load_weights  # noqa: E402
+from dmscale.pipeline import Pipeline, recalibrate_batchnorm  # noqa: E402
+from dmscale.runs import make_searcher, new_supernet  # noqa: E402
+from dmscale.tasks.image import ClassificationTask  # noqa: E402
+from dmscale.tasks.registry import build_task  # noqa: E402
+
+__all__ = ["BenchConfig", "run_dms", "run_evolution", "reach", "write_table", "plot", "main"]
+
+RESULTS = ROOT / "bench" / "results"
+NAME = "evolution"
+CACHE = RESULTS / f"{NAME}.json"
+MODEL = {"model": "resnet", "model_args": {"width": 8}}
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """One setting of the table; nothing in it differs between the two methods but the search."""
+
+    target: float = 0.5
+    pretrain_epochs: float = 10.0
+    search_epochs: float = 36.36  # DMS_p-: 400 steps of 128 images (as bench/gates.py)
+    batch_size: int = 128
+    val_fraction: float = 0.2
+    importance_steps: int = 20
+    fitness_bn_batches: int = 5  # the evolution's per-candidate recalibration (reported accuracy: 20, as DMS)
+    evolution: el.EvolutionConfig = el.EvolutionConfig(generations=10, max_seconds=420.0)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target must be a fraction in (0, 1], got {self.target}")
+        if self.fitness_bn_batches < 1:
+            raise ValueError(f"fitness_bn_batches must be >= 1, got {self.fitness_bn_batches}")
+        if self.importance_steps < 1:
+            raise ValueError(f"importance_steps must be >= 1, got {self.importance_steps}")
+
+    def key(self) -> str:
+        e = self.evolution
+        return (f"t{self.target}-pre{self.pretrain_epochs}-s{self.search_epochs}"
+                f"-evo{e.population}x{e.generations}-imp{self.importance_steps}-bn{self.fitness_bn_batches}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _search_cfg(bc: BenchConfig, seed: int, pre_dir: Path, out: Path) -> RunConfig:
+    return RunConfig(task="digits", **MODEL, quiet=True, out=str(out), command="search", pipeline="p-",
+                     init=str(pre_dir), epochs=bc.search_epochs, target=bc.target, seed=seed, threads=1,
+                     batch_size=bc.batch_size).resolved()
+
+
+def _pretrain(bc: BenchConfig, seed: int, work: Path) -> Path:
+    """The pretrained supernet of ``seed`` (bench/gates.py's protocol; reused when present)."""
+    out = work / f"pretrain{bc.pretrain_epochs}" / f"seed{seed}"
+    if not (out / "summary.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        Pipeline(RunConfig(task="digits", **MODEL, quiet=True, out=str(out), command="pretrain",
+                           epochs=bc.pretrain_epochs, seed=seed, threads=1).resolved()).run()
+    return out
+
+
+def run_dms(bc: BenchConfig, seed: int, pre_dir: Path, work: Path) -> dict[str, Any]:
+    """DMS_p- of bench/gates.py, timed in process CPU seconds (always a fresh run)."""
+    out = work / bc.key() / f"seed{seed}" / "dms"
+    shutil.rmtree(out, ignore_errors=True)
+    cpu, wall = time.process_time(), time.perf_counter()
+    s = Pipeline(_search_cfg(bc, seed, pre_dir, out)).run()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return {"acc": s["evals"]["search"]["acc"], "macs": s["counts"]["found"]["macs"], "steps": s["steps"],
+            "cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
+            "structure": json.loads((out / "structure.json").read_text())}
+
+
+def _fit_task(task: ClassificationTask, bc: BenchConfig, seed: int) -> ClassificationTask:
+    """The training images split into a fit part (train batches) and a held-out validation part
+    (its ``evaluate``); the test split is never seen by the search."""
+    (xf, yf), (xv, yv) = el.hold_out(task.x_train, task.y_train, bc.val_fraction, seed)
+    return ClassificationTask("digits-fit", xf, yf, xv, yv, task.num_classes)
+
+
+def _searcher(bc: BenchConfig, seed: int, pre_dir: Path, task: Any) -> tuple[torch.nn.Module, dms.Searcher]:
+    cfg = _search_cfg(bc, seed, pre_dir, pre_dir)  # the DMS run's search options
+    model, exclude = new_supernet(cfg, task.info, seed)
+    load_weights(model, pre_dir / "model.safetensors")
+    return model, make_searcher(cfg, model, task.example_inputs(), exclude)
+
+
+def _test_acc(space: el.SearchSpace, model: torch.nn.Module, task: Any, bc: BenchConfig, seed: int,
+              counts: tuple[int, ...]) -> float:
+    """Test top-1 of ``counts`` under DMS_p-'s export protocol (recalibration on the training set)."""
+    space.set(counts)
+    with space.searcher.hardened():
+        recalibrate_batchnorm(model, task, bc.batch_size, seed * 10 + 5)
+        return float(task.evaluate(model)["acc"])
+
+
+def run_evolution(bc: BenchConfig, seed: int, pre_dir: Path) -> dict[str, Any]:
+    """The evolutionary search of one seed: its improvements with CPU time stamps and test top-1."""
+    clock = el.CpuClock()
+    task = build_task(RunConfig(task="digits", **MODEL, seed=seed).resolved())
+    fit = _fit_task(task, bc, seed)
+    model, searcher = _searcher(bc, seed, pre_dir, task)
+    n = el.importance_pass(searcher, model, (fit.train_batch(i, bc.batch_size, seed) for i in range(bc.importance_steps)),
+                           lambda m, x, y: task.task_loss(task.forward(m, x), y))
+    t_importance = clock()
+    space = el.SearchSpace.of(searcher)
+    fitness = el.supernet_fitness(space, model, lambda m: recalibrate_batchnorm(m, fit, bc.batch_size, seed * 10 + 5,
+                                                                                  n_batches=bc.fitness_bn_batches),
+                                  lambda m: fit.evaluate(m)["acc"])
+    result = el.evolve(space, fitness, dataclasses.replace(bc.evolution, seed=seed), clock)
+    total = clock()
+    curve = [{"cpu_s": round(i.seconds, 2), "evaluations": i.evaluations, "generation": i.generation,
+              "val_acc": i.candidate.fitness, "cost": i.candidate.cost, "counts": list(i.candidate.counts),
+              "test_acc": _test_acc(space, model, task, bc, seed, i.candidate.counts)} for i in result.improvements]
+    space.set(result.best.counts)
+    small = searcher.export()  # the best candidate's export: same count, same test top-1
+    recalibrate_batchnorm(small, task, bc.batch_size, seed * 10 + 5)
+    export_acc, export_macs = float(task.evaluate(small)["acc"]), int(dms.count(small, task.example_inputs())["macs"])
+    return {"curve": curve, "cpu_s": round(total, 2), "importance_cpu_s": round(t_importance, 2),
+            "importance_batches": n, "evaluations": len(result.evaluated), "budget": bc.evolution.budget,
+            "stopped_early": result.stopped_early,
+            "best_per_generation": result.best_per_generation, "export_acc": export_acc,
+            "export_macs": export_macs, "best_cost": result.best.cost, "target_cost": space.target,
+            "supernet_macs": searcher.supernet_cost, "max_cost": max(c.cost for c in result.evaluated),
+            "structure": searcher.structure(), "n_dims": len(space.gates),
+            "low": list(space.low), "high": list(space.high)}
+
+
+def reach(curve: list[dict[str, Any]], acc: float) -> dict[str, Any] | None:
+    """The first improvement whose test top-1 is at least ``acc`` (None: never)."""
+    return next((p for p in curve if p["test_acc"] >= acc - 1e-12), None)
+
+
+def _ms(values: list[float], fmt: str = "{:.2f}") -> str:
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def _done(cache: dict[str, Any], key: str) -> list[int]:
+    runs = cache.get("runs", {}).get(key, {})
+    return sorted(int(s) for s, r in runs.items() if "dms" in r and "evolution" in r)
+
+
+def _widths(structure: dict[str, Any]) -> str:
+    w = "/".join(str(g["kept"]) for g in structure.get("width", []))
+    d = "/".join(str(len(g["kept"])) for g in structure.get("depth", []))
+    return f"{w} | blocks {d}" if d else w
+
+
+def _summary(cache: dict[str, Any], key: str) -> dict[str, Any]:
+    """Per-seed reach times and the ratios (JSON-able; also written into the cache)."""
+    runs, have = cache["runs"][key], _done(cache, key)
+    dms_mean = statistics.mean(runs[str(s)]["dms"]["acc"] for s in have)
+    rows = []
+    for s in have:
+        d, e = runs[str(s)]["dms"], runs[str(s)]["evolution"]
+        row = {"seed": s, "dms_cpu_s": d["cpu_s"], "dms_acc": d["acc"], "evo_cpu_s": e["cpu_s"],
+               "evo_final_acc": e["curve"][-1]["test_acc"], "evo_final_val": e["curve"][-1]["val_acc"]}
+        for name, acc in (("mean", dms_mean), ("seed", d["acc"])):
+            hit = reach(e["curve"], acc)
+            row[f"reach_{name}_cpu_s"] = None if hit is None else hit["cpu_s"]
+            row[f"reach_{name}_evals"] = None if hit is None else hit["evaluations"]
+            row[f"ratio_{name}"] = None if hit is None else hit["cpu_s"] / d["cpu_s"]
+        rows.append(row)
+    return {"dms_mean_acc": dms_mean, "rows": rows}
+
+
+def _cell(value: float | None, fmt: str, never: str) -> str:
+    return never if value is None else fmt.format(value)
+
+
+def write_table(cache: dict[str, Any], key: str) -> Path:
+    """``evolution.md`` from the cache (then ``evolution_reading.md`` when it exists)."""
+    setting, info = cache["settings"][key], cache["info"][key]
+    have = _done(cache, key)
+    e = setting["evolution"]
+    lines = ["# Search cost: DMS_p- vs evolutionary search on the same supernet (issue 10, table 3)", "",
+             "The analog of the paper's Table 3 (search cost of DMS vs evolutionary / NAS methods) on this "
+             "machine's scale.", "",
+             f"- command: `{info['command']}`; commit `{info['commit']}`",
+             f"- machine: {cache['machine']}",
+             f"- supernet: bench/gates.py's (ResNet-20 width 8, 8x8 digits, `dmscale pretrain` "
+             f"{setting['pretrain_epochs']} epochs, one per seed); target {setting['target']} x MACs for both",
+             f"- DMS_p-: `--pipeline p- --init <pretrain run>`, {setting['search_epochs']} epochs (400 steps), "
+             "finish phase, budget solver, BatchNorm recalibration of the export; as bench/gates.py",
+             f"- evolution (bench/evolution_lib.py): population {e['population']}, {e['generations']} generations, "
+             f"top {e['parents']} parents, {e['n_mutation']} mutation (p = {e['mutation_prob']}) + {e['n_crossover']} "
+             f"crossover children per generation (at most {e['population'] + e['generations'] * (e['n_mutation'] + e['n_crossover'])} "
+             "distinct candidates); candidates rejected unless their exact MACs (the searcher's hard cost) "
+             f"are <= target; elements kept by DMS's Taylor importance after {setting['importance_steps']} "
+             "importance-only batches at DMS's initial masks; fitness = top-1 of the hardened supernet on a "
+             f"held-out {setting['val_fraction']:.0%} of the training images after BatchNorm recalibration on "
+             f"the rest ({setting['fitness_bn_batches']} batches of {setting['batch_size']} per candidate, about one pass "
+             "over them; the pipeline's 20 would cost about 1.5 CPU s per candidate); the search stops at "
+             f"{e['max_seconds']:.0f} CPU s if its candidate budget is not used up by then",
+             "- accuracy: test top-1 **without retraining**, BatchNorm recalibrated as the pipeline's export "
+             "(training set, 20 batches); for the evolution, of its best-by-validation candidate at each moment",
+             "- cost: **process CPU seconds**, 1 torch thread (time.process_time; the machine is shared, wall "
+             "time is not comparable). Both clocks include building the task, supernet and searcher; DMS's "
+             "includes its export and one test evaluation, the evolution's test evaluations are off its clock",
+             f"- seeds done: {have}", ""]
+    if not have:
+        out = RESULTS / f"{NAME}.md"
+        out.write_text("\n".join(lines))
+        return out
+    summ = _summary(cache, key)
+    cache["summary"] = {key: summ}
+    runs, rows = cache["runs"][key], summ["rows"]
+    dm = summ["dms_mean_acc"]
+    lines += [f"DMS_p- mean test top-1 over seeds: **{100 * dm:.2f} %** (the accuracy the evolution must reach).", "",
+              "| seed | DMS_p- CPU s | DMS_p- top-1 (%) | evolution CPU s (all) | evolution final top-1 (%) | "
+              "evo CPU s to reach DMS mean | evaluations | ratio evo / DMS | evo CPU s to reach this seed's DMS | ratio |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        never = f"never (> {r['evo_cpu_s']:.0f})"
+        lines.append(
+            f"| {r['seed']} | {r['dms_cpu_s']:.1f} | {100 * r['dms_acc']:.2f} | {r['evo_cpu_s']:.0f} | "
+            f"{100 * r['evo_final_acc']:.2f} | {_cell(r['reach_mean_cpu_s'], '{:.1f}', never)} | "
+            f"{_cell(r['reach_mean_evals'], '{:d}', '-')} | {_cell(r['ratio_mean'], '{:.2f}x', '-')} | "
+            f"{_cell(r['reach_seed_cpu_s'], '{:.1f}', never)} | {_cell(r['ratio_seed'], '{:.2f}x', '-')} |")
+    ratios = [r["ratio_mean"] for r in rows if r["ratio_mean"] is not None]
+    lines += ["", f"- DMS_p- CPU seconds: {_ms([r['dms_cpu_s'] for r in rows], '{:.1f}')}; test top-1 "
+              f"{_ms([100 * r['dms_acc'] for r in rows])} %",
+              f"- evolution, whole budget: {_ms([r['evo_cpu_s'] for r in rows], '{:.0f}')} CPU s, final test top-1 "
+              f"{_ms([100 * r['evo_final_acc'] for r in rows])} % (validation {_ms([100 * r['evo_final_val'] for r in rows])} %)",
+              f"- evolution reached DMS_p-'s mean top-1 on {len(ratios)} of {len(rows)} seeds"
+              + (f"; CPU time ratio evolution / DMS_p- {_ms(ratios)} (per seed: "
+                 + ", ".join(f"{x:.2f}x" for x in ratios) + ")" if ratios else ""), ""]
+    lines += ["Per seed: importance pass, evaluations, cost check, the best candidate's export:", ""]
+    for s in have:
+        ev = runs[str(s)]["evolution"]
+        lines.append(f"- seed {s}: importance pass {ev['importance_cpu_s']:.1f} CPU s ({ev['importance_batches']} batches, "
+                     f"includes building task/supernet/searcher); {ev['evaluations']} candidates of a budget of "
+                     f"{ev['budget']}; largest evaluated MACs / target {ev['max_cost'] / ev['target_cost']:.3f}; "
+                     f"best: MACs / target {ev['best_cost'] / ev['target_cost']:.3f}, its export counts "
+                     f"{ev['export_macs']:,} MACs and scores {100 * ev['export_acc']:.2f} % (hardened supernet: "
+                     f"{100 * ev['curve'][-1]['test_acc']:.2f} %)")
+    lines += ["", "Structures (kept channels per width group | blocks per stage):", ""]
+    for s in have:
+        lines.append(f"- DMS_p-, seed {s}: {_widths(runs[str(s)]['dms']['structure'])}")
+        lines.append(f"- evolution, seed {s}: {_widths(runs[str(s)]['evolution']['structure'])}")
+    reading = RESULTS / f"{NAME}_reading.md"
+    if reading.exists():
+        lines += ["", reading.read_text().strip()]
+    out = RESULTS / f"{NAME}.md"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def plot(cache: dict[str, Any], key: str) -> Path | None:
+    """``evolution.png``: test top-1 vs CPU seconds, the evolution's best-so-far as steps, DMS_p- as points."""
+    have = _done(cache, key)
+    if not have:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    runs = cache["runs"][key]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, s in enumerate(have):
+        ev, d = runs[str(s)]["evolution"], runs[str(s)]["dms"]
+        xs = [p["cpu_s"] for p in ev["curve"]] + [ev["cpu_s"]]
+        ys = [100 * p["test_acc"] for p in ev["curve"]]
+        ax.step(xs, ys + ys[-1:], where="post", color=f"C{i}", label=f"evolution, seed {s} (test)")
+        ax.step(xs, [100 * p["val_acc"] for p in ev["curve"]] + [100 * ev["curve"][-1]["val_acc"]], where="post",
+                color=f"C{i}", ls=":", lw=0.8)
+        ax.plot([d["cpu_s"]], [100 * d["acc"]], marker="*", ms=13, color=f"C{i}", mec="k",
+                label=f"DMS_p-, seed {s}")
+    dm = statistics.mean(runs[str(s)]["dms"]["acc"] for s in have)
+    ax.axhline(100 * dm, color="k", lw=0.8, ls="--", label=f"DMS_p- mean {100 * dm:.1f} %")
+    ax.set_xscale("log")
+    ax.set_xlabel("search cost (process CPU seconds, 1 thread)")
+    ax.set_ylabel("top-1 of the best candidate, no retrain (%)")
+    ax.set_title(f"Table 3 analog: {cache['settings'][key]['target']} x MACs (dotted: evolution's validation fitness)",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    out = RESULTS / f"{NAME}.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: one seed, short pretrain, search and evolution")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--table-only", action="store_true", help="only rewrite evolution.md / .png from the cache")
+    p.add_argument("--generations", type=int, default=10, help="generations of the evolution (SPOS: 20)")
+    p.add_argument("--name", default="evolution", help="stem of the results files (json, md, png)")
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "evolution")
+    args = p.parse_args(argv)
+    global RESULTS, CACHE, NAME
+    NAME = args.name
+    CACHE = RESULTS / f"{NAME}.json"
+    bc = BenchConfig(evolution=dataclasses.replace(BenchConfig().evolution, generations=args.generations))
+    if args.quick:  # a smoke run: its cache and table stay under the work directory
+        args.seeds = [0]
+        bc = BenchConfig(pretrain_epochs=2.0, search_epochs=2.0, importance_steps=4,
+                         evolution=el.EvolutionConfig(population=8, generations=2, parents=3, n_mutation=4, n_crossover=4))
+        RESULTS = args.workdir / "quick"
+        CACHE = RESULTS / f"{NAME}.json"
+    torch.set_num_threads(1)
+    key = bc.key()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
+    cache["machine"] = (f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs), "
+                        f"torch {torch.__version__}, 1 thread")
+    if not args.table_only:
+        cache.setdefault("settings", {})[key] = bc.as_dict()
+        command = ("python bench/evolution.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+        cache.setdefault("info", {})[key] = {"command": command, "commit": git_commit(ROOT), "seeds": args.seeds}
+        runs = cache.setdefault("runs", {}).setdefault(key, {})
+        for seed in args.seeds:
+            done = runs.setdefault(str(seed), {})
+            pre_dir = _pretrain(bc, seed, args.workdir)
+            for method, fn in (("dms", lambda: run_dms(bc, seed, pre_dir, args.workdir)),
+                               ("evolution", lambda: run_evolution(bc, seed, pre_dir))):
+                if method not in done:
+                    done[method] = fn()
+                    CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+            d, e = done["dms"], done["evolution"]
+            print(f"seed {seed}: DMS_p- {100 * d['acc']:.2f} % in {d['cpu_s']:.1f} CPU s | evolution final "
+                  f"{100 * e['curve'][-1]['test_acc']:.2f} % in {e['cpu_s']:.1f} CPU s ({e['evaluations']} candidates)",
+                  flush=True)
+    table = write_table(cache, key)
+    CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    print(f"wrote {table} and {plot(cache, key)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -45,7 +45,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from dmscale.pipeline import Pipeline
 
     out = Path(tempfile.mkdtemp(prefix="smollm2-mem-")) / name
-    probe = RunConfig(command="search", task="text", model=f"hf:{smollm2_path()}", seq_len=args.seq_len,
+    probe = RunConfig(command="search", task="text", model=f"hf:{smollm2_path()}", pipeline="p",
+                      seq_len=args.seq_len,
                       batch_size=args.batch_size).resolved()
     from dmscale.tasks.registry import build_task
 

@@ -1,18 +1,23 @@
 """SmolLM2-135M pruned with DMS_p and distillation on the Shakespeare training split (issue 9).
 
-    PYTHONPATH=src python bench/smollm2_prune.py [--target 0.8] [--epochs E] [--retrain-epochs E]
-        [--seq-len 64] [--batch-size 4] [--test-limit N] [--threads T] [--layer-uniform]
+    PYTHONPATH=src python bench/smollm2_prune.py --target 0.8 [--epochs E] [--retrain-epochs E]
+        [--seq-len 128] [--batch-size 8] [--test-limit N] [--threads T] [--distill-hidden W]
+        [--layer-uniform] [--out DIR]
+    PYTHONPATH=src python bench/smollm2_prune.py --table    # rewrite the table from the cache
 
 Runs the same pipeline as ``dmscale search --model hf:SmolLM2.gguf --task text --pipeline p``
 (pretrained weights as the supernet, search with KL distillation from one frozen copy of the
 original, export, finetune with distillation, ``RUN/hf``), then evaluates the original model
-on the same held-out tokens. Records held-out perplexity and bits per byte of the original,
-of the export before finetuning and after it, the parameters, wall time and peak resident
+on the same held-out tokens (once per sequence length and test size; cached). Each target's
+numbers -- held-out perplexity and bits per byte of the export before and after finetuning,
+parameters, the budget reached over the target, steps per phase, wall time and peak resident
 memory (``resource.getrusage`` max RSS of this process, measured before the original is
-loaded again for its evaluation) in ``bench/results/smollm2_prune.md``.
+loaded for its evaluation) -- are cached as json in ``bench/results/smollm2_prune/``, and
+``bench/results/smollm2_prune.md`` is written from every cached target (hand-written notes
+in ``smollm2_prune_notes.md`` are appended).
 
-The defaults are a very short configuration (a few dozen steps, minutes on 2 CPU cores), far
-from converged; pass larger ``--epochs`` on a real machine.
+Search and finetune lengths are fractions of an epoch of the 1.4 M training tokens; on a CPU
+a run of minutes is a handful of steps, far from converged.
 """
 
 from __future__ import annotations

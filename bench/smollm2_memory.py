@@ -93,13 +93,16 @@ def write_table() -> Path:
              f"{platform.platform()}, {os.cpu_count()} CPU cores (shared), float32, no GPU.", "",
              "Each row is a fresh process: `dmscale search --pipeline p --retrain-epochs 0` "
              "(load the GGUF, search, finish, export, evaluate, save `hf/`); peak = max RSS.", "",
-             "| configuration | peak RSS | search steps | s / step | batch x seq | test tokens |",
+             "| configuration | peak RSS | search steps | wall s / step (1 thread, contended) | batch x seq | test tokens |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         sps = f"{r['s_per_step']:.1f}" if r.get("s_per_step") else "-"
         lines.append(f"| {r['name']} (`--distill-weight {r['distill_weight']:g}`) | "
                      f"{r['peak_rss_mib'] / 1024:.2f} GiB | {r['search_steps']} | {sps} | "
                      f"{r['batch_size']} x {r['seq_len']} | {r['test_limit']} |")
+    notes = [f"- {r['name']}: {r['note']}" for r in rows if r.get("note")]
+    if notes:
+        lines += ["", "Notes:", "", *notes]
     path = RESULTS / "smollm2_memory.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

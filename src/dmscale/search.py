@@ -430,7 +430,14 @@ class Searcher:
         return self.resources()
 
     def _give_back_units(self, topks: list[Any]) -> None:
-        """Greedy: add one unit to the dim whose unit costs least, while under target."""
+        """Greedy: add one unit to the dim whose unit costs least, while under target.
+
+        A unit that costs nothing (a width inside a block that depth search removed) is given
+        back together with every further free unit of its dim: the one-by-one greedy would
+        pick them next anyway, one full cost evaluation per dim for each unit, which took
+        hours for an LLM's FFN widths.
+        """
+        current = self._exact_cost("hard")
         for _ in range(10 * sum(t.n_units for t in topks)):
             best: tuple[float, Any, int] | None = None
             for t in topks:
@@ -446,7 +453,27 @@ class Searcher:
                     best = (cost, t, k + 1)
             if best is None:
                 break
-            best[1].set_count(best[2])
+            cost, t, k = best
+            if cost <= current:
+                k = self._last_free_count(t, k, current)
+            t.set_count(k)
+            current = self._exact_cost("hard")
+
+    def _last_free_count(self, t: Any, k: int, current: float) -> int:
+        """The largest count >= ``k`` of ``t`` whose hard cost stays ``current`` (binary
+        search: the cost does not fall as a dim keeps more units)."""
+        old_a = t.a.detach().clone()
+        lo, hi = k, t.n_units
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            t.set_count(mid)
+            if t.hard_count() == mid and self._exact_cost("hard") <= current:
+                lo = mid
+            else:
+                hi = mid - 1
+        with torch.no_grad():
+            t.a.copy_(old_a)
+        return lo
 
     @contextlib.contextmanager
     def hardened(self) -> Iterator[nn.Module]:

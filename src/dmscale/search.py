@@ -149,6 +149,20 @@ class SearchConfig:
         self.exclude = list(self.exclude)
 
 
+def _cached_hard_mask(t: Any, cache: dict[int, list[Any]]) -> torch.Tensor:
+    """``t.hard_mask()``, reused while ``t.a`` has a value seen in its last two calls."""
+    a = t.a.detach()
+    key = float(a) if a.numel() == 1 else a.cpu().numpy().tobytes()
+    seen = cache.setdefault(id(t), [])
+    for k, mask in seen:
+        if k == key:
+            return mask
+    mask = t.hard_mask()
+    seen.append((key, mask))
+    del seen[:-2]
+    return mask
+
+
 class Searcher:
     """A DMS search attached to a model. Create it with :func:`prepare`.
 
@@ -291,13 +305,17 @@ class Searcher:
         return target
 
     # ------------------------------------------------------------------ masks
-    def _masks(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(width mask with trailing 1, flat depth mask) of kind "soft", "hard", "open", "min"."""
+    def _masks(self, kind: str, cache: dict[int, list[Any]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(width mask with trailing 1, flat depth mask) of kind "soft", "hard", "open", "min".
+
+        ``cache`` (hard masks only): each dim's last two hard masks by the value of its ``a``,
+        for the budget solver, which changes one dim at a time (the importances stay fixed).
+        """
         def pick(t: Any) -> torch.Tensor:
             if kind == "soft":
                 return t.soft_mask()
             if kind == "hard":
-                return t.hard_mask()
+                return t.hard_mask() if cache is None else _cached_hard_mask(t, cache)
             if kind == "min":  # the smallest units: the short last one and the first full ones
                 unit = torch.zeros(t.n_units, dtype=torch.float32, device=t.a.device)
                 if t.min_units > 0:
@@ -314,10 +332,11 @@ class Searcher:
         depth = torch.cat(depth_parts) if depth_parts else torch.zeros(0, device=g._device())
         return width, depth
 
-    def _exact_cost(self, hard: str | None, resource: str | None = None) -> float:
+    def _exact_cost(self, hard: str | None, resource: str | None = None,
+                    cache: dict[int, list[Any]] | None = None) -> float:
         kind = "open" if hard is None else hard
         with torch.no_grad():
-            w, d = self._masks(kind)
+            w, d = self._masks(kind, cache)
             return float(self._cost_model(resource)(w, d))
 
     # ------------------------------------------------------------------ public API
@@ -437,7 +456,8 @@ class Searcher:
         pick them next anyway, one full cost evaluation per dim for each unit, which took
         hours for an LLM's FFN widths.
         """
-        current = self._exact_cost("hard")
+        cache: dict[int, list[Any]] = {}
+        current = self._exact_cost("hard", cache=cache)
         for _ in range(10 * sum(t.n_units for t in topks)):
             best: tuple[float, Any, int] | None = None
             for t in topks:
@@ -446,7 +466,7 @@ class Searcher:
                     continue
                 old_a = t.a.detach().clone()
                 t.set_count(k + 1)
-                cost = self._exact_cost("hard") if t.hard_count() == k + 1 else math.inf
+                cost = self._exact_cost("hard", cache=cache) if t.hard_count() == k + 1 else math.inf
                 with torch.no_grad():
                     t.a.copy_(old_a)
                 if cost <= self.target_cost and (best is None or cost < best[0]):
@@ -457,7 +477,7 @@ class Searcher:
             if cost <= current:
                 k = self._last_free_count(t, k, current)
             t.set_count(k)
-            current = self._exact_cost("hard")
+            current = self._exact_cost("hard", cache=cache)
 
     def _last_free_count(self, t: Any, k: int, current: float) -> int:
         """The largest count >= ``k`` of ``t`` whose hard cost stays ``current`` (binary

@@ -118,6 +118,12 @@ def _public(argv: list[str]) -> list[str]:
     return out
 
 
+def _without_target(argv: list[str]) -> list[str]:
+    """The arguments without ``--target T`` (the table shows one command per target)."""
+    return [a for i, a in enumerate(argv) if not (a == "--target" or a.startswith("--target=")
+                                                  or (i and argv[i - 1] == "--target"))]
+
+
 def _row(name: str, ev: dict[str, float] | None, params: int, sup: int, extra: str = "") -> str:
     if ev is None:
         return f"| {name} | - | - | {params / 1e6:.2f}M ({params / sup:.1%}) |{extra}"
@@ -200,8 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     CACHE.mkdir(parents=True, exist_ok=True)
     if not args.table:
-        args.argv = [a for a in _public(argv) if a != "--target" and not a.startswith("--target=")]
-        args.argv = [a for i, a in enumerate(args.argv) if not (i and args.argv[i - 1] == "--target")]
+        args.argv = _without_target(_public(argv))
         res = run(args)
         (CACHE / f"target{args.target}.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
     results = [json.loads(f.read_text()) for f in sorted(CACHE.glob("target*.json"))]

@@ -1,24 +1,30 @@
 """SmolLM2-135M pruned with DMS_p and distillation on the Shakespeare training split (issue 9).
 
-    PYTHONPATH=src python bench/smollm2_prune.py [--target 0.8] [--epochs E] [--retrain-epochs E]
-        [--seq-len 64] [--batch-size 4] [--test-limit N] [--threads T] [--layer-uniform]
+    PYTHONPATH=src python bench/smollm2_prune.py --target 0.8 [--epochs E] [--retrain-epochs E]
+        [--seq-len 128] [--batch-size 8] [--test-limit N] [--threads T] [--distill-hidden W]
+        [--layer-uniform] [--out DIR]
+    PYTHONPATH=src python bench/smollm2_prune.py --table    # rewrite the table from the cache
 
 Runs the same pipeline as ``dmscale search --model hf:SmolLM2.gguf --task text --pipeline p``
 (pretrained weights as the supernet, search with KL distillation from one frozen copy of the
 original, export, finetune with distillation, ``RUN/hf``), then evaluates the original model
-on the same held-out tokens. Records held-out perplexity and bits per byte of the original,
-of the export before finetuning and after it, the parameters, wall time and peak resident
+on the same held-out tokens (once per sequence length and test size; cached). Each target's
+numbers -- held-out perplexity and bits per byte of the export before and after finetuning,
+parameters, the budget reached over the target, steps per phase, wall time and peak resident
 memory (``resource.getrusage`` max RSS of this process, measured before the original is
-loaded again for its evaluation) in ``bench/results/smollm2_prune.md``.
+loaded for its evaluation) -- are cached as json in ``bench/results/smollm2_prune/``, and
+``bench/results/smollm2_prune.md`` is written from every cached target (hand-written notes
+in ``smollm2_prune_notes.md`` are appended).
 
-The defaults are a very short configuration (a few dozen steps, minutes on 2 CPU cores), far
-from converged; pass larger ``--epochs`` on a real machine.
+Search and finetune lengths are fractions of an epoch of the 1.4 M training tokens; on a CPU
+a run of minutes is a handful of steps, far from converged.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import platform
 import resource
@@ -36,6 +42,7 @@ from dmscale.config import RunConfig  # noqa: E402
 from dmscale.pipeline import Pipeline  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
+CACHE = RESULTS / "smollm2_prune"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -51,8 +58,21 @@ def smollm2_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / GGUF
 
 
+def _original_eval(pipe: Any, args: argparse.Namespace) -> dict[str, float]:
+    """Held-out metrics of the unpruned model, cached per (seq len, test tokens)."""
+    path = CACHE / f"original_seq{args.seq_len}_test{args.test_limit}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    from dmscale.tasks.registry import build_model
+
+    original, _ = build_model(pipe.cfg, pipe.task.info)
+    ev = pipe.task.evaluate(original)
+    path.write_text(json.dumps(ev, indent=1), encoding="utf-8")
+    return ev
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """One pipeline run and the evaluation of the original; returns the numbers."""
+    """One pipeline run (and the original's evaluation, once); returns the numbers."""
     out = Path(args.out or tempfile.mkdtemp(prefix="smollm2-")) / f"target{args.target}"
     cfg = RunConfig(command="search", task="text", model=f"hf:{smollm2_path()}", pipeline="p",
                     resource="params", target=args.target, layer_uniform=args.layer_uniform,
@@ -61,20 +81,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     retrain_epochs=args.retrain_epochs, test_limit=args.test_limit,
                     optimizer="adamw", structure_lr=args.structure_lr,
                     resource_weight=args.resource_weight, threads=args.threads,
+                    **({"distill_hidden": args.distill_hidden} if args.distill_hidden else {}),
                     quiet=True, out=str(out))
+    commit = _commit()
     t0 = time.perf_counter()
     pipe = Pipeline(cfg)
     summary = pipe.run()
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB (Linux)
-    from dmscale.tasks.registry import build_model
-
-    original, _ = build_model(pipe.cfg, pipe.task.info)
-    orig = pipe.task.evaluate(original)
+    orig = _original_eval(pipe, args)
     ev = summary["evals"]
-    return {"summary": summary, "original": orig, "before": ev["search"], "after": ev.get("retrain"),
-            "wall_s": wall, "peak_rss_mib": peak, "run_dir": str(out), "task": pipe.task.describe(),
-            "steps": summary["steps"]}
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    phase_steps = {ph: max((r["step"] for r in records if r.get("phase") == ph and "step" in r), default=0)
+                   for ph in ("search", "finish", "retrain")}
+    res = summary["resources"]
+    return {"args": vars(args), "commit": commit, "machine": platform.platform(),
+            "cpus": os.cpu_count(), "original": orig, "before": ev["search"], "after": ev.get("retrain"),
+            "wall_s": wall, "peak_rss_mib": peak, "task": pipe.task.describe(),
+            "steps": summary["steps"], "phase_steps": phase_steps, "elapsed": summary.get("elapsed"),
+            "params": {"supernet": summary["counts"]["supernet"]["params"],
+                       "found": summary["counts"]["found"]["params"]},
+            "cost": {"hard": res["hard"], "target": res["target"], "supernet": res["supernet"]},
+            "warnings": summary.get("warnings") or []}
 
 
 def _public(argv: list[str]) -> list[str]:
@@ -90,42 +118,68 @@ def _public(argv: list[str]) -> list[str]:
     return out
 
 
-def write_markdown(args: argparse.Namespace, res: dict[str, Any], argv: list[str]) -> Path:
-    c = res["summary"]["counts"]
-    sup, found = c["supernet"]["params"], c["found"]["params"]
+def _without_target(argv: list[str]) -> list[str]:
+    """The arguments without ``--target T`` (the table shows one command per target)."""
+    return [a for i, a in enumerate(argv) if not (a == "--target" or a.startswith("--target=")
+                                                  or (i and argv[i - 1] == "--target"))]
 
-    def row(name: str, ev: dict[str, float] | None, params: int) -> str:
-        if ev is None:
-            return f"| {name} | - | - | {params / 1e6:.2f}M |"
-        return f"| {name} | {ev['ppl']:.2f} | {ev['bpb']:.3f} | {params / 1e6:.2f}M |"
 
+def _row(name: str, ev: dict[str, float] | None, params: int, sup: int, extra: str = "") -> str:
+    if ev is None:
+        return f"| {name} | - | - | {params / 1e6:.2f}M ({params / sup:.1%}) |{extra}"
+    return f"| {name} | {ev['ppl']:.2f} | {ev['bpb']:.3f} | {params / 1e6:.2f}M ({params / sup:.1%}) |{extra}"
+
+
+def write_markdown(results: list[dict[str, Any]]) -> Path:
+    """``smollm2_prune.md`` from cached run results (one per target)."""
+    results = sorted(results, key=lambda r: -r["args"]["target"])
+    first, a = results[0], results[0]["args"]
+    sup = first["params"]["supernet"]
+    argv = [f"--target {r['args']['target']}" for r in results]
     lines = [
         "# SmolLM2-135M pruned with DMS_p and distillation (issue 9)", "",
-        f"Command: `PYTHONPATH=src python bench/smollm2_prune.py {' '.join(_public(argv))}`  ",
-        f"Commit: `{_commit()}`; machine: {platform.platform()}, {os.cpu_count()} CPU cores "
-        f"(shared with other jobs), {args.threads} torch thread(s), no GPU.", "",
-        f"Data: {res['task']}. Pipeline p: the GGUF's de-quantised float32 weights are the "
-        f"supernet, search under a parameter budget of {args.target:.0%} with KL distillation "
-        "from one frozen copy of the original, export, finetune with distillation."
-        + (" `--layer-uniform`." if args.layer_uniform else " Per-layer widths.")
+        "Commands (one per target; `--table` rewrites this file from the cached json in "
+        "`bench/results/smollm2_prune/`):", "",
+        *[f"    PYTHONPATH=src python bench/smollm2_prune.py {t} " + " ".join(_public(r["args"]["argv"]))
+          for t, r in zip(argv, results)], "",
+        f"Commits: {', '.join(sorted({'`' + r['commit'] + '`' for r in results}))}; machine: "
+        f"{first['machine']}, {first['cpus']} CPU cores shared with other jobs (load about 3-4), "
+        f"{a['threads']} torch thread(s), float32, no GPU. One seed (0).", "",
+        f"Data: {first['task']}. Pipeline p: the GGUF's de-quantised float32 weights are the "
+        "supernet, search under a parameter budget with KL distillation (logits, T = 1, weight 1)"
+        + (f" and hidden-state distillation (weight {a['distill_hidden']})" if a.get("distill_hidden") else "")
+        + " from one frozen copy of the original, export, finetune with the same distillation."
+        + (" `--layer-uniform`." if a["layer_uniform"] else " Per-layer widths.")
         + " Hidden size kept (`--exclude lm.model.embed_tokens`).", "",
-        f"**A very short configuration** ({res['steps']} optimisation steps in all: search "
-        f"epochs {args.epochs}, finetune epochs {args.retrain_epochs}, batches of "
-        f"{args.batch_size} x {args.seq_len} tokens, `--structure-lr {args.structure_lr} "
-        f"--resource-weight {args.resource_weight}`): it shows the pipeline end to end and its "
-        "cost, not the quality a converged run reaches.", "",
-        "| model | held-out perplexity | bits/byte | parameters |", "| --- | --- | --- | --- |",
-        row("original SmolLM2-135M", res["original"], sup),
-        row("export before finetuning", res["before"], found),
-        row("export after finetuning", res["after"], found), "",
-        f"Wall time {res['wall_s']:.0f} s (model loading, tokenising the corpus on a first run, "
-        f"search, finetune, evaluations, saving `hf/`); peak resident memory "
-        f"{res['peak_rss_mib']:.0f} MiB (max RSS of the process during the pipeline).", "",
+        "| model | held-out perplexity | bits/byte | parameters | budget / target | "
+        "steps search + finish / finetune | wall | peak RSS |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        _row("original SmolLM2-135M", first["original"], sup, sup, " - | - | - | - |"),
     ]
-    warnings = res["summary"].get("warnings") or []
-    if warnings:
-        lines += ["Warnings: " + "; ".join(warnings), ""]
-    path = RESULTS / f"smollm2_prune{args.suffix}.md"
+    for r in results:
+        t, ps = r["args"]["target"], r["phase_steps"]
+        ratio = r["cost"]["hard"] / r["cost"]["target"]
+        tail = (f" {ratio:.3f} | {ps['search']} + {ps['finish']} / {ps['retrain']} | "
+                f"{r['wall_s'] / 60:.1f} min | {r['peak_rss_mib'] / 1024:.2f} GiB |")
+        lines.append(_row(f"{t:.0%} export, before finetuning", r["before"], r["params"]["found"], sup,
+                          tail))
+        lines.append(_row(f"{t:.0%} export, after finetuning", r["after"], r["params"]["found"], sup,
+                          " | | | |"))
+    lines += ["", f"Settings: batches of {a['batch_size']} x {a['seq_len']} tokens, search epochs "
+              f"{a['epochs']}, finetune epochs {a['retrain_epochs']} (the same finetune budget for "
+              f"every target), `--optimizer adamw --lr 1e-4 --structure-lr {a['structure_lr']} "
+              f"--resource-weight {a['resource_weight']}`, {a['test_limit']} held-out tokens. "
+              "Budget / target: the exported model's parameters over the target's (the searcher's "
+              "hard cost). Wall: the whole process (loading the GGUF, search, finish, export, "
+              "finetune, evaluations, `hf/`), not the original's evaluation; peak RSS: "
+              "`ru_maxrss` of the process over the pipeline.", ""]
+    for r in results:
+        if r["warnings"]:
+            lines += [f"Warnings ({r['args']['target']:.0%}): " + "; ".join(r["warnings"]), ""]
+    path = RESULTS / "smollm2_prune.md"
+    notes = RESULTS / "smollm2_prune_notes.md"
+    if notes.is_file():
+        lines += [notes.read_text(encoding="utf-8")]
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
 
@@ -136,20 +190,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--target", type=float, default=0.8)
     p.add_argument("--epochs", type=float, default=0.003, help="search epochs (fraction)")
     p.add_argument("--retrain-epochs", type=float, default=0.002)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--test-limit", type=int, default=4096, help="held-out tokens evaluated")
     p.add_argument("--structure-lr", type=float, default=0.1)
     p.add_argument("--resource-weight", type=float, default=50.0,
                    help="with the default 1 the task gradient on the thresholds of a pretrained "
                         "LLM outweighs the resource loss and a short search does not move")
+    p.add_argument("--distill-hidden", type=float, default=0.0,
+                   help="weight of the hidden-state distillation (0: logits only)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--layer-uniform", action="store_true")
     p.add_argument("--out", default=None, help="where the run directory goes (default: a temp dir)")
-    p.add_argument("--suffix", default="", help="appended to the results file name")
+    p.add_argument("--table", action="store_true", help="only rewrite the table from the cached json")
     args = p.parse_args(argv)
-    res = run(args)
-    print(write_markdown(args, res, argv).read_text())
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if not args.table:
+        args.argv = _without_target(_public(argv))
+        res = run(args)
+        (CACHE / f"target{args.target}.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
+    results = [json.loads(f.read_text()) for f in sorted(CACHE.glob("target*.json"))]
+    print(write_markdown(results).read_text())
 
 
 if __name__ == "__main__":

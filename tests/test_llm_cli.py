@@ -140,6 +140,22 @@ def test_layer_uniform_p_minus_gives_standard_config(tiny_hf, tmp_path, capsys):
     assert sum(p.numel() for p in hf.parameters()) == found
 
 
+def test_distill_hidden_records_a_finite_positive_hidden_loss(tiny_hf, tmp_path, capsys):
+    model_dir, data = tiny_hf
+    run = tmp_path / "run"
+    rc, out, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+                         "--pipeline", "p", "--epochs", "0.02", "--retrain-epochs", "0.01",
+                         "--exclude", "lm.model.embed_tokens", "--test-limit", "300",
+                         "--distill-hidden", "1", "--out", str(run), *COMMON], capsys)
+    assert rc == 0, err
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    hidden = [r for r in records if "distill_hidden_loss" in r]
+    assert {"search", "retrain"} <= {r["phase"] for r in hidden}
+    later = [r["distill_hidden_loss"] for r in hidden if r["global_step"] > 1]
+    assert later and all(math.isfinite(v) and v > 0 for v in later)
+    assert all("distill_loss" in r for r in hidden)  # the logits term stays on (weight 1)
+
+
 def test_text_task_split_cache_and_bits_per_byte(tiny_hf):
     from dmscale.tasks.text import TextTask
 

@@ -19,7 +19,8 @@ from dmscale.pipeline import (
     phases_of,
     save_weights,
 )
-from dmscale.tasks.registry import build_model, build_task, distill_loss
+from dmscale.tasks.registry import Distillation, Task, build_model, build_task, distill_loss, \
+    hidden_distill_loss
 
 
 def tiny(tmp_path: Path, **kw: object) -> RunConfig:
@@ -106,6 +107,32 @@ def test_distill_loss_is_zero_for_equal_logits_and_positive_otherwise() -> None:
     z = torch.randn(4, 7, 5)
     assert float(distill_loss(z, z, 2.0)) == pytest.approx(0.0, abs=1e-6)
     assert float(distill_loss(z, torch.randn(4, 7, 5), 2.0)) > 0
+
+
+def test_hidden_distill_loss_is_zero_for_equal_states_and_maps_layers_by_depth() -> None:
+    h = tuple(torch.randn(2, 5, 8) for _ in range(4))  # embeddings + 3 blocks
+    assert float(hidden_distill_loss(h, h)) == 0.0
+    shifted = (h[0],) + tuple(x + 2.0 for x in h[1:])
+    assert float(hidden_distill_loss(shifted, h)) == pytest.approx(4.0)  # the embeddings are left out
+    # depth search removed a block: only the final states are compared
+    fewer = (h[0], torch.randn(2, 5, 8), h[-1])
+    assert float(hidden_distill_loss(fewer, h)) == 0.0
+    student = tuple(x.clone().requires_grad_() for x in shifted)
+    teacher = tuple(x.clone().requires_grad_() for x in h)
+    hidden_distill_loss(student, teacher).backward()
+    assert all(t.grad is None for t in teacher)  # the teacher's states are detached
+    assert student[0].grad is None or float(student[0].grad.abs().sum()) == 0.0
+    assert float(student[-1].grad.abs().sum()) > 0
+
+
+def test_distillation_refuses_hidden_states_of_a_model_that_returns_logits_only() -> None:
+    student, teacher = nn.Linear(4, 3), nn.Linear(4, 3)
+    with pytest.raises(ConfigError, match="--distill-hidden.*returns logits only"):
+        Distillation(teacher, hidden_weight=1.0)(Task(), student, torch.randn(2, 4))
+    with pytest.raises(ConfigError, match="--distill-hidden.*--task digits"):
+        RunConfig(task="digits", pipeline="p", teacher="supernet", distill_hidden=1.0).resolved()
+    with pytest.raises(ConfigError, match="--distill-hidden.*no teacher"):
+        RunConfig(task="shakespeare", model="llama", distill_hidden=1.0).resolved()
 
 
 def test_weights_round_trip_atomically(tmp_path: Path) -> None:

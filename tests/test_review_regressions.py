@@ -87,3 +87,45 @@ def test_casting_the_model_keeps_structural_state_in_float32():
         assert topk.hard_count() == k
     with torch.no_grad():
         assert net(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def _llama_with_a_removed_block(monkeypatch, one_by_one: bool) -> tuple[list[int], float, int]:
+    """meet_target on a 3-block Llama whose last block depth search removed (its FFN width is
+    then free); returns the width counts, the cost and the number of cost evaluations."""
+    dms.ensure_torchvision()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    x = {"input_ids": torch.randint(0, 64, (1, 8))}
+    searcher = dms.prepare(LlamaForCausalLM(cfg), x, dms.SearchConfig(
+        resource="params", target=0.45, exclude=["model.embed_tokens"]))
+    (depth,) = searcher.gates.depth
+    with torch.no_grad():
+        depth.importance.copy_(torch.tensor([3.0, 2.0, 1.0]))  # the last block is the least important
+    depth.set_count(2)
+    searcher.gates.depth_frozen = True  # keep the removed block removed
+    for i, t in enumerate(searcher.gates.width):
+        with torch.no_grad():
+            t.importance.copy_(torch.rand(t.n_units))
+        t.set_count(1 if i == 5 else t.n_units // 2)  # index 5: the removed block's FFN
+    if one_by_one:  # the greedy before free units were given back together
+        import dmscale.solver
+
+        monkeypatch.setattr(dmscale.solver, "_last_free_count", lambda t, k, current, hard_cost: k)
+    calls = []
+    real = type(searcher)._exact_cost
+    monkeypatch.setattr(type(searcher), "_exact_cost",
+                        lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    res = searcher.meet_target()
+    monkeypatch.undo()
+    return [t.hard_count() for t in searcher.gates.width], res["hard"], len(calls)
+
+
+def test_budget_solver_gives_back_free_units_at_once_with_the_same_result(monkeypatch):
+    counts, cost, calls = _llama_with_a_removed_block(monkeypatch, one_by_one=False)
+    ref_counts, ref_cost, ref_calls = _llama_with_a_removed_block(monkeypatch, one_by_one=True)
+    assert counts == ref_counts and cost == ref_cost
+    assert counts[5] == 128  # every FFN channel of the removed block is free
+    assert calls < ref_calls / 3, (calls, ref_calls)

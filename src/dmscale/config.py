@@ -219,6 +219,11 @@ OPTIONS: tuple[Option, ...] = (
     _o("distill_temperature", positive_float, 1.0,
        "softmax temperature of the distillation loss", ("search", "retrain"), "distillation",
        metavar="T"),
+    _o("distill_hidden", nonneg_float, 0.0,
+       "weight of hidden-state distillation: W x the mean over layers of the MSE between the "
+       "model's and the teacher's hidden states (same-index layers; only the final state when "
+       "the depths differ), added to the loss; Hugging Face causal LMs (hf:PATH, llama) only; "
+       "0 = off", ("search", "retrain"), "distillation", metavar="W"),
     # ---- training
     _o("epochs", positive_float, 1.0,
        "epochs of the main phase: the search (search), pretraining (pretrain) or "
@@ -325,6 +330,7 @@ class RunConfig:
     teacher: str | None = None
     distill_weight: float = 1.0
     distill_temperature: float = 1.0
+    distill_hidden: float = 0.0
     epochs: float = 1.0
     pretrain_epochs: float | None = None
     retrain_epochs: float | None = None
@@ -406,7 +412,26 @@ class RunConfig:
             cfg.pretrain_epochs = cfg.epochs
         if cfg.retrain_epochs is None:
             cfg.retrain_epochs = cfg.epochs
+        cfg._check_distill_hidden()
         return cfg
+
+    def _check_distill_hidden(self) -> None:
+        if not self.distill_hidden or self.command not in ("search", "retrain"):
+            return
+        if self.task not in ("text", "shakespeare"):
+            raise ConfigError(f"--distill-hidden compares transformer hidden states, which the "
+                              f"models of --task {self.task} do not return: use it with a "
+                              "language model (--task text --model hf:PATH), or --distill-hidden 0")
+        if not self.teacher:
+            raise ConfigError("--distill-hidden compares the model's hidden states with a "
+                              "teacher's, and this run has no teacher: give --teacher "
+                              "RUN|FILE|supernet (hf: models distil from the original by "
+                              "default), or --distill-hidden 0")
+
+    @property
+    def distills(self) -> bool:
+        """Whether a run with a ``--teacher`` computes any distillation term."""
+        return self.distill_weight > 0 or self.distill_hidden > 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

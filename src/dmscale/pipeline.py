@@ -94,7 +94,7 @@ from .runs import (
     searcher_from_checkpoint,
 )
 from .tasks.hf_model import HF_DIR, is_hf_model, save_hf_dir
-from .tasks.registry import Task, build_task, distill_loss
+from .tasks.registry import Distillation, Task, build_task
 
 __all__ = [
     "Pipeline",
@@ -343,8 +343,9 @@ class Pipeline:
                searcher: dms.Searcher | None = None, teacher: nn.Module | None = None,
                until: Any = None) -> None:
         """Train ``model`` for ``total`` steps of ``phase``, resuming from a checkpoint."""
+        distill = Distillation.from_config(teacher, self.cfg) if teacher is not None else None
         StepLoop(self, phase, model, total, optimizers, schedulers, searcher=searcher,
-                 teacher=teacher, distill=distill_loss, until=until,
+                 distill=distill, until=until,
                  seed=self.cfg.seed * 10 + PHASE_SEED[phase]).run()
 
     def evaluate(self, phase: str, model: nn.Module, searcher: dms.Searcher | None, step: int,
@@ -421,7 +422,7 @@ class Pipeline:
         model.to(self.device)
         self._record_supernet(model)
         teacher = None
-        if cfg.teacher and cfg.distill_weight > 0:
+        if cfg.teacher and cfg.distills:
             teacher = load_teacher(cfg.teacher, self.device, supernet=model if pretrained else None)
             self._check_teacher(teacher, model)
             self._teacher = teacher  # kept for the retrain phase of this run: one frozen copy
@@ -474,6 +475,23 @@ class Pipeline:
         if a.shape != b.shape:
             raise ConfigError(f"--teacher {self.cfg.teacher}: its logits have shape {tuple(b.shape)}, "
                               f"the model's {tuple(a.shape)}")
+        if self.cfg.distill_hidden > 0:
+            self._check_hidden(teacher, model)
+
+    def _check_hidden(self, teacher: nn.Module, model: nn.Module) -> None:
+        """``--distill-hidden``: both forwards return hidden states of the same width."""
+        with torch.no_grad():
+            was = model.training
+            model.eval()
+            _, h_s = self.task.forward_hidden(model, self.example)
+            model.train(was)
+            _, h_t = self.task.forward_hidden(teacher, self.example)
+        if h_s[-1].shape[-1] != h_t[-1].shape[-1]:
+            raise ConfigError(
+                f"--distill-hidden: the model's hidden size {h_s[-1].shape[-1]} differs from the "
+                f"teacher's {h_t[-1].shape[-1]} (the search pruned the hidden size), so their "
+                "hidden states cannot be compared: keep the hidden size (--exclude "
+                "lm.model.embed_tokens for an hf: model) or finetune with --distill-hidden 0")
 
     def _finish_search(self, model: nn.Module, searcher: dms.Searcher, teacher: nn.Module | None,
                        s_opt: torch.optim.Optimizer) -> None:
@@ -533,7 +551,7 @@ class Pipeline:
                     self._record_supernet(new_supernet(cfg, self.task.info, cfg.seed)[0])
         self.state["counts"]["found"] = dms.count(model, self.example)
         teacher = getattr(self, "_teacher", None)
-        if cfg.teacher and cfg.distill_weight > 0 and teacher is None:
+        if cfg.teacher and cfg.distills and teacher is None:
             sup = None
             if cfg.teacher == "supernet":
                 sup = self._pretrained_supernet()[0] if cfg.command == "search" else None

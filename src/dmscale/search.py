@@ -41,6 +41,20 @@ from .uniform import tie_ratios, uniform_groups
 __all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
 
 
+def _cached_hard_mask(t: Any, cache: dict[int, list[Any]]) -> torch.Tensor:
+    """``t.hard_mask()``, reused while ``t.a`` has a value seen in its last two calls."""
+    a = t.a.detach()
+    key = float(a) if a.numel() == 1 else a.cpu().numpy().tobytes()
+    seen = cache.setdefault(id(t), [])
+    for k, mask in seen:
+        if k == key:
+            return mask
+    mask = t.hard_mask()
+    seen.append((key, mask))
+    del seen[:-2]
+    return mask
+
+
 class Searcher:
     """A DMS search attached to a model. Create it with :func:`prepare`.
 
@@ -183,13 +197,17 @@ class Searcher:
         return target
 
     # ------------------------------------------------------------------ masks
-    def _masks(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(width mask with trailing 1, flat depth mask) of kind "soft", "hard", "open", "min"."""
+    def _masks(self, kind: str, cache: dict[int, list[Any]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(width mask with trailing 1, flat depth mask) of kind "soft", "hard", "open", "min".
+
+        ``cache`` (hard masks only): each dim's last two hard masks by the value of its ``a``,
+        for the budget solver, which changes one dim at a time (the importances stay fixed).
+        """
         def pick(t: Any) -> torch.Tensor:
             if kind == "soft":
                 return t.soft_mask()
             if kind == "hard":
-                return t.hard_mask()
+                return t.hard_mask() if cache is None else _cached_hard_mask(t, cache)
             if kind == "min":  # the smallest units: the short last one and the first full ones
                 unit = torch.zeros(t.n_units, dtype=torch.float32, device=t.a.device)
                 if t.min_units > 0:
@@ -206,10 +224,11 @@ class Searcher:
         depth = torch.cat(depth_parts) if depth_parts else torch.zeros(0, device=g._device())
         return width, depth
 
-    def _exact_cost(self, hard: str | None, resource: str | None = None) -> float:
+    def _exact_cost(self, hard: str | None, resource: str | None = None,
+                    cache: dict[int, list[Any]] | None = None) -> float:
         kind = "open" if hard is None else hard
         with torch.no_grad():
-            w, d = self._masks(kind)
+            w, d = self._masks(kind, cache)
             return float(self._cost_model(resource)(w, d))
 
     # ------------------------------------------------------------------ public API
@@ -291,7 +310,8 @@ class Searcher:
         """
         self._require_synced("meet_target()")
         topks = _distinct(list(self.gates.width) + ([] if self.gates.depth_frozen else list(self.gates.depth)))
-        solve_budget(topks, lambda: self._exact_cost("hard"), self.target_cost, iterations)
+        solve_budget(topks, lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
+                     iterations)
         return self.resources()
 
     @contextlib.contextmanager

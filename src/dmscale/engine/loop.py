@@ -68,7 +68,7 @@ MAX_NON_FINITE_STEPS = 3  # a run stops after this many consecutive non-finite l
 class LoopHost(Protocol):
     """What a :class:`StepLoop` needs from its run (a :class:`dmscale.pipeline.Pipeline`)."""
 
-    cfg: Any  # RunConfig: batch_size, seed, distill_*, stop_after, checkpoint_every, compile, quiet
+    cfg: Any  # RunConfig: batch_size, seed, stop_after, checkpoint_every, compile, quiet
     task: Any  # Task: train_batch, forward, task_loss, batch_metric, steps_per_epoch
     device: torch.device
     precision: Precision
@@ -125,7 +125,9 @@ class StepLoop:
             target with ``step / total``, ``finish`` pushes on the calibrated cost.
         optimizers / schedulers: stepped in this order every step.
         searcher: the :class:`dmscale.Searcher` of a search phase (adds the resource loss).
-        teacher / distill: distil from ``teacher`` with ``distill(logits, t_logits, T)``.
+        distill: distillation from a frozen teacher, ``distill(task, model, x) -> (logits,
+            [(name, weight, loss), ...])`` (a :class:`dmscale.tasks.registry.Distillation`):
+            the weighted terms are added to the task loss, each recorded under its name.
         until: stop the phase early once this returns True (checked after every step).
         seed: batches are ``task.train_batch(step, batch_size, seed)``.
     """
@@ -137,8 +139,7 @@ class StepLoop:
     optimizers: list[torch.optim.Optimizer]
     schedulers: list[Any] = field(default_factory=list)
     searcher: Any = None
-    teacher: nn.Module | None = None
-    distill: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None
+    distill: Callable[[Any, nn.Module, torch.Tensor], tuple[torch.Tensor, list[tuple[str, float, torch.Tensor]]]] | None = None
     until: Callable[[], bool] | None = None
     seed: int = 0
     _non_finite: int = field(default=0, init=False)  # consecutive non-finite losses (skipped)
@@ -212,15 +213,16 @@ class StepLoop:
         cfg, task = self.host.cfg, self.host.task
         record: dict[str, Any] = {}
         with self.host.precision.autocast():
-            logits = task.forward(self._net if self._net is not None else self.model, x)
+            net = self._net if self._net is not None else self.model  # DDP-wrapped when distributed
+            if self.distill is not None:
+                logits, terms = self.distill(task, net, x)
+            else:
+                logits, terms = task.forward(net, x), []
             task_loss = task.task_loss(logits, y)
             loss = task_loss
-            if self.teacher is not None and cfg.distill_weight > 0:
-                with torch.no_grad():
-                    t_logits = task.forward(self.teacher, x)
-                kd = self.distill(logits, t_logits, cfg.distill_temperature)
-                loss = loss + cfg.distill_weight * kd
-                record["distill_loss"] = float(kd.detach())
+            for name, weight, value in terms:
+                loss = loss + weight * value
+                record[name] = float(value.detach())
         progress = 1.0
         if self.searcher is not None:
             progress = step / self.total if self.phase == "search" else 1.0

@@ -163,14 +163,23 @@ class CharCNN(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Wraps a Hugging Face causal LM so that ``forward(ids)`` returns the logits tensor."""
+    """Wraps a Hugging Face causal LM so that ``forward(ids)`` returns the logits tensor;
+    ``forward(ids, output_hidden_states=True)`` returns ``(logits, hidden_states)`` with the
+    model's tuple of ``num_hidden_layers + 1`` hidden states (embeddings first, the final
+    normalised state last). Both go through this module's forward, so the search's masks
+    (computed in a pre-hook of the root module) apply."""
+
+    returns_hidden_states = True
 
     def __init__(self, lm: nn.Module) -> None:
         super().__init__()
         self.lm = lm
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        # ids: (B, T) -> logits (B, T, vocab)
+    def forward(self, ids: torch.Tensor, output_hidden_states: bool = False) -> Any:
+        # ids: (B, T) -> logits (B, T, vocab) [, hidden states L + 1 x (B, T, hidden)]
+        if output_hidden_states:
+            out = self.lm(input_ids=ids, output_hidden_states=True)
+            return out.logits, tuple(out.hidden_states)
         return self.lm(input_ids=ids).logits
 
 

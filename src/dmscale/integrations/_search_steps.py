@@ -8,9 +8,9 @@ themselves live here, written once:
   no weight decay (decay would pull every ratio towards 0, i.e. towards keeping everything).
 * :func:`pin_structure_lr`: put that learning rate back before each step (the user's LR
   scheduler changes every group's rate; the CLI trains ``a`` at a constant rate).
-* :func:`sync_importance`: average the importance across ranks under DDP, when the
-  :class:`~dmscale.search.Searcher` offers it.
-* :func:`export_and_save`: bring the hard structure to the budget, export, save.
+* :func:`export_and_save`: bring the hard structure to the budget, export, save;
+* :func:`lazy_class`: a module attribute built on first use (the framework's base class is
+  imported only then).
 
 Example:
     >>> import torch, dmscale as dms
@@ -32,7 +32,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -40,7 +40,7 @@ from torch import nn
 from ..errors import MissingDependencyError
 
 __all__ = ["STRUCTURE_GROUP_KEY", "add_structure_group", "pin_structure_lr", "structure_group",
-           "sync_importance", "export_and_save", "require", "resource_backward", "ADAM_LIKE"]
+           "lazy_class", "export_and_save", "require", "resource_backward", "ADAM_LIKE"]
 
 STRUCTURE_GROUP_KEY = "dms_structure"  # marks the group (survives optimizer state_dict round trips)
 ADAM_LIKE = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "AdamWScheduleFree", "AdamW8bit", "PagedAdamW")
@@ -110,16 +110,23 @@ def pin_structure_lr(optimizer: Any, lr: float) -> None:
         group["lr"] = float(lr)
 
 
-def sync_importance(searcher: Any) -> None:
-    """Average the importance over DDP ranks when the searcher can (after backward).
+def lazy_class(module: str, name: str, build: Callable[[], type]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that builds ``name`` with ``build()`` on first access and keeps
+    it in ``module``'s namespace, so importing ``module`` needs no framework.
 
-    Under DDP each rank sees only its own micro-batch's mask gradients, so importances (and
-    with them the ranking of what is kept) drift apart across ranks; ``sync_importance``
-    averages them. Older searchers without it: no-op (single process needs none).
+    Example:
+        >>> getattr_ = lazy_class(__name__, "Built", lambda: type("Built", (), {}))
+        >>> getattr_("Built").__name__
+        'Built'
     """
-    sync = getattr(searcher, "sync_importance", None)
-    if callable(sync):
-        sync()
+    def module_getattr(attr: str) -> Any:
+        if attr == name:
+            cls = build()
+            setattr(sys.modules[module], name, cls)
+            return cls
+        raise AttributeError(f"module {module!r} has no attribute {attr!r}")
+
+    return module_getattr
 
 
 def export_and_save(searcher: Any, export_dir: str | os.PathLike[str] | None, *, meet_target: bool = True,

@@ -62,7 +62,7 @@ from torch import nn
 from .._compat import ensure_torchvision
 from ..masks import GATES_NAME
 from ..search import SearchConfig, Searcher, prepare
-from ._search_steps import add_structure_group, export_and_save, pin_structure_lr, require, sync_importance
+from ._search_steps import add_structure_group, export_and_save, lazy_class, pin_structure_lr, require
 
 __all__ = ["DMSTrainerMixin", "DMSTrainer", "SEARCH_STATE"]
 
@@ -140,8 +140,8 @@ class DMSTrainerMixin:
             self.accelerator.backward(resource / steps)  # type: ignore[attr-defined]
         if self.accelerator.sync_gradients:  # type: ignore[attr-defined]
             # last micro-batch of the step: under DDP, average importance over ranks
-            # (Searcher.sync_importance, where this dmscale has it)
-            sync_importance(self.searcher)
+            # (Searcher.sync_importance)
+            self.searcher.sync_importance()
             self._dms_log = {"dms_resource_loss": float(resource.detach())}
         return loss
 
@@ -204,10 +204,5 @@ def _build_trainer() -> type:
     return DMSTrainer
 
 
-def __getattr__(name: str) -> Any:
-    """``DMSTrainer`` is built on first use, so importing this module needs no transformers."""
-    if name == "DMSTrainer":
-        cls = _build_trainer()
-        globals()["DMSTrainer"] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``DMSTrainer`` is built on first use, so importing this module needs no transformers
+__getattr__ = lazy_class(__name__, "DMSTrainer", _build_trainer)

@@ -13,7 +13,7 @@ What the callback does, and at which hook:
   of gradient accumulation and after AMP's unscale, before gradient clipping): put the
   structural lr back (the user's LR scheduler scales every group), add the gradient of
   ``searcher.resource_loss(progress)`` with its own backward, and average importance over
-  ranks (``Searcher.sync_importance``, where this dmscale has it). Under DDP this backward
+  ranks (``Searcher.sync_importance``). Under DDP this backward
   runs after the gradient all-reduce, so it only adds locally; it is the same on every rank
   (a function of the replicated ``a`` alone).
 * ``on_fit_end``: :meth:`~dmscale.search.Searcher.meet_target`, ``export()``, and (rank 0)
@@ -45,8 +45,8 @@ from torch import nn
 from .._compat import ensure_torchvision
 from ..errors import MissingDependencyError
 from ..search import SearchConfig, Searcher, prepare
-from ._search_steps import (add_structure_group, export_and_save, pin_structure_lr, resource_backward,
-                            structure_group, sync_importance)
+from ._search_steps import (add_structure_group, export_and_save, lazy_class, pin_structure_lr,
+                            resource_backward, structure_group)
 
 __all__ = ["DMSCallbackLogic", "DMSCallback"]
 
@@ -116,8 +116,8 @@ class DMSCallbackLogic:
         pin_structure_lr(optimizer, self.structure_lr)
         searcher = self._searcher()
         loss = resource_backward(searcher, self.progress(trainer))
-        # under DDP: average importance over ranks (Searcher.sync_importance, where present)
-        sync_importance(searcher)
+        # under DDP: average importance over ranks (Searcher.sync_importance)
+        searcher.sync_importance()
         self.resource_losses.append(float(loss))
 
     def on_fit_end(self, trainer: Any, pl_module: nn.Module) -> None:
@@ -162,10 +162,5 @@ def _build_callback() -> type:
     return DMSCallback
 
 
-def __getattr__(name: str) -> Any:
-    """``DMSCallback`` is built on first use, so importing this module needs no Lightning."""
-    if name == "DMSCallback":
-        cls = _build_callback()
-        globals()["DMSCallback"] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``DMSCallback`` is built on first use, so importing this module needs no Lightning
+__getattr__ = lazy_class(__name__, "DMSCallback", _build_callback)

@@ -29,7 +29,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import git_commit  # noqa: E402
+from benchlib import git_commit, spread  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 from dmscale.config import RunConfig  # noqa: E402
 from dmscale.pipeline import Pipeline  # noqa: E402
@@ -61,12 +61,6 @@ def run_one(target: float, mode: str, seed: int, epochs: float, threads: int) ->
 
 def _key(target: float, mode: str, seed: int, epochs: float) -> str:
     return f"{target}/{mode}/{seed}/{epochs}"
-
-
-def _stats(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
 
 
 def _reading(rows: list[dict[str, Any]]) -> str:
@@ -105,9 +99,9 @@ def write_table(cache: dict[str, Any], epochs: float, seeds: list[int], command:
             if not rs:
                 continue
             ok = sum(0.98 <= r["search_end"] <= 1.0 + 1e-9 for r in rs)
-            lines.append(f"| {target} | {mode} | {_stats([r['search_end'] for r in rs])} | "
-                         f"{_stats([r['exported'] for r in rs])} | {ok}/{len(rs)} | "
-                         f"{_stats([100 * r['acc'] for r in rs])} % |")
+            lines.append(f"| {target} | {mode} | {spread([r['search_end'] for r in rs])} | "
+                         f"{spread([r['exported'] for r in rs])} | {ok}/{len(rs)} | "
+                         f"{spread([100 * r['acc'] for r in rs])} % |")
     lines += ["", "## Reading", "", _reading(rows)]
     out = RESULTS / "budget.md"
     out.write_text("\n".join(lines) + "\n")

@@ -37,7 +37,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import git_commit  # noqa: E402
+from benchlib import git_commit, spread  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 from dmscale.config import RunConfig  # noqa: E402
 from dmscale.pipeline import Pipeline  # noqa: E402
@@ -85,13 +85,6 @@ def _key(arm: Arm, seed: int, epochs: float) -> str:
     return f"{arm.name}/{seed}/{epochs}"
 
 
-def _stats(values: list[float], digits: int = 3) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return (f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f} "
-            f"[{min(values):.{digits}f}, {max(values):.{digits}f}]")
-
-
 def _rows(cache: dict[str, Any], epochs: float, seeds: list[int]) -> dict[str, list[dict[str, Any]]]:
     runs = cache["runs"]
     return {a.name: [runs[_key(a, s, epochs)] for s in seeds if _key(a, s, epochs) in runs] for a in ARMS}
@@ -135,8 +128,8 @@ def write_table(cache: dict[str, Any], epochs: float, seeds: list[int], command:
         if not rs:
             continue
         lines.append(f"| {arm.schedule_end} | {arm.width_only_from or '-'} | {len(rs)} | "
-                     f"{_stats([r['search_end'] for r in rs])} | {_stats([r['exported'] for r in rs])} | "
-                     f"{_stats([100 * r['acc_search'] for r in rs], 1)} | {_stats([100 * r['acc'] for r in rs], 1)} | "
+                     f"{spread([r['search_end'] for r in rs])} | {spread([r['exported'] for r in rs])} | "
+                     f"{spread([100 * r['acc_search'] for r in rs], 1)} | {spread([100 * r['acc'] for r in rs], 1)} | "
                      f"{statistics.median([r['seconds'] for r in rs]):.0f} |")
     lines += ["", "## Reading", "", _reading(by_arm)]
     out = RESULTS / "schedule.md"

@@ -23,7 +23,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import dmscale as dms
-import dmscale.latency as latency
+import dmscale.latency_profile as latency_profile
+import dmscale.polyfit as polyfit
 from dmscale.discover import discover
 from dmscale.latency import LatencyCostModel, fit_monotone_poly, measure_latency
 from zoo import ZOO
@@ -67,7 +68,7 @@ def test_fit_is_monotone_and_nonnegative_in_one_variable(y: list[float]) -> None
     x = np.array([[0.25], [0.5], [0.75], [1.0]])
     exps, coef, _ = fit_monotone_poly(x, np.array(y), [2])
     k = np.linspace(0, 1, 201)[:, None]
-    f = latency._basis(exps, k) @ coef
+    f = polyfit._basis(exps, k) @ coef
     assert np.all(np.diff(f) >= -1e-9)
     assert f[0] >= -1e-9
     assert f[-1] == pytest.approx(1.0, abs=1e-7)
@@ -80,7 +81,7 @@ def test_fit_is_monotone_in_two_variables_on_noisy_data() -> None:
         y = x[:, 0] * x[:, 1] + rng.normal(0, 0.3, len(x))
         exps, coef, _ = fit_monotone_poly(x, y, [2, 2])
         r = np.linspace(0, 1, 21)
-        f = (latency._basis(exps, np.array([[a, b] for a in r for b in r])) @ coef).reshape(21, 21)
+        f = (polyfit._basis(exps, np.array([[a, b] for a in r for b in r])) @ coef).reshape(21, 21)
         assert np.all(np.diff(f, axis=0) >= -1e-7) and np.all(np.diff(f, axis=1) >= -1e-7)
         assert f[0, 0] >= -1e-7 and f[-1, -1] == pytest.approx(1.0, abs=1e-6)
 
@@ -114,12 +115,12 @@ def one_thread():
 
 
 class _FlopTimer:
-    """A fake clock for ``latency._time_block``: a FLOP takes 0.1 ns, nothing else takes time."""
+    """A fake clock for ``latency_profile._time_block``: a FLOP takes 0.1 ns, nothing else takes time."""
 
     def __init__(self) -> None:
         self.cache: dict[int, tuple[object, float]] = {}
 
-    def __call__(self, fn, n, device) -> float:  # noqa: ANN001 - mirrors latency._time_block
+    def __call__(self, fn, n, device) -> float:  # noqa: ANN001 - mirrors latency_profile._time_block
         hit = self.cache.get(id(fn))
         if hit is not None and hit[0] is fn:
             return hit[1]
@@ -132,7 +133,7 @@ class _FlopTimer:
 
 @pytest.mark.parametrize("name", ["small_cnn", "resnet20"])
 def test_prediction_is_exact_when_latency_is_proportional_to_flops(name: str, monkeypatch) -> None:
-    monkeypatch.setattr(latency, "_time_block", _FlopTimer())
+    monkeypatch.setattr(latency_profile, "_time_block", _FlopTimer())
     entry = ZOO[name]
     net = entry.build()
     x = torch.randn(*entry.input_shape)
@@ -161,7 +162,7 @@ def test_a_layer_that_cannot_run_alone_is_skipped_and_its_time_kept(monkeypatch)
     def refuse(m, in_keep, out_keep):  # noqa: ANN001
         raise RuntimeError("cannot slice this layer")
 
-    monkeypatch.setattr(latency, "_time_block", _FlopTimer())
+    monkeypatch.setattr(latency_profile, "_time_block", _FlopTimer())
     monkeypatch.setattr(HANDLERS_BY_NAME["linear"], "prune", refuse)
     entry = ZOO["small_cnn"]
     net = entry.build()

@@ -27,8 +27,9 @@ Example:
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -36,7 +37,10 @@ from .errors import StructureError
 from .handlers import HANDLERS_BY_NAME, handler_for, load_families
 from .masks import detach
 
-__all__ = ["apply_structure", "export_model", "FORMAT", "StructureError", "SkipBlock"]
+if TYPE_CHECKING:
+    from .discover import SearchSpace
+
+__all__ = ["apply_structure", "export_model", "structure_of", "FORMAT", "StructureError", "SkipBlock"]
 
 FORMAT = "dmscale.structure/1"
 
@@ -232,3 +236,53 @@ def export_model(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
     small = copy.deepcopy(model)
     detach(small)
     return apply_structure(small, structure)
+
+
+def structure_of(model: nn.Module, space: SearchSpace, keep: np.ndarray, keep_depth: np.ndarray,
+                 resource: dict[str, Any]) -> dict[str, Any]:
+    """The structure (format :data:`FORMAT`) of ``model`` with the width slots ``keep``
+    (bool, n_slots + 1) and the blocks ``keep_depth`` (bool, n_blocks) of its search
+    ``space`` kept; ``resource`` is recorded as it is (the searcher's costs)."""
+    modules = dict(model.named_modules())
+    layers = {}
+    for name, layer in space.layers.items():
+        if layer.virtual:
+            continue
+        spec_in = _kept(layer.in_slots, keep)
+        spec_out = _kept(layer.out_slots, keep)
+        if spec_in is None and spec_out is None:
+            continue
+        m = modules[name]
+        shapes = {p: list(t.shape) for p, t in m.named_parameters(recurse=False)}
+        layers[name] = {"handler": layer.handler, "in": spec_in, "out": spec_out, "shapes": shapes}
+    removed, depth, k = [], [], 0
+    for d in space.depth:
+        kept_blocks = []
+        for b in d.blocks:
+            if keep_depth[k]:
+                kept_blocks.append(b.name)
+            else:
+                removed.append({"name": b.name, "post_module": b.post_module, "post_function": b.post_function,
+                                "output": b.output, "inputs": b.n_inputs, "mutated": b.mutated})
+            k += 1
+        depth.append({"name": d.name, "blocks": [b.name for b in d.blocks], "kept": kept_blocks})
+    width, off = [], 0
+    for d in space.width:
+        kept_slots = np.nonzero(keep[off:off + d.size])[0].tolist()
+        width.append({"name": d.name, "size": d.size, "kept": len(kept_slots), "producers": d.producers})
+        off += d.size
+    params = {}
+    for pname, (dim, slots) in space.params.items():
+        kept = _kept(slots, keep)
+        if kept is not None:
+            params[pname] = {"dim": dim, "keep": kept,
+                             "shape": list(model.get_parameter(pname).shape)}
+    return {"format": FORMAT, "resource": resource, "width": width, "depth": depth,
+            "layers": layers, "params": params, "removed_blocks": removed}
+
+
+def _kept(slots: np.ndarray | None, keep: np.ndarray) -> list[int] | None:
+    if slots is None or (slots < 0).all():
+        return None
+    mask = (slots < 0) | keep[np.where(slots < 0, 0, slots)]
+    return None if mask.all() else np.nonzero(mask)[0].tolist()

@@ -1,5 +1,6 @@
 """The Searcher: resource loss and schedule, hard masks, budget solver, export and state
-(the config is :mod:`dmscale.search_config`, the self-checks :mod:`dmscale.selfcheck`).
+(the config is :mod:`dmscale.search_config`, the discovery and gates :mod:`dmscale.search_setup`,
+the self-checks :mod:`dmscale.selfcheck`, the structure dict :func:`dmscale.export.structure_of`).
 
 Example:
     >>> import torch
@@ -21,22 +22,18 @@ import contextlib
 from dataclasses import MISSING, fields
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
-from .discover import SearchSpace, discover
-from .errors import (ConfigError, InputError, NoImportanceError, NothingToSearchError,
-                     PendingImportanceError, TraceError, UnsupportedLayerError)
-from .export import FORMAT, export_model
-from .handlers import handler_for
+from .discover import SearchSpace
+from .errors import ConfigError, NoImportanceError, PendingImportanceError
+from .export import export_model, structure_of
 from .masks import GATES_NAME, Gates, assemble_width_mask
-from .norms import norm_formula
 from .resources import CostModel
 from .search_config import COST_FORWARD, SearchConfig, config_state
-from .selfcheck import describe_inputs, fails_on, run_example, verify_export, verify_open
+from .search_setup import attach_gates, discover_space
+from .selfcheck import run_example, verify_export, verify_open
 from .solver import solve_budget
-from .uniform import tie_ratios, uniform_groups
 
 __all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
 
@@ -84,36 +81,7 @@ class Searcher:
         self.model = model
         self.config = config
         self.example_inputs = example_inputs
-        try:
-            space = discover(model, example_inputs, config.exclude,
-                             depth=config.search_depth if config.search_depth else False)
-        except Exception as err:
-            if not isinstance(err, ValueError) and fails_on(model, example_inputs):
-                raise InputError(
-                    f"{type(model).__name__} does not run on the example inputs "
-                    f"({describe_inputs(example_inputs)}): {type(err).__name__}: "
-                    f"{str(err).splitlines()[0] if str(err) else ''}; pass inputs the model's forward "
-                    "accepts (a tensor, a tuple of positional inputs or a dict of keyword inputs)"
-                ) from err
-            if not isinstance(err, ValueError):
-                raise TraceError(
-                    f"{type(model).__name__} runs on the example inputs but not under dmscale's trace "
-                    f"(forward hooks and a TorchFunctionMode): {type(err).__name__}: "
-                    f"{str(err).splitlines()[0] if str(err) else ''}; pass the plain nn.Module (not "
-                    "torch.compile'd or scripted), or exclude the module that fails "
-                    "(SearchConfig(exclude=[...]))") from err
-            raise
-        if not config.search_width:
-            space = _without_width(space)
-        if not space.width and not space.depth:
-            raise NothingToSearchError(
-                f"found nothing to search in {type(model).__name__}: every width is fixed "
-                f"({_reasons(space)}) and no residual block has an identity shortcut; "
-                + ("a function with no channel rule fixes the widths it touches: keep it out of "
-                   "the hidden layers, or teach dmscale what it computes (dms.register_handler)"
-                   if "no channel rule" in _reasons(space) else
-                   "search a model with hidden layers, or exclude fewer modules")
-            )
+        space = discover_space(model, example_inputs, config)
         self.space = space
         self.gates = self._attach(space)
         if config.verify:
@@ -124,50 +92,7 @@ class Searcher:
 
     # ------------------------------------------------------------------ setup
     def _attach(self, space: SearchSpace) -> Gates:
-        cfg = self.config
-        dims = []
-        for d in space.width:
-            over = cfg.dim_overrides.get(d.name, {})
-            channels = d.kind != "heads"  # coarse steps and min width are for channels
-            step = int(over.get("step", cfg.width_step if channels else 1))
-            # at least one unit for each layer that writes part of this width
-            min_keep = min(d.size, max(int(over.get("min", cfg.min_width if channels else 1)),
-                                       len(d.required) * step))
-            temperature = cfg.depth_temperature if d.kind == "heads" else cfg.width_temperature
-            dims.append((d.size, step, min_keep, temperature))
-        self.uniform_groups = uniform_groups([d.name for d in space.width],
-                                             [(d.kind,) + s for d, s in zip(space.width, dims)]) \
-            if cfg.layer_uniform else []
-        depth = [(len(d.blocks), 1, d.min_keep, cfg.depth_temperature) for d in space.depth]
-        modules = dict(self.model.named_modules())
-        consumers, norms, outputs = {}, {}, {}
-        for name, layer in space.layers.items():
-            if layer.mask_output and layer.out_slots is not None and (layer.out_slots >= 0).any():
-                outputs[name] = (handler_for(modules[name]).channel_dim, layer.out_slots)
-            if layer.virtual or layer.in_slots is None or (layer.in_slots < 0).all():
-                continue
-            if "in" in layer.macs_sides:
-                consumers[name] = (handler_for(modules[name]).channel_dim, layer.in_slots)
-            elif layer.masked_norm:
-                formula = norm_formula(modules[name])
-                if formula is None:
-                    raise UnsupportedLayerError(
-                        f"layer {name!r} ({type(modules[name]).__name__}) asks for a masked norm "
-                        "but does not compute a LayerNorm or RMSNorm over its last dim; exclude "
-                        f"it (SearchConfig(exclude=[{name!r}])) or give its handler masked_norm=False")
-                norms[name] = (layer.in_slots, formula.kind, formula.eps)
-        branches = {m: (j, i) for j, d in enumerate(space.depth) for i, b in enumerate(d.blocks)
-                    for m in b.branch_modules}
-        gates = Gates.attach(self.model, dims, depth, consumers, branches,
-                             importance=cfg.importance, normalize=cfg.normalize, norms=norms,
-                             outputs=outputs, derived=space.derived, gate_factory=cfg.gate_factory)
-        tie_ratios(list(gates.width), self.uniform_groups)
-        for d, topk in zip(space.width, gates.width):
-            topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]
-        # the gates live where the model lives (prepare may come after model.to(device))
-        param = next(iter(self.model.parameters()), None)
-        if param is not None:
-            gates.to(param.device)
+        gates, self.uniform_groups = attach_gates(self.model, space, self.config)
         return gates
 
     def _cost_model(self, resource: str | None = None) -> Any:
@@ -381,44 +306,8 @@ class Searcher:
         self._require_importance("structure()")
         with torch.no_grad():
             width_mask, depth_mask = self._masks("hard")
-        keep = width_mask.cpu().numpy() > 0.5
-        keep_depth = depth_mask.cpu().numpy() > 0.5
-        modules = dict(self.model.named_modules())
-        layers = {}
-        for name, layer in self.space.layers.items():
-            if layer.virtual:
-                continue
-            spec_in = _kept(layer.in_slots, keep)
-            spec_out = _kept(layer.out_slots, keep)
-            if spec_in is None and spec_out is None:
-                continue
-            m = modules[name]
-            shapes = {p: list(t.shape) for p, t in m.named_parameters(recurse=False)}
-            layers[name] = {"handler": layer.handler, "in": spec_in, "out": spec_out, "shapes": shapes}
-        removed, depth, k = [], [], 0
-        for d in self.space.depth:
-            kept_blocks = []
-            for b in d.blocks:
-                if keep_depth[k]:
-                    kept_blocks.append(b.name)
-                else:
-                    removed.append({"name": b.name, "post_module": b.post_module, "post_function": b.post_function,
-                                    "output": b.output, "inputs": b.n_inputs, "mutated": b.mutated})
-                k += 1
-            depth.append({"name": d.name, "blocks": [b.name for b in d.blocks], "kept": kept_blocks})
-        width, off = [], 0
-        for d in self.space.width:
-            kept_slots = np.nonzero(keep[off:off + d.size])[0].tolist()
-            width.append({"name": d.name, "size": d.size, "kept": len(kept_slots), "producers": d.producers})
-            off += d.size
-        params = {}
-        for pname, (dim, slots) in self.space.params.items():
-            kept = _kept(slots, keep)
-            if kept is not None:
-                params[pname] = {"dim": dim, "keep": kept,
-                                 "shape": list(self.model.get_parameter(pname).shape)}
-        return {"format": FORMAT, "resource": self.resources(), "width": width, "depth": depth,
-                "layers": layers, "params": params, "removed_blocks": removed}
+        return structure_of(self.model, self.space, width_mask.cpu().numpy() > 0.5,
+                            depth_mask.cpu().numpy() > 0.5, self.resources())
 
     def export(self, verify: bool | None = None) -> nn.Module:
         """A new, physically smaller model computing what :meth:`hardened` computes.
@@ -542,25 +431,6 @@ def _distinct(topks: list[Any]) -> list[Any]:
             seen.add(id(t.a))
             out.append(t)
     return out
-
-
-def _kept(slots: np.ndarray | None, keep: np.ndarray) -> list[int] | None:
-    if slots is None or (slots < 0).all():
-        return None
-    mask = (slots < 0) | keep[np.where(slots < 0, 0, slots)]
-    return None if mask.all() else np.nonzero(mask)[0].tolist()
-
-
-def _without_width(space: SearchSpace) -> SearchSpace:
-    layers = {n: type(l)(l.name, l.handler, None, None, l.macs, l.macs_sides, l.virtual, l.masked_norm,
-                         l.mask_output) for n, l in space.layers.items()}
-    return SearchSpace([], space.depth, layers, space.pinned_reasons, space.total_macs, space.module_macs,
-                       example_output=space.example_output)
-
-
-def _reasons(space: SearchSpace) -> str:
-    items = list(space.pinned_reasons.items())[:3]
-    return "; ".join(f"{k}: {v}" for k, v in items) or "no layer with searchable channels"
 
 
 def prepare(model: nn.Module, example_inputs: Any, config: SearchConfig | None = None) -> Searcher:

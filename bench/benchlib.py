@@ -1,4 +1,5 @@
-"""What every benchmark writes next to its numbers: the commit it ran on, and mean ± std.
+"""What every benchmark writes next to its numbers: the commit it ran on, the machine, the
+command, mean ± std; and the json cache a table is rebuilt from (``--table-only``).
 
 Example:
     >>> from pathlib import Path
@@ -6,15 +7,27 @@ Example:
     True
     >>> spread([0.5, 0.7, 0.6], digits=2)
     '0.60 ± 0.10 [0.50, 0.70]'
+    >>> mean_std([1.0, 2.0, 3.0]), mean_std([1234.0], "{:,.0f}")
+    ('2.00 ± 1.00', '1,234')
+    >>> widths({"width": [{"kept": 3}, {"kept": 5}], "depth": [{"kept": ["a"]}]})
+    '3/5 | blocks 1'
+    >>> command_line("bench/x.py", ["--seeds", "0", "1"])
+    'python bench/x.py --seeds 0 1'
 """
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import statistics
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
-__all__ = ["git_commit", "spread"]
+__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line",
+           "load_cache", "save_cache"]
 
 
 def git_commit(root: Path) -> str:
@@ -32,3 +45,40 @@ def spread(values: list[float], digits: int = 3) -> str:
         return f"{values[0]:.{digits}f}"
     return (f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f} "
             f"[{min(values):.{digits}f}, {max(values):.{digits}f}]")
+
+
+def mean_std(values: list[float], fmt: str = "{:.2f}") -> str:
+    """``mean ± std`` of several runs, each number formatted by ``fmt`` (the value alone for one run)."""
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+def widths(structure: dict[str, Any]) -> str:
+    """Kept widths per group and blocks per stage of a structure, in model order."""
+    w = "/".join(str(g["kept"]) for g in structure.get("width", []))
+    d = "/".join(str(len(g["kept"])) for g in structure.get("depth", []))
+    return f"{w} | blocks {d}" if d else w
+
+
+def shared_machine(threads: str) -> str:
+    """The machine line of a table run on a CPU shared with other jobs (``threads``: e.g. "1 thread")."""
+    import torch
+
+    return (f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs), "
+            f"torch {torch.__version__}, {threads}")
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command that ran ``script`` (``argv``: its arguments; ``None``: this process's)."""
+    return (f"python {script} " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+
+
+def load_cache(path: Path) -> dict[str, Any]:
+    """A benchmark's json cache, or an empty one."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_cache(path: Path, cache: dict[str, Any]) -> None:
+    """Write the cache (indented, sorted keys: small diffs between runs)."""
+    path.write_text(json.dumps(cache, indent=1, sort_keys=True))

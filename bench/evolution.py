@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -47,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import evolution_lib as el  # noqa: E402
-from benchlib import git_commit  # noqa: E402
+from benchlib import command_line, git_commit, load_cache, mean_std, save_cache, shared_machine, widths  # noqa: E402
 import dmscale as dms  # noqa: E402
 from dmscale.config import RunConfig  # noqa: E402
 from dmscale.io import load_weights  # noqa: E402
@@ -182,21 +180,9 @@ def reach(curve: list[dict[str, Any]], acc: float) -> dict[str, Any] | None:
     return next((p for p in curve if p["test_acc"] >= acc - 1e-12), None)
 
 
-def _ms(values: list[float], fmt: str = "{:.2f}") -> str:
-    if len(values) == 1:
-        return fmt.format(values[0])
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
-
-
 def _done(cache: dict[str, Any], key: str) -> list[int]:
     runs = cache.get("runs", {}).get(key, {})
     return sorted(int(s) for s, r in runs.items() if "dms" in r and "evolution" in r)
-
-
-def _widths(structure: dict[str, Any]) -> str:
-    w = "/".join(str(g["kept"]) for g in structure.get("width", []))
-    d = "/".join(str(len(g["kept"])) for g in structure.get("depth", []))
-    return f"{w} | blocks {d}" if d else w
 
 
 def _summary(cache: dict[str, Any], key: str) -> dict[str, Any]:
@@ -271,12 +257,12 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
             f"{_cell(r['reach_mean_evals'], '{:d}', '-')} | {_cell(r['ratio_mean'], '{:.2f}x', '-')} | "
             f"{_cell(r['reach_seed_cpu_s'], '{:.1f}', never)} | {_cell(r['ratio_seed'], '{:.2f}x', '-')} |")
     ratios = [r["ratio_mean"] for r in rows if r["ratio_mean"] is not None]
-    lines += ["", f"- DMS_p- CPU seconds: {_ms([r['dms_cpu_s'] for r in rows], '{:.1f}')}; test top-1 "
-              f"{_ms([100 * r['dms_acc'] for r in rows])} %",
-              f"- evolution, whole budget: {_ms([r['evo_cpu_s'] for r in rows], '{:.0f}')} CPU s, final test top-1 "
-              f"{_ms([100 * r['evo_final_acc'] for r in rows])} % (validation {_ms([100 * r['evo_final_val'] for r in rows])} %)",
+    lines += ["", f"- DMS_p- CPU seconds: {mean_std([r['dms_cpu_s'] for r in rows], '{:.1f}')}; test top-1 "
+              f"{mean_std([100 * r['dms_acc'] for r in rows])} %",
+              f"- evolution, whole budget: {mean_std([r['evo_cpu_s'] for r in rows], '{:.0f}')} CPU s, final test top-1 "
+              f"{mean_std([100 * r['evo_final_acc'] for r in rows])} % (validation {mean_std([100 * r['evo_final_val'] for r in rows])} %)",
               f"- evolution reached DMS_p-'s mean top-1 on {len(ratios)} of {len(rows)} seeds"
-              + (f"; CPU time ratio evolution / DMS_p- {_ms(ratios)} (per seed: "
+              + (f"; CPU time ratio evolution / DMS_p- {mean_std(ratios)} (per seed: "
                  + ", ".join(f"{x:.2f}x" for x in ratios) + ")" if ratios else ""), ""]
     lines += ["Per seed: importance pass, evaluations, cost check, the best candidate's export:", ""]
     for s in have:
@@ -289,8 +275,8 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
                      f"{100 * ev['curve'][-1]['test_acc']:.2f} %)")
     lines += ["", "Structures (kept channels per width group | blocks per stage):", ""]
     for s in have:
-        lines.append(f"- DMS_p-, seed {s}: {_widths(runs[str(s)]['dms']['structure'])}")
-        lines.append(f"- evolution, seed {s}: {_widths(runs[str(s)]['evolution']['structure'])}")
+        lines.append(f"- DMS_p-, seed {s}: {widths(runs[str(s)]['dms']['structure'])}")
+        lines.append(f"- evolution, seed {s}: {widths(runs[str(s)]['evolution']['structure'])}")
     reading = RESULTS / f"{NAME}_reading.md"
     if reading.exists():
         lines += ["", reading.read_text().strip()]
@@ -357,12 +343,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     key = bc.key()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
-    cache["machine"] = (f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs), "
-                        f"torch {torch.__version__}, 1 thread")
+    cache = load_cache(CACHE)
+    cache["machine"] = shared_machine("1 thread")
     if not args.table_only:
         cache.setdefault("settings", {})[key] = bc.as_dict()
-        command = ("python bench/evolution.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+        command = command_line("bench/evolution.py", argv)
         cache.setdefault("info", {})[key] = {"command": command, "commit": git_commit(ROOT), "seeds": args.seeds}
         runs = cache.setdefault("runs", {}).setdefault(key, {})
         for seed in args.seeds:
@@ -372,13 +357,13 @@ def main(argv: list[str] | None = None) -> None:
                                ("evolution", lambda: run_evolution(bc, seed, pre_dir))):
                 if method not in done:
                     done[method] = fn()
-                    CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+                    save_cache(CACHE, cache)
             d, e = done["dms"], done["evolution"]
             print(f"seed {seed}: DMS_p- {100 * d['acc']:.2f} % in {d['cpu_s']:.1f} CPU s | evolution final "
                   f"{100 * e['curve'][-1]['test_acc']:.2f} % in {e['cpu_s']:.1f} CPU s ({e['evaluations']} candidates)",
                   flush=True)
     table = write_table(cache, key)
-    CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    save_cache(CACHE, cache)
     print(f"wrote {table} and {plot(cache, key)}")
 
 

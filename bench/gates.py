@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -43,7 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import gates_lib as gl  # noqa: E402
 import peers_lib as pl  # noqa: E402
-from benchlib import git_commit  # noqa: E402
+from benchlib import command_line, git_commit, load_cache, mean_std, save_cache, shared_machine, widths  # noqa: E402
 import dmscale as dms  # noqa: E402
 from dmscale.config import RunConfig  # noqa: E402
 from dmscale.pipeline import Pipeline, load_run_model, recalibrate_batchnorm  # noqa: E402
@@ -87,12 +85,6 @@ def _key(cfg: dict[str, Any]) -> str:
     return "t{target}-pre{pretrain_epochs}-s{search_epochs}".format(**cfg)
 
 
-def _widths(structure: dict[str, Any]) -> str:
-    w = "/".join(str(g["kept"]) for g in structure.get("width", []))
-    d = "/".join(str(len(g["kept"])) for g in structure.get("depth", []))
-    return f"{w} | blocks {d}" if d else w
-
-
 def _n_structure(method: str, supernet: torch.nn.Module, example: torch.Tensor) -> int:
     import copy
 
@@ -126,7 +118,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
             macs = pl.macs(small, example)
             row = {"acc": acc, "macs": macs, "params": int(dms.count(small, example)["params"]),
                    "search_end": macs / (cfg["target"] * full), "exported": macs / (cfg["target"] * full),
-                   "steps": 0, "structure": _widths(structure) + f" (multiplier {mult:.3f})", "n_structure": 1}
+                   "steps": 0, "structure": widths(structure) + f" (multiplier {mult:.3f})", "n_structure": 1}
         else:
             s = _run(out, factory=gl.gate_factory(method), command="search", pipeline="p-", init=str(pre_dir),
                      epochs=cfg["search_epochs"], target=cfg["target"], seed=seed, threads=threads)
@@ -135,7 +127,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
             row = {"acc": s["evals"]["search"]["acc"], "macs": s["counts"]["found"]["macs"],
                    "params": s["counts"]["found"]["params"], "search_end": end["hard"] / end["target"],
                    "exported": final["hard"] / final["target"], "steps": s["steps"],
-                   "structure": _widths(structure), "n_structure": _n_structure(method, supernet, example),
+                   "structure": widths(structure), "n_structure": _n_structure(method, supernet, example),
                    "warnings": s.get("warnings", [])}
         row.update(seed=seed, method=method, seconds=round(time.perf_counter() - t, 1),
                    macs_frac=row["macs"] / full, target=cfg["target"], supernet_macs=full,
@@ -146,12 +138,6 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
         if save is not None:
             save()
     return done
-
-
-def _ms(values: list[float], fmt: str = "{:.2f}") -> str:
-    if len(values) == 1:
-        return fmt.format(values[0])
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
 
 
 def _complete(cache: dict[str, Any], key: str) -> list[int]:
@@ -192,16 +178,16 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
     by = {m: [runs[str(s)][m] for s in have] for m in METHODS}
     first = by["dms"][0]
     lines += [f"Supernet: {first['supernet_macs']:,} MACs; pretrained top-1 "
-              f"{_ms([100 * r['pretrain_acc'] for r in by['dms']])} %.", "",
+              f"{mean_std([100 * r['pretrain_acc'] for r in by['dms']])} %.", "",
               "| method | top-1 of the export, no retrain (%) | MACs / target at search end | MACs / target "
               "exported | x supernet MACs | params | N structural params | search time (s) |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for m in METHODS:
         rs = by[m]
-        lines.append(f"| {LABELS[m]} | {_ms([100 * r['acc'] for r in rs])} | {_ms([r['search_end'] for r in rs], '{:.3f}')} | "
-                     f"{_ms([r['exported'] for r in rs], '{:.3f}')} | {_ms([r['macs_frac'] for r in rs], '{:.3f}')} | "
-                     f"{_ms([r['params'] for r in rs], '{:,.0f}')} | {rs[0]['n_structure']:,} | "
-                     f"{_ms([r['seconds'] for r in rs], '{:.0f}')} |")
+        lines.append(f"| {LABELS[m]} | {mean_std([100 * r['acc'] for r in rs])} | {mean_std([r['search_end'] for r in rs], '{:.3f}')} | "
+                     f"{mean_std([r['exported'] for r in rs], '{:.3f}')} | {mean_std([r['macs_frac'] for r in rs], '{:.3f}')} | "
+                     f"{mean_std([r['params'] for r in rs], '{:,.0f}')} | {rs[0]['n_structure']:,} | "
+                     f"{mean_std([r['seconds'] for r in rs], '{:.0f}')} |")
     lines += ["", "DMS_p- minus each method, per seed (pt):", ""]
     for m in METHODS:
         if m == "dms":
@@ -284,19 +270,18 @@ def main(argv: list[str] | None = None) -> None:
     cfg = {"target": args.target, "pretrain_epochs": args.pretrain_epochs, "search_epochs": args.search_epochs}
     key = _key(cfg)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
-    cache["machine"] = (f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs), "
-                        f"torch {torch.__version__}, {args.threads} thread(s)")
+    cache = load_cache(CACHE)
+    cache["machine"] = shared_machine(f"{args.threads} thread(s)")
     if args.table_only:
         print(f"wrote {write_table(cache, key)} and {plot(cache, key)}")
         return
-    command = ("python bench/gates.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    command = command_line("bench/gates.py", argv)
     cache.setdefault("runs", {}).setdefault(key, {})
     cache.setdefault("settings", {})[key] = cfg
     cache.setdefault("info", {})[key] = {"command": command, "commit": git_commit(ROOT), "seeds": args.seeds}
 
     def save() -> None:
-        CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        save_cache(CACHE, cache)
 
     for seed in args.seeds:
         run_seed(seed, cfg, args.workdir, args.threads, cache["runs"][key].setdefault(str(seed), {}), save)

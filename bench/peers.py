@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -35,7 +33,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import git_commit  # noqa: E402
+from benchlib import command_line, git_commit, load_cache, mean_std, save_cache, shared_machine, widths  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import peers_lib as pl  # noqa: E402
@@ -76,13 +74,6 @@ def _finetune_epochs(cfg: dict[str, Any], method: str) -> float:
     (a control: DMS_p's search trains the weights too)."""
     extra = cfg["search_epochs"] if cfg.get("equal_training") and method != "dms_p" else 0.0
     return cfg["finetune_epochs"] + extra
-
-
-def _widths(structure: dict[str, Any]) -> str:
-    """Kept widths per group and blocks per stage, in model order."""
-    w = "/".join(str(g["kept"]) for g in structure.get("width", []))
-    d = "/".join(str(len(g["kept"])) for g in structure.get("depth", []))
-    return f"{w} | blocks {d}" if d else w
 
 
 def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dict[str, Any],
@@ -138,7 +129,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
                        "macs": counts["macs"], "params": counts["params"],
                        "macs_frac": counts["macs"] / full, "target": cfg["target"],
                        "prune_seconds": round(prune_s, 1), "finetune_seconds": round(time.perf_counter() - t, 1),
-                       "steps": extra_steps, "structure": _widths(structure),
+                       "steps": extra_steps, "structure": widths(structure),
                        "multiplier": structure.get("multiplier"),
                        "pretrain_acc": pre["evals"]["pretrain"]["acc"], "supernet_macs": full,
                        "supernet_params": pre["counts"]["supernet"]["params"]}
@@ -148,12 +139,6 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
             save()
     print(f"seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
     return out
-
-
-def _ms(values: list[float], fmt: str = "{:.2f}") -> str:
-    if len(values) == 1:
-        return fmt.format(values[0])
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
 
 
 def _section(cache: dict[str, Any], key: str) -> list[str]:
@@ -174,15 +159,15 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
         return lines + [""]
     first = runs[str(have[0])]["dms_p"]
     lines += [f"- supernet: {first['supernet_macs']:,} MACs, {first['supernet_params']:,} params; pretrained "
-              f"top-1 {_ms([100 * runs[str(s)]['dms_p']['pretrain_acc'] for s in have])} %", "",
+              f"top-1 {mean_std([100 * runs[str(s)]['dms_p']['pretrain_acc'] for s in have])} %", "",
               "| method | top-1 after finetune (%) | MACs | x supernet MACs | params | prune/search time (s) |",
               "| --- | ---: | ---: | ---: | ---: | ---: |"]
     by = {m: [runs[str(s)][m] for s in have] for m in METHODS}
     for m in METHODS:
         rs = by[m]
-        lines.append(f"| {m} | {_ms([100 * r['acc'] for r in rs])} | {_ms([r['macs'] for r in rs], '{:,.0f}')} | "
-                     f"{_ms([r['macs_frac'] for r in rs], '{:.3f}')} | {_ms([r['params'] for r in rs], '{:,.0f}')} | "
-                     f"{_ms([r['prune_seconds'] for r in rs], '{:.0f}')} |")
+        lines.append(f"| {m} | {mean_std([100 * r['acc'] for r in rs])} | {mean_std([r['macs'] for r in rs], '{:,.0f}')} | "
+                     f"{mean_std([r['macs_frac'] for r in rs], '{:.3f}')} | {mean_std([r['params'] for r in rs], '{:,.0f}')} | "
+                     f"{mean_std([r['prune_seconds'] for r in rs], '{:.0f}')} |")
     mean = {m: statistics.mean(100 * r["acc"] for r in by[m]) for m in METHODS}
     best = max((m for m in METHODS if m != "dms_p"), key=mean.get)
     diffs = [100 * (runs[str(s)]["dms_p"]["acc"] - runs[str(s)][best]["acc"]) for s in have]
@@ -251,11 +236,10 @@ def main(argv: list[str] | None = None) -> None:
         cfg["equal_training"] = True
     key = _key(cfg)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
+    cache = load_cache(CACHE)
     cache["commit"] = _commit()
-    cache["machine"] = (f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs), "
-                        f"torch {torch.__version__}, {args.threads} thread(s)")
-    command = ("python bench/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    cache["machine"] = shared_machine(f"{args.threads} thread(s)")
+    command = command_line("bench/peers.py", argv)
     if args.table_only:
         print(f"wrote {write_table(cache)}")
         return
@@ -264,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     cache.setdefault("info", {})[key] = {"command": command, "commit": cache["commit"], "seeds": args.seeds}
 
     def save() -> None:
-        CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        save_cache(CACHE, cache)
 
     for seed in args.seeds:
         run_seed(seed, cfg, args.workdir, args.threads, cache["runs"][key].setdefault(str(seed), {}), save)

@@ -20,17 +20,18 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError, RunConfig
+from .distill import DistillTerm, Distillation, distill_loss, hidden_distill_loss, kept_hidden_channels
 
+# the distillation helpers live in .distill; re-exported here, where they were first
 __all__ = ["Task", "build_task", "build_model", "MODEL_NAMES", "distill_loss", "hidden_distill_loss",
-           "Distillation", "DistillTerm"]
+           "kept_hidden_channels", "Distillation", "DistillTerm"]
 
 MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama", "yolo:YAML", "hf:PATH")
 
@@ -192,108 +193,6 @@ def build_model(cfg: RunConfig, info: dict[str, Any]) -> tuple[nn.Module, list[s
     except TypeError as err:  # a constructor rejected --model-args
         raise ConfigError(f"--model-args for {name}: {err}") from None
     raise ConfigError(f"unknown --model {name!r}: expected one of {', '.join(MODEL_NAMES)}")
-
-
-def distill_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(teacher || student) of the softened distributions over the last dim, times T^2.
-
-    Example:
-        >>> z = torch.randn(3, 5)
-        >>> float(distill_loss(z, z, 2.0)) == 0.0
-        True
-    """
-    t = float(temperature)
-    s = F.log_softmax(student.reshape(-1, student.shape[-1]) / t, dim=-1)
-    q = F.log_softmax(teacher.reshape(-1, teacher.shape[-1]).detach() / t, dim=-1)
-    return F.kl_div(s, q, log_target=True, reduction="batchmean") * (t * t)
-
-
-def hidden_distill_loss(student: Sequence[torch.Tensor], teacher: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Mean over layers of the MSE between the student's and the teacher's hidden states.
-
-    ``student`` / ``teacher`` are Hugging Face ``hidden_states`` tuples: ``h[0]`` the
-    embeddings' output, ``h[l]`` the output of block ``l``, ``h[L]`` the final (normalised)
-    state, each ``(B, T, d)``. With ``L_s`` and ``L_t`` blocks::
-
-        L_hidden = 1/|P| * sum_{(i, j) in P} mean((h_s[i] - h_t[j])^2)
-        P = {(l, l) : l = 1 .. L}     if L_s == L_t = L
-            {(L_s, L_t)}              otherwise
-
-    Same depth -- every search, since the supernet keeps all blocks and a block that depth
-    search removes has its residual branch masked to zero, so its output *is* its input, the
-    identity the exported model has in its place: block ``l`` is compared with the teacher's
-    block ``l`` (the embeddings, identical at the start, are left out). Different depth -- the
-    finetuning of an export whose depth search removed blocks: only the final hidden state,
-    since the export does not record which teacher block each kept block was. The hidden
-    width must match: during a search the supernet keeps its full hidden size (pruned
-    channels are masked to zero, so they count as a difference from the teacher's values --
-    a pull against pruning them); an export with a pruned hidden size is refused before its
-    finetuning starts (``Pipeline._check_teacher``).
-
-    Example:
-        >>> h = tuple(torch.randn(2, 3, 4) for _ in range(3))
-        >>> float(hidden_distill_loss(h, h))
-        0.0
-        >>> round(float(hidden_distill_loss(h, tuple(x + 1 for x in h))), 6)
-        1.0
-    """
-    if len(student) < 2 or len(teacher) < 2:
-        raise ValueError(f"hidden_distill_loss: expected the embeddings and at least one block's "
-                         f"hidden state, got {len(student)} (student) and {len(teacher)} (teacher)")
-    if len(student) == len(teacher):
-        pairs = list(zip(student[1:], teacher[1:]))
-    else:
-        pairs = [(student[-1], teacher[-1])]
-    terms = [F.mse_loss(s.float(), t.detach().float()) for s, t in pairs]
-    return torch.stack(terms).mean()
-
-
-DistillTerm = tuple[str, float, torch.Tensor]  # (metrics name, weight, unweighted loss)
-
-
-@dataclass
-class Distillation:
-    """Distillation from a frozen ``teacher``: the student's logits for the task loss and the
-    distillation terms to add to it, ``weight * KL`` (:func:`distill_loss`, recorded as
-    ``distill_loss``) and ``hidden_weight * L_hidden`` (:func:`hidden_distill_loss`,
-    ``distill_hidden_loss``); a term of weight 0 is not computed.
-
-    Example:
-        >>> from torch import nn
-        >>> student, teacher = nn.Linear(4, 3), nn.Linear(4, 3)
-        >>> logits, terms = Distillation(teacher, weight=0.5)(Task(), student, torch.randn(2, 4))
-        >>> [(name, w) for name, w, _ in terms]
-        [('distill_loss', 0.5)]
-    """
-
-    teacher: nn.Module
-    weight: float = 1.0
-    temperature: float = 1.0
-    hidden_weight: float = 0.0
-
-    @classmethod
-    def from_config(cls, teacher: nn.Module, cfg: RunConfig) -> "Distillation":
-        return cls(teacher, float(cfg.distill_weight), float(cfg.distill_temperature),
-                   float(getattr(cfg, "distill_hidden", 0.0) or 0.0))
-
-    def __call__(self, task: Task, model: nn.Module, inputs: torch.Tensor) -> tuple[torch.Tensor, list[DistillTerm]]:
-        """``(student logits, terms)`` on ``inputs``; the teacher runs without gradients."""
-        hidden = self.hidden_weight > 0
-        if hidden:
-            logits, h_s = task.forward_hidden(model, inputs)
-        else:
-            logits = task.forward(model, inputs)
-        with torch.no_grad():
-            if hidden:
-                t_logits, h_t = task.forward_hidden(self.teacher, inputs)
-            else:
-                t_logits = task.forward(self.teacher, inputs)
-        terms: list[DistillTerm] = []
-        if self.weight > 0:
-            terms.append(("distill_loss", self.weight, distill_loss(logits, t_logits, self.temperature)))
-        if hidden:
-            terms.append(("distill_hidden_loss", self.hidden_weight, hidden_distill_loss(h_s, h_t)))
-        return logits, terms
 
 
 def scaled(value: int, factor: float, minimum: int = 1) -> int:

@@ -156,6 +156,121 @@ def test_distill_hidden_records_a_finite_positive_hidden_loss(tiny_hf, tmp_path,
     assert all("distill_loss" in r for r in hidden)  # the logits term stays on (weight 1)
 
 
+HALF = [*COMMON[:2], "--target", "0.5", *COMMON[4:]]  # half the parameters: the hidden size is pruned
+
+
+def _hidden_kept(run: Path) -> list[int] | None:
+    structure = json.loads((run / "structure.json").read_text())
+    return structure["layers"].get("lm.model.embed_tokens", {}).get("out")
+
+
+def _save_module(model: torch.nn.Module, path: Path) -> Path:
+    torch.save(model.eval(), path)
+    return path
+
+
+def test_distill_hidden_finetunes_an_export_whose_hidden_size_was_pruned(tiny_hf, tmp_path, capsys):
+    """Issue 9: the finetune of an export with a pruned hidden size compares its hidden states
+    with the teacher's at the kept channels; its first hidden loss is the one computed by
+    hand from teacher[..., kept]."""
+    import torch.nn.functional as F
+
+    from dmscale.config import load_run_config
+    from dmscale.pipeline import PHASE_SEED, load_run_model
+    from dmscale.tasks.hf_model import load_hf_model
+    from dmscale.tasks.registry import build_task
+
+    model_dir, data = tiny_hf
+    # one run, DMS_p: search (hidden size searched), export, finetune with --distill-hidden
+    run = tmp_path / "run"
+    rc, out, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+                         "--pipeline", "p", "--epochs", "0.02", "--retrain-epochs", "0.01",
+                         "--test-limit", "300", "--distill-hidden", "1", "--out", str(run),
+                         *HALF], capsys)
+    assert rc == 0, err
+    kept = _hidden_kept(run)
+    assert kept is not None and 0 < len(kept) < 64, "the search kept the hidden size: nothing is tested"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    retrain = [r["distill_hidden_loss"] for r in records if r["phase"] == "retrain" and "distill_hidden_loss" in r]
+    assert retrain and all(math.isfinite(v) and v > 0 for v in retrain)
+
+    # `dmscale retrain` of a search-only run (p-, widths only: every block is compared), the
+    # original as a --teacher module
+    src = tmp_path / "src"
+    rc, out, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+                         "--pipeline", "p-", "--search-dims", "width", "--epochs", "0.02", "--distill-weight", "0",
+                         "--test-limit", "300", "--out", str(src), *HALF], capsys)
+    assert rc == 0, err
+    kept = _hidden_kept(src)
+    assert kept is not None and 0 < len(kept) < 64
+    teacher = _save_module(load_hf_model(str(model_dir)), tmp_path / "teacher.pt")
+    ft = tmp_path / "ft"
+    rc, out, err = _run(["retrain", str(src), "--teacher", str(teacher), "--distill-hidden", "1",
+                         "--epochs", "0.01", "--test-limit", "300", "--out", str(ft),
+                         "--threads", "1", "--quiet"], capsys)
+    assert rc == 0, err
+    first = next(json.loads(line) for line in (ft / "metrics.jsonl").read_text().splitlines()
+                 if json.loads(line).get("phase") == "retrain" and "distill_hidden_loss" in line)
+    assert first["step"] == 1
+    cfg = load_run_config(ft)
+    x, _ = build_task(cfg).train_batch(0, cfg.batch_size, cfg.seed * 10 + PHASE_SEED["retrain"])
+    student, _ = load_run_model(src)  # the export before the finetune
+    with torch.no_grad():
+        _, h_s = student.eval()(x, output_hidden_states=True)
+        _, h_t = torch.load(teacher, weights_only=False)(x, output_hidden_states=True)
+    assert h_s[-1].shape[-1] == len(kept) < h_t[-1].shape[-1]
+    assert len(h_s) == len(h_t) == 3  # the embeddings, block 1, the final normalised state
+    pairs = list(zip(h_s[1:], h_t[1:]))
+    by_hand = sum(F.mse_loss(s, t[..., kept]).item() for s, t in pairs) / len(pairs)
+    assert first["distill_hidden_loss"] == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_distill_hidden_refuses_a_teacher_of_another_hidden_size(tiny_hf, tmp_path, capsys):
+    """Regression: the refusal of a pruned hidden size now fires only when no kept channels
+    map the model's hidden states onto the teacher's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dmscale.tasks.language import CausalLM
+
+    model_dir, data = tiny_hf
+    src = tmp_path / "src"
+    rc, out, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+                         "--pipeline", "p-", "--epochs", "0.02", "--distill-weight", "0",
+                         "--test-limit", "300", "--out", str(src), *HALF], capsys)
+    assert rc == 0, err
+    kept = _hidden_kept(src)
+    assert kept is not None and len(kept) < 64
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    torch.manual_seed(0)
+    other = CausalLM(LlamaForCausalLM(LlamaConfig(  # same vocabulary, an unrelated width
+        vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=12)))
+    teacher = _save_module(other, tmp_path / "other.pt")
+    rc, _, err = _run(["retrain", str(src), "--teacher", str(teacher), "--distill-hidden", "1",
+                       "--epochs", "0.01", "--out", str(tmp_path / "ft"), "--threads", "1", "--quiet"], capsys)
+    assert rc == 2, err
+    assert f"hidden size {len(kept)} differs from the teacher's 48" in err
+    assert "of a supernet's 64 hidden channels, not of the teacher's 48" in err
+    assert "--distill-hidden 0" in err and "--teacher supernet" in err
+    # a search (full hidden size) with that teacher: no structure maps one onto the other
+    rc, _, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+                       "--pipeline", "p", "--teacher", str(teacher), "--distill-hidden", "1",
+                       "--out", str(tmp_path / "s2"), *HALF], capsys)
+    assert rc == 2 and "hidden size 64 differs from the teacher's 48 and no structure says" in err, err
+    # the original the search started from (a p- run of an hf: model without pretraining)
+    rc, _, err = _run(["retrain", str(src), "--teacher", "supernet", "--distill-hidden", "1",
+                       "--epochs", "0.01", "--test-limit", "300", "--out", str(tmp_path / "ft1"),
+                       "--threads", "1", "--quiet"], capsys)
+    assert rc == 0, err
+    records = [json.loads(line) for line in (tmp_path / "ft1" / "metrics.jsonl").read_text().splitlines()]
+    assert any(math.isfinite(r.get("distill_hidden_loss", math.nan)) for r in records)
+    # the same unrelated teacher without hidden states is fine: the logits have the same shape
+    rc, _, err = _run(["retrain", str(src), "--teacher", str(teacher), "--epochs", "0.01",
+                       "--test-limit", "300", "--out", str(tmp_path / "ft2"), "--threads", "1", "--quiet"],
+                      capsys)
+    assert rc == 0, err
+
+
 def test_text_task_split_cache_and_bits_per_byte(tiny_hf):
     from dmscale.tasks.text import TextTask
 

@@ -199,7 +199,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("distill_hidden", nonneg_float, 0.0,
        "weight of hidden-state distillation: W x the mean over layers of the MSE between the "
        "model's and the teacher's hidden states (same-index layers; only the final state when "
-       "the depths differ), added to the loss; Hugging Face causal LMs (hf:PATH, llama) only; "
+       "the depths differ; the teacher's kept channels when the search pruned the hidden "
+       "size), added to the loss; Hugging Face causal LMs (hf:PATH, llama) only; "
        "0 = off", ("search", "retrain"), "distillation", metavar="W"),
     # ---- training
     _o("epochs", positive_float, 1.0,

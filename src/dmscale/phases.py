@@ -36,6 +36,7 @@ from .runs import (
     search_config,
 )
 from .tasks.hf_model import HF_DIR, is_hf_model, save_hf_dir
+from .tasks.distill import kept_hidden_channels
 from .tasks.registry import Task
 
 __all__ = ["Phases", "recalibrate_batchnorm", "FINISH_STEPS", "BUDGET_FILL", "BN_CALIBRATION_BATCHES"]
@@ -108,6 +109,21 @@ class Phases:
             p = p / "model.safetensors"
         return load_weights(model, p), exclude
 
+    def _source_supernet(self, source: RunDir) -> nn.Module | None:
+        """``dmscale retrain --teacher supernet``: the pretrained supernet the run at ``source``
+        searched -- its ``supernet.safetensors``, or for an ``hf:`` model searched without
+        pretraining the model as loaded; None when neither applies (a random supernet, or
+        one pretrained elsewhere: give that run as ``--teacher``)."""
+        cfg = self.cfg
+        src = load_run_config(source.path)
+        if src.pipeline not in ("p", "p-"):
+            return None
+        if (source / "supernet.safetensors").is_file():
+            return load_weights(new_supernet(cfg, self.task.info, cfg.seed)[0], source / "supernet.safetensors")
+        if is_hf_model(cfg.model) and src.init is None:
+            return new_supernet(cfg, self.task.info, cfg.seed)[0]
+        return None
+
     def search_config(self, exclude: list[str]) -> dms.SearchConfig:
         """The library config of this run's search (a subclass may change it, e.g. the gate of
         the baselines in bench/gates.py)."""
@@ -169,7 +185,12 @@ class Phases:
                       f"worst layer {fit['fit_rmse_rel_max']:.1%}); the parts add up to the timed "
                       f"model within {fit['parts_rel_error']:+.1%}, calibration x{fit['calibration']:.3f}")
 
-    def _check_teacher(self, teacher: nn.Module, model: nn.Module) -> None:
+    def _check_teacher(self, teacher: nn.Module, model: nn.Module,
+                       structure: dict | None = None) -> list[int] | None:
+        """Refuse a teacher whose outputs cannot be compared with ``model``'s; returns the
+        teacher's hidden channels that ``model`` kept when ``--distill-hidden`` compares them
+        at those channels (``model`` an export of ``structure`` with a pruned hidden size),
+        else None."""
         with torch.no_grad():
             was = model.training
             model.eval()
@@ -180,22 +201,42 @@ class Phases:
             raise ConfigError(f"--teacher {self.cfg.teacher}: its logits have shape {tuple(b.shape)}, "
                               f"the model's {tuple(a.shape)}")
         if self.cfg.distill_hidden > 0:
-            self._check_hidden(teacher, model)
+            return self._check_hidden(teacher, model, structure)
+        return None
 
-    def _check_hidden(self, teacher: nn.Module, model: nn.Module) -> None:
-        """``--distill-hidden``: both forwards return hidden states of the same width."""
+    def _check_hidden(self, teacher: nn.Module, model: nn.Module,
+                      structure: dict | None = None) -> list[int] | None:
+        """``--distill-hidden``: both forwards return hidden states of the same width, or the
+        model's are the teacher's at the kept channels ``structure`` records
+        (:func:`~dmscale.tasks.distill.kept_hidden_channels`), which are returned."""
         with torch.no_grad():
             was = model.training
             model.eval()
             _, h_s = self.task.forward_hidden(model, self.example)
             model.train(was)
             _, h_t = self.task.forward_hidden(teacher, self.example)
-        if h_s[-1].shape[-1] != h_t[-1].shape[-1]:
-            raise ConfigError(
-                f"--distill-hidden: the model's hidden size {h_s[-1].shape[-1]} differs from the "
-                f"teacher's {h_t[-1].shape[-1]} (the search pruned the hidden size), so their "
-                "hidden states cannot be compared: keep the hidden size (--exclude "
-                "lm.model.embed_tokens for an hf: model) or finetune with --distill-hidden 0")
+        d_s, d_t = h_s[-1].shape[-1], h_t[-1].shape[-1]
+        if d_s == d_t:
+            return None
+        found = kept_hidden_channels(model, structure)
+        if found is None:
+            why = ("no structure says which of the teacher's channels the model kept"
+                   if structure is None else
+                   "the run's structure.json does not record which hidden channels the model kept")
+        elif found[1] != d_t:
+            why = (f"the run's structure.json keeps {len(found[0])} of a supernet's {found[1]} hidden "
+                   f"channels, not of the teacher's {d_t}")
+        elif len(found[0]) != d_s or max(found[0], default=-1) >= d_t:
+            why = (f"the run's structure.json keeps {len(found[0])} hidden channels, the model "
+                   f"has {d_s}")
+        else:
+            return found[0]
+        raise ConfigError(
+            f"--distill-hidden: the model's hidden size {d_s} differs from the teacher's {d_t} "
+            f"and {why}, so their hidden states cannot be compared: distil from the model the "
+            "search started from (--teacher supernet in the run that searched, or a teacher "
+            "of the supernet's hidden size), keep the hidden size (--exclude "
+            "lm.model.embed_tokens for an hf: model) or use --distill-hidden 0")
 
     def _finish_search(self, model: nn.Module, searcher: dms.Searcher, teacher: nn.Module | None,
                        s_opt: torch.optim.Optimizer) -> None:
@@ -258,14 +299,16 @@ class Phases:
         if cfg.teacher and cfg.distills and teacher is None:
             sup = None
             if cfg.teacher == "supernet":
-                sup = self._pretrained_supernet()[0] if cfg.command == "search" else None
+                sup = self._pretrained_supernet()[0] if cfg.command == "search" else self._source_supernet(source)
             teacher = load_teacher(cfg.teacher, self.device, supernet=sup, copy_supernet=False)
-            self._check_teacher(teacher, model)
+        channels = None
+        if teacher is not None:
+            channels = self._check_teacher(teacher, model, structure)
         epochs = cfg.epochs if cfg.command == "retrain" else cfg.retrain_epochs
         total = self._steps(epochs)
         opt = self._weight_optimizer(list(model.parameters()))
         sch = self._schedule(opt, total)
-        self._train("retrain", model, total, [opt], [sch], teacher=teacher)
+        self._train("retrain", model, total, [opt], [sch], teacher=teacher, teacher_channels=channels)
         metrics = self.evaluate("retrain", model, None, total)
         self.state["evals"]["retrain"] = metrics
         self.state["evals"]["final"] = metrics

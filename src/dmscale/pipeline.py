@@ -317,9 +317,12 @@ class Pipeline(Phases):
     def _train(self, phase: str, model: nn.Module, total: int,
                optimizers: list[torch.optim.Optimizer], schedulers: list[Any],
                searcher: dms.Searcher | None = None, teacher: nn.Module | None = None,
-               until: Any = None) -> None:
-        """Train ``model`` for ``total`` steps of ``phase``, resuming from a checkpoint."""
-        distill = Distillation.from_config(teacher, self.cfg) if teacher is not None else None
+               until: Any = None, teacher_channels: list[int] | None = None) -> None:
+        """Train ``model`` for ``total`` steps of ``phase``, resuming from a checkpoint;
+        ``teacher_channels``: the teacher's hidden channels ``model`` kept (an export whose
+        hidden size was pruned), compared by ``--distill-hidden``."""
+        distill = (Distillation.from_config(teacher, self.cfg, teacher_channels)
+                   if teacher is not None else None)
         StepLoop(self, phase, model, total, optimizers, schedulers, searcher=searcher,
                  distill=distill, until=until,
                  seed=self.cfg.seed * 10 + PHASE_SEED[phase]).run()

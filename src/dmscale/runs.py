@@ -125,7 +125,9 @@ def load_teacher(spec: str, device: torch.device, supernet: nn.Module | None = N
     of it, or itself when ``copy_supernet`` is False)."""
     if spec == "supernet":
         if supernet is None:
-            raise ConfigError("--teacher supernet: this run has no pretrained supernet")
+            raise ConfigError("--teacher supernet: this run has no pretrained supernet (it searched a "
+                              "random one, or one pretrained in another run): give that run or "
+                              "a model file as --teacher")
         teacher = copy.deepcopy(supernet) if copy_supernet else supernet
     else:
         p = Path(spec)

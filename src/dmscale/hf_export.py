@@ -157,7 +157,8 @@ def _standard_config(lm: Any, sizes: dict[str, Any]) -> Any:
         raise StructureError(
             f"the pruned sizes {values} do not make a valid {type(config).__name__} "
             f"({str(err).splitlines()[-1].strip()}); keep the hidden size fixed "
-            "(SearchConfig(exclude=['model.embed_tokens']) / --exclude model.embed_tokens), save "
+            "(SearchConfig(exclude=['model.embed_tokens']) on the bare model, --exclude lm.model.embed_tokens "
+            "on the command line), save "
             "with mode='per_layer' (Llama family) or with dmscale.save") from err
 
 

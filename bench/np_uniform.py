@@ -126,7 +126,7 @@ def run_arm(arm: str, target: float, seed: int, search_epochs: float, retrain_ep
             threads: int, base: tuple[int, Any]) -> dict[str, Any]:
     """One arm: its structure at ``target`` x the baseline's MACs, retrained from scratch."""
     base_macs, (model, example) = base
-    work = WORK / run_key(arm, target, seed, search_epochs, retrain_epochs).replace("/", "-")
+    work = WORK / run_key(arm, target, seed, search_epochs, retrain_epochs).replace("/", "-")  # reused by variants
     t0 = time.perf_counter()
     row: dict[str, Any] = {"arm": arm, "target": target, "seed": seed, "search_epochs": search_epochs,
                            "retrain_epochs": retrain_epochs}
@@ -173,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="one or more search lengths (a sweep); uniform runs once")
     p.add_argument("--retrain-epochs", type=float, default=20.0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--variant", default="",
+                   help="a name for runs of changed code under the same protocol (kept apart in the cache "
+                        "and shown as ARM@VARIANT)")
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
@@ -188,11 +191,13 @@ def main(argv: list[str] | None = None) -> None:
                 for arm in args.arms:
                     for s_ep in (args.search_epochs[:1] if arm == "uniform" else args.search_epochs):
                         s_key = 0.0 if arm == "uniform" else s_ep
-                        key = run_key(arm, target, seed, s_key, args.retrain_epochs)
+                        name = f"{arm}@{args.variant}" if args.variant else arm
+                        key = run_key(name, target, seed, s_key, args.retrain_epochs)
                         cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
                         if key in cache["runs"]:
                             continue
                         row = run_arm(arm, target, seed, s_key, args.retrain_epochs, args.threads, base)
+                        row["arm"] = name
                         _store(key, row, machine)
                         extra = (f", search end {row['search_end']:.2f} x, finish {row['finish_steps']} steps, "
                                  f"solver {row['solver_ran']}") if arm != "uniform" else ""

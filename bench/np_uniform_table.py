@@ -4,8 +4,8 @@ Everything above ``## Findings`` is regenerated from ``bench/results/np_uniform.
 hand-written findings below that heading are kept as they are.
 
 Example:
-    >>> paired_gap([{"seed": 0, "acc": 0.9}, {"seed": 1, "acc": 0.8}],
-    ...            [{"seed": 0, "acc": 0.85}, {"seed": 1, "acc": 0.8}])
+    >>> [round(g, 6) for g in paired_gap([{"seed": 0, "acc": 0.9}, {"seed": 1, "acc": 0.8}],
+    ...                                  [{"seed": 0, "acc": 0.85}, {"seed": 1, "acc": 0.8}])]
     [5.0, 0.0]
 """
 
@@ -40,14 +40,17 @@ def _sel(runs: list[dict[str, Any]], **kw: Any) -> list[dict[str, Any]]:
 def _stage_means(row: dict[str, Any], field: str) -> str:
     """Mean effective kept fraction of the width dims, and the blocks kept per stage."""
     kept, nw = row[field], row["n_width"]
-    widths = kept[:nw]
+    widths = [k for k in kept[:nw] if k > 0]  # dims that exist in the export
     return f"{statistics.mean(widths):.2f} / " + "-".join(f"{k:.2f}" for k in kept[nw:])
 
 
-def _ratio_spread(row: dict[str, Any], field: str) -> float:
-    """Std of the width gates' pruning ratios ``a`` (0 = every width pruned alike)."""
-    a = row[field][:row["n_width"]]
-    return statistics.pstdev(a)
+def _width_spread(row: dict[str, Any], field: str) -> float:
+    """Std of the kept fractions of the width dims that exist in the export (uniform: ~0)."""
+    return statistics.pstdev([k for k in row[field][:row["n_width"]] if k > 0])
+
+
+def _cell(structure: str) -> str:
+    return structure.replace(" | ", "; ")
 
 
 def _main_table(runs: list[dict[str, Any]], s_ep: float, r_ep: float) -> list[str]:
@@ -56,7 +59,7 @@ def _main_table(runs: list[dict[str, Any]], s_ep: float, r_ep: float) -> list[st
              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for target in sorted({r["target"] for r in runs}, reverse=True):
         uni = _sel(runs, arm="uniform", target=target, retrain_epochs=r_ep)
-        for arm in ("uniform", "dms", "dms_expand", "dms_width"):
+        for arm in ("uniform", *sorted({r["arm"] for r in runs} - {"uniform"})):
             rs = uni if arm == "uniform" else _sel(runs, arm=arm, target=target, search_epochs=s_ep,
                                                    retrain_epochs=r_ep)
             if not rs:
@@ -73,43 +76,45 @@ def _main_table(runs: list[dict[str, Any]], s_ep: float, r_ep: float) -> list[st
 
 
 def _sweep_table(runs: list[dict[str, Any]], r_ep: float) -> list[str]:
-    lengths = sorted({r["search_epochs"] for r in runs if r["arm"] == "dms" and r["retrain_epochs"] == r_ep})
-    lines = ["| target | search epochs (steps) | seeds | MACs / target at search end | finish steps "
+    arms = sorted({r["arm"] for r in runs if r["arm"] == "dms" or r["arm"].startswith("dms@")})
+    lines = ["| target | arm | search epochs (steps) | seeds | MACs / target at search end | finish steps "
              "| shift by finish | shift by solver | importance Spearman at 50 % vs end | top-1 after retrain (%) "
              "| vs uniform, paired (pt) |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for target in sorted({r["target"] for r in runs}, reverse=True):
         uni = _sel(runs, arm="uniform", target=target, retrain_epochs=r_ep)
-        for s_ep in lengths:
-            rs = _sel(runs, arm="dms", target=target, search_epochs=s_ep, retrain_epochs=r_ep)
-            if not rs:
-                continue
-            mid = [min(r["stability"], key=lambda x: abs(x["progress"] - 0.5))["spearman"] for r in rs]
-            gap = paired_gap(rs, uni)
-            lines.append(f"| {target} | {s_ep:g} ({rs[0]['search_steps'] - rs[0]['finish_steps']}) | {len(rs)} | "
-                         f"{spread([r['search_end'] for r in rs], 2)} | "
-                         f"{spread([float(r['finish_steps']) for r in rs], 0)} | "
-                         f"{spread([r['shift_finish']['mean_abs'] for r in rs], 3)} | "
-                         f"{spread([r['shift_solver']['mean_abs'] for r in rs], 3)} | {spread(mid, 2)} | "
-                         f"{spread([100 * r['acc'] for r in rs], 2)} | {spread(gap, 2) if gap else '-'} |")
+        for arm in arms:
+            for s_ep in sorted({r["search_epochs"] for r in runs if r["arm"] == arm}):
+                rs = _sel(runs, arm=arm, target=target, search_epochs=s_ep, retrain_epochs=r_ep)
+                if not rs:
+                    continue
+                mid = [min(r["stability"], key=lambda x: abs(x["progress"] - 0.5))["spearman"] for r in rs]
+                gap = paired_gap(rs, uni)
+                lines.append(
+                    f"| {target} | {arm} | {s_ep:g} ({rs[0]['search_steps'] - rs[0]['finish_steps']}) | {len(rs)} | "
+                    f"{spread([r['search_end'] for r in rs], 2)} | "
+                    f"{spread([float(r['finish_steps']) for r in rs], 0)} | "
+                    f"{spread([r['shift_finish']['mean_abs'] for r in rs], 3)} | "
+                    f"{spread([r['shift_solver']['mean_abs'] for r in rs], 3)} | {spread(mid, 2)} | "
+                    f"{spread([100 * r['acc'] for r in rs], 2)} | {spread(gap, 2) if gap else '-'} |")
     return lines
 
 
 def _structures(runs: list[dict[str, Any]], s_ep: float, r_ep: float) -> list[str]:
     lines = ["| target | arm | seed | structure (kept widths per dim, blocks per stage) | mean width kept / blocks "
-             "per stage: search end | after finish | exported | std of width ratios a: search end / exported "
+             "per stage: search end | after finish | exported | std of kept width fractions: search end / exported "
              "| top-1 (%) |", "| ---: | --- | ---: | --- | --- | --- | --- | --- | ---: |"]
     for r in sorted(runs, key=lambda r: (-r["target"], r["arm"], r["seed"])):
         if r["retrain_epochs"] != r_ep or (r["arm"] != "uniform" and r["search_epochs"] != s_ep):
             continue
         if r["arm"] == "uniform":
-            lines.append(f"| {r['target']} | uniform (x{r['multiplier']:.3f}) | {r['seed']} | {r['structure']} "
-                         f"| - | - | - | 0 | {100 * r['acc']:.2f} |")
+            lines.append(f"| {r['target']} | uniform (x{r['multiplier']:.3f}) | {r['seed']} | {_cell(r['structure'])} "
+                         f"| - | - | - | - | {100 * r['acc']:.2f} |")
             continue
-        lines.append(f"| {r['target']} | {r['arm']} | {r['seed']} | {r['structure']} | "
+        lines.append(f"| {r['target']} | {r['arm']} | {r['seed']} | {_cell(r['structure'])} | "
                      f"{_stage_means(r, 'kept_search_end')} | {_stage_means(r, 'kept_after_finish')} | "
-                     f"{_stage_means(r, 'kept_final')} | {_ratio_spread(r, 'ratios_search_end'):.3f} / "
-                     f"{_ratio_spread(r, 'ratios_final'):.3f} | {100 * r['acc']:.2f} |")
+                     f"{_stage_means(r, 'kept_final')} | {_width_spread(r, 'kept_search_end'):.3f} / "
+                     f"{_width_spread(r, 'kept_final'):.3f} | {100 * r['acc']:.2f} |")
     return lines
 
 

@@ -57,6 +57,8 @@ WORK = ROOT / "bench" / "runs" / "np_uniform"
 ARMS = ("uniform", "dms", "dms_expand", "dms_width")
 MODEL = {"task": "digits", "model": "resnet", "model_args": {"width": 8}}
 EXPAND = {"width": 1.5, "depth": 2.0}
+# the budget solver's refill (rows without this field ran the earlier one: cheapest unit first)
+SOLVER = "widths offset + offset-order refill"
 
 
 def run_key(arm: str, target: float, seed: int, search_epochs: float, retrain_epochs: float) -> str:
@@ -149,7 +151,8 @@ def run_arm(arm: str, target: float, seed: int, search_epochs: float, retrain_ep
     row.update({"structure": _brief(structure), "macs": macs, "params": ft["counts"]["found"]["params"],
                 "exported": macs / (target * base_macs), "base_macs": base_macs,
                 "acc": ft["evals"]["final"]["acc"], "search_seconds": round(search_s, 1),
-                "retrain_seconds": round(time.perf_counter() - t0 - search_s, 1), "commit": git_commit(ROOT)})
+                "retrain_seconds": round(time.perf_counter() - t0 - search_s, 1), "commit": git_commit(ROOT),
+                "solver": SOLVER})
     return row
 
 

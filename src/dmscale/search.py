@@ -229,14 +229,20 @@ class Searcher:
         """Budget solver: bring the hard structure to the largest cost not above the target.
 
         The search ends near, not exactly at, r_t. First one common offset is added to every
-        ``a`` (binary search; the hard cost is non-increasing in it), then single units are
-        given back greedily, each time the one that adds the least cost, while the hard cost
+        ``a`` (binary search; the hard cost is non-increasing in it), then, when depth is
+        searched, a second one to the widths alone (depth fixed: fills the budget a dropped
+        block left free in the learned width ratios), then single units are given back
+        greedily, in the order a falling common offset would add them, while the hard cost
         stays under the target. Returns :meth:`resources` afterwards.
         """
         self._require_synced("meet_target()")
-        topks = _distinct(list(self.gates.width) + ([] if self.gates.depth_frozen else list(self.gates.depth)))
-        solve_budget(topks, lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
-                     iterations)
+        depth = [] if self.gates.depth_frozen else list(self.gates.depth)
+        widths = _distinct(list(self.gates.width))
+        # with depth searched: a second offset of the widths alone fills what a dropped block
+        # left free in the learned width ratios (not all in the dims whose units are cheapest)
+        solve_budget(_distinct(list(self.gates.width) + depth),
+                     lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
+                     iterations, refill=widths if depth and widths else None)
         return self.resources()
 
     @contextlib.contextmanager

@@ -2,9 +2,10 @@
 
 The search ends near, not exactly at, r_t. :func:`solve_budget` first adds one common offset
 to every gate's pruning ratio ``a`` (a binary search: the hard cost is non-increasing in it),
-then gives single units back greedily, each time the one that adds the least cost, while
-the hard cost stays under the target; units that cost nothing (widths inside a block that
-depth search removed) go back all at once. ``Searcher.meet_target`` calls it.
+optionally a second common offset of the widths alone with depth fixed (to fill what a
+dropped block left free), then gives single units back greedily, in the order a falling
+common offset would add them, while the hard cost stays under the target; units that cost
+nothing (widths inside a block that depth search removed) go back first, all at once. ``Searcher.meet_target`` calls it.
 
 Example:
     >>> import torch
@@ -28,31 +29,34 @@ __all__ = ["solve_budget", "HardCost"]
 HardCost = Callable[..., float]  # hard_cost(cache: dict | None = None) -> exact cost of the hard masks
 
 
-def solve_budget(topks: list[Any], hard_cost: HardCost, target: float, iterations: int = 40) -> None:
-    """Move the gates ``topks`` (in place) to the largest ``hard_cost()`` <= ``target``.
+def _shift_to(topks: list[Any], base: list[float], offset: float) -> None:
+    """Set every gate's pruning ratio to its ``base`` + ``offset`` (clamped); a gate with
+    vector parameters (a baseline's logits) is moved in the same ratio terms by ``set_count``."""
+    with torch.no_grad():
+        for t, a0 in zip(topks, base):
+            if t.a.numel() == 1:
+                t.a.fill_(a0 + offset)
+                t.clamp_()
+            else:
+                ratio = min(max(a0 + offset, 0.0), t.max_ratio)
+                t.set_count(int(round((1.0 - ratio) * t.n_units)))
 
-    ``hard_cost(cache=None)`` is the exact cost of the current hard masks; during the greedy
-    refill the solver passes one ``cache`` dict, in which the cost function may keep each
-    gate's recent hard masks (only one gate changes at a time, importance stays fixed).
 
-    A scalar ``a`` is a pruning ratio (DMS) and is shifted directly; a gate with vector
-    parameters (a baseline's logits) is shifted in the same ratio terms through ``set_count``.
-    """
-    base = [float(t.a.detach()) if t.a.numel() == 1 else 1.0 - t.hard_count() / t.n_units
-            for t in topks]
+def _ratios(topks: list[Any]) -> list[float]:
+    return [float(t.a.detach()) if t.a.numel() == 1 else 1.0 - t.hard_count() / t.n_units for t in topks]
+
+
+def _common_offset(topks: list[Any], hard_cost: HardCost, target: float, lo: float, hi: float,
+                   iterations: int) -> None:
+    """Leave ``topks`` at the offset in [lo, hi] (added to their ratios now) with the largest
+    ``hard_cost()`` <= ``target`` (binary search: the cost is non-increasing in the offset);
+    ``hi`` must fit, or is the best there is."""
+    base = _ratios(topks)
 
     def cost_at(offset: float) -> float:
-        with torch.no_grad():
-            for t, a0 in zip(topks, base):
-                if t.a.numel() == 1:
-                    t.a.fill_(a0 + offset)
-                    t.clamp_()
-                else:
-                    ratio = min(max(a0 + offset, 0.0), t.max_ratio)
-                    t.set_count(int(round((1.0 - ratio) * t.n_units)))
+        _shift_to(topks, base, offset)
         return hard_cost()
 
-    lo, hi = -1.0, 1.0  # cost_at(lo) is the largest, cost_at(hi) the smallest
     if cost_at(lo) <= target:
         hi = lo
     for _ in range(iterations):
@@ -64,20 +68,48 @@ def solve_budget(topks: list[Any], hard_cost: HardCost, target: float, iteration
         else:
             lo = mid
     cost_at(hi)
+
+
+def solve_budget(topks: list[Any], hard_cost: HardCost, target: float, iterations: int = 40,
+                 refill: list[Any] | None = None) -> None:
+    """Move the gates ``topks`` (in place) to the largest ``hard_cost()`` <= ``target``.
+
+    ``hard_cost(cache=None)`` is the exact cost of the current hard masks; during the greedy
+    refill the solver passes one ``cache`` dict, in which the cost function may keep each
+    gate's recent hard masks (only one gate changes at a time, importance stays fixed).
+
+    A scalar ``a`` is a pruning ratio (DMS) and is shifted directly; a gate with vector
+    parameters (a baseline's logits) is shifted in the same ratio terms through ``set_count``.
+
+    ``refill`` (a subset of ``topks``, the widths when depth is searched too): after the
+    common offset, a second common offset of these gates alone, the others fixed, fills what
+    the first left unused. A depth gate has few, costly units: the offset at which it drops
+    a block can leave a large part of the budget free, which a refill by cheapest unit would
+    hand to the dims whose units cost least, regardless of what the search learned; the
+    second offset keeps the learned ratios of the widths instead.
+    """
+    _common_offset(topks, hard_cost, target, -1.0, 1.0, iterations)
+    if refill:
+        _common_offset(refill, hard_cost, target, -1.0, 0.0, iterations)
     _give_back_units(topks, hard_cost, target)
 
 
 def _give_back_units(topks: list[Any], hard_cost: HardCost, target: float) -> None:
-    """Greedy: add one unit to the dim whose unit costs least, while under target.
+    """Greedy: give back one unit at a time while under target, in the order in which a
+    falling common offset would add them (largest ``(1 - a) - (k + 1/2) / N`` first, ``a``
+    the ratios the greedy starts from), skipping units that do not fit; ties go to the
+    cheaper unit. The budget left after the offsets thus goes to the dims the learned
+    ratios put next, not to the dims whose units cost least.
 
-    A unit that costs nothing is given back together with every further free unit of its
-    dim: the one-by-one greedy would pick them next anyway, at one full cost evaluation per
-    dim for each unit (hours for an LLM's FFN widths inside removed layers).
+    A unit that costs nothing is given back first, together with every further free unit of
+    its dim: the one-by-one greedy would pick them next anyway, at one full cost evaluation
+    per dim for each unit (hours for an LLM's FFN widths inside removed layers).
     """
     cache: dict[int, list[Any]] = {}
     current = hard_cost(cache=cache)
+    want = {id(t): 1.0 - r for t, r in zip(topks, _ratios(topks))}  # kept fraction the ratios ask for
     for _ in range(10 * sum(t.n_units for t in topks)):
-        best: tuple[float, Any, int] | None = None
+        best: tuple[tuple[bool, float, float], Any, int] | None = None
         for t in topks:
             k = t.hard_count()
             if k >= t.n_units:
@@ -87,12 +119,13 @@ def _give_back_units(topks: list[Any], hard_cost: HardCost, target: float) -> No
             cost = hard_cost(cache=cache) if t.hard_count() == k + 1 else math.inf
             with torch.no_grad():
                 t.a.copy_(old_a)
-            if cost <= target and (best is None or cost < best[0]):
-                best = (cost, t, k + 1)
+            key = (cost > current, -(want[id(t)] - (k + 0.5) / t.n_units), cost)
+            if cost <= target and (best is None or key < best[0]):
+                best = (key, t, k + 1)
         if best is None:
             break
-        cost, t, k = best
-        if cost <= current:
+        key, t, k = best
+        if not key[0]:  # free: every further free unit of this dim at once
             k = _last_free_count(t, k, current, hard_cost)
         t.set_count(k)
         current = hard_cost(cache=cache)

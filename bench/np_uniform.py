@@ -1,0 +1,217 @@
+"""DMS_np vs uniform width scaling at equal MACs, each retrained from scratch the same way
+(issue 10, table 3), with the measurements that say why DMS_np does or does not win.
+
+    PYTHONPATH=src python bench/np_uniform.py [--quick] [--seeds 0 1 2] [--targets 0.5 0.25]
+        [--arms uniform dms dms_expand] [--search-epochs 10] [--retrain-epochs 20] [--table-only]
+
+ResNet-20 (width 8) on the bundled 8x8 digits. Per target t (fraction of the baseline's MACs)
+and seed, three structures at t x the baseline's exact MACs:
+
+* ``uniform``: one width multiplier for every dimension (``peers_lib.uniform_structure``);
+* ``dms``: DMS_np searched from the baseline itself (``--pipeline np``, target t);
+* ``dms_expand``: DMS_np searched from the baseline enlarged by ``--expand`` (default
+  width=1.5,depth=2, the paper's protocol) down to t x the *baseline's* MACs (absolute target);
+* ``dms_width``: a diagnostic, ``dms`` with ``--search-dims width`` (depth kept whole).
+
+Every structure is then trained from scratch by the same ``dmscale retrain --retrain-init
+scratch`` phase (same SGD, lr, cosine schedule, epochs, batches and initialisation seed).
+Recorded per DMS search (``np_uniform_lib.TracedPipeline``): the hard cost / target when
+the search ends (the loss alone), the finish phase's steps, whether the budget solver ran,
+how far each post-hoc step moved the kept fractions, importance stability (Spearman
+correlation and kept-set agreement of snapshots at every tenth of the search with the
+search's end), and for all arms the retrained model's exact MACs / target and top-1.
+Cached per run in ``bench/results/np_uniform.json``; the table goes to
+``bench/results/np_uniform.md``. Run directories under ``bench/runs/np_uniform/`` (ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "src"))
+import np_uniform_lib as nl  # noqa: E402
+import peers_lib as pl  # noqa: E402
+from benchlib import git_commit  # noqa: E402
+from dmscale.config import RunConfig, save_config  # noqa: E402
+from dmscale.pipeline import Pipeline  # noqa: E402
+from dmscale.runs import new_supernet  # noqa: E402
+from dmscale.tasks.registry import build_task  # noqa: E402
+
+__all__ = ["ARMS", "run_key", "run_arm", "main"]
+
+RESULTS = ROOT / "bench" / "results"
+CACHE = RESULTS / "np_uniform.json"
+WORK = ROOT / "bench" / "runs" / "np_uniform"
+ARMS = ("uniform", "dms", "dms_expand", "dms_width")
+MODEL = {"task": "digits", "model": "resnet", "model_args": {"width": 8}}
+EXPAND = {"width": 1.5, "depth": 2.0}
+# the budget solver's refill (rows without this field ran the earlier one: cheapest unit first)
+SOLVER = "widths offset + offset-order refill"
+
+
+def run_key(arm: str, target: float, seed: int, search_epochs: float, retrain_epochs: float) -> str:
+    """Cache key of one arm's run (uniform has no search: its key still names the protocol)."""
+    return f"{arm}/t{target}/s{seed}/S{search_epochs}/R{retrain_epochs}"
+
+
+def _baseline() -> tuple[int, Any]:
+    """Exact MACs of the baseline model (per example) and the task's example input."""
+    cfg = RunConfig(**MODEL).resolved()
+    task = build_task(cfg)
+    with torch.random.fork_rng(devices=[]):
+        model, _ = new_supernet(cfg, task.info, 0)
+    example = task.example_inputs()
+    return pl.macs(model.eval(), example), (model, example)
+
+
+def _fresh(out: Path) -> Path:
+    if out.exists():
+        shutil.rmtree(out)
+    return out
+
+
+def _retrain(src: Path, out: Path, seed: int, epochs: float, threads: int, expand: dict | None) -> dict[str, Any]:
+    cfg = RunConfig(command="retrain", source=str(src), **MODEL, expand=expand, epochs=epochs,
+                    retrain_init="scratch", seed=seed, threads=threads, quiet=True, out=str(_fresh(out)))
+    return Pipeline(cfg.resolved()).run()
+
+
+def _brief(structure: dict[str, Any]) -> str:
+    """Kept widths per group and blocks per stage, in model order."""
+    w = "/".join(str(g["kept"]) for g in structure.get("width", []))
+    d = "/".join(str(len(g["kept"])) for g in structure.get("depth", []))
+    return f"{w} | blocks {d}" if d else w
+
+
+def _search(arm: str, target: float, seed: int, epochs: float, threads: int, base_macs: int,
+            out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One traced DMS_np search (no retrain); returns its summary and the measurements."""
+    expand = EXPAND if arm == "dms_expand" else None
+    absolute = float(target * base_macs) if expand else target  # > 1: an absolute count
+    dims = "width" if arm == "dms_width" else "both"
+    cfg = RunConfig(command="search", pipeline="np", **MODEL, expand=expand, target=absolute, search_dims=dims,
+                    epochs=epochs, retrain_epochs=0, seed=seed, threads=threads, quiet=True,
+                    out=str(_fresh(out)))
+    pipe = nl.TracedPipeline(cfg.resolved())
+    summary = pipe.run()
+    tr = pipe.trace
+    end, fin, final = tr["search_end"], tr["after_finish"], tr["final"]
+    curve = nl.stability(tr["during"] + [end], end, counts=final["counts"])
+    info = {"search_end": end["hard_over_target"], "finish_steps": tr["finish_steps"],
+            "solver_ran": tr["solver_ran"], "after_finish": fin["hard_over_target"],
+            "shift_finish": nl.structure_shift(end, fin), "shift_solver": nl.structure_shift(fin, final),
+            "shift_posthoc": nl.structure_shift(end, final),
+            "kept_search_end": end["kept"], "kept_after_finish": fin["kept"], "kept_final": final["kept"],
+            "ratios_search_end": end["ratios"], "ratios_final": final["ratios"], "n_width": end["n_width"],
+            "during": [{"progress": round(s["progress"], 3), "kept": s["kept"], "ratios": s["ratios"]}
+                       for s in tr["during"]],
+            "stability": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}
+                          for row in curve],
+            "acc_search": summary["evals"]["search"]["acc"], "search_steps": summary["steps"],
+            "supernet_macs": summary["counts"]["supernet"]["macs"]}
+    return summary, info
+
+
+def run_arm(arm: str, target: float, seed: int, search_epochs: float, retrain_epochs: float,
+            threads: int, base: tuple[int, Any]) -> dict[str, Any]:
+    """One arm: its structure at ``target`` x the baseline's MACs, retrained from scratch."""
+    base_macs, (model, example) = base
+    work = WORK / run_key(arm, target, seed, search_epochs, retrain_epochs).replace("/", "-")  # reused by variants
+    t0 = time.perf_counter()
+    row: dict[str, Any] = {"arm": arm, "target": target, "seed": seed, "search_epochs": search_epochs,
+                           "retrain_epochs": retrain_epochs}
+    if arm == "uniform":
+        structure, mult = pl.uniform_structure(model, example, target)
+        cfg_src = _fresh(work / "cfg")  # the config a search run of the baseline would hold
+        cfg_src.mkdir(parents=True)
+        save_config(RunConfig(command="search", pipeline="np", **MODEL, seed=seed).resolved(),
+                    cfg_src / "config.yaml")
+        src = pl.write_source_run(_fresh(work / "src"), cfg_src, structure, pl.apply(model, structure))
+        row["multiplier"] = mult
+    else:
+        src = work / "search"
+        summary, info = _search(arm, target, seed, search_epochs, threads, base_macs, src)
+        structure = json.loads((src / "structure.json").read_text())
+        row.update(info)
+    search_s = time.perf_counter() - t0
+    ft = _retrain(src, work / "retrain", seed, retrain_epochs, threads, EXPAND if arm == "dms_expand" else None)
+    macs = ft["counts"]["found"]["macs"]
+    row.update({"structure": _brief(structure), "macs": macs, "params": ft["counts"]["found"]["params"],
+                "exported": macs / (target * base_macs), "base_macs": base_macs,
+                "acc": ft["evals"]["final"]["acc"], "search_seconds": round(search_s, 1),
+                "retrain_seconds": round(time.perf_counter() - t0 - search_s, 1), "commit": git_commit(ROOT),
+                "solver": SOLVER})
+    return row
+
+
+def _store(key: str, row: dict[str, Any], machine: str) -> None:
+    """Read-modify-write of the cache (several invocations may share it)."""
+    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
+    cache["runs"][key] = row
+    cache["machine"] = machine
+    tmp = CACHE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    tmp.replace(CACHE)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: one seed, target 0.5, tiny epochs")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.25])
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    p.add_argument("--search-epochs", type=float, nargs="+", default=[10.0],
+                   help="one or more search lengths (a sweep); uniform runs once")
+    p.add_argument("--retrain-epochs", type=float, default=20.0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--variant", default="",
+                   help="a name for runs of changed code under the same protocol (kept apart in the cache "
+                        "and shown as ARM@VARIANT)")
+    p.add_argument("--table-only", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.targets, args.search_epochs, args.retrain_epochs = [0], [0.5], [0.5], 0.5
+    torch.set_num_threads(args.threads)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    machine = (f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, "
+               f"{args.threads} thread(s)")
+    if not args.table_only:
+        base = _baseline()
+        for seed in args.seeds:
+            for target in args.targets:
+                for arm in args.arms:
+                    for s_ep in (args.search_epochs[:1] if arm == "uniform" else args.search_epochs):
+                        s_key = 0.0 if arm == "uniform" else s_ep
+                        name = f"{arm}@{args.variant}" if args.variant else arm
+                        key = run_key(name, target, seed, s_key, args.retrain_epochs)
+                        cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
+                        if key in cache["runs"]:
+                            continue
+                        row = run_arm(arm, target, seed, s_key, args.retrain_epochs, args.threads, base)
+                        row["arm"] = name
+                        _store(key, row, machine)
+                        extra = (f", search end {row['search_end']:.2f} x, finish {row['finish_steps']} steps, "
+                                 f"solver {row['solver_ran']}") if arm != "uniform" else ""
+                        print(f"{key}: top-1 {100 * row['acc']:.2f} %, exported {row['exported']:.3f} x target"
+                              f"{extra} ({row['search_seconds']} + {row['retrain_seconds']} s)", flush=True)
+    from np_uniform_table import write_table
+
+    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
+    command = "python bench/np_uniform.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"wrote {write_table(cache, command.strip())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The instruments of bench/np_uniform.py (issue 10, table 3): rank statistics, effective kept
+fractions, the paired gap, and a traced pipeline that records without changing the run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import np_uniform_lib as nl  # noqa: E402
+from np_uniform_table import paired_gap  # noqa: E402
+from dmscale.config import RunConfig  # noqa: E402
+from dmscale.pipeline import Pipeline  # noqa: E402
+
+
+def test_spearman_matches_pearson_of_ranks_with_ties() -> None:
+    a = torch.tensor([0.0, 0.0, 1.0, 3.0, 2.0])
+    b = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0])
+    ra = torch.tensor([0.5, 0.5, 2.0, 4.0, 3.0], dtype=torch.float64)  # ties share their mean rank
+    rb = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0], dtype=torch.float64)
+    expected = float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+    assert nl.spearman(a, b) == pytest.approx(expected)
+    assert nl.spearman(b, b) == pytest.approx(1.0)
+    assert nl.spearman(b, -b) == pytest.approx(-1.0)
+    assert nl.spearman(torch.zeros(4), b[:4]) != nl.spearman(torch.zeros(4), b[:4])  # constant: nan
+
+
+def test_topk_agreement() -> None:
+    a, b = torch.tensor([4.0, 3.0, 2.0, 1.0]), torch.tensor([1.0, 3.0, 2.0, 4.0])
+    assert nl.topk_agreement(a, b, 2) == 0.5  # b's top 2 = {3, 1}, a's = {0, 1}
+    assert nl.topk_agreement(a, b, 4) == 1.0 and nl.topk_agreement(a, b, 0) == 1.0
+
+
+def test_effective_kept_drops_widths_inside_removed_blocks() -> None:
+    structure = {"width": [{"size": 8, "kept": 6, "producers": ["conv1", "layer1.1.conv2"]},
+                           {"size": 8, "kept": 8, "producers": ["layer1.1.conv1"]},
+                           {"size": 4, "kept": 1, "producers": ["layer1.10.conv1"]}],
+                 "depth": [{"blocks": ["layer1.1", "layer1.10"], "kept": ["layer1.10"]}],
+                 "removed_blocks": [{"name": "layer1.1"}]}
+    # a shared width lives on through its other producer; "layer1.10" is not inside "layer1.1"
+    assert nl.effective_kept(structure) == [0.75, 0.0, 0.25, 0.5]
+
+
+def test_structure_shift() -> None:
+    assert nl.structure_shift({"kept": [1.0, 0.5, 0.0]}, {"kept": [1.0, 0.25, 0.5]}) == \
+        {"mean_abs": 0.25, "max_abs": 0.5, "changed": 2}
+
+
+def test_paired_gap_pairs_by_seed() -> None:
+    rows = [{"seed": 2, "acc": 0.5}, {"seed": 0, "acc": 0.9}, {"seed": 5, "acc": 1.0}]
+    base = [{"seed": 0, "acc": 0.8}, {"seed": 2, "acc": 0.75}]
+    assert paired_gap(rows, base) == pytest.approx([10.0, -25.0])  # seed 5 has no partner
+
+
+def _cfg(out: Path) -> RunConfig:
+    return RunConfig(command="search", task="digits", pipeline="np", model="resnet",
+                     model_args={"depth": 14, "width": 4}, train_limit=256, test_limit=64,
+                     batch_size=32, epochs=2, retrain_epochs=0, target=0.4, seed=3, threads=1,
+                     quiet=True, out=str(out))
+
+
+def test_traced_pipeline_records_without_changing_the_run(tmp_path: Path) -> None:
+    traced = nl.TracedPipeline(_cfg(tmp_path / "traced").resolved())
+    summary = traced.run()
+    plain = Pipeline(_cfg(tmp_path / "plain").resolved()).run()
+    # the same search: same structure, exported cost and accuracy
+    assert json.loads((tmp_path / "traced" / "structure.json").read_text())["width"] == \
+        json.loads((tmp_path / "plain" / "structure.json").read_text())["width"]
+    assert summary["resources"] == plain["resources"] and summary["evals"] == plain["evals"]
+    tr = traced.trace
+    assert len(tr["during"]) == nl.SNAPSHOTS - 1
+    progress = [s["progress"] for s in tr["during"]]
+    assert progress == sorted(progress) and 0.1 <= progress[0] < 0.2 and progress[-1] < 1.0
+    ends = summary["resources_search_end"]
+    assert tr["search_end"]["hard_over_target"] == pytest.approx(ends["hard"] / ends["target"])
+    final = summary["resources"]
+    assert tr["final"]["hard_over_target"] == pytest.approx(final["hard"] / final["target"])
+    n = tr["final"]["n_width"]
+    assert len(tr["final"]["kept"]) == n + 3  # blocks per stage (depth 14: 2, of which 1 removable in stages 2, 3)
+    assert tr["solver_ran"] == (tr["after_finish"]["hard_over_target"] < 0.98
+                                or tr["after_finish"]["hard_over_target"] > 1.0)
+    curve = nl.stability(tr["during"] + [tr["search_end"]], tr["search_end"])
+    assert curve[-1]["spearman"] == pytest.approx(1.0) and curve[-1]["shift_mean_abs"] == 0.0

@@ -130,6 +130,11 @@ OPTIONS: tuple[Option, ...] = (
     _o("imgsz", positive_int, None,
        "detect: training and validation image size, a multiple of 32 (Ultralytics' imgsz; "
        "default 64)", ("pretrain", "search"), "data", metavar="SIZE"),
+    _o("augment", kv_dict, None,
+       "detect: Ultralytics' training augmentation hyperparameters, e.g. mosaic=0,fliplr=0 "
+       "(keys of its default.yaml: hsv_h, hsv_s, hsv_v, degrees, translate, scale, shear, "
+       "perspective, flipud, fliplr, bgr, mosaic, mixup, cutmix, copy_paste; default: "
+       "Ultralytics' values)", ("pretrain", "search"), "data", metavar="K=V,..."),
     _o("seq_len", positive_int, 64,
        "shakespeare / text: characters / tokens per sequence", ("pretrain", "search"), "data",
        metavar="N"),
@@ -307,6 +312,7 @@ class RunConfig:
     test_limit: int | None = None
     image_size: int = 32
     imgsz: int | None = None
+    augment: dict[str, Any] | None = None
     seq_len: int = 64
     model: str | None = None
     model_args: dict[str, Any] | None = None
@@ -408,6 +414,9 @@ class RunConfig:
             cfg.weight_decay = 5e-4 if cfg.optimizer == "sgd" else 0.01
         if cfg.exclude is None:
             cfg.exclude = []
+        if cfg.augment and cfg.task != "detect":
+            raise ConfigError(f"--augment sets Ultralytics' detection augmentation; --task {cfg.task} "
+                              "does not use it (use --task detect, or leave --augment out)")
         if cfg.pretrain_epochs is None:
             cfg.pretrain_epochs = cfg.epochs
         if cfg.retrain_epochs is None:

@@ -21,10 +21,13 @@ Every run is cached as one json file under ``bench/results/yolo_table11_runs/TAG
 hash of the settings), so the table builds incrementally: run arms and seeds in separate
 invocations (or processes), and ``--table-only`` rebuilds ``bench/results/yolo_table11.md``
 and ``.json`` (the plot's input) from the cache. A ``## Reading`` section already in the md
-is kept. Example (one YOLOv8n run, then the table)::
+is kept. The table's configuration (3-4 CPU-minutes a run on one thread; one process per
+seed), then the table from the cache::
 
-    PYTHONPATH=src python bench/yolo_table11.py --arms yolov8n --seeds 0
-    PYTHONPATH=src python bench/yolo_table11.py --seeds 0 1 --table-only
+    PYTHONPATH=src python bench/yolo_table11.py --train 256 --val 64 --epochs 20 --search-epochs 10 \
+        --batch-size 8 --augment fliplr=0,mosaic=0 --seeds 0
+    PYTHONPATH=src python bench/yolo_table11.py --train 256 --val 64 --epochs 20 --search-epochs 10 \
+        --batch-size 8 --augment fliplr=0,mosaic=0 --seeds 0 1 --table-only
 """
 
 from __future__ import annotations

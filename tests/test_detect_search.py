@@ -88,6 +88,29 @@ def test_expand_builds_the_enlarged_supernet(data):
     assert len(big.model[2].m) == 2 and len(base.model[2].m) == 1
 
 
+def test_augment_sets_ultralytics_hyperparameters(data, tmp_path):
+    default = DetectTask(RunConfig(task="detect", data=data, imgsz=64).resolved())
+    task = DetectTask(RunConfig(task="detect", data=data, imgsz=64, augment={"fliplr": 0, "mosaic": 0.0}).resolved())
+    assert (default.args.fliplr, default.args.mosaic) == (0.5, 1.0)  # Ultralytics' defaults
+    assert (task.args.fliplr, task.args.mosaic) == (0.0, 0.0)
+    # no flips and no mosaic: a batch is the letterboxed image (up to HSV and affine jitter),
+    # so the boxes of image 0 are its label file's, unmirrored
+    plain = DetectTask(RunConfig(task="detect", data=data, imgsz=64, augment={
+        "fliplr": 0, "mosaic": 0, "hsv_h": 0, "hsv_s": 0, "hsv_v": 0, "translate": 0, "scale": 0}).resolved())
+    _, y = plain.train_batch(0, 1, seed=0)
+    from dmscale.tasks.registry import _epoch_permutation
+
+    i = int(_epoch_permutation(plain.n_train, 0, 0)[0])
+    want = torch.as_tensor(plain.train_set.labels[i]["bboxes"]).float()
+    assert torch.allclose(y[:, 2:].sort(0).values, want.sort(0).values, atol=1e-3)
+    with pytest.raises(ConfigError, match="unknown key 'flip'"):
+        DetectTask(RunConfig(task="detect", data=data, imgsz=64, augment={"flip": 0}).resolved())
+    with pytest.raises(ConfigError, match="does not use it"):
+        RunConfig(task="mnist", augment={"fliplr": 0}).resolved()
+    assert main(["search", "--task", "detect", "--data", data, "--augment", "fliplr=abc", "--out",
+                 str(tmp_path / "r"), "--quiet"]) == 2
+
+
 def test_detect_errors_name_the_fix(data, tmp_path):
     with pytest.raises(ConfigError, match="mnist-detect"):
         DetectTask(RunConfig(task="detect").resolved())

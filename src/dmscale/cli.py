@@ -275,8 +275,8 @@ def _resume_dir(args: argparse.Namespace, options: dict[str, Any]) -> str | None
     return str(options["out"])
 
 
-TASK_FIELDS = ("task", "data", "train_limit", "test_limit", "image_size", "imgsz", "seq_len", "model",
-               "model_args", "expand", "task_info", "seed")
+TASK_FIELDS = ("task", "data", "train_limit", "test_limit", "image_size", "imgsz", "augment", "seq_len",
+               "model", "model_args", "expand", "task_info", "seed")
 
 
 def _cmd_train(args: argparse.Namespace, command: str) -> int:

@@ -81,6 +81,7 @@ class RunConfig:
     test_limit: int | None = None
     image_size: int = 32
     imgsz: int | None = None
+    augment: dict[str, Any] | None = None
     seq_len: int = 64
     model: str | None = None
     model_args: dict[str, Any] | None = None
@@ -182,6 +183,9 @@ class RunConfig:
             cfg.weight_decay = 5e-4 if cfg.optimizer == "sgd" else 0.01
         if cfg.exclude is None:
             cfg.exclude = []
+        if cfg.augment and cfg.task != "detect":
+            raise ConfigError(f"--augment sets Ultralytics' detection augmentation; --task {cfg.task} "
+                              "does not use it (use --task detect, or leave --augment out)")
         if cfg.pretrain_epochs is None:
             cfg.pretrain_epochs = cfg.epochs
         if cfg.retrain_epochs is None:

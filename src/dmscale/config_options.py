@@ -107,6 +107,11 @@ OPTIONS: tuple[Option, ...] = (
     _o("imgsz", positive_int, None,
        "detect: training and validation image size, a multiple of 32 (Ultralytics' imgsz; "
        "default 64)", ("pretrain", "search"), "data", metavar="SIZE"),
+    _o("augment", kv_dict, None,
+       "detect: Ultralytics' training augmentation hyperparameters, e.g. mosaic=0,fliplr=0 "
+       "(keys of its default.yaml: hsv_h, hsv_s, hsv_v, degrees, translate, scale, shear, "
+       "perspective, flipud, fliplr, bgr, mosaic, mixup, cutmix, copy_paste; default: "
+       "Ultralytics' values)", ("pretrain", "search"), "data", metavar="K=V,..."),
     _o("seq_len", positive_int, 64,
        "shakespeare / text: characters / tokens per sequence", ("pretrain", "search"), "data",
        metavar="N"),

@@ -6,7 +6,8 @@ the budget schedule and its finish phase, batch-norm recalibration and the repor
 live in :mod:`dmscale.pipeline`; a trainer subclass would have to re-create each of them
 inside Ultralytics' epoch loop. So this task plugs Ultralytics' *pieces* into that loop:
 
-* data: Ultralytics' ``YOLODataset`` with its training augmentation (mosaic, HSV, flips),
+* data: Ultralytics' ``YOLODataset`` with its training augmentation (mosaic, HSV, flips;
+  ``--augment`` sets its hyperparameters, e.g. ``fliplr=0`` for digits, which a mirror changes),
   read from any Ultralytics dataset YAML; batch ``step`` is a pure function of
   ``(seed, step)`` (the augmentation RNG is seeded per batch), so a resumed run sees the
   batches it would have seen;
@@ -43,9 +44,12 @@ from torch import nn
 from ..config import ConfigError, RunConfig
 from .registry import Task, _epoch_permutation
 
-__all__ = ["DetectTask", "build_detect_model", "DEFAULT_IMGSZ"]
+__all__ = ["DetectTask", "build_detect_model", "DEFAULT_IMGSZ", "AUGMENT_KEYS"]
 
 DEFAULT_IMGSZ = 64
+# Ultralytics' training-augmentation hyperparameters (its cfg/default.yaml) that --augment may set
+AUGMENT_KEYS = ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective",
+                "flipud", "fliplr", "bgr", "mosaic", "mixup", "cutmix", "copy_paste")
 VAL_BATCH = 32  # the val set's rectangular batches are laid out for this batch size
 
 
@@ -90,8 +94,12 @@ class DetectTask(Task):
         except Exception as err:  # Ultralytics raises FileNotFoundError, SyntaxError, KeyError ...
             raise ConfigError(f"--data {path}: {str(err).strip().splitlines()[0]}") from None
         self.imgsz = imgsz
-        self.args = get_cfg(overrides={"imgsz": imgsz, "task": "detect", "data": str(path), "workers": 0,
-                                       "plots": False, "verbose": False, "cache": False})
+        augment = _augment_overrides(cfg.augment)
+        try:
+            self.args = get_cfg(overrides={"imgsz": imgsz, "task": "detect", "data": str(path), "workers": 0,
+                                           "plots": False, "verbose": False, "cache": False, **augment})
+        except (TypeError, ValueError) as err:  # Ultralytics checks each value's type and range
+            raise ConfigError(f"--augment {cfg.augment}: {err}") from None
         with quiet():
             self.train_set = build_yolo_dataset(self.args, self.data["train"], 16, self.data, mode="train")
             self.val_set = build_yolo_dataset(self.args, self.data["val"], VAL_BATCH, self.data, mode="val",
@@ -226,6 +234,18 @@ class DetectTask(Task):
         train_args = {k: v for k, v in vars(self.args).items() if isinstance(v, (int, float, str, bool, type(None)))}
         save_yolo_checkpoint(model, Path(run_dir) / "yolo.pt", train_args=train_args)
         return ["yolo.pt"]
+
+
+def _augment_overrides(augment: dict[str, Any] | None) -> dict[str, float]:
+    """``--augment`` as Ultralytics overrides: only the keys of :data:`AUGMENT_KEYS`, as floats."""
+    out: dict[str, float] = {}
+    for key, value in (augment or {}).items():
+        if key not in AUGMENT_KEYS:
+            raise ConfigError(f"--augment: unknown key {key!r}; expected one of {', '.join(AUGMENT_KEYS)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"--augment {key}: expected a number, got {value!r}")
+        out[key] = float(value)
+    return out
 
 
 def _untimed_validator() -> type:

@@ -1,0 +1,64 @@
+"""bench/yolo_table11.py: the table and plot build from cached per-run json files, with the
+paired differences against YOLOv8n and the MACs ratio of every arm (no training here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("dmscale.integrations.ultralytics", reason="the detection benchmark needs ultralytics")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import yolo_table11 as yt  # noqa: E402
+
+
+def _settings() -> dict:
+    args = yt.argparse.Namespace(train=8, val=4, imgsz=64, max_digits=3, min_scale=0.25, max_scale=0.5, epochs=2.0,
+                                 batch_size=4, optimizer="adamw", lr=1e-3, weight_decay=None, warmup=0.02,
+                                 augment="fliplr=0", expand="width=1.5,depth=1.5", search_epochs=None,
+                                 structure_lr=0.05, resource_weight=3.0, uniform_rule="nearest")
+    return yt.settings_of(args)
+
+
+def test_table_from_cache_pairs_seeds_and_keeps_the_reading(tmp_path: Path) -> None:
+    s = _settings()
+    assert s["dms"]["search_epochs"] == 2.0  # defaults to --epochs
+    cache = tmp_path / "runs" / "tag0"
+    cache.mkdir(parents=True)
+    base = 40_000_000
+    maps = {"dms_np": [0.15, 0.13], "yolov8n": [0.14, 0.10], "uniform": [0.12, 0.12]}
+    macs = {"dms_np": 38_000_000, "yolov8n": base, "uniform": 40_400_000}
+    for arm, values in maps.items():
+        for seed, m in enumerate(values):
+            row = {"arm": arm, "seed": seed, "map50_95": m, "map50": 2 * m, "macs": macs[arm], "params": 3e6,
+                   "seconds": 60.0, "command": "PYTHONPATH=src python bench/yolo_table11.py --seeds 0 1",
+                   "commit": "abc1234"}
+            if arm == "dms_np":
+                row["search_map50_95"] = m / 2
+            (cache / f"{arm}-s{seed}.json").write_text(json.dumps(row))
+    meta = {"base_macs": base, "supernet_macs": 2 * base,
+            "uniform": {"width": 0.8751, "depth": 1.5, "macs": 40_400_000, "below": [0.8748, 35e6],
+                        "above": [0.8751, 40.4e6]}}
+    out = tmp_path / "table"
+    out.with_suffix(".md").write_text("# old\n\n## Reading\n\nhand-written.\n")
+    yt.write_table(cache, [0, 1, 2], out, s, meta, "PYTHONPATH=src python bench/yolo_table11.py --table-only")
+    md = out.with_suffix(".md").read_text()
+    assert md.endswith("\n## Reading\n\nhand-written.\n") and "# old" not in md
+    dms_row = next(line for line in md.splitlines() if line.startswith("| DMS_np"))
+    # paired by seed: +1 and +3 points -> 2.00 ± 1.41; MACs ratio 0.95
+    assert "| 0.950 |" in dms_row and "2.00 ± 1.41 [1.00, 3.00]" in dms_row
+    uni_row = next(line for line in md.splitlines() if line.startswith("| uniform"))
+    assert "| 1.010 |" in uni_row and "x0.8751" in uni_row
+    assert "seed 1: 0.950, 6.50 -> 13.00" in md
+    cached = json.loads(out.with_suffix(".json").read_text())
+    assert [r["seed"] for r in cached["rows"]["yolov8n"]] == [0, 1]
+
+    pytest.importorskip("matplotlib")
+    import results_plots
+
+    png = results_plots.plot_yolo(cached, tmp_path / "t.png")
+    assert png.stat().st_size > 1000

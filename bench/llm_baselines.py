@@ -54,6 +54,7 @@ CACHE = RESULTS / "llm_baselines"
 DMS_CACHE = RESULTS / "smollm2_prune"
 METHODS = ("taylor", "magnitude", "shortgpt", "original")
 DEFAULT_FT = 0.00145  # the DMS arm's --retrain-epochs
+DEFAULT_STEPS = 4  # what DEFAULT_FT is at batch 4 x 128 (1,407,001 training tokens)
 CALIB_SEED = 97  # train batches for calibration; the finetune uses seed * 10 + 4
 
 
@@ -263,7 +264,9 @@ def write_markdown() -> Path:
     for r in sorted(rows, key=lambda r: (r["method"] != "original", -r["target"], order[r["method"]])):
         tgt = "100 %" if r["method"] == "original" else f"{r['target']:.0%}"
         b = r["before"]
-        lines.append(f"| {tgt} | {LABEL[r['method']]} | {_structure(r)} | {r['params'] / 1e6:.2f}M "
+        label = LABEL[r["method"]] + ("" if r["finetune_steps"] == DEFAULT_STEPS else
+                                       f", finetuned {r['finetune_steps']} steps")
+        lines.append(f"| {tgt} | {label} | {_structure(r)} | {r['params'] / 1e6:.2f}M "
                      f"({r['params'] / r['supernet']:.1%}) | {b['ppl']:.2f} | {r['after']['ppl']:.2f} | "
                      f"{r['after']['bpb']:.3f} | {r.get('pre_steps', 0)} + {r['finetune_steps']} |")
     lines += [""] + _gaps(rows)

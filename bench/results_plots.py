@@ -15,14 +15,16 @@ Reads only the json caches the benchmark scripts write (nothing is re-run) and w
 * ``search_overhead.png`` from ``search_overhead.json`` (table 8): DMS / plain step time
   (median, per-round quartiles) and peak memory per model;
 * ``deploy_latency.png`` from ``deploy_latency.json`` (deployment latency): pruned / original
-  latency per model, engine and batch size, next to the model's MACs ratio.
+  latency per model, engine and batch size, next to the model's MACs ratio;
+* ``llm_baselines.png`` from ``llm_baselines.json`` (table 5 analog): SmolLM2 held-out
+  perplexity before / after the shared finetune per method and parameter target.
 
 The gate table (``gates.png``) is drawn by ``bench/gates.py --table-only``. Tables with no
 per-run cache (latency fit, SmolLM2) get no plot here; their markdown is the record.
 
 Example:
     >>> sorted(PLOTS)
-    ['budget', 'deploy_latency', 'peers', 'schedule', 'search_overhead', 'yolo_table11']
+    ['budget', 'deploy_latency', 'llm_baselines', 'peers', 'schedule', 'search_overhead', 'yolo_table11']
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
 __all__ = ["PLOTS", "plot_peers", "plot_budget", "plot_yolo", "plot_schedule", "plot_search_overhead",
-           "plot_deploy_latency", "latency_ratios", "main"]
+           "plot_deploy_latency", "plot_llm_baselines", "latency_ratios", "main"]
 
 
 def _plt() -> Any:
@@ -269,6 +271,39 @@ def plot_deploy_latency(cache: dict[str, Any], out: Path) -> Path:
     return out
 
 
+def plot_llm_baselines(cache: dict[str, Any], out: Path) -> Path:
+    """Held-out perplexity (log scale) per parameter target and method: bars after the shared
+    finetune, dots before it; the original model (finetuned and not) as lines."""
+    rows = cache["rows"]
+    methods = [m for m in ("dms", "taylor", "magnitude", "shortgpt") if any(r["method"] == m for r in rows)]
+    targets = sorted({r["target"] for r in rows if r["method"] != "original"}, reverse=True)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(1, len(methods))
+    for j, m in enumerate(methods):
+        for g, t in enumerate(targets):
+            rs = [r for r in rows if r["method"] == m and r["target"] == t and r["same_finetune"]]
+            if not rs:
+                continue
+            x = g + (j - (len(methods) - 1) / 2) * width
+            ax.bar(x, rs[0]["after"]["ppl"], width, color=f"C{j}", label=cache["labels"][m] if g == 0 else None)
+            ax.plot(x, rs[0]["before"]["ppl"], "k.", ms=5)
+    ax.axhline(cache["original"]["ppl"], color="k", lw=0.8, ls="--", label="original, not finetuned")
+    for r in rows:
+        if r["method"] == "original" and r["same_finetune"]:
+            ax.axhline(r["after"]["ppl"], color="grey", lw=0.8, ls=":", label="original, finetuned")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(targets)))
+    ax.set_xticklabels([f"{t:.0%} of parameters" for t in targets])
+    ax.set_ylabel("held-out perplexity (dots: before finetuning)")
+    ax.set_title("Table 5 analog: SmolLM2-135M, same finetune for every arm", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "peers": plot_peers,
     "budget": plot_budget,
@@ -276,6 +311,7 @@ PLOTS: dict[str, Callable[[dict[str, Any], Path], Path]] = {
     "schedule": plot_schedule,
     "search_overhead": plot_search_overhead,
     "deploy_latency": plot_deploy_latency,
+    "llm_baselines": plot_llm_baselines,
 }
 
 

@@ -1,0 +1,247 @@
+"""Structured-pruning baselines for Llama-family causal LMs (the peers of DMS in Table 5).
+
+All three keep the hidden size and the embeddings (as the DMS run does with
+``--exclude lm.model.embed_tokens``) and act on a Hugging Face ``LlamaForCausalLM`` (or the
+``CausalLM`` wrapper around one) in place:
+
+* :func:`taylor_scores` -- LLM-Pruner's first-order Taylor importance, hand-written: per
+  group, ``sum |w * dL/dw|`` over every weight of the group, the gradient accumulated over
+  calibration batches of the language-model loss.
+* :func:`magnitude_scores` -- the L2 norm of each group's weights (Torch-Pruning's
+  ``GroupNormImportance(p=2)`` up to the reduction).
+* :func:`block_influence` -- ShortGPT: ``BI_l = 1 - mean_tokens cos(x_l, x_{l+1})`` of each
+  decoder layer's input and output hidden states; :func:`remove_layers` drops layers.
+
+Groups: a *KV group* of a GQA layer is one key/value head with the query heads that read
+it (rows of q/k/v, columns of o); an *FFN unit* is one intermediate channel (rows of
+gate/up, column of down). :func:`solve_uniform` picks the same number of KV groups and FFN
+units for every layer so that the model's parameter count meets a target, with the kept
+fraction of heads as close as it can be to the kept fraction of FFN units (Torch-Pruning's
+LLM example prunes heads and channels with one ratio).
+
+Example:
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> lm = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=24, intermediate_size=32,
+    ...     num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, head_dim=4))
+    >>> kv, ffn = solve_uniform(lm, int(0.7 * count_params(lm)))
+    >>> prune_uniform(lm, magnitude_scores(lm), kv, ffn)
+    >>> lm.model.layers[0].mlp.up_proj.out_features == ffn
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+__all__ = ["decoder", "count_params", "group_sizes", "solve_uniform", "magnitude_scores",
+           "taylor_scores", "accumulate_grads", "prune_uniform", "block_influence", "remove_layers",
+           "layers_for_target"]
+
+Scores = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (KV-group scores, FFN-unit scores)
+
+
+def decoder(model: nn.Module) -> nn.Module:
+    """The ``LlamaForCausalLM`` inside ``model`` (``model`` itself or a ``CausalLM`` wrapper)."""
+    return model.lm if hasattr(model, "lm") and hasattr(model.lm, "model") else model
+
+
+def count_params(model: nn.Module) -> int:
+    """Distinct parameters (a tied embedding / head counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def group_sizes(model: nn.Module) -> dict[str, int]:
+    """Shape facts of the first layer: heads, KV heads, head dim, FFN width, hidden size,
+    and the parameters one KV group / one FFN unit holds in one layer."""
+    lm = decoder(model)
+    attn, mlp = lm.model.layers[0].self_attn, lm.model.layers[0].mlp
+    hd = attn.head_dim
+    kv = attn.k_proj.out_features // hd
+    q = attn.q_proj.out_features // hd
+    hidden = attn.q_proj.in_features
+    per_group = q // kv
+    # one KV group: per_group query heads (q rows, o columns) + one k and one v head (rows)
+    kv_cost = (2 * per_group + 2) * hd * hidden
+    kv_cost += hd * sum(n * int(m.bias is not None)
+                        for n, m in ((per_group, attn.q_proj), (1, attn.k_proj), (1, attn.v_proj)))
+    ffn_cost = 3 * hidden  # gate row, up row, down column (Llama MLPs have no bias by default)
+    return {"heads": q, "kv_heads": kv, "head_dim": hd, "ffn": mlp.up_proj.out_features,
+            "hidden": hidden, "kv_cost": kv_cost, "ffn_cost": ffn_cost, "per_group": per_group}
+
+
+def solve_uniform(model: nn.Module, target: int) -> tuple[int, int]:
+    """``(KV groups, FFN units)`` kept in every layer so the count is nearest ``target``.
+
+    For each number of KV groups g the FFN width f is solved from the count (rounded to the
+    nearest unit); of those, the (g, f) whose kept fractions g / G and f / F are closest wins.
+    """
+    lm, s = decoder(model), group_sizes(model)
+    n_layers, full = len(lm.model.layers), count_params(model)
+    best: tuple[float, int, int] | None = None
+    for g in range(1, s["kv_heads"] + 1):
+        cut_attn = n_layers * (s["kv_heads"] - g) * s["kv_cost"]
+        f = round(s["ffn"] - (full - cut_attn - target) / (n_layers * s["ffn_cost"]))
+        if not 1 <= f <= s["ffn"]:
+            continue
+        gap = abs(g / s["kv_heads"] - f / s["ffn"])
+        if best is None or gap < best[0]:
+            best = (gap, g, f)
+    if best is None:
+        raise ValueError(f"no uniform (KV groups, FFN units) reaches {target:,} parameters "
+                         f"from {full:,} with {n_layers} layers kept")
+    return best[1], best[2]
+
+
+def _group_rows(s: dict[str, int], g: int) -> tuple[slice, slice]:
+    """Rows of q_proj and of k/v_proj that KV group ``g`` owns."""
+    hd, pg = s["head_dim"], s["per_group"]
+    return slice(g * pg * hd, (g + 1) * pg * hd), slice(g * hd, (g + 1) * hd)
+
+
+def _scores(model: nn.Module, value: Callable[[nn.Parameter], torch.Tensor]) -> Scores:
+    """Per layer: a score per KV group and per FFN unit, the sum of ``value(w)`` (an
+    elementwise tensor of w's shape) over the group's weights."""
+    lm, s = decoder(model), group_sizes(model)
+    out: Scores = []
+    for layer in lm.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        q, k, v, o = (value(x.weight) for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj))
+        kv = torch.zeros(s["kv_heads"])
+        for g in range(s["kv_heads"]):
+            qr, kr = _group_rows(s, g)
+            kv[g] = q[qr].sum() + k[kr].sum() + v[kr].sum() + o[:, qr].sum()
+        ffn = value(m.gate_proj.weight).sum(1) + value(m.up_proj.weight).sum(1) + value(m.down_proj.weight).sum(0)
+        out.append((kv, ffn.detach().float().cpu()))
+    return out
+
+
+@torch.no_grad()
+def magnitude_scores(model: nn.Module) -> Scores:
+    """L2 norm of each group's weights: sqrt(sum w^2) over the group."""
+    sq = _scores(model, lambda w: w.detach() ** 2)
+    return [(kv.sqrt(), ffn.sqrt()) for kv, ffn in sq]
+
+
+def accumulate_grads(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> int:
+    """Sum the gradients of ``loss_fn(model(x), y)`` over ``batches`` into ``.grad`` (cleared
+    first); returns the number of batches."""
+    model.zero_grad(set_to_none=True)
+    n = 0
+    for x, y in batches:
+        loss_fn(model(x), y).backward()
+        n += 1
+    return n
+
+
+@torch.no_grad()
+def taylor_scores(model: nn.Module) -> Scores:
+    """LLM-Pruner's first-order Taylor importance: sum |w * grad| over the group's weights
+    (``.grad`` from :func:`accumulate_grads`)."""
+    for name, p in decoder(model).model.layers.named_parameters():
+        if p.grad is None and p.dim() == 2:
+            raise ValueError(f"layers.{name} has no gradient: call accumulate_grads first")
+    return _scores(model, lambda w: (w.detach() * w.grad).abs())
+
+
+def _slice_linear(lin: nn.Linear, idx: torch.Tensor, dim: int) -> nn.Linear:
+    """A new Linear with rows (dim 0, outputs) or columns (dim 1, inputs) ``idx`` of ``lin``."""
+    w = lin.weight.detach().index_select(dim, idx.to(lin.weight.device)).clone()
+    out_f, in_f = w.shape
+    new = nn.Linear(in_f, out_f, bias=lin.bias is not None, device=w.device, dtype=w.dtype)
+    new.weight.data.copy_(w)
+    if lin.bias is not None:
+        b = lin.bias.detach()
+        new.bias.data.copy_(b.index_select(0, idx.to(b.device)) if dim == 0 else b)
+    return new
+
+
+@torch.no_grad()
+def prune_uniform(model: nn.Module, scores: Scores, kv_keep: int, ffn_keep: int) -> None:
+    """Keep the ``kv_keep`` highest-scoring KV groups and ``ffn_keep`` FFN units of every
+    layer (kept in their original order); the config's head counts and FFN width follow."""
+    lm, s = decoder(model), group_sizes(model)
+    for layer, (kv, ffn) in zip(lm.model.layers, scores):
+        a, m = layer.self_attn, layer.mlp
+        groups = torch.topk(kv, kv_keep).indices.sort().values.tolist()
+        q_idx = torch.cat([torch.arange(s["heads"] * s["head_dim"])[_group_rows(s, g)[0]] for g in groups])
+        kv_idx = torch.cat([torch.arange(s["kv_heads"] * s["head_dim"])[_group_rows(s, g)[1]] for g in groups])
+        a.q_proj = _slice_linear(a.q_proj, q_idx, 0)
+        a.k_proj = _slice_linear(a.k_proj, kv_idx, 0)
+        a.v_proj = _slice_linear(a.v_proj, kv_idx, 0)
+        a.o_proj = _slice_linear(a.o_proj, q_idx, 1)
+        units = torch.topk(ffn, ffn_keep).indices.sort().values
+        m.gate_proj = _slice_linear(m.gate_proj, units, 0)
+        m.up_proj = _slice_linear(m.up_proj, units, 0)
+        m.down_proj = _slice_linear(m.down_proj, units, 1)
+        # num_key_value_groups (query heads per KV head) is unchanged: whole groups go
+    cfg = lm.config
+    cfg.head_dim = s["head_dim"]  # no longer hidden / heads
+    cfg.num_attention_heads = kv_keep * s["per_group"]
+    cfg.num_key_value_heads = kv_keep
+    cfg.intermediate_size = ffn_keep
+
+
+@torch.no_grad()
+def block_influence(model: nn.Module, batches: Iterable[torch.Tensor]) -> torch.Tensor:
+    """ShortGPT's block influence of every decoder layer: 1 - cos(input, output) of its
+    hidden states, averaged over every token of ``batches`` (token ids (B, T))."""
+    lm = decoder(model)
+    layers = lm.model.layers
+    sums = torch.zeros(len(layers), dtype=torch.float64)
+    count = 0
+    seen: dict[int, torch.Tensor] = {}
+
+    def hook(i: int) -> Callable[..., None]:
+        def fn(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+            x = args[0] if args else kwargs["hidden_states"]
+            y = out[0] if isinstance(out, tuple) else out
+            cos = torch.nn.functional.cosine_similarity(x.float(), y.float(), dim=-1)  # (B, T)
+            seen[i] = (1 - cos).double().sum()
+        return fn
+
+    handles = [layer.register_forward_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    was = model.training
+    model.eval()
+    try:
+        for ids in batches:
+            seen.clear()
+            model(ids)
+            sums += torch.stack([seen[i] for i in range(len(layers))])
+            count += ids.numel()
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was)
+    return (sums / max(1, count)).float()
+
+
+def layers_for_target(model: nn.Module, bi: torch.Tensor, target: int) -> list[int]:
+    """The lowest-BI layers to remove, fewest first, until the count is at most ``target``."""
+    lm = decoder(model)
+    per_layer = [count_params(layer) for layer in lm.model.layers]
+    total, removed = count_params(model), []
+    for i in torch.argsort(bi).tolist():
+        if total <= target:
+            break
+        if len(removed) == len(per_layer) - 1:
+            raise ValueError(f"{target:,} parameters needs removing every layer")
+        removed.append(i)
+        total -= per_layer[i]
+    return sorted(removed)
+
+
+def remove_layers(model: nn.Module, drop: list[int]) -> None:
+    """Remove decoder layers ``drop`` in place (layer indices and the config follow)."""
+    lm = decoder(model)
+    kept = [layer for i, layer in enumerate(lm.model.layers) if i not in set(drop)]
+    lm.model.layers = nn.ModuleList(kept)
+    for i, layer in enumerate(kept):
+        layer.self_attn.layer_idx = i
+    cfg = lm.config
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = [t for i, t in enumerate(cfg.layer_types) if i not in set(drop)]
+    cfg.num_hidden_layers = len(kept)

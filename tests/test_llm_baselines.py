@@ -1,0 +1,132 @@
+"""The LLM pruning baselines of bench/llm_baselines.py (Table 5 analog, issues 9 and 10).
+
+On a tiny random GQA Llama: the uniform pruners (Taylor, magnitude) land within one FFN unit
+per layer of the target parameter count, keep the hidden size, and the pruned model runs with
+the right shapes and equals a hand-sliced reference; Taylor ranks by |w * grad|; ShortGPT
+removes the layers of lowest block influence and the count ends at or under the target.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import dmscale as dms
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+dms.ensure_torchvision()
+transformers = pytest.importorskip("transformers")
+import llm_baselines_lib as lib  # noqa: E402
+
+VOCAB, HIDDEN, FFN = 40, 24, 32
+
+
+def _lm(layers: int = 2) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN,
+                                   num_hidden_layers=layers, num_attention_heads=6,
+                                   num_key_value_heads=3, head_dim=4, max_position_embeddings=32,
+                                   tie_word_embeddings=True)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _ids(batch: int = 2, t: int = 12) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, t), generator=torch.Generator().manual_seed(1))
+
+
+def test_group_sizes_match_the_count() -> None:
+    lm = _lm()
+    s = lib.group_sizes(lm)
+    assert (s["heads"], s["kv_heads"], s["per_group"], s["head_dim"], s["ffn"]) == (6, 3, 2, 4, FFN)
+    layer = lm.model.layers[0]
+    norms = sum(p.numel() for p in layer.input_layernorm.parameters()) * 2
+    assert lib.count_params(layer) == 3 * s["kv_cost"] + FFN * s["ffn_cost"] + norms
+
+
+@pytest.mark.parametrize("method", ["magnitude", "taylor"])
+@pytest.mark.parametrize("fraction", [0.8, 0.5])
+def test_uniform_pruners_hit_the_target(method: str, fraction: float) -> None:
+    lm = _lm()
+    full = lib.count_params(lm)
+    target = int(fraction * full)
+    kv, ffn = lib.solve_uniform(lm, target)
+    if method == "taylor":
+        ids = _ids()
+        n = lib.accumulate_grads(lm, [(ids[:, :-1], ids[:, 1:])],
+                                 lambda out, y: torch.nn.functional.cross_entropy(
+                                     out.logits.flatten(0, 1), y.flatten()))
+        assert n == 1
+        scores = lib.taylor_scores(lm)
+    else:
+        scores = lib.magnitude_scores(lm)
+    lib.prune_uniform(lm, scores, kv, ffn)
+    got = lib.count_params(lm)
+    per_unit = 2 * lib.group_sizes(lm)["ffn_cost"]  # rounding: half an FFN unit in each layer
+    assert abs(got - target) <= per_unit, (got, target)
+    assert got < full
+    for layer in lm.model.layers:
+        assert layer.self_attn.k_proj.out_features == kv * 4
+        assert layer.self_attn.q_proj.out_features == kv * 2 * 4
+        assert layer.mlp.down_proj.in_features == ffn
+        assert layer.self_attn.o_proj.out_features == HIDDEN  # hidden size kept
+    logits = lm(_ids()).logits
+    assert logits.shape == (2, 12, VOCAB) and torch.isfinite(logits).all()
+
+
+def test_uniform_prune_equals_hand_slicing() -> None:
+    """Keeping KV group 2 and FFN units {0, 5} by hand gives the same logits."""
+    lm, ref = _lm(1), _lm(1)
+    kv = torch.tensor([0.0, 0.1, 5.0])
+    ffn = torch.zeros(FFN)
+    ffn[[0, 5]] = 1.0
+    lib.prune_uniform(lm, [(kv, ffn)], 1, 2)
+    a, m = ref.model.layers[0].self_attn, ref.model.layers[0].mlp
+    q_rows, kv_rows, units = torch.arange(16, 24), torch.arange(8, 12), torch.tensor([0, 5])
+    with torch.no_grad():
+        for lin, rows in ((a.q_proj, q_rows), (a.k_proj, kv_rows), (a.v_proj, kv_rows)):
+            lin.weight.data = lin.weight.data[rows]
+        a.o_proj.weight.data = a.o_proj.weight.data[:, q_rows]
+        m.gate_proj.weight.data = m.gate_proj.weight.data[units]
+        m.up_proj.weight.data = m.up_proj.weight.data[units]
+        m.down_proj.weight.data = m.down_proj.weight.data[:, units]
+        torch.testing.assert_close(lm(_ids()).logits, ref(_ids()).logits)
+
+
+def test_taylor_scores_are_abs_weight_times_grad() -> None:
+    lm = _lm(1)
+    ids = _ids()
+    lib.accumulate_grads(lm, [(ids[:, :-1], ids[:, 1:])],
+                         lambda out, y: out.logits.pow(2).mean())
+    (kv, ffn), = lib.taylor_scores(lm)
+    m = lm.model.layers[0].mlp
+    want = sum((lin.weight * lin.weight.grad).abs().sum(1) for lin in (m.gate_proj, m.up_proj)) \
+        + (m.down_proj.weight * m.down_proj.weight.grad).abs().sum(0)
+    torch.testing.assert_close(ffn, want.detach())
+    k = lm.model.layers[0].self_attn.k_proj
+    assert kv[1] >= (k.weight * k.weight.grad).abs()[4:8].sum() - 1e-6
+
+
+def test_shortgpt_removes_the_lowest_influence_layers() -> None:
+    lm = _lm(4)
+    # layer 2 copies its input (output projections zeroed): block influence exactly 0
+    with torch.no_grad():
+        lm.model.layers[2].self_attn.o_proj.weight.zero_()
+        lm.model.layers[2].mlp.down_proj.weight.zero_()
+    ids = _ids()
+    bi = lib.block_influence(lm, [ids])
+    assert bi.shape == (4,) and bi[2].abs() < 1e-6 and (bi[[0, 1, 3]] > 1e-3).all()
+    full, per_layer = lib.count_params(lm), lib.count_params(lm.model.layers[0])
+    target = full - per_layer - 1  # one layer is not enough: two go
+    drop = lib.layers_for_target(lm, bi, target)
+    order = torch.argsort(bi).tolist()
+    assert drop == sorted(order[:2]) and 2 in drop
+    lib.remove_layers(lm, drop)
+    assert lib.count_params(lm) == full - 2 * per_layer <= target
+    assert lm.config.num_hidden_layers == 2
+    assert [layer.self_attn.layer_idx for layer in lm.model.layers] == [0, 1]
+    assert lm(ids).logits.shape == (2, 12, VOCAB)
+    assert lm.generate(ids[:1, :4], max_new_tokens=3, do_sample=False).shape == (1, 7)

@@ -213,6 +213,10 @@ def plot_search_overhead(cache: dict[str, Any], out: Path) -> Path:
     ax2.legend(fontsize=7)
     fig.suptitle(f"Table 8: cost of DMS during training (batch {cache['args']['batch']}, "
                  f"{cache['args']['threads']} thread, CPU)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
 
 DEPLOY_SERIES = (("torch", 1), ("torch", 32), ("ort", 1), ("ort", 32))

@@ -363,7 +363,7 @@ def test_smollm2_gguf_from_the_command_line(tmp_path, capsys):
                          "--batch-size", "2", "--epochs", "0.0005", "--retrain-epochs", "0.0002",
                          "--test-limit", "256", "--optimizer", "adamw",
                          "--threads", str(os.cpu_count() or 1),
-                         "--quiet", "--out", str(run)], capsys)
+                         "--out", str(run)], capsys)  # not --quiet: the summary is checked
     assert rc == 0, err
     assert "perplexity" in out
     hf = AutoModelForCausalLM.from_pretrained(run / "hf")

@@ -42,6 +42,13 @@ __all__ = ["PLOTS", "plot_peers", "plot_budget", "plot_yolo", "plot_schedule", "
            "plot_deploy_latency", "plot_llm_baselines", "latency_ratios", "main"]
 
 
+def _save(plt: Any, fig: Any, out: Path) -> Path:
+    """Lay out, write ``out`` (110 dpi), close the figure; every plot ends here."""
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
 def _plt() -> Any:
     import matplotlib
 
@@ -88,10 +95,7 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     ax.set_title("Table 4: DMS_p vs Torch-Pruning vs uniform width (digits ResNet-20, mean ± std, seeds as dots)",
                  fontsize=9)
     ax.legend(fontsize=8, ncol=4, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_budget(cache: dict[str, Any], out: Path) -> Path:
@@ -115,10 +119,7 @@ def plot_budget(cache: dict[str, Any], out: Path) -> Path:
     ax.set_ylabel("exact MACs / target")
     ax.set_title("Table 6: does the resource loss land on the budget? (DMS_np, digits)", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_yolo(cache: dict[str, Any], out: Path) -> Path:
@@ -147,10 +148,7 @@ def plot_yolo(cache: dict[str, Any], out: Path) -> Path:
     best = max((r["map50_95"] for rs in cache["rows"].values() for r in rs), default=0.0)
     note = " (no conclusion: all arms under 2 mAP)" if best < 0.02 else ""
     fig.suptitle(f"Table 11 analog: YOLOv8n arms on generated MNIST detection{note}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def _arm_label(name: str) -> str:
@@ -183,10 +181,7 @@ def plot_schedule(cache: dict[str, Any], out: Path) -> Path:
     axes[1].set_ylim(max(0.0, min(accs) - 3), min(100.0, max(accs) + 1.5))
     fig.suptitle(f"Table 7: r_t schedule (DMS_np, digits ResNet-20 w8, 0.5 x MACs, {epochs:g} epochs search "
                  "+ retrain; mean ± std, seeds as dots)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_search_overhead(cache: dict[str, Any], out: Path) -> Path:
@@ -213,10 +208,7 @@ def plot_search_overhead(cache: dict[str, Any], out: Path) -> Path:
     ax2.legend(fontsize=7)
     fig.suptitle(f"Table 8: cost of DMS during training (batch {cache['args']['batch']}, "
                  f"{cache['args']['threads']} thread, CPU)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 DEPLOY_SERIES = (("torch", 1), ("torch", 32), ("ort", 1), ("ort", 32))
@@ -269,10 +261,7 @@ def plot_deploy_latency(cache: dict[str, Any], out: Path) -> Path:
                  "(whiskers: pruned IQR / original IQR)", fontsize=9)
     ax.legend(fontsize=7, ncol=3, loc="upper left")
     ax.set_ylim(0, max(1.6, ax.get_ylim()[1]))
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_llm_baselines(cache: dict[str, Any], out: Path) -> Path:
@@ -302,10 +291,7 @@ def plot_llm_baselines(cache: dict[str, Any], out: Path) -> Path:
     ax.set_ylabel("held-out perplexity (dots: before finetuning)")
     ax.set_title("Table 5 analog: SmolLM2-135M, same finetune for every arm", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 PLOTS: dict[str, Callable[[dict[str, Any], Path], Path]] = {

@@ -122,11 +122,12 @@ def _dataset(d: dict[str, Any], root: Path) -> str:
 
 def _run(common: dict[str, Any], out: Path, **kw: Any) -> dict[str, Any]:
     t0 = time.time()
-    summary = Pipeline(RunConfig(**common, **kw, out=str(out))).run()
+    resume = (out / "checkpoint.pt").is_file()  # a run interrupted earlier continues where it stopped
+    summary = Pipeline(RunConfig(**common, **kw, out=str(out)), resume=resume).run()
     ev = summary["evals"].get("final") or summary["evals"]["pretrain"]
     row = {"map50_95": ev["map50_95"], "map50": ev["map50"], "precision": ev["precision"], "recall": ev["recall"],
            "macs": summary["counts"]["found"]["macs"], "params": summary["counts"]["found"]["params"],
-           "seconds": round(time.time() - t0, 1)}
+           "seconds": round(time.time() - t0, 1), "resumed": resume}
     if "search" in summary["evals"]:  # DMS: the searched weights before retraining, and the structure
         row["search_map50_95"] = summary["evals"]["search"]["map50_95"]
         structure = json.loads((out / "structure.json").read_text())

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line",
+__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "pyplot", "save_figure",
            "load_cache", "save_cache"]
 
 
@@ -82,3 +82,22 @@ def load_cache(path: Path) -> dict[str, Any]:
 def save_cache(path: Path, cache: dict[str, Any]) -> None:
     """Write the cache (indented, sorted keys: small diffs between runs)."""
     path.write_text(json.dumps(cache, indent=1, sort_keys=True))
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the non-interactive Agg backend (imported on first use: the
+    benchmarks run without matplotlib until a table is drawn)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, out: Path) -> Path:
+    """Lay out ``fig``, write it to ``out`` (110 dpi), close it; every results plot ends here."""
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    pyplot().close(fig)
+    return out

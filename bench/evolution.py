@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import evolution_lib as el  # noqa: E402
-from benchlib import command_line, git_commit, load_cache, mean_std, save_cache, shared_machine, widths  # noqa: E402
+from benchlib import (command_line, git_commit, load_cache, mean_std, pyplot, save_cache, save_figure,  # noqa: E402
+                      shared_machine, widths)
 import dmscale as dms  # noqa: E402
 from dmscale.config import RunConfig  # noqa: E402
 from dmscale.io import load_weights  # noqa: E402
@@ -290,11 +291,7 @@ def plot(cache: dict[str, Any], key: str) -> Path | None:
     have = _done(cache, key)
     if not have:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     runs = cache["runs"][key]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, s in enumerate(have):
@@ -314,11 +311,7 @@ def plot(cache: dict[str, Any], key: str) -> Path | None:
     ax.set_title(f"Table 3 analog: {cache['settings'][key]['target']} x MACs (dotted: evolution's validation fitness)",
                  fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    out = RESULTS / f"{NAME}.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, RESULTS / f"{NAME}.png")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import gates_lib as gl  # noqa: E402
 import peers_lib as pl  # noqa: E402
-from benchlib import command_line, git_commit, load_cache, mean_std, save_cache, shared_machine, widths  # noqa: E402
+from benchlib import (command_line, git_commit, load_cache, mean_std, pyplot, save_cache, save_figure,  # noqa: E402
+                      shared_machine, widths)
 import dmscale as dms  # noqa: E402
 from dmscale.config import RunConfig  # noqa: E402
 from dmscale.pipeline import Pipeline, load_run_model, recalibrate_batchnorm  # noqa: E402
@@ -215,11 +216,7 @@ def plot(cache: dict[str, Any], key: str) -> Path | None:
     have = _complete(cache, key)
     if not have:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     runs = cache["runs"][key]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     xs = range(len(METHODS))
@@ -242,11 +239,7 @@ def plot(cache: dict[str, Any], key: str) -> Path | None:
     ax2.axhline(1.0, color="k", lw=0.8, ls="--")
     ax2.set_ylabel("exact MACs / target")
     ax2.legend(fontsize=7)
-    fig.tight_layout()
-    out = RESULTS / "gates.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, RESULTS / "gates.png")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -37,25 +37,11 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import pyplot, save_figure  # noqa: E402
 
 __all__ = ["PLOTS", "plot_peers", "plot_budget", "plot_yolo", "plot_schedule", "plot_search_overhead",
            "plot_deploy_latency", "plot_llm_baselines", "latency_ratios", "main"]
-
-
-def _save(plt: Any, fig: Any, out: Path) -> Path:
-    """Lay out, write ``out`` (110 dpi), close the figure; every plot ends here."""
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
-
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _mean_sd(values: list[float]) -> tuple[float, float]:
@@ -67,7 +53,7 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     methods = ("dms_p", "tp_magnitude", "tp_taylor", "uniform")
     keys = [k for k, s in sorted(cache["settings"].items(), key=lambda kv: (-kv[1]["target"], kv[0]))
             if s["finetune_epochs"] >= 1]
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.8 / len(methods)
     low = 100.0
@@ -95,14 +81,14 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     ax.set_title("Table 4: DMS_p vs Torch-Pruning vs uniform width (digits ResNet-20, mean ± std, seeds as dots)",
                  fontsize=9)
     ax.legend(fontsize=8, ncol=4, loc="lower right")
-    return _save(plt, fig, out)
+    return save_figure(fig, out)
 
 
 def plot_budget(cache: dict[str, Any], out: Path) -> Path:
     """Exported cost / target per (target, r_c mode): at the search's end and exported."""
     rows = list(cache["runs"].values())
     groups = sorted({(r["target"], r["mode"]) for r in rows}, key=lambda t: (-t[0], t[1]))
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for g, (target, mode) in enumerate(groups):
         rs = [r for r in rows if r["target"] == target and r["mode"] == mode]
@@ -119,7 +105,7 @@ def plot_budget(cache: dict[str, Any], out: Path) -> Path:
     ax.set_ylabel("exact MACs / target")
     ax.set_title("Table 6: does the resource loss land on the budget? (DMS_np, digits)", fontsize=9)
     ax.legend(fontsize=8)
-    return _save(plt, fig, out)
+    return save_figure(fig, out)
 
 
 def plot_yolo(cache: dict[str, Any], out: Path) -> Path:
@@ -127,7 +113,7 @@ def plot_yolo(cache: dict[str, Any], out: Path) -> Path:
     arms = list(cache["rows"])
     base = cache["base_macs"]
     imgsz = cache.get("settings", {}).get("data", {}).get("imgsz", 64)
-    plt = _plt()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.5))
     for i, arm in enumerate(arms):
         rs = cache["rows"][arm]
@@ -148,7 +134,7 @@ def plot_yolo(cache: dict[str, Any], out: Path) -> Path:
     best = max((r["map50_95"] for rs in cache["rows"].values() for r in rs), default=0.0)
     note = " (no conclusion: all arms under 2 mAP)" if best < 0.02 else ""
     fig.suptitle(f"Table 11 analog: YOLOv8n arms on generated MNIST detection{note}", fontsize=9)
-    return _save(plt, fig, out)
+    return save_figure(fig, out)
 
 
 def _arm_label(name: str) -> str:
@@ -163,7 +149,7 @@ def plot_schedule(cache: dict[str, Any], out: Path) -> Path:
     rows = [r for r in cache["runs"].values() if r["epochs"] == epochs]
     arms = list(dict.fromkeys(r["arm"] for r in sorted(rows, key=lambda r: (r["seed"], r["arm"]))))
     arms.sort(key=lambda a: ("none" not in a, a.split("/")[0] != "end=1.0"))
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     panels = (("search_end", 1.0, "exact MACs / target at the search's end (loss alone)"),
               ("acc", 100.0, "top-1 after retraining (%)"))
@@ -181,14 +167,14 @@ def plot_schedule(cache: dict[str, Any], out: Path) -> Path:
     axes[1].set_ylim(max(0.0, min(accs) - 3), min(100.0, max(accs) + 1.5))
     fig.suptitle(f"Table 7: r_t schedule (DMS_np, digits ResNet-20 w8, 0.5 x MACs, {epochs:g} epochs search "
                  "+ retrain; mean ± std, seeds as dots)", fontsize=9)
-    return _save(plt, fig, out)
+    return save_figure(fig, out)
 
 
 def plot_search_overhead(cache: dict[str, Any], out: Path) -> Path:
     """Table 8: DMS / plain step time (median, q1-q3 of per-round ratios) and peak RSS ratios."""
     rows = list(cache["rows"].values())
     names = [r["name"] for r in rows]
-    plt = _plt()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
     for i, r in enumerate(rows):
         t = r["time"]
@@ -208,7 +194,7 @@ def plot_search_overhead(cache: dict[str, Any], out: Path) -> Path:
     ax2.legend(fontsize=7)
     fig.suptitle(f"Table 8: cost of DMS during training (batch {cache['args']['batch']}, "
                  f"{cache['args']['threads']} thread, CPU)", fontsize=9)
-    return _save(plt, fig, out)
+    return save_figure(fig, out)
 
 
 DEPLOY_SERIES = (("torch", 1), ("torch", 32), ("ort", 1), ("ort", 32))
@@ -238,7 +224,7 @@ def plot_deploy_latency(cache: dict[str, Any], out: Path) -> Path:
     """Pruned / original latency per model, engine (PyTorch, onnxruntime) and batch, as bars
     with the crude quartile spread; a black dash at each model's MACs ratio."""
     names = list(cache["models"])
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     width = 0.8 / len(DEPLOY_SERIES)
     for g, name in enumerate(names):
@@ -261,7 +247,7 @@ def plot_deploy_latency(cache: dict[str, Any], out: Path) -> Path:
                  "(whiskers: pruned IQR / original IQR)", fontsize=9)
     ax.legend(fontsize=7, ncol=3, loc="upper left")
     ax.set_ylim(0, max(1.6, ax.get_ylim()[1]))
-    return _save(plt, fig, out)
+    return save_figure(fig, out)
 
 
 def plot_llm_baselines(cache: dict[str, Any], out: Path) -> Path:
@@ -270,7 +256,7 @@ def plot_llm_baselines(cache: dict[str, Any], out: Path) -> Path:
     rows = cache["rows"]
     methods = [m for m in ("dms", "taylor", "magnitude", "shortgpt") if any(r["method"] == m for r in rows)]
     targets = sorted({r["target"] for r in rows if r["method"] != "original"}, reverse=True)
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / max(1, len(methods))
     for j, m in enumerate(methods):
@@ -291,7 +277,7 @@ def plot_llm_baselines(cache: dict[str, Any], out: Path) -> Path:
     ax.set_ylabel("held-out perplexity (dots: before finetuning)")
     ax.set_title("Table 5 analog: SmolLM2-135M, same finetune for every arm", fontsize=9)
     ax.legend(fontsize=7)
-    return _save(plt, fig, out)
+    return save_figure(fig, out)
 
 
 PLOTS: dict[str, Callable[[dict[str, Any], Path], Path]] = {

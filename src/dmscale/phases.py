@@ -17,6 +17,7 @@ BatchNorm statistics are re-estimated (:func:`recalibrate_batchnorm`) before it 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -191,12 +192,7 @@ class Phases:
         teacher's hidden channels that ``model`` kept when ``--distill-hidden`` compares them
         at those channels (``model`` an export of ``structure`` with a pruned hidden size),
         else None."""
-        with torch.no_grad():
-            was = model.training
-            model.eval()
-            a = self.task.forward(model, self.example)
-            model.train(was)
-            b = self.task.forward(teacher, self.example)
+        a, b = self._on_example(self.task.forward, model, teacher)
         if a.shape != b.shape:
             raise ConfigError(f"--teacher {self.cfg.teacher}: its logits have shape {tuple(b.shape)}, "
                               f"the model's {tuple(a.shape)}")
@@ -204,17 +200,22 @@ class Phases:
             return self._check_hidden(teacher, model, structure)
         return None
 
+    def _on_example(self, forward: Any, model: nn.Module, teacher: nn.Module) -> tuple[Any, Any]:
+        """``forward(model, example)`` in eval mode (``model``'s mode restored after) and
+        ``forward(teacher, example)``, without gradients."""
+        with torch.no_grad():
+            was = model.training
+            model.eval()
+            a = forward(model, self.example)
+            model.train(was)
+            return a, forward(teacher, self.example)
+
     def _check_hidden(self, teacher: nn.Module, model: nn.Module,
                       structure: dict | None = None) -> list[int] | None:
         """``--distill-hidden``: both forwards return hidden states of the same width, or the
         model's are the teacher's at the kept channels ``structure`` records
         (:func:`~dmscale.tasks.distill.kept_hidden_channels`), which are returned."""
-        with torch.no_grad():
-            was = model.training
-            model.eval()
-            _, h_s = self.task.forward_hidden(model, self.example)
-            model.train(was)
-            _, h_t = self.task.forward_hidden(teacher, self.example)
+        (_, h_s), (_, h_t) = self._on_example(self.task.forward_hidden, model, teacher)
         d_s, d_t = h_s[-1].shape[-1], h_t[-1].shape[-1]
         if d_s == d_t:
             return None

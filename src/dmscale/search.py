@@ -238,9 +238,7 @@ class Searcher:
         self._require_synced("meet_target()")
         depth = [] if self.gates.depth_frozen else list(self.gates.depth)
         widths = _distinct(list(self.gates.width))
-        # with depth searched: a second offset of the widths alone fills what a dropped block
-        # left free in the learned width ratios (not all in the dims whose units are cheapest)
-        solve_budget(_distinct(list(self.gates.width) + depth),
+        solve_budget(_distinct(widths + depth),
                      lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
                      iterations, refill=widths if depth and widths else None)
         return self.resources()

@@ -99,11 +99,12 @@ def hidden_distill_loss(student: Sequence[torch.Tensor], teacher: Sequence[torch
         pairs = list(zip(student[1:], teacher[1:]))
     else:
         pairs = [(student[-1], teacher[-1])]
+    idx = None if teacher_channels is None else \
+        torch.as_tensor(teacher_channels, dtype=torch.long, device=teacher[-1].device)  # (d_s,)
     terms = []
     for s, t in pairs:
         t = t.detach()
-        if teacher_channels is not None:
-            idx = torch.as_tensor(teacher_channels, dtype=torch.long, device=t.device)  # (d_s,)
+        if idx is not None:
             t = t.index_select(-1, idx)  # (B, T, d_t) -> (B, T, d_s)
         if s.shape != t.shape:
             raise ValueError(f"hidden_distill_loss: the student's hidden states have shape "

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "pyplot", "save_figure",
+__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "paired_diff", "pyplot", "save_figure",
            "load_cache", "save_cache"]
 
 
@@ -101,3 +101,16 @@ def save_figure(fig: Any, out: Path) -> Path:
     fig.savefig(out, dpi=110)
     pyplot().close(fig)
     return out
+
+
+def paired_diff(rows: list[dict[str, Any]], base: list[dict[str, Any]], key: str) -> list[float]:
+    """Points (x 100) of ``rows[key]`` minus ``base[key]`` for each seed both have, in seed order.
+
+    Example:
+        >>> [round(d, 6) for d in paired_diff([{"seed": 1, "acc": 0.8}, {"seed": 0, "acc": 0.9}],
+        ...                                   [{"seed": 0, "acc": 0.85}], "acc")]
+        [5.0]
+    """
+    by_seed = {r["seed"]: r[key] for r in base}
+    return [100 * (r[key] - by_seed[r["seed"]]) for r in sorted(rows, key=lambda r: r["seed"])
+            if r["seed"] in by_seed]

@@ -18,7 +18,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import spread  # noqa: E402
+from benchlib import paired_diff, spread  # noqa: E402
 
 __all__ = ["paired_gap", "write_table", "FINDINGS"]
 
@@ -28,9 +28,7 @@ FINDINGS = "## Findings"
 
 def paired_gap(rows: list[dict[str, Any]], base: list[dict[str, Any]]) -> list[float]:
     """Top-1 points of ``rows`` minus ``base`` for each seed both have (seed order)."""
-    by_seed = {r["seed"]: r["acc"] for r in base}
-    return [100 * (r["acc"] - by_seed[r["seed"]]) for r in sorted(rows, key=lambda r: r["seed"])
-            if r["seed"] in by_seed]
+    return paired_diff(rows, base, "acc")
 
 
 def _sel(runs: list[dict[str, Any]], **kw: Any) -> list[dict[str, Any]]:

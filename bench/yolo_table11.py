@@ -59,7 +59,7 @@ __all__ = ["main", "settings_of", "uniform_arm"]
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import git_commit, spread  # noqa: E402
+from benchlib import git_commit, paired_diff, spread  # noqa: E402
 
 ARMS = ("dms_np", "yolov8n", "uniform")
 RESULTS = ROOT / "bench" / "results"
@@ -237,8 +237,7 @@ def write_table(cache: Path, seeds: list[int], out: Path, s: dict[str, Any], met
 
 def _paired(rows: dict[str, list[dict[str, Any]]], arm: str) -> list[float]:
     """Per-seed mAP50-95 difference ``arm - yolov8n`` (points), over the seeds both have."""
-    base = {r["seed"]: r["map50_95"] for r in rows.get("yolov8n", [])}
-    return [100 * (r["map50_95"] - base[r["seed"]]) for r in rows.get(arm, []) if r["seed"] in base]
+    return paired_diff(rows.get(arm, []), rows.get("yolov8n", []), "map50_95")
 
 
 def _markdown(r: dict[str, Any], command: str, cache: Path) -> str:

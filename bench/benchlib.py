@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "paired_diff", "pyplot", "save_figure",
-           "load_cache", "save_cache"]
+__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "paired_diff", "paired_ci",
+           "pyplot", "save_figure", "load_cache", "save_cache"]
 
 
 def git_commit(root: Path) -> str:
@@ -114,3 +114,30 @@ def paired_diff(rows: list[dict[str, Any]], base: list[dict[str, Any]], key: str
     by_seed = {r["seed"]: r[key] for r in base}
     return [100 * (r[key] - by_seed[r["seed"]]) for r in sorted(rows, key=lambda r: r["seed"])
             if r["seed"] in by_seed]
+
+
+def paired_ci(diffs: list[float], level: float = 0.95) -> tuple[float, float, float, float]:
+    """Mean of per-seed paired differences, its two-sided Student-t interval and p-value.
+
+    The interval is ``mean ± t_{(1+level)/2, n-1} * std / sqrt(n)``; the p-value is the
+    one-sample t-test of the differences against 0 (``scipy.stats.ttest_1samp``). With one
+    difference, or all equal, there is no spread: the interval collapses to the mean and p is
+    ``nan``.
+
+    Returns:
+        ``(mean, low, high, p)``.
+
+    Example:
+        >>> [round(v, 3) for v in paired_ci([1.0, 2.0, 3.0])]
+        [2.0, -0.484, 4.484, 0.074]
+    """
+    from scipy import stats  # the bench and test extras pin it
+
+    n = len(diffs)
+    if n == 0:
+        raise ValueError("paired_ci: no paired differences (no seed in both arms)")
+    mean = statistics.mean(diffs)
+    if n == 1 or max(diffs) == min(diffs):
+        return mean, mean, mean, float("nan")
+    half = float(stats.t.ppf((1 + level) / 2, n - 1)) * statistics.stdev(diffs) / n ** 0.5
+    return mean, mean - half, mean + half, float(stats.ttest_1samp(diffs, 0.0).pvalue)

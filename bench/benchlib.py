@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "paired_diff", "paired_ci",
+__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "paired_diff", "paired_ci", "ci_text",
            "pyplot", "save_figure", "load_cache", "save_cache"]
 
 
@@ -141,3 +141,18 @@ def paired_ci(diffs: list[float], level: float = 0.95) -> tuple[float, float, fl
         return mean, mean, mean, float("nan")
     half = float(stats.t.ppf((1 + level) / 2, n - 1)) * statistics.stdev(diffs) / n ** 0.5
     return mean, mean - half, mean + half, float(stats.ttest_1samp(diffs, 0.0).pvalue)
+
+
+def ci_text(diffs: list[float], level: float = 0.95) -> str:
+    """``paired_ci`` as a table cell: ``+mean [low, high], p = P`` (the mean alone for one seed).
+
+    Example:
+        >>> ci_text([1.0, 2.0, 3.0]), ci_text([0.5])
+        ('+2.00 [-0.48, 4.48], p = 0.074', '+0.50 (1 seed)')
+    """
+    mean, low, high, p = paired_ci(diffs, level)
+    if len(diffs) == 1:
+        return f"{mean:+.2f} (1 seed)"
+    if p != p:  # nan: no spread
+        return f"{mean:+.2f} (no spread over {len(diffs)} seeds)"
+    return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p = {p:.3f}".replace("[+", "[").replace(", +", ", ")

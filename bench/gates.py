@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import gates_lib as gl  # noqa: E402
 import peers_lib as pl  # noqa: E402
-from benchlib import (command_line, git_commit, load_cache, mean_std, pyplot, save_cache, save_figure,  # noqa: E402
+from benchlib import (ci_text, command_line, git_commit, load_cache, mean_std, pyplot, save_cache, save_figure,  # noqa: E402
                       shared_machine, widths)
 import dmscale as dms  # noqa: E402
 from dmscale.config import RunConfig  # noqa: E402
@@ -189,12 +189,13 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
                      f"{mean_std([r['exported'] for r in rs], '{:.3f}')} | {mean_std([r['macs_frac'] for r in rs], '{:.3f}')} | "
                      f"{mean_std([r['params'] for r in rs], '{:,.0f}')} | {rs[0]['n_structure']:,} | "
                      f"{mean_std([r['seconds'] for r in rs], '{:.0f}')} |")
-    lines += ["", "DMS_p- minus each method, per seed (pt):", ""]
+    lines += ["", "DMS_p- minus each method, pt, paired by seed: mean [95 % t-interval], p; per seed:", ""]
     for m in METHODS:
         if m == "dms":
             continue
         d = [100 * (runs[str(s)]["dms"]["acc"] - runs[str(s)][m]["acc"]) for s in have]
-        lines.append(f"- vs {LABELS[m]}: {statistics.mean(d):+.2f} mean; " + ", ".join(f"{x:+.2f}" for x in d))
+        lines.append(f"- vs {LABELS[m]}: {ci_text(d)}; per seed "
+                     + ", ".join(f"{x:+.2f}" for x in d) + f"; ahead on {sum(x > 0 for x in d)} of {len(d)}")
     lines += ["", "Structures (kept channels per width group in model order | removable blocks kept per stage):", ""]
     for m in METHODS:
         for r in by[m]:

@@ -33,7 +33,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import command_line, git_commit, load_cache, mean_std, save_cache, shared_machine, widths  # noqa: E402
+from benchlib import ci_text, command_line, git_commit, load_cache, mean_std, save_cache, shared_machine, widths  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import peers_lib as pl  # noqa: E402
@@ -171,7 +171,7 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
     mean = {m: statistics.mean(100 * r["acc"] for r in by[m]) for m in METHODS}
     best = max((m for m in METHODS if m != "dms_p"), key=mean.get)
     diffs = [100 * (runs[str(s)]["dms_p"]["acc"] - runs[str(s)][best]["acc"]) for s in have]
-    lines += ["", f"dms_p minus the best peer ({best}): {statistics.mean(diffs):+.2f} pt mean; per seed "
+    lines += ["", f"dms_p minus the best peer ({best}), pt: {ci_text(diffs)} (mean [95 % t-interval], p); per seed "
               + ", ".join(f"{d:+.2f}" for d in diffs) + " (one test image is 0.28 pt).", "",
               "Structures (kept channels per width group in model order | removable blocks kept per stage):", ""]
     for m in METHODS:

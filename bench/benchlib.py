@@ -149,10 +149,13 @@ def ci_text(diffs: list[float], level: float = 0.95) -> str:
     Example:
         >>> ci_text([1.0, 2.0, 3.0]), ci_text([0.5])
         ('+2.00 [-0.48, 4.48], p = 0.074', '+0.50 (1 seed)')
+        >>> ci_text([10.0, 11.0, 12.0, 10.5, 11.5])
+        '+11.00 [10.02, 11.98], p < 0.001'
     """
     mean, low, high, p = paired_ci(diffs, level)
     if len(diffs) == 1:
         return f"{mean:+.2f} (1 seed)"
     if p != p:  # nan: no spread
         return f"{mean:+.2f} (no spread over {len(diffs)} seeds)"
-    return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], p = {p:.3f}".replace("[+", "[").replace(", +", ", ")
+    ptext = "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+    return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], {ptext}".replace("[+", "[").replace(", +", ", ")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "paired_diff", "paired_ci", "ci_text",
+           "record_invocation", "invocations_text",
            "pyplot", "save_figure", "load_cache", "save_cache"]
 
 
@@ -159,3 +160,30 @@ def ci_text(diffs: list[float], level: float = 0.95) -> str:
         return f"{mean:+.2f} (no spread over {len(diffs)} seeds)"
     ptext = "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
     return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}], {ptext}".replace("[+", "[").replace(", +", ", ")
+
+
+def record_invocation(info: dict[str, Any], key: str, command: str, commit: str, seeds: list[int]) -> None:
+    """Note one invocation of a benchmark under ``info[key]``, keeping the earlier ones.
+
+    The entry's ``command`` / ``commit`` / ``seeds`` are the latest invocation's; the earlier
+    ones move to its ``earlier`` list (oldest first), so a table built from runs of several
+    invocations can name every command and commit it comes from.
+
+    Example:
+        >>> info = {}
+        >>> record_invocation(info, "t0.5", "python b.py --seeds 0", "aaa", [0])
+        >>> record_invocation(info, "t0.5", "python b.py --seeds 1", "bbb", [1])
+        >>> invocations_text(info["t0.5"])
+        '`python b.py --seeds 0` (commit `aaa`), `python b.py --seeds 1` (commit `bbb`)'
+    """
+    old = info.get(key)
+    earlier = []
+    if old:
+        earlier = old.get("earlier", []) + [{k: old[k] for k in ("command", "commit", "seeds") if k in old}]
+    info[key] = {"command": command, "commit": commit, "seeds": list(seeds), "earlier": earlier}
+
+
+def invocations_text(entry: dict[str, Any]) -> str:
+    """Every invocation of ``entry`` (see :func:`record_invocation`), oldest first, as markdown."""
+    calls = entry.get("earlier", []) + [entry]
+    return ", ".join(f"`{c.get('command', '?')}` (commit `{c.get('commit', '?')}`)" for c in calls)

@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import gates_lib as gl  # noqa: E402
 import peers_lib as pl  # noqa: E402
-from benchlib import (ci_text, command_line, git_commit, load_cache, mean_std, pyplot, save_cache, save_figure,  # noqa: E402
+from benchlib import (ci_text, command_line, git_commit, invocations_text, load_cache, mean_std, pyplot,  # noqa: E402
+                      record_invocation, save_cache, save_figure,
                       shared_machine, widths)
 import dmscale as dms  # noqa: E402
 from dmscale.config import RunConfig  # noqa: E402
@@ -156,7 +157,7 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
     lines = ["# DMS_p- vs the paper's other gradient-based gates at equal MACs (issue 10, table 1)", "",
              "The analog of the paper's Table 2 (MES / SNS / GET vs DMS_p-) and Table 12 (no importance "
              "normalisation), on this machine's scale.", "",
-             f"- command: `{info['command']}`; commit `{info['commit']}`",
+             f"- commands (each adds its seeds to the cache): {invocations_text(info)}",
              f"- machine: {cache['machine']}",
              "- task: ResNet-20 (width 8) on the 8x8 digits (1,438 train / 359 test images); one pretrained "
              f"supernet per seed (`dmscale pretrain`, {setting['pretrain_epochs']} epochs, as bench/peers.py)",
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     command = command_line("bench/gates.py", argv)
     cache.setdefault("runs", {}).setdefault(key, {})
     cache.setdefault("settings", {})[key] = cfg
-    cache.setdefault("info", {})[key] = {"command": command, "commit": git_commit(ROOT), "seeds": args.seeds}
+    record_invocation(cache.setdefault("info", {}), key, command, git_commit(ROOT), args.seeds)
 
     def save() -> None:
         save_cache(CACHE, cache)

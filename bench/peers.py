@@ -33,7 +33,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import ci_text, command_line, git_commit, load_cache, mean_std, save_cache, shared_machine, widths  # noqa: E402
+from benchlib import (ci_text, command_line, git_commit, invocations_text, load_cache, mean_std,  # noqa: E402
+                      record_invocation, save_cache, shared_machine, widths)
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import peers_lib as pl  # noqa: E402
@@ -152,7 +153,7 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
              f"{setting['search_epochs']}, finetune {setting['finetune_epochs']} epochs"
              + (f" (peers: {setting['finetune_epochs'] + setting['search_epochs']}, the same total weight "
                 "training as DMS_p's search + finetune)" if setting.get("equal_training") else ""), "",
-             f"- command: `{info.get('command', '?')}`; commit `{info.get('commit', '?')}`",
+             f"- commands (each adds its seeds to the cache): {invocations_text(info)}",
              f"- seeds with every method done: {have}"
              + (f" (**partial**: seeds {partial} still to run with the command above)" if partial else "")]
     if not have:
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     cache.setdefault("runs", {}).setdefault(key, {})
     cache.setdefault("settings", {})[key] = cfg
-    cache.setdefault("info", {})[key] = {"command": command, "commit": cache["commit"], "seeds": args.seeds}
+    record_invocation(cache.setdefault("info", {}), key, command, cache["commit"], args.seeds)
 
     def save() -> None:
         save_cache(CACHE, cache)

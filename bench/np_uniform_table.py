@@ -18,9 +18,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import paired_diff, spread  # noqa: E402
+from benchlib import ci_text, paired_diff, pyplot, save_figure, spread  # noqa: E402
 
-__all__ = ["paired_gap", "write_table", "FINDINGS"]
+__all__ = ["paired_gap", "write_table", "plot", "FINDINGS"]
 
 RESULTS = ROOT / "bench" / "results"
 FINDINGS = "## Findings"
@@ -52,7 +52,7 @@ def _cell(structure: str) -> str:
 
 
 def _main_table(runs: list[dict[str, Any]], s_ep: float, r_ep: float) -> list[str]:
-    lines = ["| target | arm | seeds | exported MACs / target | top-1 after retrain (%) | vs uniform, paired (pt) "
+    lines = ["| target | arm | seeds | exported MACs / target | top-1 after retrain (%) | vs uniform, paired (pt): mean [95 % t-interval], p "
              "| MACs / target at search end | finish steps | solver ran | post-hoc shift of kept fractions |",
              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for target in sorted({r["target"] for r in runs}, reverse=True):
@@ -68,7 +68,7 @@ def _main_table(runs: list[dict[str, Any]], s_ep: float, r_ep: float) -> list[st
             sol = "-" if arm == "uniform" else f"{sum(r['solver_ran'] for r in rs)}/{len(rs)}"
             shift = "-" if arm == "uniform" else spread([r["shift_posthoc"]["mean_abs"] for r in rs], 3)
             lines.append(f"| {target} | {arm} | {len(rs)} | {spread([r['exported'] for r in rs])} | "
-                         f"{spread([100 * r['acc'] for r in rs], 2)} | {spread(gap, 2) if gap else '-'} | "
+                         f"{spread([100 * r['acc'] for r in rs], 2)} | {ci_text(gap) if gap else '-'} | "
                          f"{search} | {fin} | {sol} | {shift} |")
     return lines
 
@@ -77,7 +77,7 @@ def _sweep_table(runs: list[dict[str, Any]], r_ep: float) -> list[str]:
     arms = sorted({r["arm"] for r in runs if r["arm"] == "dms" or r["arm"].startswith("dms@")})
     lines = ["| target | arm | search epochs (steps) | seeds | MACs / target at search end | finish steps "
              "| shift by finish | shift by solver | importance Spearman at 50 % vs end | top-1 after retrain (%) "
-             "| vs uniform, paired (pt) |",
+             "| vs uniform, paired (pt): mean [95 % t-interval], p |",
              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for target in sorted({r["target"] for r in runs}, reverse=True):
         uni = _sel(runs, arm="uniform", target=target, retrain_epochs=r_ep)
@@ -94,7 +94,7 @@ def _sweep_table(runs: list[dict[str, Any]], r_ep: float) -> list[str]:
                     f"{spread([float(r['finish_steps']) for r in rs], 0)} | "
                     f"{spread([r['shift_finish']['mean_abs'] for r in rs], 3)} | "
                     f"{spread([r['shift_solver']['mean_abs'] for r in rs], 3)} | {spread(mid, 2)} | "
-                    f"{spread([100 * r['acc'] for r in rs], 2)} | {spread(gap, 2) if gap else '-'} |")
+                    f"{spread([100 * r['acc'] for r in rs], 2)} | {ci_text(gap) if gap else '-'} |")
     return lines
 
 
@@ -162,4 +162,31 @@ def write_table(cache: dict[str, Any], command: str, s_ep: float = 10.0, r_ep: f
              "## Importance stability across the search", "", *_stability(runs, r_ep), "",
              f"## Structures (search {s_ep:g} epochs)", "", *_structures(runs, s_ep, r_ep), "", findings.rstrip(), ""]
     out.write_text("\n".join(lines))
+    if runs:
+        plot(runs, s_ep, r_ep)
     return out
+
+
+def plot(runs: list[dict[str, Any]], s_ep: float = 10.0, r_ep: float = 20.0) -> Path:
+    """``np_uniform.png``: top-1 after retraining against exported MACs / target, one panel per
+    target; every seed a faint point, each arm's mean ± std a bold one."""
+    plt = pyplot()
+    targets = sorted({r["target"] for r in runs}, reverse=True)
+    fig, axes = plt.subplots(1, len(targets), figsize=(5 * len(targets), 3.8), squeeze=False)
+    for ax, target in zip(axes[0], targets):
+        for i, arm in enumerate(("uniform", "dms", "dms_expand", "dms_width")):
+            rs = _sel(runs, arm=arm, target=target, retrain_epochs=r_ep)
+            rs = [r for r in rs if arm == "uniform" or r["search_epochs"] == s_ep]
+            if not rs:
+                continue
+            xs, ys = [r["exported"] for r in rs], [100 * r["acc"] for r in rs]
+            ax.scatter(xs, ys, color=f"C{i}", alpha=0.3, s=14)
+            sd = statistics.stdev(ys) if len(ys) > 1 else 0.0
+            ax.errorbar(statistics.mean(xs), statistics.mean(ys), yerr=sd, color=f"C{i}", marker="o",
+                         capsize=3, label=f"{arm} ({len(rs)} seeds)")
+        ax.set_title(f"{target} x the baseline's MACs")
+        ax.set_xlabel("exported MACs / target")
+        ax.set_ylabel("top-1 after retraining from scratch (%)")
+        ax.legend(fontsize=8)
+    fig.suptitle("DMS_np vs uniform width, ResNet-20 (width 8) on the 8x8 digits")
+    return save_figure(fig, RESULTS / "np_uniform.png")

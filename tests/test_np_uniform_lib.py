@@ -86,3 +86,15 @@ def test_traced_pipeline_records_without_changing_the_run(tmp_path: Path) -> Non
                                 or tr["after_finish"]["hard_over_target"] > 1.0)
     curve = nl.stability(tr["during"] + [tr["search_end"]], tr["search_end"])
     assert curve[-1]["spearman"] == pytest.approx(1.0) and curve[-1]["shift_mean_abs"] == 0.0
+
+
+def test_plot_and_paired_intervals_from_the_committed_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import np_uniform_table as nt
+
+    cache = json.loads((ROOT / "bench" / "results" / "np_uniform.json").read_text())
+    monkeypatch.setattr(nt, "RESULTS", tmp_path)
+    md = nt.write_table(cache, "python bench/np_uniform.py --table-only").read_text()
+    assert (tmp_path / "np_uniform.png").stat().st_size > 10_000
+    # the paired column gives a t-interval and a p-value for every searched arm with >= 2 seeds
+    dms_rows = [line for line in md.splitlines() if line.startswith("| 0.5 | dms | ")]
+    assert dms_rows and "], p = " in dms_rows[0]

@@ -49,7 +49,7 @@ from dmscale.pipeline import Pipeline  # noqa: E402
 from dmscale.runs import new_supernet  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 
-__all__ = ["ARMS", "run_key", "run_arm", "main"]
+__all__ = ["ARMS", "run_key", "run_arm", "dataset_note", "main"]
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "np_uniform.json"
@@ -59,6 +59,22 @@ MODEL = {"task": "digits", "model": "resnet", "model_args": {"width": 8}}
 EXPAND = {"width": 1.5, "depth": 2.0}
 # the budget solver's refill (rows without this field ran the earlier one: cheapest unit first)
 SOLVER = "widths offset + offset-order refill"
+
+
+def _use_task(task: str, train_limit: int | None) -> None:
+    """Point the model, cache and run directories at ``task`` (the digits keep the defaults)."""
+    global MODEL, CACHE, WORK
+    MODEL = {**MODEL, "task": task, "train_limit": train_limit}
+    CACHE = RESULTS / f"np_uniform_{task}.json"
+    WORK = WORK / task
+
+
+def dataset_note(task: str, train_limit: int | None) -> str:
+    """How the table's data is described (the test split's size sets what one image is worth)."""
+    if task == "digits":
+        return "the 8x8 digits (359 test images: 1 image = 0.28 pt)"
+    train = f"the first {train_limit:,} training images" if train_limit else "all 60,000 training images"
+    return f"MNIST at 28x28 ({train}; all 10,000 test images: 1 image = 0.01 pt)"
 
 
 def run_key(arm: str, target: float, seed: int, search_epochs: float, retrain_epochs: float) -> str:
@@ -180,7 +196,15 @@ def main(argv: list[str] | None = None) -> None:
                    help="a name for runs of changed code under the same protocol (kept apart in the cache "
                         "and shown as ARM@VARIANT)")
     p.add_argument("--table-only", action="store_true")
+    p.add_argument("--task", choices=("digits", "mnist"), default="digits",
+                   help="digits (the default; np_uniform.json / .md) or mnist (np_uniform_mnist.json / .md)")
+    p.add_argument("--train-limit", type=int, default=None,
+                   help="train on the first N training images (--train-limit of every search and retrain)")
     args = p.parse_args(argv)
+    if args.task != "digits":
+        _use_task(args.task, args.train_limit)
+    elif args.train_limit is not None:
+        p.error("--train-limit is for --task mnist (the digits cache holds full-split runs)")
     if args.quick:
         args.seeds, args.targets, args.search_epochs, args.retrain_epochs = [0], [0.5], [0.5], 0.5
     torch.set_num_threads(args.threads)
@@ -210,7 +234,8 @@ def main(argv: list[str] | None = None) -> None:
 
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
     command = "python bench/np_uniform.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"wrote {write_table(cache, command.strip())}")
+    name = "np_uniform" if args.task == "digits" else f"np_uniform_{args.task}"
+    print(f"wrote {write_table(cache, command.strip(), args.search_epochs[0], args.retrain_epochs, name=name, dataset=dataset_note(args.task, args.train_limit))}")
 
 
 if __name__ == "__main__":

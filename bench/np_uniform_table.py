@@ -135,17 +135,22 @@ def _stability(runs: list[dict[str, Any]], r_ep: float) -> list[str]:
     return lines
 
 
-def write_table(cache: dict[str, Any], command: str, s_ep: float = 10.0, r_ep: float = 20.0) -> Path:
-    """Regenerate the tables of ``np_uniform.md`` (keeping its hand-written findings)."""
+DIGITS = "the 8x8 digits (359 test images: 1 image = 0.28 pt)"
+
+
+def write_table(cache: dict[str, Any], command: str, s_ep: float = 10.0, r_ep: float = 20.0,
+                name: str = "np_uniform", dataset: str = DIGITS) -> Path:
+    """Regenerate the tables of ``NAME.md`` and its plot ``NAME.png`` (keeping the md's
+    hand-written findings); ``dataset`` says what the runs trained and tested on."""
     runs = list(cache["runs"].values())
     commits = sorted({r["commit"] for r in runs})
-    out = RESULTS / "np_uniform.md"
+    out = RESULTS / f"{name}.md"
     old = out.read_text() if out.exists() else ""
     findings = old[old.index(FINDINGS):] if FINDINGS in old else f"{FINDINGS}\n\n(not written yet)\n"
     lines = ["# DMS_np vs uniform width at equal MACs, retrained from scratch (issue 10, table 3)", "",
              f"- command (last invocation): `{command}`; the cache holds every invocation's runs",
              f"- commit(s) of the runs: {', '.join('`' + c + '`' for c in commits)}; machine: {cache.get('machine')}",
-             f"- setup: ResNet-20 (width 8) on the 8x8 digits (359 test images: 1 image = 0.28 pt). Structures at "
+             f"- setup: ResNet-20 (width 8) on {dataset}. Structures at "
              "t x the baseline's exact MACs: `uniform` = one width multiplier; `dms` = DMS_np searched from the "
              "baseline (`--pipeline np --target t`); `dms_expand` = DMS_np searched from the baseline with "
              "`--expand width=1.5,depth=2` (4.6x its MACs) down to t x the baseline's MACs; `dms_width` = `dms` with "
@@ -163,11 +168,12 @@ def write_table(cache: dict[str, Any], command: str, s_ep: float = 10.0, r_ep: f
              f"## Structures (search {s_ep:g} epochs)", "", *_structures(runs, s_ep, r_ep), "", findings.rstrip(), ""]
     out.write_text("\n".join(lines))
     if runs:
-        plot(runs, s_ep, r_ep)
+        plot(runs, s_ep, r_ep, name, dataset.split(" (")[0])
     return out
 
 
-def plot(runs: list[dict[str, Any]], s_ep: float = 10.0, r_ep: float = 20.0) -> Path:
+def plot(runs: list[dict[str, Any]], s_ep: float = 10.0, r_ep: float = 20.0, name: str = "np_uniform",
+         data: str = "the 8x8 digits") -> Path:
     """``np_uniform.png``: top-1 after retraining against exported MACs / target, one panel per
     target; every seed a faint point, each arm's mean ± std a bold one."""
     plt = pyplot()
@@ -188,5 +194,5 @@ def plot(runs: list[dict[str, Any]], s_ep: float = 10.0, r_ep: float = 20.0) -> 
         ax.set_xlabel("exported MACs / target")
         ax.set_ylabel("top-1 after retraining from scratch (%)")
         ax.legend(fontsize=8)
-    fig.suptitle("DMS_np vs uniform width, ResNet-20 (width 8) on the 8x8 digits")
-    return save_figure(fig, RESULTS / "np_uniform.png")
+    fig.suptitle(f"DMS_np vs uniform width, ResNet-20 (width 8) on {data}")
+    return save_figure(fig, RESULTS / f"{name}.png")

@@ -168,6 +168,8 @@ def test_pipeline_api_and_finish_phase_meets_the_budget(tmp_path: Path) -> None:
     end = summary["resources_search_end"]
     assert end["hard"] > end["target"]  # the search itself ended over: the post-hoc step is reported
     assert "the search ended at" in (tmp_path / "run" / "report.md").read_text()
+    # 4 search steps at lr 0.01: the ratios could not move; the summary says so and what to do
+    assert any("can move only about 0.04" in w and "--structure-lr 0.075 or more" in w for w in summary["warnings"])
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(r["phase"] == "finish" for r in records)
     model, saved = load_run_model(tmp_path / "run")

@@ -27,7 +27,7 @@ import dmscale as dms
 from .config import ConfigError, load_run_config
 from .engine.rundir import RunDir, fmt_count
 from .errors import NoImportanceError
-from .report import posthoc_line
+from .report import posthoc_line, reach_hint
 from .runs import (
     load_run_model,
     load_teacher,
@@ -253,7 +253,10 @@ class Phases:
             return res["hard"] >= BUDGET_FILL * res["target"]
 
         if self.checkpoint_for("finish") is None:
-            self.state["resources_search_end"] = searcher.resources()
+            end = self.state["resources_search_end"] = searcher.resources()
+            hint = reach_hint(self.cfg.structure_lr, self._steps(self.cfg.epochs), end["hard"] / end["target"])
+            if hint:
+                self.state["warnings"].append(hint)
         if self.checkpoint_for("finish") is not None or not under():
             frozen = [p for p in searcher.model_parameters() if p.requires_grad]
             for prm in frozen:

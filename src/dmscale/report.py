@@ -22,8 +22,14 @@ from typing import Any
 
 import yaml
 
-__all__ = ["write_report", "format_summary", "read_metrics", "format_count", "posthoc_line", "metric_name",
-           "lm_metrics_text"]
+__all__ = ["write_report", "format_summary", "read_metrics", "format_count", "posthoc_line", "reach_hint",
+           "metric_name", "lm_metrics_text"]
+
+# How far (lr x steps) the structure parameters must be able to move for the search itself to
+# reach a budget: a ratio moves 0.2-0.5 to halve a network's MACs, and Adam moves it by about
+# the learning rate per step (bench/results/table16.md: 110 steps at lr 5e-4 never reached
+# the target, at 5e-3 every run did).
+REACH = 0.3
 
 PHASE_COLORS = {"pretrain": "tab:gray", "search": "tab:blue", "finish": "tab:purple",
                 "retrain": "tab:green"}
@@ -308,6 +314,26 @@ def posthoc_line(search_end: dict[str, Any] | None, final: dict[str, Any] | None
     t = search_end["target"]
     return (f"the search ended at {search_end['hard'] / t:.3f} x target; the finish phase and "
             f"budget solver changed the structure to {final['hard'] / t:.3f} x target")
+
+
+def reach_hint(structure_lr: float, steps: int, ended: float) -> str | None:
+    """A warning when the search ended over its target (``ended`` = hard cost / target) and its
+    structure learning rate let each ratio move only about ``structure_lr x steps`` (Adam's
+    step is about its learning rate whatever the gradient's scale): the structure then comes
+    from the finish phase and budget solver, not from the search. None otherwise.
+
+    Example:
+        >>> reach_hint(5e-4, 110, 1.85)[:72]
+        'the search ended at 1.85 x target: with --structure-lr 0.0005 over 110 s'
+        >>> reach_hint(0.01, 110, 1.85) is None, reach_hint(5e-4, 110, 1.0) is None
+        (True, True)
+    """
+    if ended <= 1.02 or structure_lr * steps >= REACH:
+        return None
+    return (f"the search ended at {ended:.2f} x target: with --structure-lr {structure_lr:g} over {steps} "
+            f"steps each width or depth ratio can move only about {structure_lr * steps:.2g}, so the "
+            "finish phase and budget solver chose the structure, not the search; use --structure-lr "
+            f"{REACH / max(steps, 1):.2g} or more, or search longer")
 
 
 def _processes(n: int) -> str:

@@ -181,7 +181,9 @@ def _plot(runs: list[dict[str, Any]]) -> Path:
         im = ax.imshow(grid, cmap="viridis" if field == "acc" else "magma_r", aspect="auto")
         for i, row in enumerate(grid):
             for j, v in enumerate(row):
-                ax.text(j, i, fmt.format(v), ha="center", va="center", color="w", fontsize=9)
+                r, g, b, _ = im.cmap(im.norm(v))
+                ink = "k" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "w"  # readable on the cell
+                ax.text(j, i, fmt.format(v), ha="center", va="center", color=ink, fontsize=9)
         ax.set_xticks(range(len(lrs)), [f"{lr:g}" for lr in lrs])
         ax.set_yticks(range(len(weights)), [f"{w:g}" for w in weights])
         ax.set_xlabel("structure lr")

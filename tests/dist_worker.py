@@ -49,18 +49,20 @@ def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def search(bn: bool = False, rank: int = 0, world: int = 1, sync: bool = True,
-           scaled: bool = False, width_only: bool = False) -> dict[str, Any]:
+           scaled: bool = False, width_only: bool = False, settle: float = 0.0) -> dict[str, Any]:
     """``STEPS`` search steps; under DDP when ``world > 1`` (each rank on its shard).
 
     ``sync=False`` never calls ``sync_importance()`` in the loop (the next forward applies
     the pending updates); ``scaled`` runs the backward through a GradScaler; ``width_only``
-    freezes depth halfway (``width_only_from``: DDP then needs ``find_unused_parameters``).
+    freezes depth halfway (``width_only_from``: DDP then needs ``find_unused_parameters``);
+    ``settle`` > 0 runs the settle phase over the last steps (depth frozen as well, the band
+    loss, the structural lr annealed by ``structure_lr_scale``).
     """
     model = build(bn)
     x0 = torch.randn(2, 3, 8, 8)
-    searcher = dms.prepare(model, x0, dms.SearchConfig(resource="macs", target=0.4,
+    searcher = dms.prepare(model, x0, dms.SearchConfig(resource="macs", target=0.4, settle=settle,
                                                       width_only_from=0.5 if width_only else None))
-    net = nn.parallel.DistributedDataParallel(model, find_unused_parameters=width_only) \
+    net = nn.parallel.DistributedDataParallel(model, find_unused_parameters=width_only or settle > 0) \
         if world > 1 else model
     opt_w = torch.optim.AdamW(searcher.model_parameters(), lr=1e-2)
     opt_a = torch.optim.Adam(searcher.structure_parameters(), lr=5e-2, weight_decay=0.0)
@@ -70,6 +72,8 @@ def search(bn: bool = False, rank: int = 0, world: int = 1, sync: bool = True,
     pending_error = None
     for step, (x, y) in enumerate(batches()):
         xs, ys = shard((x, y), rank, world)
+        for group in opt_a.param_groups:
+            group["lr"] = 5e-2 * searcher.structure_lr_scale((step + 1) / STEPS)
         loss = F.cross_entropy(net(xs), ys) + searcher.resource_loss(progress=(step + 1) / STEPS)
         opt_w.zero_grad(), opt_a.zero_grad()
         if scaler is None:
@@ -143,6 +147,7 @@ def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
                    "forgot": search(False, rank, world, sync=False),
                    "scaled": search(False, rank, world, scaled=True),
                    "width_only": search(False, rank, world, width_only=True),
+                   "settle": search(False, rank, world, settle=0.5),
                    "nonfinite": nonfinite_step(rank, world)}
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:

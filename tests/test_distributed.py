@@ -126,7 +126,8 @@ def ranks(tmp_path_factory):
 @pytest.fixture(scope="module")
 def single():
     return {"plain": dist_worker.search(False), "scaled": dist_worker.search(False, scaled=True),
-            "width_only": dist_worker.search(False, width_only=True)}
+            "width_only": dist_worker.search(False, width_only=True),
+            "settle": dist_worker.search(False, settle=0.5)}
 
 
 def _assert_identical(r0: dict, r1: dict) -> None:
@@ -144,7 +145,7 @@ def _assert_matches(got: dict, ref: dict) -> None:
         assert got[key] == ref[key], key
 
 
-@pytest.mark.parametrize("case", ["plain", "bn", "forgot", "scaled", "width_only", "nonfinite"])
+@pytest.mark.parametrize("case", ["plain", "bn", "forgot", "scaled", "width_only", "settle", "nonfinite"])
 def test_every_rank_ends_with_the_same_search(ranks, case):
     r0, r1 = ranks[0][case], ranks[1][case]
     if case == "nonfinite":
@@ -164,6 +165,12 @@ def test_width_only_phase_under_ddp(ranks, single):
     """Depth frozen halfway (its ``a`` stops getting gradients): with DDP's
     ``find_unused_parameters=True`` the search still equals one process's."""
     _assert_matches(ranks[0]["width_only"], single["width_only"])
+
+
+def test_settle_phase_under_ddp(ranks, single):
+    """The settle phase (depth frozen, band loss on the exact cost, annealed structural lr)
+    under DDP with ``find_unused_parameters=True``: the same search as one process's."""
+    _assert_matches(ranks[0]["settle"], single["settle"])
 
 
 def test_forgotten_sync_is_applied_by_the_next_forward(ranks):

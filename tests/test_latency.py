@@ -282,8 +282,13 @@ def test_resource_loss_with_latency(prepared) -> None:
     params = list(searcher.structure_parameters())
     for p in params:
         p.grad = None
-    searcher.resource_loss(progress=1.0).backward()  # r_c = supernet > r_t: log(r_c / r_t) > 0
+    searcher.resource_loss(progress=0.5).backward()  # r_c = supernet > r_t: log(r_c / r_t) > 0
     assert all(p.grad is not None for p in params)
+    for p in params:
+        p.grad = None
+    searcher.resource_loss(progress=1.0).backward()  # settle phase: the band loss on the exact latency
+    assert all(float(t.a.grad) <= 0 for t in searcher.gates.width) and searcher.gates.depth_frozen
+    searcher.freeze_depth(False)
     res = searcher.resources()
     assert res["resource"] == "latency" and res["target"] == pytest.approx(0.6 * res["supernet"])
 

@@ -66,7 +66,7 @@ def test_profile_bounds_and_absolute_target():
 
 def test_schedule_matches_eq10_and_constant():
     model, x = _resnet20()
-    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.25))
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.25, settle=0.0))
     rs, rf = searcher.supernet_cost, searcher.target_cost
     assert rf == pytest.approx(0.25 * rs)
     for p in (0.0, 0.1, 0.5, 0.9, 1.0):
@@ -78,7 +78,7 @@ def test_schedule_matches_eq10_and_constant():
 
 def test_schedule_end_decays_then_holds_and_default_is_eq10():
     model, x = _resnet20()
-    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.25))
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.25, settle=0.0))
     assert searcher.config.schedule_end == 1.0
     rs, rf = searcher.supernet_cost, searcher.target_cost
     eq10 = [searcher.target_at(p) for p in (0.0, 0.3, 0.6, 1.0)]
@@ -105,7 +105,7 @@ def test_state_saved_before_schedule_end_existed_resumes_and_another_end_is_refu
 
 def test_resource_loss_eq6_and_it_does_not_feed_importance():
     model, x = _resnet20()
-    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5, resource_weight=2.0))
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5, resource_weight=2.0, settle=0.0))
     model.train()
     r_c = float(searcher.soft_cost().detach())
     loss = searcher.resource_loss(progress=1.0)
@@ -120,7 +120,7 @@ def test_resource_loss_eq6_and_it_does_not_feed_importance():
 
 def test_exact_cost_forward_is_the_hard_cost_with_the_soft_gradient():
     model, x = _resnet20()
-    soft = dms.prepare(model, x, dms.SearchConfig(target=0.5))
+    soft = dms.prepare(model, x, dms.SearchConfig(target=0.5, settle=0.0))
     with torch.no_grad():
         for p in soft.structure_parameters():
             p.fill_(0.1)  # soft and hard cost differ, both above the target
@@ -132,7 +132,7 @@ def test_exact_cost_forward_is_the_hard_cost_with_the_soft_gradient():
     soft_grads = [float(p.grad) for p in soft.structure_parameters()]
     dms.detach(model)
 
-    exact = dms.prepare(model, x, dms.SearchConfig(target=0.5, cost_forward="exact"))
+    exact = dms.prepare(model, x, dms.SearchConfig(target=0.5, cost_forward="exact", settle=0.0))
     with torch.no_grad():
         for p in exact.structure_parameters():
             p.fill_(0.1)

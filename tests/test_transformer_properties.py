@@ -88,7 +88,7 @@ def _ensure_trained(prepared: dict, steps: int = 3) -> None:
         {"params": list(searcher.structure_parameters()), "lr": 1e-2},
     ])
     for i in range(steps):
-        loss = task_loss(_call(model, inputs)) + searcher.resource_loss(progress=(i + 1) / steps)
+        loss = task_loss(_call(model, inputs)) + searcher.resource_loss(progress=0.5 * (i + 1) / steps)  # before the settle phase
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -25,7 +25,8 @@ def _inputs(entry, batch: int = 2) -> torch.Tensor:
 
 
 def _train_steps(model: nn.Module, searcher, x: torch.Tensor, steps: int = 3) -> None:
-    """A few real steps so importance is not flat."""
+    """A few real steps so importance is not flat (in the search's first half: the settle
+    phase would freeze depth, whose gradients these tests check)."""
     model.train()
     opt = torch.optim.SGD([
         {"params": list(searcher.model_parameters()), "lr": 1e-3},
@@ -33,7 +34,7 @@ def _train_steps(model: nn.Module, searcher, x: torch.Tensor, steps: int = 3) ->
     ])
     target = torch.arange(x.shape[0]) % 10
     for i in range(steps):
-        loss = nn.functional.cross_entropy(model(x), target) + searcher.resource_loss(progress=(i + 1) / steps)
+        loss = nn.functional.cross_entropy(model(x), target) + searcher.resource_loss(progress=0.5 * (i + 1) / steps)
         opt.zero_grad()
         loss.backward()
         opt.step()

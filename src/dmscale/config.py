@@ -32,6 +32,7 @@ from .config_options import (
     Option,
 )
 from .errors import ConfigError
+from .search_config import BEFORE_OPTION
 
 __all__ = [
     "ConfigError",
@@ -96,6 +97,7 @@ class RunConfig:
     schedule: str = "exp"
     schedule_end: float = 1.0
     cost_forward: str = "soft"
+    settle: float = 0.4
     search_dims: str = "both"
     min_width: int = 1
     width_step: int = 1
@@ -302,6 +304,8 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{f} does not hold a run configuration (got a {type(data).__name__}); "
                           f"is {p} a dmscale run directory?")
+    for name, value in BEFORE_OPTION.items():  # a run saved before the option: its old behaviour
+        data.setdefault(name, value)
     try:
         return RunConfig.from_dict(data)
     except TypeError as err:

@@ -25,6 +25,7 @@ from .config_values import (
     kv_dict,
     nonneg_float,
     open_fraction,
+    unit_fraction,
     positive_float,
     positive_int,
     nonempty_str,
@@ -169,6 +170,11 @@ OPTIONS: tuple[Option, ...] = (
        "the value of r_c in the resource loss: soft (the soft masks' cost, Eq. 6) or exact "
        "(the hard masks' cost, i.e. the export's, with the soft cost's gradient)",
        _SEARCHING, "search"),
+    _o("settle", unit_fraction, 0.4,
+       "last fraction of the search, in [0, 1), that lands on the budget: r_t held at the "
+       "target, depth frozen, the exact cost kept inside 0.985-0.995 x target by a two-sided "
+       "loss while the structure lr anneals to 0 (0 = the paper's loss to the last step)",
+       _SEARCHING, "search", metavar="F"),
     _o("search_dims", choice("both", "width", "depth"), "both",
        "what to search: widths, depths (residual blocks per stage) or both", _SEARCHING,
        "search"),

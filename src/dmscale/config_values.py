@@ -27,6 +27,7 @@ __all__ = [
     "nonneg_float",
     "fraction",
     "open_fraction",
+    "unit_fraction",
     "nonempty_str",
     "boolean",
     "choice",
@@ -95,6 +96,13 @@ def open_fraction(value: Any) -> float:
     number = real(value)
     if not 0.0 < number <= 1.0:
         raise ConfigError(f"expected a number in (0, 1], got {value!r}")
+    return number
+
+
+def unit_fraction(value: Any) -> float:
+    number = real(value)
+    if not 0.0 <= number < 1.0:
+        raise ConfigError(f"expected a number in [0, 1), got {value!r}")
     return number
 
 

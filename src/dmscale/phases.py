@@ -151,13 +151,16 @@ class Phases:
         s_opt = torch.optim.Adam(list(searcher.structure_parameters()), lr=cfg.structure_lr,
                                  weight_decay=0.0)
         total = self._steps(cfg.epochs)
+        # settle phase: the structural lr anneals to 0 (step k uses the factor of progress k / total)
+        s_sched = torch.optim.lr_scheduler.LambdaLR(
+            s_opt, lambda k: searcher.structure_lr_scale((k + 1) / max(1, total)))
         if cfg.pipeline == "p-":
             for prm in searcher.model_parameters():
                 prm.requires_grad_(False)
-            optimizers, schedulers = [s_opt], []
+            optimizers, schedulers = [s_opt], [s_sched]
         else:
             w_opt = self._weight_optimizer(list(searcher.model_parameters()))
-            optimizers, schedulers = [w_opt, s_opt], [self._schedule(w_opt, total)]
+            optimizers, schedulers = [w_opt, s_opt], [self._schedule(w_opt, total), s_sched]
         if self.checkpoint_for("finish") is None:
             self._train("search", model, total, optimizers, schedulers, searcher, teacher)
         self._finish_search(model, searcher, teacher, s_opt)
@@ -258,6 +261,8 @@ class Phases:
             if hint:
                 self.state["warnings"].append(hint)
         if self.checkpoint_for("finish") is not None or not under():
+            for group in s_opt.param_groups:  # the settle phase annealed it to 0
+                group["lr"] = self.cfg.structure_lr
             frozen = [p for p in searcher.model_parameters() if p.requires_grad]
             for prm in frozen:
                 prm.requires_grad_(False)

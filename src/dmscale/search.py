@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import MISSING, fields
 from typing import Any, Iterator
 
@@ -30,7 +31,7 @@ from .errors import ConfigError, NoImportanceError, PendingImportanceError
 from .export import export_model, structure_of
 from .masks import GATES_NAME, Gates, assemble_width_mask
 from .resources import CostModel
-from .search_config import COST_FORWARD, SearchConfig, config_state
+from .search_config import BEFORE_OPTION, COST_FORWARD, SearchConfig, config_state
 from .search_setup import attach_gates, discover_space
 from .selfcheck import run_example, verify_export, verify_open
 from .solver import solve_budget
@@ -168,13 +169,37 @@ class Searcher:
         return iter([t.a for t in _distinct(list(self.gates.width) + list(self.gates.depth))])
 
     def target_at(self, progress: float) -> float:
-        """r_t at ``progress`` in [0, 1] (Eq. 10 with e / e_max = progress / schedule_end,
-        held at the final target once that reaches 1; or constant)."""
+        """r_t at ``progress`` in [0, 1]: Eq. 10 with e / e_max = progress / d, held at the
+        final target once that reaches 1, where d = ``schedule_end``, or ``1 - settle`` when
+        that is smaller (the settle phase runs at the final target); or constant."""
         if self.config.schedule == "constant":
             return self.target_cost
-        p = min(max(float(progress) / self.config.schedule_end, 0.0), 1.0)
+        decay = min(self.config.schedule_end, 1.0 - self.config.settle)
+        p = min(max(float(progress) / decay, 0.0), 1.0)
         ratio = self.target_cost / self.supernet_cost
         return ratio**p * self.supernet_cost
+
+    def settling(self, progress: float) -> bool:
+        """Whether ``progress`` lies in the settle phase (the last ``config.settle`` of the
+        search, where the loss lands the structure on the budget)."""
+        return self.config.settle > 0 and float(progress) >= 1.0 - self.config.settle
+
+    def structure_lr_scale(self, progress: float) -> float:
+        """Factor for the structural parameters' learning rate at ``progress``: 1 before the
+        settle phase, then a cosine from 1 to 0 over it, so the ratios stop moving where the
+        band loss put them. Multiply the structure group's base ``lr`` by it before each step
+        (``dmscale search`` and the trainer integrations do).
+
+            >>> import torch, dmscale as dms
+            >>> s = dms.prepare(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+            ...     torch.nn.Linear(8, 2)), torch.randn(2, 4), dms.SearchConfig(settle=0.5))
+            >>> [round(s.structure_lr_scale(p), 2) for p in (0.0, 0.5, 0.75, 1.0)]
+            [1.0, 1.0, 0.5, 0.0]
+        """
+        if not self.settling(progress):
+            return 1.0
+        q = (float(progress) - (1.0 - self.config.settle)) / self.config.settle
+        return 0.5 * (1.0 + math.cos(math.pi * min(max(q, 0.0), 1.0)))
 
     def soft_cost(self) -> torch.Tensor:
         """r_c from the current soft masks (differentiable in every ``a``)."""
@@ -182,19 +207,37 @@ class Searcher:
         return self._cost_model()(w, d)
 
     def resource_loss(self, progress: float = 1.0) -> torch.Tensor:
-        """``resource_weight * log(r_c / r_t)`` when r_c > r_t, else 0 (Eq. 6).
+        """``resource_weight * log(r_c / r_t)`` when r_c > r_t, else 0 (Eq. 6); in the settle
+        phase (:meth:`settling`) the band loss of :meth:`_band_loss` instead.
 
-        From ``width_only_from`` on, depth masks are frozen at their hard values.
+        From ``width_only_from`` on, and in the settle phase, depth masks are frozen at
+        their hard values.
         """
-        frozen = self.config.width_only_from is not None and progress >= self.config.width_only_from
+        cfg = self.config
+        settling = self.settling(progress)
+        frozen = settling or (cfg.width_only_from is not None and progress >= cfg.width_only_from)
         self.freeze_depth(frozen)
         r_c = self.soft_cost()
-        if self.config.cost_forward == "exact":  # forward: the export's cost; backward: soft
+        if cfg.cost_forward == "exact" or settling:  # forward: the export's cost; backward: soft
             r_c = r_c + (self._exact_cost("hard") - r_c.detach())
+        if settling:
+            return self._band_loss(r_c)
         r_t = self.target_at(progress)
         if float(r_c.detach()) <= r_t:
             return r_c.new_zeros(()).float()
-        return (self.config.resource_weight * torch.log(r_c / r_t)).float()
+        return (cfg.resource_weight * torch.log(r_c / r_t)).float()
+
+    def _band_loss(self, r_c: torch.Tensor) -> torch.Tensor:
+        """Settle phase: 0 while r_c (the exact cost) lies in ``budget_band`` x target, else
+        ``resource_weight * log`` of its ratio to the nearer edge (two-sided: a structure the
+        previous steps pushed under the band is pulled back up, using the budget in full)."""
+        low, high = (b * self.target_cost for b in self.config.budget_band)
+        value = float(r_c.detach())
+        if value > high:
+            return (self.config.resource_weight * torch.log(r_c / high)).float()
+        if value < low:
+            return (self.config.resource_weight * torch.log(low / r_c)).float()
+        return r_c.new_zeros(()).float()
 
     def freeze_depth(self, frozen: bool = True) -> None:
         """Fix depth at its hard value (width-only phase): hard depth masks, no gradient."""
@@ -405,9 +448,10 @@ class Searcher:
         """Restore a :meth:`state_dict` (same model architecture and config)."""
         saved = dict(state["config"])
         current = config_state(self.config)
-        for f in fields(SearchConfig):  # states saved before an option existed: its default
+        for f in fields(SearchConfig):  # states saved before an option existed: its old behaviour
             if f.name not in saved and f.default is not MISSING:
-                saved[f.name] = f.default
+                saved[f.name] = BEFORE_OPTION.get(f.name, f.default)
+        saved["budget_band"] = list(saved["budget_band"])  # a tuple default, a list in config_state
         for key in ("latency_options", "verify"):  # neither changes what is searched
             saved.pop(key, None), current.pop(key, None)
         if current != saved:

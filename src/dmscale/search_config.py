@@ -22,9 +22,12 @@ from .importance import IMPORTANCE_METRICS
 from .resources import RESOURCES
 from .topk import GateFactory
 
-__all__ = ["SearchConfig", "COST_FORWARD", "config_state"]
+__all__ = ["SearchConfig", "COST_FORWARD", "BEFORE_OPTION", "config_state"]
 
 COST_FORWARD = ("soft", "exact")
+# Options whose default changed what is searched when they were added: the value that
+# reproduces a state (or run) saved before the option existed.
+BEFORE_OPTION: dict[str, Any] = {"settle": 0.0}
 
 
 @dataclass
@@ -55,7 +58,20 @@ class SearchConfig:
         latency_options: keyword arguments of :class:`dmscale.latency.LatencyCostModel`
             (ratios, budget_s, quantile, calibrate, profile: a saved profile, e.g. measured
             on the target device). Latency is in microseconds: a target > 1 is in us.
-        cost_forward: the value of r_c in the resource loss (Eq. 6). "soft": the cost of the
+        settle: the last fraction of the search, in [0, 1), that lands the structure on the
+            budget (0 = off: the paper's loss to the last step). The exp schedule then decays
+            r_t over the first ``min(schedule_end, 1 - settle)`` of the search; in the settle
+            phase r_t is the final target, depth is frozen at its hard value (the width-only
+            phase of A.1.2), r_c is the exact cost of the hard masks with the soft cost's
+            gradient, and the loss is two-sided around ``budget_band`` (zero inside, log of
+            the distance outside), while :meth:`Searcher.structure_lr_scale` anneals the
+            structural learning rate to 0 (cosine). Default 0.4, as the official code's
+            ``decay_ratio = 0.6``: measured in ``bench/results/budget.md``, the loss alone then
+            ends in [0.98, 1.00] x target where Eq. 10 to the last step does not.
+        budget_band: (low, high) fractions of the target the settle phase aims between;
+            0 < low <= high <= 1. The default (0.985, 0.995) leaves a margin inside
+            [0.98, 1.00] for the last steps' moves.
+        cost_forward: the value of r_c in the resource loss (Eq. 6) before the settle phase. "soft": the cost of the
             soft masks, as the paper writes it; it sits below the exported model's cost while
             the least important kept elements have soft masks under 1, so a search that meets
             its target in soft terms exports a model over it. "exact": the exact cost of the
@@ -97,6 +113,8 @@ class SearchConfig:
     width_only_from: float | None = None
     latency_options: dict[str, Any] = field(default_factory=dict)
     cost_forward: str = "soft"
+    settle: float = 0.4
+    budget_band: tuple[float, float] = (0.985, 0.995)
     verify: bool = True
     layer_uniform: bool = False
     gate_factory: GateFactory | None = None
@@ -115,6 +133,16 @@ class SearchConfig:
                 and 0 < self.schedule_end <= 1):
             raise ConfigError(f"schedule_end must be in (0, 1] (the fraction of the search over which "
                               f"r_t decays; 1 = the whole search, Eq. 10), got {self.schedule_end!r}")
+        if not (isinstance(self.settle, (int, float)) and not isinstance(self.settle, bool)
+                and 0 <= self.settle < 1):
+            raise ConfigError(f"settle must be in [0, 1) (the last fraction of the search that lands on "
+                              f"the budget; 0 = off), got {self.settle!r}")
+        band = tuple(self.budget_band) if isinstance(self.budget_band, (list, tuple)) else ()
+        if len(band) != 2 or not all(isinstance(b, (int, float)) for b in band) \
+                or not 0 < band[0] <= band[1] <= 1:
+            raise ConfigError(f"budget_band must be (low, high) with 0 < low <= high <= 1 (fractions of "
+                              f"the target the settle phase aims between), got {self.budget_band!r}")
+        self.budget_band = (float(band[0]), float(band[1]))
         if self.importance not in IMPORTANCE_METRICS:
             raise ConfigError(f"unknown importance {self.importance!r}: expected one of {sorted(IMPORTANCE_METRICS)}")
         if self.min_width < 1:
@@ -147,6 +175,7 @@ def config_state(config: SearchConfig) -> dict[str, Any]:
     loadable without importing it; a resume with another gate is refused by name)."""
     factory = config.gate_factory
     state = asdict(replace(config, gate_factory=None))
+    state["budget_band"] = list(config.budget_band)  # the same in a checkpoint and in JSON
     state["gate_factory"] = None if factory is None else \
         f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
     return state

@@ -70,8 +70,9 @@ def test_dms_trainer_searches_exports_and_saves(tmp_path):
     soft0 = searcher.resources()["soft"]
     trainer.train()
 
-    # own group, own constant lr (the linear schedule drives the weights only), no weight decay
-    assert probe.seen == [(0.05, 0.0)] * 10
+    # own group, own lr (constant, then the settle phase's cosine to 0) (the linear schedule drives the weights only), no weight decay
+    lrs = [0.05 * searcher.structure_lr_scale(step / 10) for step in range(10)]
+    assert probe.seen == [(pytest.approx(lr), 0.0) for lr in lrs] and lrs[-1] < 0.05 / 4
     ids = {id(p) for p in searcher.structure_parameters()}
     others = [p for g in trainer.optimizer.param_groups if not g.get("dms_structure") for p in g["params"]]
     assert not ids & {id(p) for p in others}

@@ -72,8 +72,9 @@ def test_callback_searches_exports_and_saves(tmp_path):
     trainer.fit(module, _loader())
     searcher = dms_cb.searcher
 
-    # own group in the user's optimizer: own constant lr (StepLR halves the weights' lr), no decay
-    assert probe.seen == [(0.05, 0.0)] * 10
+    # own group in the user's optimizer: own lr (constant, then the settle phase's cosine to 0) (StepLR halves the weights' lr), no decay
+    lrs = [0.05 * searcher.structure_lr_scale(step / 10) for step in range(10)]
+    assert probe.seen == [(pytest.approx(lr), 0.0) for lr in lrs] and lrs[-1] < 0.05 / 4
     opt = trainer.optimizers[0]
     assert opt.param_groups[0]["lr"] < 1e-2 / 100  # the user's schedule still drives the weights
     ids = {id(p) for p in searcher.structure_parameters()}

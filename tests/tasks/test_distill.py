@@ -33,7 +33,8 @@ def _searched(tie: bool, depth: bool) -> tuple[nn.Module, dms.Searcher, torch.Te
     when ``depth``), then the budget met."""
     model = _tiny_lm(tie)
     x = torch.randint(0, 48, (2, 12), generator=torch.Generator().manual_seed(1))
-    searcher = dms.prepare(model, x, dms.SearchConfig(resource="params", target=0.5, search_depth=depth))
+    searcher = dms.prepare(model, x, dms.SearchConfig(resource="params", target=0.5, search_depth=depth,
+                                                         settle=0.0))  # 6 steps: depth must move
     opt = torch.optim.Adam([{"params": list(searcher.model_parameters()), "lr": 1e-3},
                             {"params": list(searcher.structure_parameters()), "lr": 0.05}])
     model.train()

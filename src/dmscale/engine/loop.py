@@ -162,8 +162,9 @@ class StepLoop:
         spe = host.task.steps_per_epoch(cfg.batch_size)
         log_every = max(1, self.total // 300)
         self.model.train()
-        width_only = getattr(getattr(self.searcher, "config", None), "width_only_from", None) is not None
-        self._net = wrap_model(self.model, host.device, unused=width_only)  # `a` is averaged too
+        config = getattr(self.searcher, "config", None)  # width-only or settle phase: depth frozen
+        frozen_depth = config is not None and (config.width_only_from is not None or config.settle > 0)
+        self._net = wrap_model(self.model, host.device, unused=frozen_depth)  # `a` is averaged too
         bar = Progress(self.phase, self.total, start, cfg.quiet or not self.writes_files)
         signals = StopOnSignals().__enter__()  # SIGINT/SIGTERM: checkpoint, then stop
         try:

@@ -103,11 +103,12 @@ def add_structure_group(optimizer: Any, searcher: Any, lr: float) -> dict[str, A
     return structure_group(optimizer) or group
 
 
-def pin_structure_lr(optimizer: Any, lr: float) -> None:
-    """Set the structural group's learning rate back to ``lr`` (call before each step)."""
+def pin_structure_lr(optimizer: Any, lr: float, scale: float = 1.0) -> None:
+    """Set the structural group's learning rate back to ``lr`` x ``scale`` (call before each
+    step; ``scale`` is :meth:`Searcher.structure_lr_scale` of the step's progress)."""
     group = structure_group(optimizer)
     if group is not None:
-        group["lr"] = float(lr)
+        group["lr"] = float(lr) * float(scale)
 
 
 def lazy_class(module: str, name: str, build: Callable[[], type]) -> Callable[[str], Any]:

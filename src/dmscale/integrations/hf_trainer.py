@@ -132,8 +132,10 @@ class DMSTrainerMixin:
     def training_step(self, model: nn.Module, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         """The Trainer's step (task loss, backward), then the resource loss's own backward."""
         loss = super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
-        pin_structure_lr(self.optimizer, self.structure_lr)  # type: ignore[attr-defined]
-        resource = self.searcher.resource_loss(self.progress())
+        progress = self.progress()
+        pin_structure_lr(self.optimizer, self.structure_lr,  # type: ignore[attr-defined]
+                         self.searcher.structure_lr_scale(progress))
+        resource = self.searcher.resource_loss(progress)
         if resource.requires_grad:  # zero (no graph) while the cost is under r_t
             steps = getattr(self, "current_gradient_accumulation_steps", None)  # transformers >= 4.46
             steps = max(1, int(steps or self.args.gradient_accumulation_steps))  # type: ignore[attr-defined]

@@ -113,9 +113,10 @@ class DMSCallbackLogic:
     def on_before_optimizer_step(self, trainer: Any, pl_module: nn.Module, optimizer: Any) -> None:
         if structure_group(optimizer) is None:  # another optimizer (manual optimisation)
             return
-        pin_structure_lr(optimizer, self.structure_lr)
         searcher = self._searcher()
-        loss = resource_backward(searcher, self.progress(trainer))
+        progress = self.progress(trainer)
+        pin_structure_lr(optimizer, self.structure_lr, searcher.structure_lr_scale(progress))
+        loss = resource_backward(searcher, progress)
         # under DDP: average importance over ranks (Searcher.sync_importance)
         searcher.sync_importance()
         self.resource_losses.append(float(loss))

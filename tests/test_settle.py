@@ -1,0 +1,131 @@
+"""The settle phase (SearchConfig.settle): the last part of the search lands on the budget.
+
+Schedule, band loss and learning-rate factor on a real ResNet-20; then the claim itself, on
+the pipeline the CLI runs: the resource loss alone ends in [0.98, 1.00] x target, where the
+paper's loss to the last step (settle=0) does not on the same seeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from zoo import ZOO
+
+import dmscale as dms
+from dmscale.config import RunConfig, load_run_config
+from dmscale.pipeline import Pipeline
+
+
+def _prepared(**kwargs):
+    entry = ZOO["resnet20"]
+    model = entry.build()
+    x = torch.randn(2, *entry.input_shape[1:])
+    return dms.prepare(model, x, dms.SearchConfig(**kwargs))
+
+
+@pytest.mark.parametrize(("kwargs", "pattern"), [
+    ({"settle": 1.0}, r"settle must be in \[0, 1\) .* got 1.0"),
+    ({"settle": -0.1}, r"settle must be in \[0, 1\)"),
+    ({"budget_band": (0.99, 0.98)}, r"budget_band must be \(low, high\) with 0 < low <= high <= 1"),
+    ({"budget_band": (0.9, 1.1)}, r"budget_band .* got \(0.9, 1.1\)"),
+    ({"budget_band": 0.99}, r"budget_band must be \(low, high\)"),
+])
+def test_settle_config_validation(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        dms.SearchConfig(**kwargs)
+
+
+def test_schedule_decays_before_the_settle_phase_and_holds_in_it():
+    s = _prepared(target=0.25, settle=0.4)
+    rs, rf = s.supernet_cost, s.target_cost
+    assert s.target_at(0.3) == pytest.approx((rf / rs) ** 0.5 * rs)  # halfway through 0.6 of decay
+    for p in (0.6, 0.8, 1.0):
+        assert s.target_at(p) == pytest.approx(rf)
+        assert s.settling(p)
+    assert not s.settling(0.59)
+    s.config.schedule_end = 0.3  # the shorter of the two decays wins
+    assert s.target_at(0.3) == pytest.approx(rf)
+
+
+def test_structure_lr_scale_is_one_then_a_cosine_to_zero():
+    s = _prepared(target=0.5, settle=0.4)
+    assert [s.structure_lr_scale(p) for p in (0.0, 0.3, 0.6)] == [1.0, 1.0, 1.0]
+    assert s.structure_lr_scale(0.8) == pytest.approx(0.5)
+    assert s.structure_lr_scale(1.0) == pytest.approx(0.0, abs=1e-12)
+    assert _prepared(target=0.5, settle=0.0).structure_lr_scale(1.0) == 1.0
+
+
+def _set_all(searcher, value):
+    with torch.no_grad():
+        for p in searcher.structure_parameters():
+            p.fill_(value)
+
+
+def test_band_loss_is_zero_inside_and_pulls_towards_the_band_from_both_sides():
+    s = _prepared(target=0.5, settle=0.4, budget_band=(0.98, 1.0))
+    low, high = 0.98 * s.target_cost, s.target_cost
+    # above the band: log(hard / high), pushes every width's a up (prune more)
+    _set_all(s, 0.0)
+    hard = s.resources()["hard"]
+    assert hard > high
+    loss = s.resource_loss(progress=0.9)
+    assert float(loss) == pytest.approx(math.log(hard / high), rel=1e-5)
+    loss.backward()
+    assert all(float(t.a.grad) < 0 for t in s.gates.width)
+    assert all(t.a.grad is None for t in s.gates.depth)  # depth frozen in the settle phase
+    assert s.gates.depth_frozen
+    # below it: log(low / hard), pulls every a down (keep more), where Eq. 6 gives 0
+    for p in s.structure_parameters():
+        p.grad = None
+    _set_all(s, 0.8)
+    hard = s.resources()["hard"]
+    assert hard < low
+    loss = s.resource_loss(progress=0.9)
+    assert float(loss) == pytest.approx(math.log(low / hard), rel=1e-5)
+    loss.backward()
+    grads = [float(t.a.grad) for t in s.gates.width]  # 0 for the widths inside removed blocks
+    assert all(g >= 0 for g in grads) and sum(g > 0 for g in grads) >= 6
+    assert float(s.resource_loss(progress=0.5)) == 0.0  # before the phase: the hinge of Eq. 6
+    assert not s.gates.depth_frozen
+    # inside: no resource gradient at all
+    s.meet_target()
+    res = s.resources()
+    if low <= res["hard"] <= high:
+        assert float(s.resource_loss(progress=0.9)) == 0.0
+
+
+def test_state_saved_before_settle_existed_resumes_as_it_searched():
+    s = _prepared(target=0.5, settle=0.0)
+    state = s.state_dict()
+    del state["config"]["settle"], state["config"]["budget_band"]
+    s.load_state_dict(state)  # such a run searched without the phase: settle 0, the band unused
+    with pytest.raises(ValueError, match="settle: saved 0.0, now 0.4"):
+        _prepared(target=0.5).load_state_dict(state)
+
+
+def test_a_run_config_saved_before_settle_existed_loads_with_it_off(tmp_path):
+    RunConfig(out=str(tmp_path), name="run").resolved()
+    (tmp_path / "config.yaml").write_text("command: search\ntask: digits\n")
+    assert load_run_config(tmp_path).settle == 0.0
+    assert RunConfig().settle == 0.4
+
+
+def _search_end(settle: float, seed: int, tmp_path) -> tuple[float, float]:
+    cfg = RunConfig(command="search", task="digits", pipeline="np", target=0.5, settle=settle,
+                    epochs=10, retrain_epochs=0, seed=seed, threads=1, quiet=True,
+                    out=str(tmp_path / f"s{settle}-{seed}"), name="run")
+    summary = Pipeline(cfg.resolved()).run()
+    end, final = summary["resources_search_end"], summary["resources"]
+    return end["hard"] / end["target"], final["hard"] / final["target"]
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+def test_the_loss_alone_lands_in_the_band_where_eq10_to_the_last_step_does_not(seed, tmp_path):
+    """Issue 10, table 6: measured in bench/results/budget.md over 5 seeds x 2 targets."""
+    end, exported = _search_end(0.4, seed, tmp_path)
+    assert 0.98 <= end <= 1.0, f"settle: the search ended at {end:.4f} x target"
+    assert exported == pytest.approx(end)  # nothing post-hoc changed the structure
+    old, _ = _search_end(0.0, seed, tmp_path)
+    assert not 0.98 <= old <= 1.0, f"settle=0 ended in the band ({old:.4f}): the test cannot fail"

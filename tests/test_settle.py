@@ -49,11 +49,22 @@ def test_schedule_decays_before_the_settle_phase_and_holds_in_it():
     assert s.target_at(0.3) == pytest.approx(rf)
 
 
-def test_structure_lr_scale_is_one_then_a_cosine_to_zero():
+def test_structure_lr_scale_is_one_until_the_target_is_reached_then_a_cosine_to_zero():
     s = _prepared(target=0.5, settle=0.4)
-    assert [s.structure_lr_scale(p) for p in (0.0, 0.3, 0.6)] == [1.0, 1.0, 1.0]
-    assert s.structure_lr_scale(0.8) == pytest.approx(0.5)
+    assert s.resource_loss(progress=0.7).requires_grad  # all open: over the target
+    assert s.settled_at is None and not s.gates.depth_frozen
+    assert [s.structure_lr_scale(p) for p in (0.0, 0.7, 1.0)] == [1.0, 1.0, 1.0]  # too short: full lr
+    _set_all(s, 0.6)
+    assert s.resources()["hard"] <= s.target_cost
+    s.resource_loss(progress=0.8)  # reached at 0.8: from here depth frozen, lr annealed
+    assert s.settled_at == 0.8 and s.gates.depth_frozen
+    assert s.structure_lr_scale(0.5) == 1.0 and s.structure_lr_scale(0.8) == pytest.approx(1.0)
+    assert s.structure_lr_scale(0.9) == pytest.approx(0.5)
     assert s.structure_lr_scale(1.0) == pytest.approx(0.0, abs=1e-12)
+    state = s.state_dict()
+    again = _prepared(target=0.5, settle=0.4)
+    again.load_state_dict(state)
+    assert again.settled_at == 0.8 and again.structure_lr_scale(0.9) == pytest.approx(0.5)
     assert _prepared(target=0.5, settle=0.0).structure_lr_scale(1.0) == 1.0
 
 
@@ -74,8 +85,8 @@ def test_band_loss_is_zero_inside_and_pulls_towards_the_band_from_both_sides():
     assert float(loss) == pytest.approx(math.log(hard / high), rel=1e-5)
     loss.backward()
     assert all(float(t.a.grad) < 0 for t in s.gates.width)
-    assert all(t.a.grad is None for t in s.gates.depth)  # depth frozen in the settle phase
-    assert s.gates.depth_frozen
+    assert all(float(t.a.grad) < 0 for t in s.gates.depth)  # not at the target yet: depth moves
+    assert not s.gates.depth_frozen and s.settled_at is None
     # below it: log(low / hard), pulls every a down (keep more), where Eq. 6 gives 0
     for p in s.structure_parameters():
         p.grad = None
@@ -87,8 +98,9 @@ def test_band_loss_is_zero_inside_and_pulls_towards_the_band_from_both_sides():
     loss.backward()
     grads = [float(t.a.grad) for t in s.gates.width]  # 0 for the widths inside removed blocks
     assert all(g >= 0 for g in grads) and sum(g > 0 for g in grads) >= 6
+    assert all(t.a.grad is None for t in s.gates.depth)  # at the target: depth frozen from here
+    assert s.gates.depth_frozen and s.settled_at == 0.9
     assert float(s.resource_loss(progress=0.5)) == 0.0  # before the phase: the hinge of Eq. 6
-    assert not s.gates.depth_frozen
     # inside: no resource gradient at all
     s.meet_target()
     res = s.resources()

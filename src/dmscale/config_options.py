@@ -172,8 +172,8 @@ OPTIONS: tuple[Option, ...] = (
        _SEARCHING, "search"),
     _o("settle", unit_fraction, 0.4,
        "last fraction of the search, in [0, 1), that lands on the budget: r_t held at the "
-       "target, depth frozen, the exact cost kept inside 0.985-0.995 x target by a two-sided "
-       "loss while the structure lr anneals to 0 (0 = the paper's loss to the last step)",
+       "target and a two-sided loss keeping the exact cost in 0.98-1.00 x target; once there, "
+       "depth is frozen and the structure lr anneals to 0 (0 = the paper's loss to the end)",
        _SEARCHING, "search", metavar="F"),
     _o("search_dims", choice("both", "width", "depth"), "both",
        "what to search: widths, depths (residual blocks per stage) or both", _SEARCHING,

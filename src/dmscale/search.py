@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import MISSING, fields
 from typing import Any, Iterator
 
@@ -32,6 +31,7 @@ from .export import export_model, structure_of
 from .masks import GATES_NAME, Gates, assemble_width_mask
 from .resources import CostModel
 from .search_config import BEFORE_OPTION, COST_FORWARD, SearchConfig, config_state
+from .settle import band_loss, cosine_anneal
 from .search_setup import attach_gates, discover_space
 from .selfcheck import run_example, verify_export, verify_open
 from .solver import solve_budget
@@ -90,6 +90,9 @@ class Searcher:
         self._costs: dict[str, Any] = {}
         self.supernet_cost = float(self._exact_cost(hard=None))
         self.target_cost = self._resolve_target()
+        # progress at which the settle phase found the exact cost at or under the target:
+        # from there depth is frozen and the structural lr anneals (None: not yet)
+        self.settled_at: float | None = None
 
     # ------------------------------------------------------------------ setup
     def _attach(self, space: SearchSpace) -> Gates:
@@ -185,21 +188,28 @@ class Searcher:
         return self.config.settle > 0 and float(progress) >= 1.0 - self.config.settle
 
     def structure_lr_scale(self, progress: float) -> float:
-        """Factor for the structural parameters' learning rate at ``progress``: 1 before the
-        settle phase, then a cosine from 1 to 0 over it, so the ratios stop moving where the
-        band loss put them. Multiply the structure group's base ``lr`` by it before each step
-        (``dmscale search`` and the trainer integrations do).
+        """Factor for the structural parameters' learning rate at ``progress``: 1 until the
+        settle phase has brought the exact cost to the target (:attr:`settled_at`), then a
+        cosine from 1 to 0 over the rest of the search, so the ratios stop moving where the
+        band loss put them. A search too short to reach its target keeps its full lr (the
+        finish phase and budget solver then land it). Multiply the structure group's base
+        ``lr`` by it before each step (``dmscale search`` and the trainer integrations do).
 
             >>> import torch, dmscale as dms
-            >>> s = dms.prepare(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
-            ...     torch.nn.Linear(8, 2)), torch.randn(2, 4), dms.SearchConfig(settle=0.5))
-            >>> [round(s.structure_lr_scale(p), 2) for p in (0.0, 0.5, 0.75, 1.0)]
-            [1.0, 1.0, 0.5, 0.0]
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(target=0.9, settle=0.5))
+            >>> _ = s.resource_loss(0.5)  # all open: over the target, full lr
+            >>> s.settled_at, s.structure_lr_scale(0.75)
+            (None, 1.0)
+            >>> with torch.no_grad():
+            ...     _ = [p.fill_(0.5) for p in s.structure_parameters()]  # half of every width
+            >>> _ = s.resource_loss(0.5)  # at or under the target: landed, depth frozen
+            >>> s.settled_at, [round(s.structure_lr_scale(p), 2) for p in (0.5, 0.75, 1.0)]
+            (0.5, [1.0, 0.5, 0.0])
         """
         if not self.settling(progress):
             return 1.0
-        q = (float(progress) - (1.0 - self.config.settle)) / self.config.settle
-        return 0.5 * (1.0 + math.cos(math.pi * min(max(q, 0.0), 1.0)))
+        return cosine_anneal(progress, self.settled_at)
 
     def soft_cost(self) -> torch.Tensor:
         """r_c from the current soft masks (differentiable in every ``a``)."""
@@ -208,36 +218,27 @@ class Searcher:
 
     def resource_loss(self, progress: float = 1.0) -> torch.Tensor:
         """``resource_weight * log(r_c / r_t)`` when r_c > r_t, else 0 (Eq. 6); in the settle
-        phase (:meth:`settling`) the band loss of :meth:`_band_loss` instead.
+        phase (:meth:`settling`) the band loss of :func:`dmscale.settle.band_loss` instead.
 
-        From ``width_only_from`` on, and in the settle phase, depth masks are frozen at
-        their hard values.
+        From ``width_only_from`` on, and in the settle phase once the exact cost has reached
+        the target (:attr:`settled_at`), depth masks are frozen at their hard values.
         """
         cfg = self.config
         settling = self.settling(progress)
-        frozen = settling or (cfg.width_only_from is not None and progress >= cfg.width_only_from)
+        if settling and self.settled_at is None and self._exact_cost("hard") <= self.target_cost * (1 + 1e-9):
+            self.settled_at = float(progress)
+        landed = settling and self.settled_at is not None
+        frozen = landed or (cfg.width_only_from is not None and progress >= cfg.width_only_from)
         self.freeze_depth(frozen)
         r_c = self.soft_cost()
         if cfg.cost_forward == "exact" or settling:  # forward: the export's cost; backward: soft
             r_c = r_c + (self._exact_cost("hard") - r_c.detach())
-        if settling:
-            return self._band_loss(r_c)
+        if settling:  # zero inside budget_band x target, log of the distance outside
+            return band_loss(r_c, self.target_cost, cfg.budget_band, cfg.resource_weight)
         r_t = self.target_at(progress)
         if float(r_c.detach()) <= r_t:
             return r_c.new_zeros(()).float()
         return (cfg.resource_weight * torch.log(r_c / r_t)).float()
-
-    def _band_loss(self, r_c: torch.Tensor) -> torch.Tensor:
-        """Settle phase: 0 while r_c (the exact cost) lies in ``budget_band`` x target, else
-        ``resource_weight * log`` of its ratio to the nearer edge (two-sided: a structure the
-        previous steps pushed under the band is pulled back up, using the budget in full)."""
-        low, high = (b * self.target_cost for b in self.config.budget_band)
-        value = float(r_c.detach())
-        if value > high:
-            return (self.config.resource_weight * torch.log(r_c / high)).float()
-        if value < low:
-            return (self.config.resource_weight * torch.log(low / r_c)).float()
-        return r_c.new_zeros(()).float()
 
     def freeze_depth(self, frozen: bool = True) -> None:
         """Fix depth at its hard value (width-only phase): hard depth masks, no gradient."""
@@ -439,7 +440,8 @@ class Searcher:
         self._require_synced("state_dict()")
         state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
                  "config": config_state(self.config), "target_cost": self.target_cost,
-                 "supernet_cost": self.supernet_cost, "depth_frozen": self.gates.depth_frozen}
+                 "supernet_cost": self.supernet_cost, "depth_frozen": self.gates.depth_frozen,
+                 "settled_at": self.settled_at}
         if "latency" in self._costs:  # a resumed search keeps the measured cost scale
             state["latency_profile"] = self._costs["latency"].state_dict()
         return state
@@ -468,6 +470,7 @@ class Searcher:
         self.target_cost = float(state["target_cost"])
         self.supernet_cost = float(state["supernet_cost"])
         self.freeze_depth(bool(state.get("depth_frozen", False)))
+        self.settled_at = state.get("settled_at")
 
 
 def _distinct(topks: list[Any]) -> list[Any]:

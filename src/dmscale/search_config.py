@@ -61,18 +61,19 @@ class SearchConfig:
         settle: the last fraction of the search, in [0, 1), that lands the structure on the
             budget (0 = off: the paper's loss to the last step). The exp schedule then decays
             r_t over the first ``min(schedule_end, 1 - settle)`` of the search; in the settle
-            phase r_t is the final target, depth is frozen at its hard value (the width-only
-            phase of A.1.2), r_c is the exact cost of the hard masks with the soft cost's
-            gradient, and the loss is two-sided around ``budget_band`` (zero inside, log of
-            the distance outside), while :meth:`Searcher.structure_lr_scale` anneals the
-            structural learning rate to 0 (cosine). Default 0.4, as the official code's
+            phase r_t is the final target, r_c is the exact cost of the hard masks with the
+            soft cost's gradient, and the loss is two-sided around ``budget_band`` (zero
+            inside, log of the distance outside); once the exact cost has reached the target,
+            depth is frozen at its hard value (the width-only phase of A.1.2) and
+            :meth:`Searcher.structure_lr_scale` anneals the structural learning rate to 0
+            (cosine) over the rest of the search. Default 0.4, as the official code's
             ``decay_ratio = 0.6``: measured in ``bench/results/budget.md``, the loss alone then
             ends in [0.98, 1.00] x target where Eq. 10 to the last step does not.
-        budget_band: (low, high) fractions of the target the settle phase aims between;
-            0 < low <= high <= 1. The default (0.985, 0.995) leaves a margin inside
-            [0.98, 1.00] for the last steps' moves.
-        cost_forward: the value of r_c in the resource loss (Eq. 6) before the settle phase. "soft": the cost of the
-            soft masks, as the paper writes it; it sits below the exported model's cost while
+        budget_band: (low, high) fractions of the target between which the settle phase's
+            loss is zero; 0 < low <= high <= 1. Default (0.98, 1.0): over the target it is
+            Eq. 6's hinge on the exact cost, under 0.98 x it pulls the cost back up.
+        cost_forward: the value of r_c in the resource loss (Eq. 6) before the settle phase.
+            "soft": the cost of the soft masks, as the paper writes it; it sits below the exported model's cost while
             the least important kept elements have soft masks under 1, so a search that meets
             its target in soft terms exports a model over it. "exact": the exact cost of the
             hard masks (what the export will cost), with the soft cost's gradient
@@ -114,7 +115,7 @@ class SearchConfig:
     latency_options: dict[str, Any] = field(default_factory=dict)
     cost_forward: str = "soft"
     settle: float = 0.4
-    budget_band: tuple[float, float] = (0.985, 0.995)
+    budget_band: tuple[float, float] = (0.98, 1.0)
     verify: bool = True
     layer_uniform: bool = False
     gate_factory: GateFactory | None = None

@@ -1,0 +1,47 @@
+"""The settle phase's two pieces: the band loss and the structural learning-rate anneal.
+
+In the last ``SearchConfig.settle`` of a search (see :meth:`dmscale.Searcher.resource_loss`)
+the resource loss stops following the paper's one-sided Eq. 6 on a decaying r_t and instead
+holds the exact cost r_c (the export's, with the soft cost's gradient) inside a band of the
+final target; once the cost has reached the target, the structural learning rate anneals to
+0 so the ratios stop where the band loss put them.
+
+    >>> import torch
+    >>> r_c = torch.tensor(110.0, requires_grad=True)
+    >>> round(float(band_loss(r_c, 100.0, (0.98, 1.0), weight=1.0)), 4)  # log(110 / 100)
+    0.0953
+    >>> float(band_loss(torch.tensor(99.0), 100.0, (0.98, 1.0), weight=1.0))  # inside: 0
+    0.0
+    >>> [round(cosine_anneal(p, start=0.6), 2) for p in (0.5, 0.6, 0.8, 1.0)]
+    [1.0, 1.0, 0.5, 0.0]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["band_loss", "cosine_anneal"]
+
+
+def band_loss(r_c: torch.Tensor, target: float, band: tuple[float, float], weight: float) -> torch.Tensor:
+    """``weight * log(r_c / (high * target))`` over the band, ``weight * log(low * target /
+    r_c)`` under it, 0 inside: Eq. 6's hinge on the top edge, plus a pull back up for a
+    structure the previous steps pushed under the band (its budget would go unused)."""
+    low, high = band[0] * target, band[1] * target
+    value = float(r_c.detach())
+    if value > high:
+        return (weight * torch.log(r_c / high)).float()
+    if value < low:
+        return (weight * torch.log(low / r_c)).float()
+    return r_c.new_zeros(()).float()
+
+
+def cosine_anneal(progress: float, start: float | None) -> float:
+    """1 before ``start`` (or when ``start`` is None), then a cosine from 1 at ``start`` to 0
+    at progress 1."""
+    if start is None or progress <= start:
+        return 1.0
+    q = (float(progress) - start) / max(1.0 - start, 1e-12)
+    return 0.5 * (1.0 + math.cos(math.pi * min(q, 1.0)))

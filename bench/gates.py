@@ -84,7 +84,15 @@ def _run(out: Path, factory: Any = None, **fields: Any) -> dict[str, Any]:
 
 
 def _key(cfg: dict[str, Any]) -> str:
-    return "t{target}-pre{pretrain_epochs}-s{search_epochs}".format(**cfg)
+    """The cache key of a setting; ``settle`` 0 (the protocol of the first runs, before the
+    settle phase existed) keeps the key those runs were stored under."""
+    key = "t{target}-pre{pretrain_epochs}-s{search_epochs}".format(**cfg)
+    return key + (f"-settle{cfg['settle']}" if cfg.get("settle") else "")
+
+
+def _name(cfg: dict[str, Any]) -> str:
+    """Base name of the setting's md / png / reading in bench/results."""
+    return f"gates_settle{cfg['settle']}" if cfg.get("settle") else "gates"
 
 
 def _n_structure(method: str, supernet: torch.nn.Module, example: torch.Tensor) -> int:
@@ -123,7 +131,8 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
                    "steps": 0, "structure": widths(structure) + f" (multiplier {mult:.3f})", "n_structure": 1}
         else:
             s = _run(out, factory=gl.gate_factory(method), command="search", pipeline="p-", init=str(pre_dir),
-                     epochs=cfg["search_epochs"], target=cfg["target"], seed=seed, threads=threads)
+                     epochs=cfg["search_epochs"], target=cfg["target"], seed=seed, threads=threads,
+                     settle=cfg.get("settle", 0.0))
             end, final = s["resources_search_end"], s["resources"]
             structure = json.loads((out / "structure.json").read_text())
             row = {"acc": s["evals"]["search"]["acc"], "macs": s["counts"]["found"]["macs"],
@@ -163,7 +172,10 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
              f"supernet per seed (`dmscale pretrain`, {setting['pretrain_epochs']} epochs, as bench/peers.py)",
              f"- protocol: `--pipeline p- --init <pretrain run>`, {setting['search_epochs']} search epochs for "
              "every gate (weights frozen; Adam, structure lr 0.01; exponential target schedule to "
-             f"{setting['target']} x MACs; then the pipeline's finish phase and budget solver, BatchNorm "
+             f"{setting['target']} x MACs; `--settle {setting.get('settle', 0.0)}`"
+             + (" (the settle phase over the last part of the search)" if setting.get("settle") else
+                " (Eq. 10 to the last step)")
+             + "; then the pipeline's finish phase and budget solver, BatchNorm "
              "recalibration of the export); accuracy of the export **without retraining**. Nothing is tuned "
              "per method: each gate gets the same pipeline, learning rate and steps.",
              "- gates (bench/gates_lib.py): MES = one logit per channel/block, Gumbel-sigmoid straight-through, "
@@ -174,7 +186,7 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
              + (f" (**partial**: seeds {partial} still to run with the command above)" if partial else ""),
              "- mean ± standard deviation over seeds; one test image is 0.28 pt", ""]
     if not have:
-        out = RESULTS / "gates.md"
+        out = RESULTS / f"{_name(setting)}.md"
         out.write_text("\n".join(lines))
         return out
     by = {m: [runs[str(s)][m] for s in have] for m in METHODS}
@@ -204,10 +216,10 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
     warned = sorted({w for m in SEARCHED for r in by[m] for w in r.get("warnings", [])})
     if warned:
         lines += ["", "Warnings of the runs:", ""] + [f"- {w}" for w in warned]
-    reading = RESULTS / "gates_reading.md"
+    reading = RESULTS / f"{_name(setting)}_reading.md"
     if reading.exists():
         lines += ["", reading.read_text().strip()]
-    out = RESULTS / "gates.md"
+    out = RESULTS / f"{_name(setting)}.md"
     out.write_text("\n".join(lines) + "\n")
     return out
 
@@ -241,7 +253,7 @@ def plot(cache: dict[str, Any], key: str) -> Path | None:
     ax2.axhline(1.0, color="k", lw=0.8, ls="--")
     ax2.set_ylabel("exact MACs / target")
     ax2.legend(fontsize=7)
-    return save_figure(fig, RESULTS / "gates.png")
+    return save_figure(fig, RESULTS / f"{_name(cache['settings'][key])}.png")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -253,6 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--search-epochs", type=float, default=36.36,
                    help="36.36 epochs of 11 steps: 400 search iterations (the paper: 800)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="--settle of every search (0: Eq. 10 to the last step, the cached table's "
+                        "protocol; 0.4: the library default since; own md/png: gates_settle0.4.*)")
     p.add_argument("--table-only", action="store_true", help="only rewrite gates.md / gates.png from the cache")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "gates")
     args = p.parse_args(argv)
@@ -263,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
         CACHE = RESULTS / "gates.json"
     torch.set_num_threads(args.threads)
     cfg = {"target": args.target, "pretrain_epochs": args.pretrain_epochs, "search_epochs": args.search_epochs}
+    if args.settle:
+        cfg["settle"] = args.settle
     key = _key(cfg)
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = load_cache(CACHE)
@@ -275,8 +292,15 @@ def main(argv: list[str] | None = None) -> None:
     cache.setdefault("settings", {})[key] = cfg
     record_invocation(cache.setdefault("info", {}), key, command, git_commit(ROOT), args.seeds)
 
-    def save() -> None:
-        save_cache(CACHE, cache)
+    def save() -> None:  # read-modify-write: invocations with other seeds may share the cache
+        disk = load_cache(CACHE)
+        for seed in args.seeds:
+            disk.setdefault("runs", {}).setdefault(key, {})[str(seed)] = cache["runs"][key].get(str(seed), {})
+        for field in ("settings", "info"):
+            disk.setdefault(field, {})[key] = cache[field][key]
+        disk["machine"] = cache["machine"]
+        save_cache(CACHE, disk)
+        cache["runs"][key].update(disk["runs"][key])
 
     for seed in args.seeds:
         run_seed(seed, cfg, args.workdir, args.threads, cache["runs"][key].setdefault(str(seed), {}), save)

@@ -106,8 +106,9 @@ def plot_budget(cache: dict[str, Any], out: Path) -> Path:
     ax.set_xticklabels([f"target {t}\n{m}" for t, m in groups], fontsize=8)
     ax.axhspan(0.98, 1.0, color="C2", alpha=0.15, lw=0)
     ax.set_ylabel("exact MACs / target")
-    ax.set_title(f"Table 6: does the resource loss land on the budget? (DMS_np, digits, {epochs:g} "
+    ax.set_title(f"Table 6: does the resource loss land on the budget?\n(DMS_np, digits, {epochs:g} "
                  "search epochs; band [0.98, 1.00] shaded)", fontsize=9)
+    ax.set_ylim(0.85, max(1.25, max(r["search_end"] for r in rows) + 0.03))
     ax.legend(fontsize=8)
     return save_figure(fig, out)
 

@@ -69,7 +69,7 @@ def run_one(arm: Arm, seed: int, epochs: float, threads: int) -> dict[str, Any]:
     """One full DMS_np run (search, finish, retrain); costs as fractions of the target."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RunConfig(command="search", task="digits", pipeline="np", target=TARGET,
-                        schedule_end=arm.schedule_end, width_only_from=arm.width_only_from,
+                        schedule_end=arm.schedule_end, width_only_from=arm.width_only_from, settle=0.0,
                         epochs=epochs, seed=seed, threads=threads, quiet=True, out=tmp, name="run")
         t0 = time.perf_counter()
         summary = Pipeline(cfg.resolved()).run()

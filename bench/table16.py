@@ -64,7 +64,7 @@ def run_cell(weight: float, lr: float, seed: int, target: float, s_ep: float, r_
     work = WORK / run_key(weight, lr, seed, target, s_ep, r_ep).replace("/", "-")
     t0 = time.perf_counter()
     cfg = RunConfig(command="search", pipeline="np", **nu.MODEL, target=target, resource_weight=weight,
-                    structure_lr=lr, epochs=s_ep, retrain_epochs=0, seed=seed, threads=threads, quiet=True,
+                    structure_lr=lr, epochs=s_ep, retrain_epochs=0, seed=seed, threads=threads, quiet=True, settle=0.0,
                     out=str(nu._fresh(work / "search")))
     pipe = nl.TracedPipeline(cfg.resolved())
     summary = pipe.run()

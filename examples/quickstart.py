@@ -44,7 +44,9 @@ def main(steps: int = 200, target: float = 0.25) -> dict[str, float]:
     for step in range(steps):
         idx = torch.randint(0, len(x_train), (64,), generator=g)
         task = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
-        loss = task + searcher.resource_loss(progress=step / steps)
+        progress = (step + 1) / steps
+        opt.param_groups[1]["lr"] = 5e-3 * searcher.structure_lr_scale(progress)  # the settle phase's anneal
+        loss = task + searcher.resource_loss(progress=progress)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -761,3 +761,9 @@ if __name__ == "__main__":  # print the README table
 def test_schedule_end_outside_its_range_names_the_range(capsys: pytest.CaptureFixture[str], value: str) -> None:
     rc, err = cli(capsys, "search", *TINY, "--schedule-end", value, "--epochs", "0.01")
     assert rc != 0 and "schedule-end" in err and "(0, 1]" in err, err
+
+
+@pytest.mark.parametrize("value", ["1", "1.5", "-0.2", "x"])
+def test_settle_outside_its_range_names_the_range(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    rc, err = cli(capsys, "search", *TINY, "--settle", value, "--epochs", "0.01")
+    assert rc == 2 and "settle" in err and ("[0, 1)" in err or "number" in err), err

@@ -31,7 +31,7 @@ from .export import export_model, structure_of
 from .masks import GATES_NAME, Gates, assemble_width_mask
 from .resources import CostModel
 from .search_config import BEFORE_OPTION, COST_FORWARD, SearchConfig, config_state
-from .settle import band_loss, cosine_anneal
+from .settle import WEIGHT_GROWTH, band_loss, cosine_anneal
 from .search_setup import attach_gates, discover_space
 from .selfcheck import run_example, verify_export, verify_open
 from .solver import solve_budget
@@ -93,6 +93,7 @@ class Searcher:
         # progress at which the settle phase found the exact cost at or under the target:
         # from there depth is frozen and the structural lr anneals (None: not yet)
         self.settled_at: float | None = None
+        self.settle_weight = float(config.resource_weight)  # grows while the phase is over the band
 
     # ------------------------------------------------------------------ setup
     def _attach(self, space: SearchSpace) -> Gates:
@@ -221,7 +222,9 @@ class Searcher:
         phase (:meth:`settling`) the band loss of :func:`dmscale.settle.band_loss` instead.
 
         From ``width_only_from`` on, and in the settle phase once the exact cost has reached
-        the target (:attr:`settled_at`), depth masks are frozen at their hard values.
+        the target (:attr:`settled_at`), depth masks are frozen at their hard values. Call it
+        once per training step: in the settle phase each call over the band raises the band
+        loss's weight (:attr:`settle_weight`, kept in :meth:`state_dict`).
         """
         cfg = self.config
         settling = self.settling(progress)
@@ -234,7 +237,10 @@ class Searcher:
         if cfg.cost_forward == "exact" or settling:  # forward: the export's cost; backward: soft
             r_c = r_c + (self._exact_cost("hard") - r_c.detach())
         if settling:  # zero inside budget_band x target, log of the distance outside
-            return band_loss(r_c, self.target_cost, cfg.budget_band, cfg.resource_weight)
+            loss = band_loss(r_c, self.target_cost, cfg.budget_band, self.settle_weight)
+            if float(r_c.detach()) > cfg.budget_band[1] * self.target_cost:
+                self.settle_weight *= WEIGHT_GROWTH  # one call per step: dual ascent on the budget
+            return loss
         r_t = self.target_at(progress)
         if float(r_c.detach()) <= r_t:
             return r_c.new_zeros(()).float()
@@ -441,7 +447,7 @@ class Searcher:
         state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
                  "config": config_state(self.config), "target_cost": self.target_cost,
                  "supernet_cost": self.supernet_cost, "depth_frozen": self.gates.depth_frozen,
-                 "settled_at": self.settled_at}
+                 "settled_at": self.settled_at, "settle_weight": self.settle_weight}
         if "latency" in self._costs:  # a resumed search keeps the measured cost scale
             state["latency_profile"] = self._costs["latency"].state_dict()
         return state
@@ -471,6 +477,7 @@ class Searcher:
         self.supernet_cost = float(state["supernet_cost"])
         self.freeze_depth(bool(state.get("depth_frozen", False)))
         self.settled_at = state.get("settled_at")
+        self.settle_weight = float(state.get("settle_weight", self.config.resource_weight))
 
 
 def _distinct(topks: list[Any]) -> list[Any]:

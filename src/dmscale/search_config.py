@@ -63,7 +63,8 @@ class SearchConfig:
             r_t over the first ``min(schedule_end, 1 - settle)`` of the search; in the settle
             phase r_t is the final target, r_c is the exact cost of the hard masks with the
             soft cost's gradient, and the loss is two-sided around ``budget_band`` (zero
-            inside, log of the distance outside); once the exact cost has reached the target,
+            inside, log of the distance outside, with a weight that grows while the cost is
+            over the band: :mod:`dmscale.settle`); once the exact cost has reached the target,
             depth is frozen at its hard value (the width-only phase of A.1.2) and
             :meth:`Searcher.structure_lr_scale` anneals the structural learning rate to 0
             (cosine) over the rest of the search. Default 0.4, as the official code's

@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from dataclasses import MISSING, fields
 from typing import Any, Iterator
 
 import torch
@@ -30,8 +29,8 @@ from .errors import ConfigError, NoImportanceError, PendingImportanceError
 from .export import export_model, structure_of
 from .masks import GATES_NAME, Gates, assemble_width_mask
 from .resources import CostModel
-from .search_config import BEFORE_OPTION, COST_FORWARD, SearchConfig, config_state
-from .settle import WEIGHT_GROWTH, band_loss, cosine_anneal
+from .search_config import COST_FORWARD, SearchConfig, config_differences, config_state
+from .settle import SettleState, cosine_anneal
 from .search_setup import attach_gates, discover_space
 from .selfcheck import run_example, verify_export, verify_open
 from .solver import solve_budget
@@ -90,10 +89,7 @@ class Searcher:
         self._costs: dict[str, Any] = {}
         self.supernet_cost = float(self._exact_cost(hard=None))
         self.target_cost = self._resolve_target()
-        # progress at which the settle phase found the exact cost at or under the target:
-        # from there depth is frozen and the structural lr anneals (None: not yet)
-        self.settled_at: float | None = None
-        self.settle_weight = float(config.resource_weight)  # grows while the phase is over the band
+        self.settle_state = SettleState(weight=float(config.resource_weight))
 
     # ------------------------------------------------------------------ setup
     def _attach(self, space: SearchSpace) -> Gates:
@@ -183,6 +179,11 @@ class Searcher:
         ratio = self.target_cost / self.supernet_cost
         return ratio**p * self.supernet_cost
 
+    @property
+    def settled_at(self) -> float | None:
+        """Progress at which the settle phase's exact cost first reached the target, or None."""
+        return self.settle_state.settled_at
+
     def settling(self, progress: float) -> bool:
         """Whether ``progress`` lies in the settle phase (the last ``config.settle`` of the
         search, where the loss lands the structure on the budget)."""
@@ -222,14 +223,15 @@ class Searcher:
         phase (:meth:`settling`) the band loss of :func:`dmscale.settle.band_loss` instead.
 
         From ``width_only_from`` on, and in the settle phase once the exact cost has reached
-        the target (:attr:`settled_at`), depth masks are frozen at their hard values. Call it
-        once per training step: in the settle phase each call over the band raises the band
-        loss's weight (:attr:`settle_weight`, kept in :meth:`state_dict`).
+        the target (:attr:`settled_at`), depth masks are frozen at their hard values. In the
+        settle phase a step whose cost is over the band raises the band loss's weight
+        (``settle_state.weight``, kept in :meth:`state_dict`) once per distinct ``progress``, so
+        micro-batches of one accumulated step count once.
         """
         cfg = self.config
         settling = self.settling(progress)
-        if settling and self.settled_at is None and self._exact_cost("hard") <= self.target_cost * (1 + 1e-9):
-            self.settled_at = float(progress)
+        if settling:
+            self.settle_state.reach(progress, self._exact_cost("hard"), self.target_cost)
         landed = settling and self.settled_at is not None
         frozen = landed or (cfg.width_only_from is not None and progress >= cfg.width_only_from)
         self.freeze_depth(frozen)
@@ -237,10 +239,7 @@ class Searcher:
         if cfg.cost_forward == "exact" or settling:  # forward: the export's cost; backward: soft
             r_c = r_c + (self._exact_cost("hard") - r_c.detach())
         if settling:  # zero inside budget_band x target, log of the distance outside
-            loss = band_loss(r_c, self.target_cost, cfg.budget_band, self.settle_weight)
-            if float(r_c.detach()) > cfg.budget_band[1] * self.target_cost:
-                self.settle_weight *= WEIGHT_GROWTH  # one call per step: dual ascent on the budget
-            return loss
+            return self.settle_state.loss(r_c, progress, self.target_cost, cfg.budget_band)
         r_t = self.target_at(progress)
         if float(r_c.detach()) <= r_t:
             return r_c.new_zeros(()).float()
@@ -447,24 +446,15 @@ class Searcher:
         state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
                  "config": config_state(self.config), "target_cost": self.target_cost,
                  "supernet_cost": self.supernet_cost, "depth_frozen": self.gates.depth_frozen,
-                 "settled_at": self.settled_at, "settle_weight": self.settle_weight}
+                 "settled_at": self.settled_at, "settle_weight": self.settle_state.weight}
         if "latency" in self._costs:  # a resumed search keeps the measured cost scale
             state["latency_profile"] = self._costs["latency"].state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (same model architecture and config)."""
-        saved = dict(state["config"])
-        current = config_state(self.config)
-        for f in fields(SearchConfig):  # states saved before an option existed: its old behaviour
-            if f.name not in saved and f.default is not MISSING:
-                saved[f.name] = BEFORE_OPTION.get(f.name, f.default)
-        saved["budget_band"] = list(saved["budget_band"])  # a tuple default, a list in config_state
-        for key in ("latency_options", "verify"):  # neither changes what is searched
-            saved.pop(key, None), current.pop(key, None)
-        if current != saved:
-            diff = ", ".join(f"{k}: saved {saved.get(k)!r}, now {current.get(k)!r}"
-                             for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k))
+        diff = config_differences(state["config"], self.config)
+        if diff:
             raise ValueError(f"searcher config differs from the saved one ({diff}); build the "
                              "searcher with the saved config to load this state")
         self.gates.load_state_dict(state["gates"])
@@ -476,8 +466,8 @@ class Searcher:
         self.target_cost = float(state["target_cost"])
         self.supernet_cost = float(state["supernet_cost"])
         self.freeze_depth(bool(state.get("depth_frozen", False)))
-        self.settled_at = state.get("settled_at")
-        self.settle_weight = float(state.get("settle_weight", self.config.resource_weight))
+        self.settle_state = SettleState(weight=float(state.get("settle_weight", self.config.resource_weight)),
+                                        settled_at=state.get("settled_at"))
 
 
 def _distinct(topks: list[Any]) -> list[Any]:

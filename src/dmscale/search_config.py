@@ -14,7 +14,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .errors import ConfigError
@@ -22,7 +22,7 @@ from .importance import IMPORTANCE_METRICS
 from .resources import RESOURCES
 from .topk import GateFactory
 
-__all__ = ["SearchConfig", "COST_FORWARD", "BEFORE_OPTION", "config_state"]
+__all__ = ["SearchConfig", "COST_FORWARD", "BEFORE_OPTION", "config_state", "config_differences"]
 
 COST_FORWARD = ("soft", "exact")
 # Options whose default changed what is searched when they were added: the value that
@@ -181,3 +181,25 @@ def config_state(config: SearchConfig) -> dict[str, Any]:
     state["gate_factory"] = None if factory is None else \
         f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
     return state
+
+
+def config_differences(saved: dict[str, Any], config: SearchConfig) -> str:
+    """What differs between a saved :func:`config_state` and ``config``, as
+    ``"name: saved X, now Y, ..."`` ("" when nothing that changes the search differs).
+
+    Options missing from ``saved`` (a state from before they existed) take the value that
+    reproduces that state's behaviour (:data:`BEFORE_OPTION`, else their default);
+    ``latency_options`` and ``verify`` do not change what is searched and are not compared.
+
+        >>> config_differences(config_state(SearchConfig()), SearchConfig(target=0.3))
+        'target: saved 0.5, now 0.3'
+    """
+    saved, current = dict(saved), config_state(config)
+    for f in fields(SearchConfig):
+        if f.name not in saved and f.default is not MISSING:
+            saved[f.name] = BEFORE_OPTION.get(f.name, f.default)
+    saved["budget_band"] = list(saved["budget_band"])  # a tuple default, a list in config_state
+    for key in ("latency_options", "verify"):
+        saved.pop(key, None), current.pop(key, None)
+    return ", ".join(f"{k}: saved {saved.get(k)!r}, now {current.get(k)!r}"
+                     for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k))

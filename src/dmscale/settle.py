@@ -20,10 +20,11 @@ learning rate anneals to 0 so the ratios stop where the band loss put them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["band_loss", "cosine_anneal", "WEIGHT_GROWTH"]
+__all__ = ["band_loss", "cosine_anneal", "SettleState", "WEIGHT_GROWTH"]
 
 # Per step over the band, the settle phase's resource weight is multiplied by this (a dual
 # ascent on the constraint): the task loss's pull on the ratios can hold the cost over the
@@ -52,3 +53,37 @@ def cosine_anneal(progress: float, start: float | None) -> float:
         return 1.0
     q = (float(progress) - start) / max(1.0 - start, 1e-12)
     return 0.5 * (1.0 + math.cos(math.pi * min(q, 1.0)))
+
+
+@dataclass
+class SettleState:
+    """What the settle phase carries from step to step (in the searcher's ``state_dict``).
+
+    ``weight``: the band loss's weight, grown by :data:`WEIGHT_GROWTH` once per step (per
+    distinct progress, so micro-batches of one accumulated step count once) while the cost is
+    over the band; ``settled_at``: the progress at which the exact cost first reached the
+    target (None: not yet).
+
+        >>> st = SettleState(weight=1.0)
+        >>> _ = st.loss(torch.tensor(120.0), 0.7, 100.0, (0.98, 1.0)); st.weight
+        1.1
+        >>> st.reach(0.8, exact=99.0, target=100.0); st.settled_at
+        0.8
+    """
+
+    weight: float
+    settled_at: float | None = None
+    grown_at: float | None = None
+
+    def reach(self, progress: float, exact: float, target: float) -> None:
+        """Note the first progress at which the exact cost is at or under the target."""
+        if self.settled_at is None and exact <= target * (1 + 1e-9):
+            self.settled_at = float(progress)
+
+    def loss(self, r_c: torch.Tensor, progress: float, target: float, band: tuple[float, float]) -> torch.Tensor:
+        """:func:`band_loss` at the current weight, then the weight's growth when over."""
+        loss = band_loss(r_c, target, band, self.weight)
+        if float(r_c.detach()) > band[1] * target and self.grown_at != float(progress):
+            self.weight *= WEIGHT_GROWTH
+            self.grown_at = float(progress)
+        return loss

@@ -40,6 +40,7 @@ from dmscale.pipeline import Pipeline  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "budget.json"
 TARGETS = (0.5, 0.25)
+WIDTH = 8  # the digits task's default model: ResNet-20, width 8
 MODES = ("soft", "exact", "settle")
 MODE_OPTIONS = {"soft": dict(cost_forward="soft", settle=0.0), "exact": dict(cost_forward="exact", settle=0.0),
                 "settle": dict(cost_forward="soft", settle=0.4)}
@@ -51,11 +52,13 @@ def _commit() -> str:
     return git_commit(ROOT)
 
 
-def run_one(target: float, mode: str, seed: int, epochs: float, threads: int) -> dict[str, Any]:
+def run_one(target: float, mode: str, seed: int, epochs: float, threads: int,
+            width: int = WIDTH) -> dict[str, Any]:
     """One search; returns hard cost / target at the search's end and after the post-hoc steps."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RunConfig(command="search", task="digits", pipeline="np", target=target,
                         **MODE_OPTIONS[mode], epochs=epochs, retrain_epochs=0, seed=seed,
+                        model="resnet", model_args={"depth": 20, "width": width},
                         threads=threads, quiet=True, out=tmp, name="run")
         t0 = time.perf_counter()
         summary = Pipeline(cfg.resolved()).run()
@@ -63,11 +66,12 @@ def run_one(target: float, mode: str, seed: int, epochs: float, threads: int) ->
     end, final = summary["resources_search_end"], summary["resources"]
     return {"target": target, "mode": mode, "seed": seed, "epochs": epochs,
             "search_end": end["hard"] / end["target"], "exported": final["hard"] / final["target"],
-            "acc": summary["evals"]["search"]["acc"], "seconds": round(seconds, 1), "commit": _commit()}
+            "acc": summary["evals"]["search"]["acc"], "seconds": round(seconds, 1), "commit": _commit(),
+            "width": width}
 
 
-def _key(target: float, mode: str, seed: int, epochs: float) -> str:
-    return f"{target}/{mode}/{seed}/{epochs}"
+def _key(target: float, mode: str, seed: int, epochs: float, width: int = WIDTH) -> str:
+    return f"{target}/{mode}/{seed}/{epochs}" + (f"/w{width}" if width != WIDTH else "")
 
 
 def _in_band(r: dict[str, Any]) -> bool:
@@ -88,10 +92,11 @@ def _reading(rows: list[dict[str, Any]]) -> str:
             f"solver every export is in [{min(exported):.3f}, {max(exported):.3f}] x target.")
 
 
-def _section(rows: list[dict[str, Any]], epochs: float) -> list[str]:
+def _section(rows: list[dict[str, Any]], epochs: float, width: int) -> list[str]:
     seeds = sorted({r["seed"] for r in rows})
     commits = sorted({r.get("commit", "759851e") for r in rows})
-    lines = [f"## {epochs:g} search epochs ({int(round(epochs * 11))} steps), seeds {seeds}", "",
+    lines = [f"## ResNet-20 width {width}, {epochs:g} search epochs ({int(round(epochs * 11))} steps), "
+             f"seeds {seeds}", "",
              f"- commit(s) of the runs: {', '.join(f'`{c}`' for c in commits)}", "",
              "| target | mode | at the search's end (loss alone) | exported (after finish + solver) "
              "| runs in [0.98, 1.00] from the loss alone | accuracy before retraining |",
@@ -122,8 +127,9 @@ def write_table(cache: dict[str, Any], commands: list[str]) -> Path:
              "target, structure lr annealed to 0)", "",
              "Exported exact MACs as a fraction of the target (mean ± std [min, max] over seeds); "
              "goal: within [0.98, 1.00] from the loss alone.", ""]
-    for epochs in sorted({r["epochs"] for r in rows}, reverse=True):
-        lines += _section([r for r in rows if r["epochs"] == epochs], epochs)
+    for width, epochs in sorted({(r.get("width", WIDTH), r["epochs"]) for r in rows}, key=lambda t: (t[0], -t[1])):
+        lines += _section([r for r in rows if r["epochs"] == epochs and r.get("width", WIDTH) == width],
+                          epochs, width)
     reading = RESULTS / "budget_reading.md"
     if reading.exists():
         lines += ["## Reading", "", reading.read_text().strip(), ""]
@@ -139,6 +145,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--width", type=int, default=WIDTH,
+                   help="ResNet-20's first-stage width (8, the default, as the CLI's digits model; "
+                        "wider nets have finer cost steps per channel)")
     p.add_argument("--table-only", action="store_true", help="rewrite budget.md from the cache")
     args = p.parse_args(argv)
     if args.quick:
@@ -152,10 +161,10 @@ def main(argv: list[str] | None = None) -> None:
     for target in ([] if args.table_only else TARGETS):
         for mode in args.modes:
             for seed in args.seeds:
-                key = _key(target, mode, seed, args.epochs)
+                key = _key(target, mode, seed, args.epochs, args.width)
                 if key in cache["runs"]:
                     continue
-                r = run_one(target, mode, seed, args.epochs, args.threads)
+                r = run_one(target, mode, seed, args.epochs, args.threads, args.width)
                 cache["runs"][key] = r
                 CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
                 print(f"target {target} {mode:5} seed {seed}: search end {r['search_end']:.3f}, "

@@ -6,7 +6,7 @@ Reads only the json caches the benchmark scripts write (nothing is re-run) and w
 ``bench/results/<table>.png``:
 
 * ``peers.png`` from ``peers.json`` (table 4): top-1 after finetuning per method and setting,
-  mean ± std, seeds as dots;
+  mean ± std, seeds as dots, and beside it top-1 against the exported MACs (the Pareto view);
 * ``budget.png`` from ``budget.json`` (table 6): exported MACs / target at the search's end
   and after the finish phase and budget solver, per target and r_c mode;
 * ``yolo_table11.png`` from ``yolo_table11.json`` (table 11): mAP50-95 and MACs / YOLOv8n's per arm;
@@ -54,7 +54,7 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     keys = [k for k, s in sorted(cache["settings"].items(), key=lambda kv: (-kv[1]["target"], kv[0]))
             if s["finetune_epochs"] >= 1]
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(10, 4))
+    fig, (ax, pareto) = plt.subplots(1, 2, figsize=(15, 4.2), gridspec_kw={"width_ratios": [2, 1]})
     width = 0.8 / len(methods)
     low = 100.0
     for g, key in enumerate(keys):
@@ -81,7 +81,33 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     ax.set_title("Table 4: DMS_p vs Torch-Pruning vs uniform width (digits ResNet-20, mean ± std, seeds as dots)",
                  fontsize=9)
     ax.legend(fontsize=8, ncol=4, loc="lower right")
+    _pareto(pareto, cache, [k for k in keys if not cache["settings"][k].get("equal_training")], methods)
     return save_figure(fig, out)
+
+
+def _pareto(ax: Any, cache: dict[str, Any], keys: list[str], methods: tuple[str, ...]) -> None:
+    """Top-1 against the exported MACs (fraction of the supernet) per method across the
+    same-finetune settings, mean ± std over the seeds every method finished; the pretrained
+    supernet's top-1 at 1.0."""
+    pre = []
+    for i, m in enumerate(methods):
+        pts = []
+        for key in keys:
+            runs = cache["runs"].get(key, {})
+            rs = [runs[s][m] for s in sorted(runs) if all(x in runs[s] for x in methods)]
+            if rs:
+                pts.append((statistics.mean(r["macs_frac"] for r in rs), *_mean_sd([100 * r["acc"] for r in rs])))
+                pre += [100 * r["pretrain_acc"] for r in rs if "pretrain_acc" in r]
+        pts.sort()
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                    capsize=2, color=f"C{i}", label=m)
+    if pre:
+        ax.plot([1.0], [statistics.mean(pre)], "k*", ms=9, label="supernet (unpruned)")
+    ax.set_xlabel("exported MACs / supernet MACs")
+    ax.set_ylim(top=100.5)
+    ax.set_ylabel("top-1 after the same finetune (%)")
+    ax.set_title("accuracy against MACs (same finetune)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
 
 
 def plot_budget(cache: dict[str, Any], out: Path) -> Path:

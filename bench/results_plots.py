@@ -115,11 +115,11 @@ def plot_budget(cache: dict[str, Any], out: Path) -> Path:
     and exported."""
     epochs = max(r["epochs"] for r in cache["runs"].values())
     rows = [r for r in cache["runs"].values() if r["epochs"] == epochs]
-    groups = sorted({(r["target"], r["mode"]) for r in rows}, key=lambda t: (-t[0], t[1]))
+    groups = sorted({(r.get("width", 8), r["target"], r["mode"]) for r in rows}, key=lambda t: (t[0], -t[1], t[2]))
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for g, (target, mode) in enumerate(groups):
-        rs = [r for r in rows if r["target"] == target and r["mode"] == mode]
+    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(groups)), 4))
+    for g, (width, target, mode) in enumerate(groups):
+        rs = [r for r in rows if (r.get("width", 8), r["target"], r["mode"]) == (width, target, mode)]
         for j, (field, label) in enumerate((("search_end", "at the search's end (loss alone)"),
                                             ("exported", "exported (after finish + solver)"))):
             vals = [r[field] for r in rs]
@@ -129,7 +129,7 @@ def plot_budget(cache: dict[str, Any], out: Path) -> Path:
             ax.plot([x] * len(vals), vals, "k.", ms=3)
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([f"target {t}\n{m}" for t, m in groups], fontsize=8)
+    ax.set_xticklabels([f"width {w}\ntarget {t}\n{m}" for w, t, m in groups], fontsize=8)
     ax.axhspan(0.98, 1.0, color="C2", alpha=0.15, lw=0)
     ax.set_ylabel("exact MACs / target")
     ax.set_title(f"Table 6: does the resource loss land on the budget?\n(DMS_np, digits, {epochs:g} "

@@ -66,8 +66,11 @@ def _run(out: Path, **fields: Any) -> dict[str, Any]:
 
 
 def _key(cfg: dict[str, Any]) -> str:
+    """The cache key of a setting (``settle`` 0, the protocol before the settle phase, keeps the
+    key its runs were stored under)."""
     key = "t{target}-pre{pretrain_epochs}-s{search_epochs}-ft{finetune_epochs}".format(**cfg)
-    return key + ("-eqtrain" if cfg.get("equal_training") else "")
+    return key + ("-eqtrain" if cfg.get("equal_training") else "") + \
+        (f"-settle{cfg['settle']}" if cfg.get("settle") else "")
 
 
 def _finetune_epochs(cfg: dict[str, Any], method: str) -> float:
@@ -100,7 +103,8 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
         extra_steps = 0
         if method == "dms_p":
             s = _run(src, command="search", pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
-                     retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads)
+                     retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads,
+                     settle=cfg.get("settle", 0.0))
             extra_steps = s["steps"]
             structure = json.loads((src / "structure.json").read_text())
         elif method.startswith("tp_"):
@@ -152,7 +156,8 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
     lines = [f"## target {setting['target']} x MACs; pretrain {setting['pretrain_epochs']}, DMS_p search "
              f"{setting['search_epochs']}, finetune {setting['finetune_epochs']} epochs"
              + (f" (peers: {setting['finetune_epochs'] + setting['search_epochs']}, the same total weight "
-                "training as DMS_p's search + finetune)" if setting.get("equal_training") else ""), "",
+                "training as DMS_p's search + finetune)" if setting.get("equal_training") else "")
+             + (f"; DMS_p with `--settle {setting['settle']}`" if setting.get("settle") else ""), "",
              f"- commands (each adds its seeds to the cache): {invocations_text(info)}",
              f"- seeds with every method done: {have}"
              + (f" (**partial**: seeds {partial} still to run with the command above)" if partial else "")]
@@ -225,6 +230,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--equal-training", action="store_true",
                    help="control: finetune the peers for the search epochs more (DMS_p's search trains weights too)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="DMS_p's --settle (0: the cached settings' protocol, Eq. 10 to the last step; "
+                        "0.4: the library default since)")
     p.add_argument("--table-only", action="store_true", help="only rewrite peers.md from the cache")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "peers")
     args = p.parse_args(argv)
@@ -235,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
            "search_epochs": args.search_epochs, "finetune_epochs": args.finetune_epochs}
     if args.equal_training:
         cfg["equal_training"] = True
+    if args.settle:
+        cfg["settle"] = args.settle
     key = _key(cfg)
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = load_cache(CACHE)
@@ -248,8 +258,16 @@ def main(argv: list[str] | None = None) -> None:
     cache.setdefault("settings", {})[key] = cfg
     record_invocation(cache.setdefault("info", {}), key, command, cache["commit"], args.seeds)
 
-    def save() -> None:
-        save_cache(CACHE, cache)
+    def save() -> None:  # read-modify-write: invocations of other settings may share the cache
+        disk = load_cache(CACHE)
+        for seed in args.seeds:
+            disk.setdefault("runs", {}).setdefault(key, {})[str(seed)] = cache["runs"][key].get(str(seed), {})
+        for field in ("settings", "info"):
+            disk.setdefault(field, {})[key] = cache[field][key]
+        disk["commit"], disk["machine"] = cache["commit"], cache["machine"]
+        save_cache(CACHE, disk)
+        cache.update({k: v for k, v in disk.items() if k != "runs"})
+        cache["runs"] = {**disk["runs"], key: cache["runs"][key]}
 
     for seed in args.seeds:
         run_seed(seed, cfg, args.workdir, args.threads, cache["runs"][key].setdefault(str(seed), {}), save)

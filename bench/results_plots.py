@@ -54,7 +54,7 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     keys = [k for k, s in sorted(cache["settings"].items(), key=lambda kv: (-kv[1]["target"], kv[0]))
             if s["finetune_epochs"] >= 1]
     plt = pyplot()
-    fig, (ax, pareto) = plt.subplots(1, 2, figsize=(15, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    fig, (ax, pareto) = plt.subplots(1, 2, figsize=(17, 4.6), gridspec_kw={"width_ratios": [2.2, 1]})
     width = 0.8 / len(methods)
     low = 100.0
     for g, key in enumerate(keys):
@@ -73,7 +73,8 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     for key in keys:
         s = cache["settings"][key]
         labels.append(f"{s['target']} x MACs\n" + ("peers finetuned\n+search epochs" if s.get("equal_training")
-                                                    else "same finetune"))
+                                                    else "same finetune")
+                      + (f"\nDMS_p settle {s['settle']}" if s.get("settle") else ""))
     ax.set_xticks(range(len(keys)))
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("top-1 after finetune (%)")
@@ -81,7 +82,9 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     ax.set_title("Table 4: DMS_p vs Torch-Pruning vs uniform width (digits ResNet-20, mean ± std, seeds as dots)",
                  fontsize=9)
     ax.legend(fontsize=8, ncol=4, loc="lower right")
-    _pareto(pareto, cache, [k for k in keys if not cache["settings"][k].get("equal_training")], methods)
+    same = [k for k in keys if not cache["settings"][k].get("equal_training")]
+    settled = [k for k in same if cache["settings"][k].get("settle")]  # the library's default since
+    _pareto(pareto, cache, settled or same, methods)
     return save_figure(fig, out)
 
 
@@ -106,7 +109,8 @@ def _pareto(ax: Any, cache: dict[str, Any], keys: list[str], methods: tuple[str,
     ax.set_xlabel("exported MACs / supernet MACs")
     ax.set_ylim(top=100.5)
     ax.set_ylabel("top-1 after the same finetune (%)")
-    ax.set_title("accuracy against MACs (same finetune)", fontsize=9)
+    ax.set_title("accuracy against MACs (same finetune" + (", DMS_p settle " + str(cache["settings"][keys[0]]["settle"])
+                 if keys and cache["settings"][keys[0]].get("settle") else "") + ")", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
 
 

@@ -75,6 +75,7 @@ class BenchConfig:
     importance_steps: int = 20
     fitness_bn_batches: int = 5  # the evolution's per-candidate recalibration (reported accuracy: 20, as DMS)
     evolution: el.EvolutionConfig = el.EvolutionConfig(generations=10, max_seconds=420.0)
+    settle: float = 0.0  # DMS_p-'s --settle (0: the cached rows' protocol, before the settle phase)
 
     def __post_init__(self) -> None:
         if not 0 < self.target <= 1:
@@ -87,7 +88,8 @@ class BenchConfig:
     def key(self) -> str:
         e = self.evolution
         return (f"t{self.target}-pre{self.pretrain_epochs}-s{self.search_epochs}"
-                f"-evo{e.population}x{e.generations}-imp{self.importance_steps}-bn{self.fitness_bn_batches}")
+                f"-evo{e.population}x{e.generations}-imp{self.importance_steps}-bn{self.fitness_bn_batches}"
+                + (f"-settle{self.settle}" if self.settle else ""))
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -96,7 +98,7 @@ class BenchConfig:
 def _search_cfg(bc: BenchConfig, seed: int, pre_dir: Path, out: Path) -> RunConfig:
     return RunConfig(task="digits", **MODEL, quiet=True, out=str(out), command="search", pipeline="p-",
                      init=str(pre_dir), epochs=bc.search_epochs, target=bc.target, seed=seed, threads=1,
-                     batch_size=bc.batch_size, settle=0.0).resolved()  # the cached rows' protocol (before the settle phase)
+                     batch_size=bc.batch_size, settle=bc.settle).resolved()
 
 
 def _pretrain(bc: BenchConfig, seed: int, work: Path) -> Path:
@@ -322,11 +324,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--generations", type=int, default=10, help="generations of the evolution (SPOS: 20)")
     p.add_argument("--name", default="evolution", help="stem of the results files (json, md, png)")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "evolution")
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="DMS_p-'s --settle (0: the evolution.json protocol; 0.4, the library default "
+                        "since: use with --name evolution_settle)")
     args = p.parse_args(argv)
     global RESULTS, CACHE, NAME
     NAME = args.name
     CACHE = RESULTS / f"{NAME}.json"
-    bc = BenchConfig(evolution=dataclasses.replace(BenchConfig().evolution, generations=args.generations))
+    bc = BenchConfig(evolution=dataclasses.replace(BenchConfig().evolution, generations=args.generations),
+                     settle=args.settle)
     if args.quick:  # a smoke run: its cache and table stay under the work directory
         args.seeds = [0]
         bc = BenchConfig(pretrain_epochs=2.0, search_epochs=2.0, importance_steps=4,

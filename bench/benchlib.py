@@ -28,7 +28,7 @@ from typing import Any
 
 __all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "paired_diff", "paired_ci", "ci_text",
            "record_invocation", "invocations_text",
-           "pyplot", "save_figure", "load_cache", "save_cache"]
+           "pyplot", "save_figure", "load_cache", "save_cache", "save_merged"]
 
 
 def git_commit(root: Path) -> str:
@@ -83,6 +83,31 @@ def load_cache(path: Path) -> dict[str, Any]:
 def save_cache(path: Path, cache: dict[str, Any]) -> None:
     """Write the cache (indented, sorted keys: small diffs between runs)."""
     path.write_text(json.dumps(cache, indent=1, sort_keys=True))
+
+
+def save_merged(path: Path, cache: dict[str, Any], key: str, seeds: list[int],
+                top: tuple[str, ...] = ("machine",)) -> dict[str, Any]:
+    """Read-modify-write of a cache shared by invocations that run at the same time (other
+    seeds or other settings): this invocation's ``seeds`` of ``runs[key]``, its ``settings``
+    and ``info`` of ``key`` and the ``top`` fields go into what is on disk now; returns it.
+
+    Example:
+        >>> import tempfile
+        >>> f = Path(tempfile.mkdtemp()) / "c.json"
+        >>> save_cache(f, {"runs": {"k": {"0": {"acc": 1}}}, "settings": {}, "info": {}})
+        >>> mine = {"runs": {"k": {"1": {"acc": 2}}}, "settings": {"k": {}}, "info": {"k": {}}, "machine": "m"}
+        >>> sorted(save_merged(f, mine, "k", [1])["runs"]["k"])
+        ['0', '1']
+    """
+    disk = load_cache(path)
+    for seed in seeds:
+        disk.setdefault("runs", {}).setdefault(key, {})[str(seed)] = cache["runs"][key].get(str(seed), {})
+    for field in ("settings", "info"):
+        disk.setdefault(field, {})[key] = cache[field][key]
+    for field in top:
+        disk[field] = cache[field]
+    save_cache(path, disk)
+    return disk
 
 
 def pyplot() -> Any:

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import gates_lib as gl  # noqa: E402
 import peers_lib as pl  # noqa: E402
 from benchlib import (ci_text, command_line, git_commit, invocations_text, load_cache, mean_std, pyplot,  # noqa: E402
-                      record_invocation, save_cache, save_figure,
+                      record_invocation, save_figure, save_merged,
                       shared_machine, widths)
 import dmscale as dms  # noqa: E402
 from dmscale.config import RunConfig  # noqa: E402
@@ -292,15 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     cache.setdefault("settings", {})[key] = cfg
     record_invocation(cache.setdefault("info", {}), key, command, git_commit(ROOT), args.seeds)
 
-    def save() -> None:  # read-modify-write: invocations with other seeds may share the cache
-        disk = load_cache(CACHE)
-        for seed in args.seeds:
-            disk.setdefault("runs", {}).setdefault(key, {})[str(seed)] = cache["runs"][key].get(str(seed), {})
-        for field in ("settings", "info"):
-            disk.setdefault(field, {})[key] = cache[field][key]
-        disk["machine"] = cache["machine"]
-        save_cache(CACHE, disk)
-        cache["runs"][key].update(disk["runs"][key])
+    def save() -> None:  # invocations with other seeds may share the cache
+        cache["runs"][key].update(save_merged(CACHE, cache, key, args.seeds)["runs"][key])
 
     for seed in args.seeds:
         run_seed(seed, cfg, args.workdir, args.threads, cache["runs"][key].setdefault(str(seed), {}), save)

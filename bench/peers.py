@@ -34,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from benchlib import (ci_text, command_line, git_commit, invocations_text, load_cache, mean_std,  # noqa: E402
-                      record_invocation, save_cache, shared_machine, widths)
+                      record_invocation, save_merged, shared_machine, widths)
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import peers_lib as pl  # noqa: E402
@@ -258,14 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     cache.setdefault("settings", {})[key] = cfg
     record_invocation(cache.setdefault("info", {}), key, command, cache["commit"], args.seeds)
 
-    def save() -> None:  # read-modify-write: invocations of other settings may share the cache
-        disk = load_cache(CACHE)
-        for seed in args.seeds:
-            disk.setdefault("runs", {}).setdefault(key, {})[str(seed)] = cache["runs"][key].get(str(seed), {})
-        for field in ("settings", "info"):
-            disk.setdefault(field, {})[key] = cache[field][key]
-        disk["commit"], disk["machine"] = cache["commit"], cache["machine"]
-        save_cache(CACHE, disk)
+    def save() -> None:  # invocations of other settings may share the cache
+        disk = save_merged(CACHE, cache, key, args.seeds, top=("commit", "machine"))
         cache.update({k: v for k, v in disk.items() if k != "runs"})
         cache["runs"] = {**disk["runs"], key: cache["runs"][key]}
 

@@ -190,6 +190,10 @@ class StepLoop:
         finally:
             signals.__exit__()
             bar.close()
+            # Drop the DDP wrapper here, while the process group lives: a Stopped run's traceback
+            # would keep it until after destroy_process_group, and its reducer then aborts the
+            # process at exit ("terminate called without an active exception", 1 run in 4).
+            self._net = None
 
     def stop_if_asked(self, step: int, signals: StopOnSignals) -> None:
         """A signal arrived or ``--stop-after`` is reached: checkpoint, then :class:`Stopped`."""

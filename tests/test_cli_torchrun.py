@@ -66,6 +66,17 @@ def test_two_processes_write_one_run_and_one_summary(two_ranks: tuple[Path, subp
     assert summary["resources"]["hard"] <= summary["resources"]["target"] * (1 + 1e-9)
 
 
+def test_depth_freezing_needs_no_find_unused_parameters(two_ranks: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    """The settle phase lands (hard cost at the target within the search) and freezes depth;
+    the loop wraps the model again without depth's ``a``, so DDP never needs
+    ``find_unused_parameters`` and torch's warning about it (one per rank) is gone."""
+    out, proc = two_ranks
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    end = json.loads((out / "summary.json").read_text())["resources_search_end"]
+    assert end["hard"] <= end["target"], end  # landed: depth was frozen during the search
+    assert "find_unused_parameters" not in proc.stderr, proc.stderr[-3000:]
+
+
 def test_two_processes_find_what_one_process_finds(two_ranks: tuple[Path, subprocess.CompletedProcess[str]],
                                                     tmp_path: Path) -> None:
     out, proc = two_ranks

@@ -228,13 +228,8 @@ class Searcher:
         (``settle_state.weight``, kept in :meth:`state_dict`) once per distinct ``progress``, so
         micro-batches of one accumulated step count once.
         """
-        cfg = self.config
-        settling = self.settling(progress)
-        if settling:
-            self.settle_state.reach(progress, self._exact_cost("hard"), self.target_cost)
-        landed = settling and self.settled_at is not None
-        frozen = landed or (cfg.width_only_from is not None and progress >= cfg.width_only_from)
-        self.freeze_depth(frozen)
+        cfg, settling = self.config, self.settling(progress)
+        self.advance(progress)
         r_c = self.soft_cost()
         if cfg.cost_forward == "exact" or settling:  # forward: the export's cost; backward: soft
             r_c = r_c + (self._exact_cost("hard") - r_c.detach())
@@ -244,6 +239,16 @@ class Searcher:
         if float(r_c.detach()) <= r_t:
             return r_c.new_zeros(()).float()
         return (cfg.resource_weight * torch.log(r_c / r_t)).float()
+
+    def advance(self, progress: float) -> None:
+        """The step at ``progress``'s phase: whether the settle phase has landed (the exact
+        cost at or under the target) and so whether depth is frozen. :meth:`resource_loss` calls
+        it; a loop that must know before the forward (DDP leaves frozen depth out) calls it first."""
+        if self.settling(progress):
+            self.settle_state.reach(progress, self._exact_cost("hard"), self.target_cost)
+        wo = self.config.width_only_from
+        self.freeze_depth((self.settling(progress) and self.settled_at is not None)
+                          or (wo is not None and progress >= wo))
 
     def freeze_depth(self, frozen: bool = True) -> None:
         """Fix depth at its hard value (width-only phase): hard depth masks, no gradient."""

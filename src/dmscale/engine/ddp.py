@@ -108,10 +108,11 @@ def wrap_model(model: nn.Module, device: torch.device, unused: bool = False) -> 
     """``model`` in DistributedDataParallel when more than one process runs; else ``model``.
 
     The gates of a search are submodules of the model, so DDP averages the gradients of the
-    structural parameters with the weights'. ``unused``: some parameters that require a
-    gradient may get none in a step (depth's ``a`` in a width-only phase): DDP's
-    ``find_unused_parameters=True`` (an extra graph traversal per step). Frozen parameters
-    (``requires_grad=False``, as in ``p-`` and the finish phase) are not DDP's concern.
+    structural parameters with the weights'. Parameters with ``requires_grad=False`` when it
+    is built (the weights in ``p-``, depth's ``a`` once frozen) are left out: wrap again when
+    that changes (the step loop does). ``unused``: some parameters that require a gradient may
+    get none in a step: DDP's ``find_unused_parameters=True`` (an extra graph traversal per
+    step, and a warning from torch on every rank when none is unused).
     """
     if not is_distributed():
         return model

@@ -144,6 +144,7 @@ class StepLoop:
     seed: int = 0
     _non_finite: int = field(default=0, init=False)  # consecutive non-finite losses (skipped)
     _net: nn.Module | None = field(default=None, init=False)  # the model, in DDP under torchrun
+    _wrapped_frozen: bool = field(default=False, init=False)  # depth frozen when _net was built
 
     @property
     def writes_files(self) -> bool:
@@ -162,15 +163,13 @@ class StepLoop:
         spe = host.task.steps_per_epoch(cfg.batch_size)
         log_every = max(1, self.total // 300)
         self.model.train()
-        config = getattr(self.searcher, "config", None)  # width-only or settle phase: depth frozen
-        frozen_depth = config is not None and (config.width_only_from is not None or config.settle > 0)
-        self._net = wrap_model(self.model, host.device, unused=frozen_depth)  # `a` is averaged too
         bar = Progress(self.phase, self.total, start, cfg.quiet or not self.writes_files)
         signals = StopOnSignals().__enter__()  # SIGINT/SIGTERM: checkpoint, then stop
         try:
             with compiled_forward(self.model, bool(getattr(cfg, "compile", False))):
                 for step in range(start, self.total):
                     self.stop_if_asked(step, signals)
+                    self.wrap_for(step)
                     x, y = self.batch(step)
                     out = self.forward_loss(step, x, y)
                     if self.skip_non_finite(out, step):
@@ -194,6 +193,20 @@ class StepLoop:
             # would keep it until after destroy_process_group, and its reducer then aborts the
             # process at exit ("terminate called without an active exception", 1 run in 4).
             self._net = None
+
+    def wrap_for(self, step: int) -> None:
+        """The model in DDP (under torchrun) for ``step``, the structural ``a`` averaged with
+        the weights. DDP leaves out what needs no gradient when it is built, so when the
+        searcher freezes depth (the settle phase landed, or the width-only phase began; decided
+        here, before the forward) the model is wrapped again without depth's ``a``: no step has
+        a parameter without a gradient, and ``find_unused_parameters`` is never needed."""
+        if self.searcher is not None and self.phase == "search":
+            self.searcher.advance(step / self.total)
+        frozen = self.searcher is not None and self.searcher.gates.depth_frozen
+        if self._net is None or frozen != self._wrapped_frozen:
+            self._net = None  # the old wrapper's reducer goes first
+            self._net = wrap_model(self.model, self.host.device)
+            self._wrapped_frozen = frozen
 
     def stop_if_asked(self, step: int, signals: StopOnSignals) -> None:
         """A signal arrived or ``--stop-after`` is reached: checkpoint, then :class:`Stopped`."""

@@ -130,11 +130,14 @@ def _call(model: nn.Module, x: Any) -> Any:
     return model(**x) if isinstance(x, dict) else model(x)
 
 
-def _step(bench: Bench, model: nn.Module, opt: torch.optim.Optimizer, x: Any, searcher: Any = None) -> float:
+def _step(bench: Bench, model: nn.Module, opt: torch.optim.Optimizer, x: Any, searcher: Any = None,
+          progress: float = 0.5) -> float:
+    """One timed training step; ``progress`` 0.5 is before the settle phase (Eq. 6's loss on
+    the soft cost), 0.9 inside it (the band loss on the exact cost, evaluated every step)."""
     t0 = time.perf_counter()
     loss = bench.loss(_call(model, x), x)
     if searcher is not None:
-        loss = loss + searcher.resource_loss(progress=0.5)
+        loss = loss + searcher.resource_loss(progress=progress)
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -142,26 +145,32 @@ def _step(bench: Bench, model: nn.Module, opt: torch.optim.Optimizer, x: Any, se
 
 
 def measure_time(bench: Bench, batch: int, rounds: int) -> dict[str, float]:
-    """Plain and DMS steps interleaved in one process; medians, their ratio, per-round quartiles."""
+    """Plain, DMS and settle-phase DMS steps interleaved in one process (the order rotates each
+    round); medians, their ratios to plain, per-round quartiles of the DMS ratio."""
     torch.manual_seed(0)
     base = bench.build()
     plain, x, opt_p, _ = _setup(bench, batch, False, copy.deepcopy(base))
+    settle_net, _, opt_s, settle_searcher = _setup(bench, batch, True, copy.deepcopy(base))
     t0 = time.perf_counter()
     dmsnet, _, opt_d, searcher = _setup(bench, batch, True, base)
     prepare_s = time.perf_counter() - t0
     for _ in range(2):  # warm-up
         _step(bench, plain, opt_p, x)
         _step(bench, dmsnet, opt_d, x, searcher)
+        _step(bench, settle_net, opt_s, x, settle_searcher, progress=0.9)
     tp: list[float] = []
     td: list[float] = []
+    ts: list[float] = []
     for r in range(rounds):
-        pair = [(tp, lambda: _step(bench, plain, opt_p, x)),
-                (td, lambda: _step(bench, dmsnet, opt_d, x, searcher))]
-        for out, fn in (pair if r % 2 == 0 else pair[::-1]):
+        arms = [(tp, lambda: _step(bench, plain, opt_p, x)),
+                (td, lambda: _step(bench, dmsnet, opt_d, x, searcher)),
+                (ts, lambda: _step(bench, settle_net, opt_s, x, settle_searcher, progress=0.9))]
+        for out, fn in arms[r % 3:] + arms[:r % 3]:
             out.append(fn())
-    mp, md = statistics.median(tp), statistics.median(td)
+    mp, md, ms = statistics.median(tp), statistics.median(td), statistics.median(ts)
     q = statistics.quantiles([d / p for d, p in zip(td, tp)], n=4)
     return {"plain_ms": mp * 1e3, "dms_ms": md * 1e3, "ratio": md / mp, "ratio_q1": q[0], "ratio_q3": q[2],
+            "settle_ms": ms * 1e3, "settle_ratio": ms / mp,
             "dims": len(searcher.gates.width) + len(searcher.gates.depth), "prepare_s": prepare_s}
 
 
@@ -222,7 +231,8 @@ def _row(name: str, batch: int, t: dict[str, float], m: dict[str, dict[str, Any]
             f"{t['ratio_q1']:.3f}-{t['ratio_q3']:.3f} | {t['plain_ms']:.1f} / {t['dms_ms']:.1f} | "
             f"{p['peak_mb']:.0f} / {d['peak_mb']:.0f} | {d['peak_mb'] / p['peak_mb']:.3f} | "
             f"{added_p:.0f} / {added_d:.0f} | {added_d / added_p if added_p > 0 else float('nan'):.2f} | "
-            f"{_steps_ratio(p, d)} | {t['prepare_s']:.2f} |")
+            f"{_steps_ratio(p, d)} | {t['prepare_s']:.2f} | "
+            + (f"{t['settle_ratio']:.3f} |" if "settle_ratio" in t else "- |"))
 
 
 def _steps_ratio(p: dict[str, Any], d: dict[str, Any]) -> str:
@@ -250,7 +260,10 @@ def write_table(cache: dict[str, Any], args: argparse.Namespace) -> Path:
         "imported; peak = the resident-set high-water mark over building the model, `dms.prepare` (DMS)",
         f"and {args.mem_steps} training steps, measured as {' and '.join(methods)}; added = peak - base;",
         "steps-only peak ratio = (high-water mark over the training steps alone, reset after building",
-        "and `dms.prepare`, - base), DMS over plain: the training footprint without preparation's tracing.", "",
+        "and `dms.prepare`, - base), DMS over plain: the training footprint without preparation's tracing.",
+        "Settle-phase step ratio: a third copy, timed in the same rounds, whose resource loss is at",
+        "progress 0.9, inside the settle phase (the default's last 40 %: the band loss on the exact cost,",
+        "computed every step), median over plain's median; '-' for rows measured before it existed.", "",
         f"- command: `PYTHONPATH=src:tests python bench/search_overhead.py --threads {args.threads} "
         f"--rounds {args.rounds} --batch {args.batch} --mem-steps {args.mem_steps} --models MODEL ...` (one "
         "invocation per model or several; each row is cached in the json)",
@@ -261,8 +274,9 @@ def write_table(cache: dict[str, Any], args: argparse.Namespace) -> Path:
         f"- seeds: model init 0, batch generator 0; {args.rounds} rounds after 2 warm-up steps; one run "
         "(the spread is the per-round q1-q3, not across runs)", "",
         "| model | input | dims searched | step ratio | ratio q1-q3 | step ms plain / DMS | peak RSS MB "
-        "plain / DMS | peak ratio | added MB plain / DMS | added ratio | steps-only peak ratio | prepare (s) |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        "plain / DMS | peak ratio | added MB plain / DMS | added ratio | steps-only peak ratio | prepare (s) "
+        "| settle-phase step ratio |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [_row(r["name"], args.batch, r["time"], r["mem"]) for r in rows]
     lines += ["", "## Reading", "", READING]
     out = RESULTS / "search_overhead.md"

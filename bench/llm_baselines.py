@@ -67,7 +67,9 @@ def make_pipeline(args: argparse.Namespace, out: Path) -> Any:
                     resource="params", target=args.target, exclude=["lm.model.embed_tokens"],
                     seq_len=args.seq_len, batch_size=args.batch_size, epochs=0.0018,
                     retrain_epochs=args.retrain_epochs, test_limit=args.test_limit,
-                    optimizer="adamw", threads=args.threads, quiet=True, out=str(out), settle=0.0)  # the cached rows' protocol (before the settle phase)
+                    optimizer="adamw", threads=args.threads, quiet=True, out=str(out),
+                    settle=0.0,  # the cached rows' protocol (before the settle phase)
+                    seed=getattr(args, "seed", 0))
     pipe = Pipeline(cfg)
     assert pipe.cfg.teacher == "supernet" and pipe.cfg.distills, pipe.cfg
     pipe.rd.path.mkdir(parents=True, exist_ok=True)

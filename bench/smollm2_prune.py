@@ -81,7 +81,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     retrain_epochs=args.retrain_epochs, test_limit=args.test_limit,
                     optimizer="adamw", structure_lr=args.structure_lr,
                     resource_weight=args.resource_weight, threads=args.threads,
-                    settle=0.0,  # the cached rows' protocol (before the settle phase; 5 steps never settle)
+                    # the cached rows' protocol is settle 0 (before the settle phase; 5 steps never
+                    # settle); bench/llm_table5.py passes its own
+                    settle=getattr(args, "settle", 0.0), seed=getattr(args, "seed", 0),
                     **({"distill_hidden": args.distill_hidden} if args.distill_hidden else {}),
                     quiet=True, out=str(out))
     commit = _commit()

@@ -130,3 +130,40 @@ def test_shortgpt_removes_the_lowest_influence_layers() -> None:
     assert [layer.self_attn.layer_idx for layer in lm.model.layers] == [0, 1]
     assert lm(ids).logits.shape == (2, 12, VOCAB)
     assert lm.generate(ids[:1, :4], max_new_tokens=3, do_sample=False).shape == (1, 7)
+
+
+def test_table5_epochs_give_the_exact_step_counts() -> None:
+    """bench/llm_table5.py turns step counts into the pipeline's epoch fractions: the pipeline's
+    ``ceil(epochs * steps_per_epoch)`` must give the steps back (an off-by-one would give the
+    baselines one weight step more or less than the DMS run)."""
+    import argparse
+    import math
+
+    import llm_table5
+
+    args = argparse.Namespace(batch_size=4, seq_len=128)
+    spe = 1_407_001 // (4 * 128)
+    assert [math.ceil(llm_table5._epochs(s, args) * spe) for s in range(1, 301)] == list(range(1, 301))
+
+
+def test_table5_table_pairs_dms_with_the_best_baseline_by_seed(tmp_path: Path) -> None:
+    import json
+
+    import llm_table5
+
+    def rec(method: str, seed: int, ppl: float) -> dict:
+        return {"method": method, "target": 0.8, "seed": seed, "params_found": 80, "supernet": 100,
+                "weight_steps": 70, "before": {"ppl": 2 * ppl}, "after": {"ppl": ppl}, "commit": "abc",
+                "machine": "m", "cpus": 2, "task": "text", "quick": False,
+                "args": {"batch_size": 4, "seq_len": 128, "test_limit": 8192}}
+
+    rows = [rec("dms", 0, 80.0), rec("dms", 1, 90.0), rec("shortgpt", 0, 100.0), rec("shortgpt", 1, 100.0),
+            rec("taylor", 0, 120.0), rec("taylor", 1, 60.0)]  # taylor: mean 90 < shortgpt's 100
+    for r in rows:
+        (tmp_path / f"{r['method']}_t0.8_s{r['seed']}.json").write_text(json.dumps(r))
+    md = llm_table5.write_markdown(tmp_path, "t5", tmp_path).read_text()
+    assert "| 80% | DMS_p + distillation" in md and "**85.0** (s0 80.0, s1 90.0)" in md
+    gap = [line for line in md.splitlines() if line.startswith("- 80%")]
+    assert len(gap) == 1 and "LLM-Pruner Taylor" in gap[0]
+    assert "+33.3%, -50.0%" in gap[0]  # 1 - 80/120, 1 - 90/60, paired by seed
+    assert (tmp_path / "t5.png").is_file() and len(json.loads((tmp_path / "t5.json").read_text())) == 6

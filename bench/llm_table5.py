@@ -5,6 +5,8 @@ pruning baselines with **equal weight steps**, several seeds (issue 10).
     PYTHONPATH=src python bench/llm_table5.py --method taylor --target 0.8 --seed 0
     PYTHONPATH=src python bench/llm_table5.py --table      # rewrite the table from the cache
     PYTHONPATH=src python bench/llm_table5.py --quick      # smoke: dms then taylor, 2 + 1 steps
+    PYTHONPATH=src python bench/llm_table5.py --name llm_table5_long --search-steps 60 \
+        --finetune-steps 240 --method shortgpt --weight-steps 300   # a longer budget, its own table
 
 One arm per invocation, cached as ``bench/results/llm_table5/{method}_t{target}_s{seed}.json``
 (so two invocations can run side by side, one per core, and the table is built arm by arm).

@@ -82,6 +82,7 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
             out=out, settle=args.settle, seed=args.seed)
         res = smollm2_prune.run(ns)
         res.update(method="dms", target=args.target, seed=args.seed,
+                   structure=structure_summary(Path(out) / f"target{args.target}" / "structure.json"),
                    weight_steps=sum(res["phase_steps"].values()),
                    params_found=res["params"]["found"], supernet=res["params"]["supernet"])
         return res
@@ -95,6 +96,18 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
     res = llm_baselines.run(ns)
     res.update(seed=args.seed, weight_steps=res["finetune_steps"], params_found=res["params"])
     return res
+
+
+def structure_summary(path: Path) -> dict[str, list[int]]:
+    """What a DMS export kept of SmolLM2 (from the run's ``structure.json``): decoder layers,
+    and per kept layer the KV groups (of 3) and FFN units (of 1536), removed layers left out."""
+    s = json.loads(path.read_text())
+    kept = {name for d in s.get("depth", []) for name in d["kept"]}  # "lm.model.layers.7", ...
+    layer = lambda w: w["name"].split(".self_attn")[0].split(".mlp")[0]  # noqa: E731
+    alive = [w for w in s["width"] if not s.get("depth") or layer(w) in kept]
+    return {"layers": [len(d["kept"]) for d in s.get("depth", [])],
+            "kv_groups": [w["kept"] for w in alive if w["name"].endswith("heads")],
+            "ffn": [w["kept"] for w in alive if ".mlp." in w["name"]]}
 
 
 def _original(args: argparse.Namespace) -> dict[str, float]:
@@ -161,6 +174,21 @@ def _gaps(recs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _structures(recs: list[dict[str, Any]]) -> list[str]:
+    """One line per DMS run: what it kept (the baselines' structures are fixed by their rule:
+    uniform widths, or whole layers)."""
+    out = []
+    for r in sorted((r for r in recs if r["method"] == "dms" and "structure" in r),
+                    key=lambda r: (-r["target"], r["seed"])):
+        s = r["structure"]
+        ffn, kv = s["ffn"], s["kv_groups"]
+        out.append(f"- DMS {r['target']:.0%} seed {r['seed']}: {sum(s['layers'])}/30 layers, KV groups "
+                   f"{sum(kv)}/{3 * 30} (per kept layer {min(kv)}-{max(kv)}), FFN units {sum(ffn):,}/"
+                   f"{1536 * 30:,} (per kept layer {min(ffn)}-{max(ffn)}; first three layers "
+                   f"{', '.join(map(str, ffn[:3]))})")
+    return out
+
+
 def _plot(recs: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -199,7 +227,7 @@ def write_markdown(cache: Path = CACHE, name: str = "llm_table5", out: Path = RE
              "distillation from a frozen copy of the original in every arm's finetune (and in "
              "DMS's search). Weight steps: DMS search + finish + finetune; every baseline "
              "finetunes that many steps (same target and seed).", ""]
-    lines += _table(recs) + [""] + _gaps(recs)
+    lines += _table(recs) + [""] + _gaps(recs) + ["", "What DMS kept:", ""] + _structures(recs)
     notes = RESULTS / f"{name}_notes.md"
     if notes.is_file():
         lines += ["", notes.read_text(encoding="utf-8")]

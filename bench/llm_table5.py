@@ -83,6 +83,7 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
         res = smollm2_prune.run(ns)
         res.update(method="dms", target=args.target, seed=args.seed,
                    structure=structure_summary(Path(out) / f"target{args.target}" / "structure.json"),
+                   search_end=search_end(Path(out) / f"target{args.target}" / "summary.json"),
                    weight_steps=sum(res["phase_steps"].values()),
                    params_found=res["params"]["found"], supernet=res["params"]["supernet"])
         return res
@@ -108,6 +109,12 @@ def structure_summary(path: Path) -> dict[str, list[int]]:
     return {"layers": [len(d["kept"]) for d in s.get("depth", [])],
             "kv_groups": [w["kept"] for w in alive if w["name"].endswith("heads")],
             "ffn": [w["kept"] for w in alive if ".mlp." in w["name"]]}
+
+
+def search_end(path: Path) -> float:
+    """The exact cost where the search alone ended, over the target (before finish and solver)."""
+    end = json.loads(path.read_text())["resources_search_end"]
+    return end["hard"] / end["target"]
 
 
 def _original(args: argparse.Namespace) -> dict[str, float]:
@@ -182,7 +189,9 @@ def _structures(recs: list[dict[str, Any]]) -> list[str]:
                     key=lambda r: (-r["target"], r["seed"])):
         s = r["structure"]
         ffn, kv = s["ffn"], s["kv_groups"]
-        out.append(f"- DMS {r['target']:.0%} seed {r['seed']}: {sum(s['layers'])}/30 layers, KV groups "
+        landed = (f"search ended at {r['search_end']:.3f} x the target, exported at "
+                  f"{r['cost']['hard'] / r['cost']['target']:.3f}; ") if "search_end" in r else ""
+        out.append(f"- DMS {r['target']:.0%} seed {r['seed']}: {landed}{sum(s['layers'])}/30 layers, KV groups "
                    f"{sum(kv)}/{3 * 30} (per kept layer {min(kv)}-{max(kv)}), FFN units {sum(ffn):,}/"
                    f"{1536 * 30:,} (per kept layer {min(ffn)}-{max(ffn)}; first three layers "
                    f"{', '.join(map(str, ffn[:3]))})")

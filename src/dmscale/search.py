@@ -243,7 +243,16 @@ class Searcher:
     def advance(self, progress: float) -> None:
         """The step at ``progress``'s phase: whether the settle phase has landed (the exact
         cost at or under the target) and so whether depth is frozen. :meth:`resource_loss` calls
-        it; a loop that must know before the forward (DDP leaves frozen depth out) calls it first."""
+        it; a loop that must know before the forward (DDP leaves frozen depth out) calls it first.
+
+            >>> import torch, dmscale as dms
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(target=0.9, width_only_from=0.8))
+            >>> s.advance(0.5); s.gates.depth_frozen  # before the width-only phase
+            False
+            >>> s.advance(0.8); s.gates.depth_frozen
+            True
+        """
         if self.settling(progress):
             self.settle_state.reach(progress, self._exact_cost("hard"), self.target_cost)
         wo = self.config.width_only_from

@@ -81,9 +81,10 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
             resource_weight=50.0, distill_hidden=0.0, threads=args.threads, layer_uniform=False,
             out=out, settle=args.settle, seed=args.seed)
         res = smollm2_prune.run(ns)
+        run_dir = Path(out) / f"target{args.target}"  # where smollm2_prune.run wrote the run
         res.update(method="dms", target=args.target, seed=args.seed,
-                   structure=structure_summary(Path(out) / f"target{args.target}" / "structure.json"),
-                   search_end=search_end(Path(out) / f"target{args.target}" / "summary.json"),
+                   structure=structure_summary(run_dir / "structure.json"),
+                   search_end=search_end(run_dir / "summary.json"),
                    weight_steps=sum(res["phase_steps"].values()),
                    params_found=res["params"]["found"], supernet=res["params"]["supernet"])
         return res

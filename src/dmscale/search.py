@@ -253,11 +253,10 @@ class Searcher:
             >>> s.advance(0.8); s.gates.depth_frozen
             True
         """
-        if self.settling(progress):
+        settling, wo = self.settling(progress), self.config.width_only_from
+        if settling and self.settled_at is None:  # once landed, the exact cost is not needed here
             self.settle_state.reach(progress, self._exact_cost("hard"), self.target_cost)
-        wo = self.config.width_only_from
-        self.freeze_depth((self.settling(progress) and self.settled_at is not None)
-                          or (wo is not None and progress >= wo))
+        self.freeze_depth((settling and self.settled_at is not None) or (wo is not None and progress >= wo))
 
     def freeze_depth(self, frozen: bool = True) -> None:
         """Fix depth at its hard value (width-only phase): hard depth masks, no gradient."""

@@ -104,21 +104,21 @@ def _leave_together(timeout_s: float = 60.0) -> None:
         pass
 
 
-def wrap_model(model: nn.Module, device: torch.device, unused: bool = False) -> nn.Module:
+def wrap_model(model: nn.Module, device: torch.device) -> nn.Module:
     """``model`` in DistributedDataParallel when more than one process runs; else ``model``.
 
     The gates of a search are submodules of the model, so DDP averages the gradients of the
     structural parameters with the weights'. Parameters with ``requires_grad=False`` when it
     is built (the weights in ``p-``, depth's ``a`` once frozen) are left out: wrap again when
-    that changes (the step loop does). ``unused``: some parameters that require a gradient may
-    get none in a step: DDP's ``find_unused_parameters=True`` (an extra graph traversal per
-    step, and a warning from torch on every rank when none is unused).
+    that changes (the step loop does), so every parameter DDP holds gets a gradient in every
+    step and ``find_unused_parameters`` (an extra graph traversal per step, and a warning from
+    torch on every rank when none is unused) is not needed.
     """
     if not is_distributed():
         return model
     ids = [device.index if device.index is not None else torch.cuda.current_device()] \
         if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused)
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
 def _device() -> torch.device:

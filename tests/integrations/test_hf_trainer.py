@@ -113,13 +113,8 @@ def test_dms_trainer_takes_a_searcher_and_names_wrong_use(tmp_path):
     assert not (tmp_path / "found").exists()
 
 
-@pytest.mark.slow  # two processes importing transformers: about 40 s on 2 cores
-def test_dms_trainer_under_torchrun_ddp_on_cpu(tmp_path):
-    """torchrun --nproc_per_node 2, gloo on CPU: DDP wraps the model, the structural ratios stay
-    equal on both ranks (their gradients are all-reduced, the resource term is the same on each),
-    rank 0 saves the export. Equal *structures* also need equal importance on both ranks:
-    Searcher.sync_importance, called once per optimizer step."""
-    import json
+def run_torchrun(script: str, *argv: str, timeout: float = 240) -> tuple[int, str]:
+    """``torchrun --nproc_per_node 2 <script in this folder> argv...`` on CPU: (returncode, stderr)."""
     import os
     import signal
     import subprocess
@@ -131,22 +126,65 @@ def test_dms_trainer_under_torchrun_ddp_on_cpu(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(Path(dms.__file__).parents[1]), str(here.parent),
                                           os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(here / "hf_ddp_script.py"), str(tmp_path)]
+           str(here / script), *argv]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        _, err = proc.communicate(timeout=240)
+        _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its two workers
         _, err = proc.communicate()
-        raise AssertionError(f"torchrun did not finish in 240 s: {err[-2000:]}") from None
-    assert proc.returncode == 0, err[-3000:]
+        raise AssertionError(f"torchrun did not finish in {timeout} s: {err[-2000:]}") from None
+    return proc.returncode, err
+
+
+@pytest.mark.slow  # two processes importing transformers: about 40 s on 2 cores
+@pytest.mark.parametrize("variant", ["width", "depth-checkpointing"])
+def test_dms_trainer_under_torchrun_ddp_on_cpu(tmp_path, variant):
+    """torchrun --nproc_per_node 2, gloo on CPU: DDP wraps the model, the structural ratios stay
+    equal on both ranks (their gradients are all-reduced, the resource term is the same on each),
+    rank 0 saves the export. Equal *structures* also need equal importance on both ranks:
+    Searcher.sync_importance, called once per optimizer step.
+
+    "depth-checkpointing" searches depth and freezes it half-way, with activation checkpointing,
+    for which the Trainer builds DDP without find_unused_parameters: DMSTrainer turns it on
+    (before, the step after the freeze failed with "Expected to mark a variable ready only once")."""
+    import json
+
+    rc, err = run_torchrun("hf_ddp_script.py", str(tmp_path), variant)
+    assert rc == 0, err[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["wrapped"] == "DistributedDataParallel"
     assert ranks[0]["a"] == ranks[1]["a"] and ranks[0]["soft"] < 0.9
     assert (tmp_path / "found" / "model.safetensors").is_file()
     assert ranks[0]["has_sync"]
     assert ranks[0]["structure"] == ranks[1]["structure"]
+    assert ranks[0]["depth_frozen"] is (variant != "width")
+    if variant != "width":
+        assert ranks[0]["find_unused"] is True
+
+
+@pytest.mark.slow  # two processes importing transformers: about 30 s on 2 cores
+def test_dms_trainer_refuses_ddp_without_find_unused_when_depth_freezes(tmp_path):
+    rc, err = run_torchrun("hf_ddp_script.py", str(tmp_path), "depth-no-unused")
+    assert rc != 0 and "ddp_find_unused_parameters=True" in err and "freezes depth" in err, err[-3000:]
+
+
+def test_dms_trainer_lets_ddp_find_unused_parameters_when_depth_freezes(tmp_path):
+    """The decision is made before the Trainer builds its accelerator: None (the Trainer's
+    choice) becomes True when the search freezes depth part-way; left alone otherwise."""
+    example = {"input_ids": torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))}
+
+    def args_after(**search) -> transformers.TrainingArguments:
+        args = _args(tmp_path)
+        DMSTrainer(model=tiny_llama(), args=args, train_dataset=RandomTokens(), example_inputs=example,
+                   search_config=dms.SearchConfig(resource="params", target=0.6, **search))
+        return args
+
+    assert args_after().ddp_find_unused_parameters is True  # depth searched, settle phase on
+    assert args_after(settle=0.0, width_only_from=0.5).ddp_find_unused_parameters is True
+    assert args_after(settle=0.0).ddp_find_unused_parameters is None  # depth never freezes
+    assert args_after(search_depth=False).ddp_find_unused_parameters is None
 
 
 def test_dms_trainer_checkpoints_and_resumes(tmp_path):

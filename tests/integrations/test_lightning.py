@@ -58,7 +58,8 @@ def _loader() -> torch.utils.data.DataLoader:
 
 
 def _trainer(*callbacks, **kw) -> L.Trainer:
-    return L.Trainer(max_steps=10, accelerator="cpu", logger=False, enable_checkpointing=False,
+    kw = {"max_steps": 10, **kw}
+    return L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
                      enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks), **kw)
 
 
@@ -111,3 +112,65 @@ def test_callback_names_wrong_use():
     searcher = dms.prepare(other, torch.randn(2, 16), dms.SearchConfig(resource="params", target=0.5))
     with pytest.raises(ValueError, match="not part of the fitted"):
         _trainer(DMSCallback(searcher)).fit(Classifier(), _loader())
+
+
+@pytest.fixture
+def own_process_group():
+    """Lightning's DDP strategy starts a process group in this process and sets MASTER_ADDR,
+    WORLD_SIZE, ... in the environment: both are undone afterwards."""
+    import os
+
+    saved = dict(os.environ)
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _depth_search_fit(strategy: str) -> tuple[DMSCallback, object]:
+    """A residual network (depth is searched) fitted under ``strategy`` on one CPU process;
+    the search freezes depth half-way, so depth's ``a`` gets no gradient from step 4 on."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from lightning_ddp_script import Classifier as ResidualClassifier
+    from lightning_ddp_script import WrapProbe
+
+    dms_cb = DMSCallback(search_config=dms.SearchConfig(resource="params", target=0.5, width_only_from=0.5),
+                         example_inputs=torch.randn(2, 16), submodule="net", structure_lr=0.05)
+    probe = WrapProbe()
+    _trainer(dms_cb, probe, max_steps=8, devices=1, strategy=strategy).fit(ResidualClassifier(), _loader())
+    return dms_cb, probe
+
+
+def test_callback_under_ddp_with_depth_freezing(own_process_group):
+    """strategy="ddp" builds DDP without find_unused_parameters; once depth is frozen its ``a``
+    has no gradient and the next step failed ("Expected to mark a variable ready only once").
+    The callback turns find_unused_parameters on before the strategy wraps the module."""
+    dms_cb, probe = _depth_search_fit("ddp")
+    assert type(probe.wrapped).__name__ == "DistributedDataParallel" and probe.find_unused is True
+    assert dms_cb.searcher.gates.depth_frozen and dms_cb.found_model is not None
+    assert len(dms_cb.resource_losses) == 8
+
+
+def test_callback_refuses_ddp_told_not_to_find_unused(own_process_group):
+    with pytest.raises(ValueError, match="ddp_find_unused_parameters_true"):
+        _depth_search_fit("ddp_find_unused_parameters_false")
+
+
+@pytest.mark.slow  # torchrun, two processes importing Lightning: about 30 s on 2 cores
+def test_callback_under_torchrun_ddp_on_cpu(tmp_path):
+    """Two ranks, depth frozen half-way: the same ratios and structure on both, rank 0 saves."""
+    import json
+
+    from test_hf_trainer import run_torchrun
+
+    rc, err = run_torchrun("lightning_ddp_script.py", str(tmp_path), "ddp")
+    assert rc == 0, err[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["wrapped"] == "DistributedDataParallel"
+    assert ranks[0]["depth_frozen"] and ranks[0]["find_unused"] is True
+    assert ranks[0]["a"] == ranks[1]["a"] and ranks[0]["structure"] == ranks[1]["structure"]
+    assert (tmp_path / "found" / "structure.json").is_file()

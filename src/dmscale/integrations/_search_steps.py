@@ -10,7 +10,10 @@ themselves live here, written once:
   scheduler changes every group's rate; the CLI trains ``a`` at a constant rate).
 * :func:`export_and_save`: bring the hard structure to the budget, export, save;
 * :func:`lazy_class`: a module attribute built on first use (the framework's base class is
-  imported only then).
+  imported only then);
+* :func:`depth_may_freeze` / :func:`check_ddp_finds_unused`: a search that freezes depth
+  part-way (the settle phase, the width-only phase) leaves depth's ``a`` without a gradient
+  from then on, which DDP tolerates only with ``find_unused_parameters=True``.
 
 Example:
     >>> import torch, dmscale as dms
@@ -40,7 +43,8 @@ from torch import nn
 from ..errors import MissingDependencyError
 
 __all__ = ["STRUCTURE_GROUP_KEY", "add_structure_group", "pin_structure_lr", "structure_group",
-           "lazy_class", "export_and_save", "require", "resource_backward", "ADAM_LIKE"]
+           "lazy_class", "export_and_save", "require", "resource_backward", "ADAM_LIKE",
+           "depth_may_freeze", "check_ddp_finds_unused", "frozen_depth_error"]
 
 STRUCTURE_GROUP_KEY = "dms_structure"  # marks the group (survives optimizer state_dict round trips)
 ADAM_LIKE = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "AdamWScheduleFree", "AdamW8bit", "PagedAdamW")
@@ -173,3 +177,37 @@ def resource_backward(searcher: Any, progress: float, scale: float = 1.0) -> tor
         if loss.requires_grad:
             (loss * scale).backward()
     return loss.detach()
+
+
+def depth_may_freeze(searcher: Any) -> bool:
+    """Whether the search fixes depth at its hard value part-way, after which depth's ``a``
+    has ``requires_grad=False``: when it searches depth and has a settle phase (the default)
+    or a width-only phase.
+
+    Example:
+        >>> import torch, dmscale as dms
+        >>> net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        >>> depth_may_freeze(dms.prepare(net, torch.randn(2, 8), dms.SearchConfig("params", 0.5)))
+        False
+    """
+    cfg = searcher.config
+    return bool(searcher.gates.depth) and (cfg.settle > 0 or cfg.width_only_from is not None)
+
+
+def check_ddp_finds_unused(wrapped: Any, searcher: Any, fix: str) -> None:
+    """Refuse a DDP-wrapped model built with ``find_unused_parameters=False`` when the search
+    will freeze depth: from that step on DDP would wait for gradients of depth's ``a`` that
+    never come and fail with "Expected to mark a variable ready only once" (or hang).
+    ``fix`` names the framework's setting that turns it on."""
+    ddp = isinstance(wrapped, nn.parallel.DistributedDataParallel)
+    if ddp and not wrapped.find_unused_parameters and depth_may_freeze(searcher):
+        raise frozen_depth_error(fix)
+
+
+def frozen_depth_error(fix: str) -> ValueError:
+    """The error of :func:`check_ddp_finds_unused`, naming ``fix``."""
+    return ValueError(
+        "this DMS search freezes depth part-way (SearchConfig.settle > 0, the default, or "
+        "width_only_from), after which depth's structural parameters get no gradient, but DDP "
+        f"is set up with find_unused_parameters=False: {fix}; or search widths only "
+        "(SearchConfig(search_depth=False))")

@@ -31,7 +31,12 @@ Use the mixin with a ``Trainer`` subclass you already have (e.g. TRL's ``SFTTrai
 Distributed: under DDP the extra backward runs after the Trainer's gradient all-reduce, so
 it only adds locally; its gradient is the same on every rank (a function of the replicated
 ``a`` alone). Importance is averaged by ``Searcher.sync_importance`` once per optimizer step,
-when the searcher offers it. FSDP and DeepSpeed shard parameters and drive the backward
+when the searcher offers it. A search that freezes depth part-way (the settle phase, on by
+default, or the width-only phase) leaves depth's ``a`` without a gradient from then on, which
+DDP tolerates only with ``find_unused_parameters``: when ``ddp_find_unused_parameters`` is
+left at None, :class:`DMSTrainer` sets it to True (the Trainer's own default is False with
+activation checkpointing; use non-reentrant checkpointing, the default in transformers 5), and
+it refuses an explicit False. FSDP and DeepSpeed shard parameters and drive the backward
 themselves; :class:`DMSTrainer` refuses them.
 
 Example::
@@ -62,11 +67,13 @@ from torch import nn
 from .._compat import ensure_torchvision
 from ..masks import GATES_NAME
 from ..search import SearchConfig, Searcher, prepare
-from ._search_steps import add_structure_group, export_and_save, lazy_class, pin_structure_lr, require
+from ._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
+                            frozen_depth_error, lazy_class, pin_structure_lr, require)
 
 __all__ = ["DMSTrainerMixin", "DMSTrainer", "SEARCH_STATE"]
 
 SEARCH_STATE = "dms_search.pt"  # the searcher's state_dict in each Trainer checkpoint
+_HF_FIX = "pass TrainingArguments(ddp_find_unused_parameters=True) (or leave it at None)"
 
 
 class DMSTrainerMixin:
@@ -108,6 +115,8 @@ class DMSTrainerMixin:
         self.meet_target = meet_target
         self.found_model: nn.Module | None = None
         self._dms_log: dict[str, float] = {}
+        self._ddp_checked = False
+        _let_ddp_find_unused(kwargs.get("args", args[1] if len(args) > 1 else None), searcher)
         super().__init__(*args, **kwargs)
         if getattr(self, "is_deepspeed_enabled", False) or getattr(self, "is_fsdp_enabled", False):
             raise ValueError("DMS search under DeepSpeed or FSDP is not supported: their sharded "
@@ -131,6 +140,9 @@ class DMSTrainerMixin:
 
     def training_step(self, model: nn.Module, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         """The Trainer's step (task loss, backward), then the resource loss's own backward."""
+        if not self._ddp_checked:  # the Trainer wraps the model in DDP inside train()
+            check_ddp_finds_unused(model, self.searcher, _HF_FIX)
+            self._ddp_checked = True
         loss = super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
         progress = self.progress()
         pin_structure_lr(self.optimizer, self.structure_lr,  # type: ignore[attr-defined]
@@ -193,6 +205,17 @@ class DMSTrainerMixin:
         finally:
             self.searcher.model.train(was)
         return small
+
+
+def _let_ddp_find_unused(args: Any, searcher: Searcher) -> None:
+    """``args.ddp_find_unused_parameters`` True when the search freezes depth part-way and the
+    user left it to the Trainer (None); an explicit False under DDP is refused."""
+    if args is None or not hasattr(args, "ddp_find_unused_parameters") or not depth_may_freeze(searcher):
+        return
+    if args.ddp_find_unused_parameters is None:
+        args.ddp_find_unused_parameters = True  # depth's a has no gradient once depth is frozen
+    elif not args.ddp_find_unused_parameters and getattr(args, "world_size", 1) > 1:
+        raise frozen_depth_error(_HF_FIX)
 
 
 def _build_trainer() -> type:

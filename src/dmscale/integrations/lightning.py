@@ -5,6 +5,10 @@ What the callback does, and at which hook:
 * ``setup`` (before ``configure_optimizers``): attach the search, ``dms.prepare`` on the
   ``LightningModule`` or on one of its submodules (``submodule="net"``), unless a searcher
   was given. The structural parameters are then part of ``self.parameters()``.
+  A search that freezes depth part-way (the settle phase, on by default, or the width-only
+  phase) leaves depth's ``a`` without a gradient from then on, which DDP tolerates only with
+  ``find_unused_parameters``: with ``strategy="ddp"`` (where it is not set) the callback turns
+  it on, and it refuses ``"ddp_find_unused_parameters_false"`` with the fix.
 * ``on_fit_start`` (optimizers built, checkpoint not yet restored, so ``ckpt_path`` resumes
   with the same groups): move the structural parameters out of the user's groups into a
   group of their own in the same optimizer (their own lr, no weight decay). This is the
@@ -45,10 +49,14 @@ from torch import nn
 from .._compat import ensure_torchvision
 from ..errors import MissingDependencyError
 from ..search import SearchConfig, Searcher, prepare
-from ._search_steps import (add_structure_group, export_and_save, lazy_class, pin_structure_lr,
-                            resource_backward, structure_group)
+from ._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
+                            frozen_depth_error, lazy_class, pin_structure_lr, resource_backward,
+                            structure_group)
 
 __all__ = ["DMSCallbackLogic", "DMSCallback"]
+
+_LIGHTNING_FIX = ("use strategy='ddp_find_unused_parameters_true' (or 'ddp', or "
+                  "DDPStrategy(find_unused_parameters=True))")
 
 
 class DMSCallbackLogic:
@@ -94,6 +102,18 @@ class DMSCallbackLogic:
             raise ValueError(f"the searcher is attached to a {type(self.searcher.model).__name__} that is "
                              f"not part of the fitted {type(pl_module).__name__}: prepare the network the "
                              "LightningModule holds")
+        self._let_ddp_find_unused(trainer)
+
+    def _let_ddp_find_unused(self, trainer: Any) -> None:
+        """Before the strategy wraps the module: a DDP strategy that does not set
+        ``find_unused_parameters`` gets True when the search freezes depth; False is refused."""
+        ddp_kwargs = getattr(getattr(trainer, "strategy", None), "_ddp_kwargs", None)
+        if not isinstance(ddp_kwargs, dict) or not depth_may_freeze(self._searcher()):
+            return
+        if "find_unused_parameters" not in ddp_kwargs:
+            ddp_kwargs["find_unused_parameters"] = True  # depth's a has no gradient once depth is frozen
+        elif not ddp_kwargs["find_unused_parameters"]:
+            raise frozen_depth_error(_LIGHTNING_FIX)
 
     def on_fit_start(self, trainer: Any, pl_module: nn.Module) -> None:
         searcher = self._searcher()
@@ -101,6 +121,7 @@ class DMSCallbackLogic:
         if "FSDP" in strategy or "DeepSpeed" in strategy:
             raise ValueError(f"DMS search under {strategy} is not supported: sharded parameters and "
                              "its own backward bypass the resource loss; use strategy='ddp'")
+        check_ddp_finds_unused(getattr(trainer.strategy, "model", None), searcher, _LIGHTNING_FIX)
         if not trainer.optimizers:
             raise ValueError("DMSCallback needs an optimizer: return one from configure_optimizers")
         ids = {id(p) for p in searcher.structure_parameters()}

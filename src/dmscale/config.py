@@ -98,6 +98,7 @@ class RunConfig:
     schedule_end: float = 1.0
     cost_forward: str = "soft"
     settle: float = 0.4
+    settle_hold: bool = True
     search_dims: str = "both"
     min_width: int = 1
     width_step: int = 1

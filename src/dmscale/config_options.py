@@ -175,6 +175,10 @@ OPTIONS: tuple[Option, ...] = (
        "target and a two-sided loss keeping the exact cost in 0.98-1.00 x target; once there, "
        "depth is frozen and the structure lr anneals to 0 (0 = the paper's loss to the end)",
        _SEARCHING, "search", metavar="F"),
+    _o("settle_hold", boolean, True,
+       "in the settle phase, once landed, hold the structure (structure lr 0) while the exact "
+       "cost is inside 0.98-1.00 x target, so it ends in the band once it entered it (off: the "
+       "anneal alone, as before this option)", _SEARCHING, "search", metavar="BOOL"),
     _o("search_dims", choice("both", "width", "depth"), "both",
        "what to search: widths, depths (residual blocks per stage) or both", _SEARCHING,
        "search"),

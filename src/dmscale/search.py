@@ -195,7 +195,9 @@ class Searcher(ImportanceMixin):
         """Factor for the structural parameters' learning rate at ``progress``: 1 until the
         settle phase has brought the exact cost to the target (:attr:`settled_at`), then a
         cosine from 1 to 0 over the rest of the search, so the ratios stop moving where the
-        band loss put them. A search too short to reach its target keeps its full lr (the
+        band loss put them; with ``config.settle_hold`` (default) 0 while the exact cost is
+        inside the band, so a structure that entered it stays (the cost depends on the ratios
+        alone, and they do not move at lr 0). A search too short to reach its target keeps its full lr (the
         finish phase and budget solver then land it). Multiply the structure group's base
         ``lr`` by it before each step (``dmscale search`` and the trainer integrations do).
 
@@ -213,7 +215,15 @@ class Searcher(ImportanceMixin):
         """
         if not self.settling(progress):
             return 1.0
+        if self.config.settle_hold and self.settled_at is not None and self.in_band():
+            return 0.0  # landed and inside the band: hold the ratios where they are
         return cosine_anneal(progress, self.settled_at)
+
+    def in_band(self) -> bool:
+        """Whether the exact (export's) cost is inside ``config.budget_band`` x target."""
+        low, high = self.config.budget_band
+        exact = self._exact_cost("hard")
+        return low * self.target_cost * (1 - 1e-9) <= exact <= high * self.target_cost * (1 + 1e-9)
 
     def soft_cost(self) -> torch.Tensor:
         """r_c from the current soft masks (differentiable in every ``a``)."""

@@ -27,7 +27,7 @@ __all__ = ["SearchConfig", "COST_FORWARD", "BEFORE_OPTION", "config_state", "con
 COST_FORWARD = ("soft", "exact")
 # Options whose default changed what is searched when they were added: the value that
 # reproduces a state (or run) saved before the option existed.
-BEFORE_OPTION: dict[str, Any] = {"settle": 0.0}
+BEFORE_OPTION: dict[str, Any] = {"settle": 0.0, "settle_hold": False}
 
 
 @dataclass
@@ -70,6 +70,12 @@ class SearchConfig:
             (cosine) over the rest of the search. Default 0.4, as the official code's
             ``decay_ratio = 0.6``: measured in ``bench/results/budget.md``, the loss alone then
             ends in [0.98, 1.00] x target where Eq. 10 to the last step does not.
+        settle_hold: in the settle phase, once landed, the structural learning rate is 0
+            while the exact cost is inside ``budget_band`` (:meth:`Searcher.structure_lr_scale`):
+            the ratios move only while the cost is outside the band, so a structure that
+            entered the band stays there, where with the anneal alone the ratios kept drifting
+            (the task loss's pull, Adam's momentum) and could leave it one channel at a time.
+            Default True (``bench/results/budget.md``).
         budget_band: (low, high) fractions of the target between which the settle phase's
             loss is zero; 0 < low <= high <= 1. Default (0.98, 1.0): over the target it is
             Eq. 6's hinge on the exact cost, under 0.98 x it pulls the cost back up.
@@ -116,6 +122,7 @@ class SearchConfig:
     latency_options: dict[str, Any] = field(default_factory=dict)
     cost_forward: str = "soft"
     settle: float = 0.4
+    settle_hold: bool = True
     budget_band: tuple[float, float] = (0.98, 1.0)
     verify: bool = True
     layer_uniform: bool = False
@@ -139,6 +146,8 @@ class SearchConfig:
                 and 0 <= self.settle < 1):
             raise ConfigError(f"settle must be in [0, 1) (the last fraction of the search that lands on "
                               f"the budget; 0 = off), got {self.settle!r}")
+        if not isinstance(self.settle_hold, bool):
+            raise ConfigError(f"settle_hold must be True or False, got {self.settle_hold!r}")
         band = tuple(self.budget_band) if isinstance(self.budget_band, (list, tuple)) else ()
         if len(band) != 2 or not all(isinstance(b, (int, float)) for b in band) \
                 or not 0 < band[0] <= band[1] <= 1:

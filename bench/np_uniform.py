@@ -112,13 +112,13 @@ def _brief(structure: dict[str, Any]) -> str:
 
 
 def _search(arm: str, target: float, seed: int, epochs: float, threads: int, base_macs: int,
-            out: Path, settle: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
+            out: Path, settle: float = 0.0, settle_hold: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """One traced DMS_np search (no retrain); returns its summary and the measurements."""
     expand = EXPAND if arm == "dms_expand" else None
     absolute = float(target * base_macs) if expand else target  # > 1: an absolute count
     dims = "width" if arm == "dms_width" else "both"
     cfg = RunConfig(command="search", pipeline="np", **MODEL, expand=expand, target=absolute, search_dims=dims,
-                    settle=settle,
+                    settle=settle, settle_hold=settle_hold,
                     epochs=epochs, retrain_epochs=0, seed=seed, threads=threads, quiet=True,
                     out=str(_fresh(out)))
     pipe = nl.TracedPipeline(cfg.resolved())
@@ -142,7 +142,7 @@ def _search(arm: str, target: float, seed: int, epochs: float, threads: int, bas
 
 
 def run_arm(arm: str, target: float, seed: int, search_epochs: float, retrain_epochs: float,
-            threads: int, base: tuple[int, Any], settle: float = 0.0) -> dict[str, Any]:
+            threads: int, base: tuple[int, Any], settle: float = 0.0, settle_hold: bool = False) -> dict[str, Any]:
     """One arm: its structure at ``target`` x the baseline's MACs, retrained from scratch."""
     base_macs, (model, example) = base
     work = WORK / run_key(arm, target, seed, search_epochs, retrain_epochs).replace("/", "-")  # reused by variants
@@ -159,8 +159,8 @@ def run_arm(arm: str, target: float, seed: int, search_epochs: float, retrain_ep
         row["multiplier"] = mult
     else:
         src = work / "search"
-        summary, info = _search(arm, target, seed, search_epochs, threads, base_macs, src, settle)
-        row["settle"] = settle
+        summary, info = _search(arm, target, seed, search_epochs, threads, base_macs, src, settle, settle_hold)
+        row["settle"], row["settle_hold"] = settle, settle_hold
         structure = json.loads((src / "structure.json").read_text())
         row.update(info)
     search_s = time.perf_counter() - t0
@@ -200,6 +200,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--settle", type=float, default=0.0,
                    help="--settle of the DMS searches (0: Eq. 10 to the last step, the protocol of the "
                         "arms without a variant; the @settle rows ran with 0.4); pair it with --variant")
+    p.add_argument("--settle-hold", action="store_true",
+                   help="hold the structure while the exact cost is inside the band (SearchConfig.settle_hold, "
+                        "the library default since it was added; the @settle rows ran without it, the @hold "
+                        "rows with it); pair it with --settle 0.4 and --variant")
     p.add_argument("--table-only", action="store_true")
     p.add_argument("--task", choices=("digits", "mnist"), default="digits",
                    help="digits (the default; np_uniform.json / .md) or mnist (np_uniform_mnist.json / .md)")
@@ -229,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
                         if key in cache["runs"]:
                             continue
                         row = run_arm(arm, target, seed, s_key, args.retrain_epochs, args.threads, base,
-                                      args.settle)
+                                      args.settle, args.settle_hold)
                         row["arm"] = name
                         _store(key, row, machine)
                         extra = (f", search end {row['search_end']:.2f} x, finish {row['finish_steps']} steps, "

@@ -5,7 +5,9 @@ the resource loss stops following the paper's one-sided Eq. 6 on a decaying r_t 
 holds the exact cost r_c (the export's, with the soft cost's gradient) inside a band of the
 final target, with a weight that grows while the cost stays over the band (a dual ascent:
 :data:`WEIGHT_GROWTH` per step); once the cost has reached the target, the structural
-learning rate anneals to 0 so the ratios stop where the band loss put them.
+learning rate anneals to 0 so the ratios stop where the band loss put them, and (with
+``SearchConfig.settle_hold``) is 0 while the cost is inside the band
+(:meth:`dmscale.Searcher.structure_lr_scale`).
 
     >>> import torch
     >>> r_c = torch.tensor(110.0, requires_grad=True)

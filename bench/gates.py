@@ -87,12 +87,13 @@ def _key(cfg: dict[str, Any]) -> str:
     """The cache key of a setting; ``settle`` 0 (the protocol of the first runs, before the
     settle phase existed) keeps the key those runs were stored under."""
     key = "t{target}-pre{pretrain_epochs}-s{search_epochs}".format(**cfg)
-    return key + (f"-settle{cfg['settle']}" if cfg.get("settle") else "")
+    return key + (f"-settle{cfg['settle']}" if cfg.get("settle") else "") + ("-hold" if cfg.get("settle_hold") else "")
 
 
 def _name(cfg: dict[str, Any]) -> str:
     """Base name of the setting's md / png / reading in bench/results."""
-    return f"gates_settle{cfg['settle']}" if cfg.get("settle") else "gates"
+    hold = "_hold" if cfg.get("settle_hold") else ""
+    return f"gates_settle{cfg['settle']}{hold}" if cfg.get("settle") else "gates"
 
 
 def _n_structure(method: str, supernet: torch.nn.Module, example: torch.Tensor) -> int:
@@ -132,7 +133,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
         else:
             s = _run(out, factory=gl.gate_factory(method), command="search", pipeline="p-", init=str(pre_dir),
                      epochs=cfg["search_epochs"], target=cfg["target"], seed=seed, threads=threads,
-                     settle=cfg.get("settle", 0.0))
+                     settle=cfg.get("settle", 0.0), settle_hold=bool(cfg.get("settle_hold", False)))
             end, final = s["resources_search_end"], s["resources"]
             structure = json.loads((out / "structure.json").read_text())
             row = {"acc": s["evals"]["search"]["acc"], "macs": s["counts"]["found"]["macs"],
@@ -173,7 +174,9 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
              f"- protocol: `--pipeline p- --init <pretrain run>`, {setting['search_epochs']} search epochs for "
              "every gate (weights frozen; Adam, structure lr 0.01; exponential target schedule to "
              f"{setting['target']} x MACs; `--settle {setting.get('settle', 0.0)}`"
-             + (" (the settle phase over the last part of the search)" if setting.get("settle") else
+             + (" (the settle phase over the last part of the search"
+                + (", holding the structure while the exact cost is inside the band: `--settle-hold`)"
+                   if setting.get("settle_hold") else ", annealing alone)") if setting.get("settle") else
                 " (Eq. 10 to the last step)")
              + "; then the pipeline's finish phase and budget solver, BatchNorm "
              "recalibration of the export); accuracy of the export **without retraining**. Nothing is tuned "
@@ -268,6 +271,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--settle", type=float, default=0.0,
                    help="--settle of every search (0: Eq. 10 to the last step, the cached table's "
                         "protocol; 0.4: the library default since; own md/png: gates_settle0.4.*)")
+    p.add_argument("--settle-hold", action="store_true",
+                   help="with --settle: hold the structure while the exact cost is inside the band "
+                        "(SearchConfig.settle_hold, the library default since it was added; own md/png: "
+                        "gates_settle0.4_hold.*); without it the settle phase anneals alone, as the "
+                        "gates_settle0.4 rows ran")
     p.add_argument("--table-only", action="store_true", help="only rewrite gates.md / gates.png from the cache")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "gates")
     args = p.parse_args(argv)
@@ -280,6 +288,10 @@ def main(argv: list[str] | None = None) -> None:
     cfg = {"target": args.target, "pretrain_epochs": args.pretrain_epochs, "search_epochs": args.search_epochs}
     if args.settle:
         cfg["settle"] = args.settle
+        if args.settle_hold:
+            cfg["settle_hold"] = True
+    elif args.settle_hold:
+        p.error("--settle-hold needs --settle (the hold is part of the settle phase)")
     key = _key(cfg)
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = load_cache(CACHE)

@@ -98,7 +98,8 @@ class BenchConfig:
 def _search_cfg(bc: BenchConfig, seed: int, pre_dir: Path, out: Path) -> RunConfig:
     return RunConfig(task="digits", **MODEL, quiet=True, out=str(out), command="search", pipeline="p-",
                      init=str(pre_dir), epochs=bc.search_epochs, target=bc.target, seed=seed, threads=1,
-                     batch_size=bc.batch_size, settle=bc.settle).resolved()
+                     batch_size=bc.batch_size, settle=bc.settle,
+                     settle_hold=False).resolved()  # the cached settle rows' protocol (before the hold)
 
 
 def _pretrain(bc: BenchConfig, seed: int, work: Path) -> Path:

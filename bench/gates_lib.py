@@ -36,7 +36,7 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -29,7 +29,6 @@ seed the finetune does not use.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import platform

@@ -13,7 +13,8 @@ One arm per invocation, cached as ``bench/results/llm_table5/{method}_t{target}_
 
 The arms are the ones of ``bench/llm_baselines.py`` (the short table 5): ``dms`` (the
 pipeline p of ``bench/smollm2_prune.py`` at the library's defaults, the settle phase
-included: search with logits-KL distillation, export, finetune with the same distillation),
+included (annealing alone in the cached tables, which ran before ``SearchConfig.settle_hold``;
+``--settle-hold`` with a ``--name`` of its own for the current default): search with logits-KL distillation, export, finetune with the same distillation),
 ``taylor`` (LLM-Pruner-style, uniform per layer), ``magnitude`` (L2, uniform), ``shortgpt``
 (block-influence layer removal) and ``original`` (the unpruned model, finetuned: a reference).
 What differs from the short table: ``--search-steps`` and ``--finetune-steps`` (default 30 and
@@ -46,6 +47,7 @@ RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_table5"
 METHODS = ("dms", "taylor", "magnitude", "shortgpt", "original")
 BASELINES = ("taylor", "magnitude", "shortgpt")
+ANNEAL_TABLES = ("llm_table5", "llm_table5_long")  # their DMS rows: settle phase without the hold
 LABEL = {**llm_baselines.LABEL, "dms": "DMS_p + distillation (per-layer widths, settle default)"}
 
 
@@ -79,10 +81,10 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
             retrain_epochs=_epochs(args.finetune_steps, args), seq_len=args.seq_len,
             batch_size=args.batch_size, test_limit=args.test_limit, structure_lr=0.1,
             resource_weight=50.0, distill_hidden=0.0, threads=args.threads, layer_uniform=False,
-            out=out, settle=args.settle, seed=args.seed)
+            out=out, settle=args.settle, settle_hold=args.settle_hold, seed=args.seed)
         res = smollm2_prune.run(ns)
         run_dir = Path(out) / f"target{args.target}"  # where smollm2_prune.run wrote the run
-        res.update(method="dms", target=args.target, seed=args.seed,
+        res.update(method="dms", target=args.target, seed=args.seed, settle_hold=args.settle_hold,
                    structure=structure_summary(run_dir / "structure.json"),
                    search_end=search_end(run_dir / "summary.json"),
                    weight_steps=sum(res["phase_steps"].values()),
@@ -258,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--search-steps", type=int, default=30)
     p.add_argument("--finetune-steps", type=int, default=40)
     p.add_argument("--settle", type=float, default=0.4, help="DMS's settle phase (the library default)")
+    p.add_argument("--settle-hold", action="store_true",
+                   help="hold DMS's structure while the exact cost is inside the band (the library default "
+                        "since it was added; the cached rows ran without it, the settle phase annealing alone)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--test-limit", type=int, default=8192)
@@ -272,6 +277,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="smoke run of dms then taylor: 2 + 1 steps, 256 tokens, a temp cache")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
+    if args.settle_hold and args.name in ANNEAL_TABLES:
+        p.error(f"the cached DMS rows of {args.name} ran without the hold (the settle phase annealing "
+                f"alone): give the held runs a table of their own, e.g. --name {args.name}_hold")
     args.cache, out = RESULTS / args.name, RESULTS
     if args.quick:  # nothing of bench/results is written
         args.search_steps, args.finetune_steps, args.test_limit = 2, 1, 256

@@ -61,7 +61,7 @@ def _run(out: Path, **fields: Any) -> dict[str, Any]:
     if out.exists():  # an interrupted run: start it again
         import shutil
         shutil.rmtree(out)
-    cfg = RunConfig(task="digits", **MODEL, quiet=True, out=str(out), **{"settle": 0.0, **fields})  # the cached rows' protocol (before the settle phase)
+    cfg = RunConfig(task="digits", **MODEL, quiet=True, out=str(out), **{"settle": 0.0, "settle_hold": False, **fields})  # the cached rows' protocol (before the settle phase and its hold)
     return Pipeline(cfg.resolved()).run()
 
 

@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     resource_weight=args.resource_weight, threads=args.threads,
                     # the cached rows' protocol is settle 0 (before the settle phase; 5 steps never
                     # settle); bench/llm_table5.py passes its own
-                    settle=getattr(args, "settle", 0.0), seed=getattr(args, "seed", 0),
+                    settle=getattr(args, "settle", 0.0), settle_hold=getattr(args, "settle_hold", False),
+                    seed=getattr(args, "seed", 0),
                     **({"distill_hidden": args.distill_hidden} if args.distill_hidden else {}),
                     quiet=True, out=str(out))
     commit = _commit()

@@ -148,7 +148,7 @@ def write_table(cache: dict[str, Any]) -> Path:
              f"search epochs with resource weight lambda and structure lr (Adam) as in the grid, everything else "
              f"the CLI defaults; then `dmscale retrain --retrain-init scratch` for "
              f"{first.get('retrain_epochs', '?')} epochs (same seed). Seeds {seeds}; mean ± std over seeds.",
-             f"- the default (lambda 1, lr 0.01) under the same protocol is the `dms` row of "
+             "- the default (lambda 1, lr 0.01) under the same protocol is the `dms` row of "
              "[np_uniform.md](np_uniform.md) (10 seeds).", "",
              "## Top-1 after retraining from scratch (%)", "",
              f"(/) = the search alone ended above {REACHED} x target on average (the paper's \"/\"); the "

@@ -119,7 +119,9 @@ def plot_budget(cache: dict[str, Any], out: Path) -> Path:
     and exported."""
     epochs = max(r["epochs"] for r in cache["runs"].values())
     rows = [r for r in cache["runs"].values() if r["epochs"] == epochs]
-    groups = sorted({(r.get("width", 8), r["target"], r["mode"]) for r in rows}, key=lambda t: (t[0], -t[1], t[2]))
+    order = {"soft": 0, "exact": 1, "anneal": 2, "settle": 3}  # bench/budget.py's MODES
+    groups = sorted({(r.get("width", 8), r["target"], r["mode"]) for r in rows},
+                    key=lambda t: (t[0], -t[1], order.get(t[2], 9), t[2]))
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(groups)), 4))
     for g, (width, target, mode) in enumerate(groups):
@@ -133,7 +135,8 @@ def plot_budget(cache: dict[str, Any], out: Path) -> Path:
             ax.plot([x] * len(vals), vals, "k.", ms=3)
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([f"width {w}\ntarget {t}\n{m}" for w, t, m in groups], fontsize=8)
+    names = {"settle": "settle+hold", "anneal": "settle,\nanneal alone"}
+    ax.set_xticklabels([f"width {w}\ntarget {t}\n{names.get(m, m)}" for w, t, m in groups], fontsize=8)
     ax.axhspan(0.98, 1.0, color="C2", alpha=0.15, lw=0)
     ax.set_ylabel("exact MACs / target")
     ax.set_title(f"Table 6: does the resource loss land on the budget?\n(DMS_np, digits, {epochs:g} "

@@ -19,6 +19,9 @@ import lightning as L  # noqa: E402
 
 from dmscale.integrations.lightning import DMSCallback  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_lightning import Classifier  # noqa: E402
+
 
 class Residual(nn.Module):
     def __init__(self) -> None:
@@ -29,21 +32,13 @@ class Residual(nn.Module):
         return x + self.f(x)  # (B, 16)
 
 
-class Classifier(L.LightningModule):
+class ResidualClassifier(Classifier):
+    """test_lightning's module (AdamW over self.parameters()) around residual blocks."""
+
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Linear(16, 16), Residual(), Residual(), Residual(), nn.Linear(16, 4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
 class WrapProbe(L.Callback):
@@ -64,7 +59,7 @@ def main(out: str, strategy: str) -> None:
     trainer = L.Trainer(max_steps=8, accelerator="cpu", devices=2, strategy=strategy, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[dms_cb, probe := WrapProbe()])
-    trainer.fit(Classifier(), loader)
+    trainer.fit(ResidualClassifier(), loader)
     searcher = dms_cb.searcher
     with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump({"world": trainer.world_size, "wrapped": type(probe.wrapped).__name__,

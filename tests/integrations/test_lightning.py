@@ -133,8 +133,7 @@ def _depth_search_fit(strategy: str) -> tuple[DMSCallback, object]:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from lightning_ddp_script import Classifier as ResidualClassifier
-    from lightning_ddp_script import WrapProbe
+    from lightning_ddp_script import ResidualClassifier, WrapProbe
 
     dms_cb = DMSCallback(search_config=dms.SearchConfig(resource="params", target=0.5, width_only_from=0.5),
                          example_inputs=torch.randn(2, 16), submodule="net", structure_lr=0.05)

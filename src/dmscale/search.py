@@ -197,9 +197,10 @@ class Searcher(ImportanceMixin):
         cosine from 1 to 0 over the rest of the search, so the ratios stop moving where the
         band loss put them; with ``config.settle_hold`` (default) 0 while the exact cost is
         inside the band, so a structure that entered it stays (the cost depends on the ratios
-        alone, and they do not move at lr 0). A search too short to reach its target keeps its full lr (the
-        finish phase and budget solver then land it). Multiply the structure group's base
-        ``lr`` by it before each step (``dmscale search`` and the trainer integrations do).
+        alone, and they do not move at lr 0). A search too short to reach its target keeps
+        its full lr (the finish phase and budget solver then land it). Multiply the structure
+        group's base ``lr`` by it before each step (``dmscale search`` and the trainer
+        integrations do).
 
             >>> import torch, dmscale as dms
             >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))

@@ -124,6 +124,9 @@ def test_a_run_config_saved_before_settle_existed_loads_with_it_off(tmp_path):
     (tmp_path / "config.yaml").write_text("command: search\ntask: digits\n")
     assert load_run_config(tmp_path).settle == 0.0
     assert RunConfig().settle == 0.4
+    (tmp_path / "config.yaml").write_text("command: search\ntask: digits\nsettle: 0.4\n")
+    assert load_run_config(tmp_path).settle_hold is False  # saved before the hold: the anneal alone
+    assert RunConfig().settle_hold is True
 
 
 def _search_end(settle: float, seed: int, tmp_path, target: float = 0.5,

@@ -180,7 +180,8 @@ def plot(runs: list[dict[str, Any]], s_ep: float = 10.0, r_ep: float = 20.0, nam
     targets = sorted({r["target"] for r in runs}, reverse=True)
     fig, axes = plt.subplots(1, len(targets), figsize=(5 * len(targets), 3.8), squeeze=False)
     for ax, target in zip(axes[0], targets):
-        for i, arm in enumerate(("uniform", "dms", "dms_expand", "dms_width")):
+        # the first four: the protocol with --settle 0; the @hold rows: the library's default now
+        for i, arm in enumerate(("uniform", "dms", "dms_expand", "dms_width", "dms@hold", "dms_expand@hold")):
             rs = _sel(runs, arm=arm, target=target, retrain_epochs=r_ep)
             rs = [r for r in rs if arm == "uniform" or r["search_epochs"] == s_ep]
             if not rs:

@@ -100,12 +100,14 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
             continue
         src = base / method
         t = time.perf_counter()
-        extra_steps = 0
+        extra_steps, search_end = 0, None
         if method == "dms_p":
             s = _run(src, command="search", pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
                      retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads,
                      settle=cfg.get("settle", 0.0))
             extra_steps = s["steps"]
+            end = s["resources_search_end"]
+            search_end = end["hard"] / end["target"]  # > 1: never landed, so the settle phase's hold never acted
             structure = json.loads((src / "structure.json").read_text())
         elif method.startswith("tp_"):
             supernet.train()
@@ -137,7 +139,8 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
                        "steps": extra_steps, "structure": widths(structure),
                        "multiplier": structure.get("multiplier"),
                        "pretrain_acc": pre["evals"]["pretrain"]["acc"], "supernet_macs": full,
-                       "supernet_params": pre["counts"]["supernet"]["params"]}
+                       "supernet_params": pre["counts"]["supernet"]["params"],
+                       **({"search_end": search_end} if search_end is not None else {})}
         print(f"seed {seed} {method:13} acc {100 * out[method]['acc']:.2f} % at "
               f"{out[method]['macs_frac']:.3f} x MACs ({prune_s:.0f} s to prune/search)", flush=True)
         if save is not None:

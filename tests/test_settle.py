@@ -211,3 +211,6 @@ def test_settle_hold_validation_and_older_states():
     s.load_state_dict(state)
     with pytest.raises(ValueError, match="settle_hold: saved False, now True"):
         _prepared(target=0.5, settle=0.4).load_state_dict(state)
+    old = _prepared(target=0.5, settle=0.0, settle_hold=False).state_dict()
+    del old["config"]["settle_hold"]
+    _prepared(target=0.5, settle=0.0).load_state_dict(old)  # no settle phase: the hold never acts, no refusal

@@ -196,8 +196,10 @@ class Searcher(ImportanceMixin):
         settle phase has brought the exact cost to the target (:attr:`settled_at`), then a
         cosine from 1 to 0 over the rest of the search, so the ratios stop moving where the
         band loss put them; with ``config.settle_hold`` (default) 0 while the exact cost is
-        inside the band, so a structure that entered it stays (the cost depends on the ratios
-        alone, and they do not move at lr 0). A search too short to reach its target keeps
+        inside the band, so a structure that entered it stays (the cost follows the kept
+        counts, which the ratios set and which do not move at lr 0; with uneven units, a
+        ``width_step`` whose last unit is short, it can still change with which units are kept,
+        and the factor is decided again every step). A search too short to reach its target keeps
         its full lr (the finish phase and budget solver then land it). Multiply the structure
         group's base ``lr`` by it before each step (``dmscale search`` and the trainer
         integrations do).
@@ -221,10 +223,12 @@ class Searcher(ImportanceMixin):
         return cosine_anneal(progress, self.settled_at)
 
     def in_band(self) -> bool:
-        """Whether the exact (export's) cost is inside ``config.budget_band`` x target."""
+        """Whether the exact (export's) cost is inside ``config.budget_band`` x target: where
+        the settle phase's band loss is zero (the same comparisons, so the hold and the band
+        loss's weight growth never act on the same step)."""
         low, high = self.config.budget_band
         exact = self._exact_cost("hard")
-        return low * self.target_cost * (1 - 1e-9) <= exact <= high * self.target_cost * (1 + 1e-9)
+        return low * self.target_cost <= exact <= high * self.target_cost
 
     def soft_cost(self) -> torch.Tensor:
         """r_c from the current soft masks (differentiable in every ``a``)."""

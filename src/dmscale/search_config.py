@@ -73,8 +73,9 @@ class SearchConfig:
         settle_hold: in the settle phase, once landed, the structural learning rate is 0
             while the exact cost is inside ``budget_band`` (:meth:`Searcher.structure_lr_scale`):
             the ratios move only while the cost is outside the band, so a structure that
-            entered the band stays there, where with the anneal alone the ratios kept drifting
-            (the task loss's pull, Adam's momentum) and could leave it one channel at a time.
+            entered the band stays there (the cost follows the kept counts), where with the
+            anneal alone the ratios kept drifting (the task loss's pull, Adam's momentum) and
+            could leave it one channel at a time.
             Default True: measured in ``bench/RESULTS.md`` (tables 1, 3, 5, 6), every search
             long enough to reach its target lands in the band (40 of 40 on table 6, against
             38 with the anneal alone); the anneal alone keeps trading width between layers a
@@ -202,7 +203,8 @@ def config_differences(saved: dict[str, Any], config: SearchConfig) -> str:
 
     Options missing from ``saved`` (a state from before they existed) take the value that
     reproduces that state's behaviour (:data:`BEFORE_OPTION`, else their default);
-    ``latency_options`` and ``verify`` do not change what is searched and are not compared.
+    ``latency_options`` and ``verify`` do not change what is searched and are not compared,
+    nor is ``settle_hold`` when neither side has a settle phase.
 
         >>> config_differences(config_state(SearchConfig()), SearchConfig(target=0.3))
         'target: saved 0.5, now 0.3'
@@ -214,5 +216,7 @@ def config_differences(saved: dict[str, Any], config: SearchConfig) -> str:
     saved["budget_band"] = list(saved["budget_band"])  # a tuple default, a list in config_state
     for key in ("latency_options", "verify"):
         saved.pop(key, None), current.pop(key, None)
+    if not saved.get("settle") and not current.get("settle"):  # no settle phase: the hold never acts
+        saved.pop("settle_hold", None), current.pop("settle_hold", None)
     return ", ".join(f"{k}: saved {saved.get(k)!r}, now {current.get(k)!r}"
                      for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k))

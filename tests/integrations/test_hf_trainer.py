@@ -170,6 +170,53 @@ def test_dms_trainer_refuses_ddp_without_find_unused_when_depth_freezes(tmp_path
     assert rc != 0 and "ddp_find_unused_parameters=True" in err and "freezes depth" in err, err[-3000:]
 
 
+def test_ddp_settings_for_a_depth_freeze_under_torchrun(tmp_path):
+    """Under DDP (world size > 1): static_graph and reentrant checkpointing are refused with the
+    fix; transformers 4's reentrant default becomes non-reentrant; the TrainingArguments are
+    found wherever a Trainer subclass takes them."""
+    from types import SimpleNamespace
+
+    from dmscale.integrations import hf_trainer as ht
+
+    example = {"input_ids": torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))}
+    searcher = dms.prepare(tiny_llama(), example, dms.SearchConfig(resource="params", target=0.6))
+
+    def args(**kw):
+        return SimpleNamespace(**{"ddp_find_unused_parameters": None, "world_size": 2, **kw})
+
+    with pytest.raises(ValueError, match=r"static_graph=True .*ddp_static_graph=False"):
+        ht._let_ddp_find_unused(args(ddp_static_graph=True), searcher)
+    with pytest.raises(ValueError, match=r"reentrant .*activation_checkpointing_kwargs=\{'use_reentrant': False\}"):
+        ht._let_ddp_find_unused(args(activation_checkpointing=True,
+                                     activation_checkpointing_kwargs={"use_reentrant": True}), searcher)
+    v4 = args(gradient_checkpointing=True, gradient_checkpointing_kwargs=None)  # no activation_checkpointing field
+    ht._let_ddp_find_unused(v4, searcher)
+    assert v4.ddp_find_unused_parameters is True and v4.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    single = args(world_size=1, ddp_static_graph=True, ddp_find_unused_parameters=False)
+    ht._let_ddp_find_unused(single, searcher)  # one process: no DDP, nothing refused or changed
+    assert single.ddp_find_unused_parameters is False
+    found = args()
+    assert ht._training_args(("model", "ref_model", found), {}) is found  # e.g. TRL's DPOTrainer
+    assert ht._training_args((), {"args": found}) is found and ht._training_args(("model",), {}) is None
+
+
+def test_dms_trainer_refusal_leaves_the_model_as_it_came(tmp_path, monkeypatch):
+    from dmscale.integrations import hf_trainer as ht
+
+    def refuse(args, searcher):
+        raise ValueError("refused")
+
+    monkeypatch.setattr(ht, "_let_ddp_find_unused", refuse)
+    model = tiny_llama()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    example = {"input_ids": torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))}
+    with pytest.raises(ValueError, match="refused"):
+        DMSTrainer(model=model, args=_args(tmp_path), train_dataset=RandomTokens(), example_inputs=example,
+                   search_config=dms.SearchConfig(resource="params", target=0.6))
+    assert not hasattr(model, "dms_gates") and model.state_dict().keys() == before.keys()
+    dms.prepare(model, example, dms.SearchConfig(resource="params", target=0.6))  # can be searched again
+
+
 def test_dms_trainer_lets_ddp_find_unused_parameters_when_depth_freezes(tmp_path):
     """The decision is made before the Trainer builds its accelerator: None (the Trainer's
     choice) becomes True when the search freezes depth part-way; left alone otherwise."""

@@ -126,7 +126,7 @@ def own_process_group():
     os.environ.update(saved)
 
 
-def _depth_search_fit(strategy: str) -> tuple[DMSCallback, object]:
+def _depth_search_fit(strategy: str, module=None) -> tuple[DMSCallback, object]:
     """A residual network (depth is searched) fitted under ``strategy`` on one CPU process;
     the search freezes depth half-way, so depth's ``a`` gets no gradient from step 4 on."""
     import sys
@@ -138,7 +138,8 @@ def _depth_search_fit(strategy: str) -> tuple[DMSCallback, object]:
     dms_cb = DMSCallback(search_config=dms.SearchConfig(resource="params", target=0.5, width_only_from=0.5),
                          example_inputs=torch.randn(2, 16), submodule="net", structure_lr=0.05)
     probe = WrapProbe()
-    _trainer(dms_cb, probe, max_steps=8, devices=1, strategy=strategy).fit(ResidualClassifier(), _loader())
+    module = module if module is not None else ResidualClassifier()
+    _trainer(dms_cb, probe, max_steps=8, devices=1, strategy=strategy).fit(module, _loader())
     return dms_cb, probe
 
 
@@ -153,8 +154,16 @@ def test_callback_under_ddp_with_depth_freezing(own_process_group):
 
 
 def test_callback_refuses_ddp_told_not_to_find_unused(own_process_group):
-    with pytest.raises(ValueError, match="ddp_find_unused_parameters_true"):
-        _depth_search_fit("ddp_find_unused_parameters_false")
+    from lightning_ddp_script import ResidualClassifier
+
+    module = ResidualClassifier()
+    with pytest.raises(ValueError, match="strategy='ddp_find_unused_parameters_true'"):
+        _depth_search_fit("ddp_find_unused_parameters_false", module)
+    assert not hasattr(module.net, "dms_gates")  # refused before training: the module as it came
+    from lightning.pytorch.strategies import DDPStrategy
+
+    with pytest.raises(ValueError, match="static_graph=True"):
+        _depth_search_fit(DDPStrategy(static_graph=True))
 
 
 @pytest.mark.slow  # torchrun, two processes importing Lightning: about 30 s on 2 cores

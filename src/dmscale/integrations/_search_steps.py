@@ -199,15 +199,19 @@ def check_ddp_finds_unused(wrapped: Any, searcher: Any, fix: str) -> None:
     will freeze depth: from that step on DDP would wait for gradients of depth's ``a`` that
     never come and fail with "Expected to mark a variable ready only once" (or hang).
     ``fix`` names the framework's setting that turns it on."""
-    ddp = isinstance(wrapped, nn.parallel.DistributedDataParallel)
-    if ddp and not wrapped.find_unused_parameters and depth_may_freeze(searcher):
+    if not isinstance(wrapped, nn.parallel.DistributedDataParallel) or not depth_may_freeze(searcher):
+        return
+    if getattr(wrapped, "static_graph", False):
+        raise frozen_depth_error("turn DDP's static_graph off", "static_graph=True (the set of parameters "
+                                 "with gradients must not change)")
+    if not wrapped.find_unused_parameters:
         raise frozen_depth_error(fix)
 
 
-def frozen_depth_error(fix: str) -> ValueError:
-    """The error of :func:`check_ddp_finds_unused`, naming ``fix``."""
+def frozen_depth_error(fix: str, setting: str = "find_unused_parameters=False") -> ValueError:
+    """The error of :func:`check_ddp_finds_unused`: DDP's ``setting`` cannot follow a depth
+    freeze; ``fix`` names what to change."""
     return ValueError(
         "this DMS search freezes depth part-way (SearchConfig.settle > 0, the default, or "
         "width_only_from), after which depth's structural parameters get no gradient, but DDP "
-        f"is set up with find_unused_parameters=False: {fix}; or search widths only "
-        "(SearchConfig(search_depth=False))")
+        f"is set up with {setting}: {fix}; or search widths only (SearchConfig(search_depth=False))")

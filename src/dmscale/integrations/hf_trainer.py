@@ -35,8 +35,9 @@ when the searcher offers it. A search that freezes depth part-way (the settle ph
 default, or the width-only phase) leaves depth's ``a`` without a gradient from then on, which
 DDP tolerates only with ``find_unused_parameters``: when ``ddp_find_unused_parameters`` is
 left at None, :class:`DMSTrainer` sets it to True (the Trainer's own default is False with
-activation checkpointing; use non-reentrant checkpointing, the default in transformers 5), and
-it refuses an explicit False. FSDP and DeepSpeed shard parameters and drive the backward
+activation checkpointing); under DDP it refuses an explicit False, ``ddp_static_graph`` and
+reentrant activation checkpointing (which fails with ``find_unused_parameters``), and turns
+transformers 4's reentrant default into the non-reentrant kind (transformers 5's default). FSDP and DeepSpeed shard parameters and drive the backward
 themselves; :class:`DMSTrainer` refuses them.
 
 Example::
@@ -65,7 +66,7 @@ import torch
 from torch import nn
 
 from .._compat import ensure_torchvision
-from ..masks import GATES_NAME
+from ..masks import GATES_NAME, detach
 from ..search import SearchConfig, Searcher, prepare
 from ._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
                             frozen_depth_error, lazy_class, pin_structure_lr, require)
@@ -73,7 +74,7 @@ from ._search_steps import (add_structure_group, check_ddp_finds_unused, depth_m
 __all__ = ["DMSTrainerMixin", "DMSTrainer", "SEARCH_STATE"]
 
 SEARCH_STATE = "dms_search.pt"  # the searcher's state_dict in each Trainer checkpoint
-_HF_FIX = "pass TrainingArguments(ddp_find_unused_parameters=True) (or leave it at None)"
+_HF_FIX = "pass TrainingArguments(ddp_find_unused_parameters=True)"
 
 
 class DMSTrainerMixin:
@@ -99,6 +100,7 @@ class DMSTrainerMixin:
             raise TypeError(f"{type(self).__name__} needs model=<an nn.Module>, got {type(model).__name__}")
         if not structure_lr > 0:
             raise ValueError(f"structure_lr must be > 0, got {structure_lr}")
+        created = searcher is None
         if searcher is None:
             if search_config is None or example_inputs is None:
                 raise ValueError(f"{type(self).__name__}: pass searcher=dms.prepare(model, ...), or "
@@ -116,7 +118,12 @@ class DMSTrainerMixin:
         self.found_model: nn.Module | None = None
         self._dms_log: dict[str, float] = {}
         self._ddp_checked = False
-        _let_ddp_find_unused(kwargs.get("args", args[1] if len(args) > 1 else None), searcher)
+        try:
+            _let_ddp_find_unused(_training_args(args, kwargs), searcher)
+        except ValueError:
+            if created:
+                detach(searcher.model)  # refused: the user's model as it came
+            raise
         super().__init__(*args, **kwargs)
         if getattr(self, "is_deepspeed_enabled", False) or getattr(self, "is_fsdp_enabled", False):
             raise ValueError("DMS search under DeepSpeed or FSDP is not supported: their sharded "
@@ -207,15 +214,50 @@ class DMSTrainerMixin:
         return small
 
 
+def _training_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The ``TrainingArguments`` among the Trainer's arguments (by duck type: trainers built on
+    ``Trainer`` take them at different positions), or None (the Trainer makes its default)."""
+    if kwargs.get("args") is not None:
+        return kwargs["args"]
+    return next((a for a in args if hasattr(a, "ddp_find_unused_parameters")), None)
+
+
 def _let_ddp_find_unused(args: Any, searcher: Searcher) -> None:
     """``args.ddp_find_unused_parameters`` True when the search freezes depth part-way and the
-    user left it to the Trainer (None); an explicit False under DDP is refused."""
+    user left it to the Trainer (None); under DDP an explicit False, ``ddp_static_graph`` or
+    reentrant activation checkpointing (which breaks with ``find_unused_parameters``) is
+    refused, and transformers 4's reentrant default is turned into the non-reentrant kind."""
     if args is None or not hasattr(args, "ddp_find_unused_parameters") or not depth_may_freeze(searcher):
         return
+    distributed = getattr(args, "world_size", 1) > 1
     if args.ddp_find_unused_parameters is None:
         args.ddp_find_unused_parameters = True  # depth's a has no gradient once depth is frozen
-    elif not args.ddp_find_unused_parameters and getattr(args, "world_size", 1) > 1:
+    elif not args.ddp_find_unused_parameters and distributed:
         raise frozen_depth_error(_HF_FIX)
+    if not distributed:
+        return
+    if getattr(args, "ddp_static_graph", None):
+        raise frozen_depth_error("pass TrainingArguments(ddp_static_graph=False)", "static_graph=True "
+                                 "(the set of parameters with gradients must not change)")
+    if getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None):
+        _non_reentrant_checkpointing(args)
+
+
+def _non_reentrant_checkpointing(args: Any) -> None:
+    """Activation checkpointing under DDP with ``find_unused_parameters``: the reentrant kind
+    marks parameters ready twice, so it is refused when asked for and, where it is the
+    default (transformers 4), replaced by the non-reentrant kind."""
+    names = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
+    for name in names:
+        kw = getattr(args, name, None)
+        if isinstance(kw, dict) and kw.get("use_reentrant") is True:
+            raise frozen_depth_error(f"pass TrainingArguments({name}={{'use_reentrant': False}})",
+                                     f"reentrant activation checkpointing ({name}: use_reentrant=True), "
+                                     "which fails with find_unused_parameters=True")
+    if not hasattr(args, "activation_checkpointing"):  # transformers 4: reentrant unless told
+        kw = dict(getattr(args, "gradient_checkpointing_kwargs", None) or {})
+        kw.setdefault("use_reentrant", False)
+        args.gradient_checkpointing_kwargs = kw
 
 
 def _build_trainer() -> type:

@@ -8,7 +8,8 @@ What the callback does, and at which hook:
   A search that freezes depth part-way (the settle phase, on by default, or the width-only
   phase) leaves depth's ``a`` without a gradient from then on, which DDP tolerates only with
   ``find_unused_parameters``: with ``strategy="ddp"`` (where it is not set) the callback turns
-  it on, and it refuses ``"ddp_find_unused_parameters_false"`` with the fix.
+  it on, and it refuses ``"ddp_find_unused_parameters_false"`` (and the other start methods'
+  ``..._false`` strategies) and ``static_graph=True`` with the fix, leaving the module as it came.
 * ``on_fit_start`` (optimizers built, checkpoint not yet restored, so ``ckpt_path`` resumes
   with the same groups): move the structural parameters out of the user's groups into a
   group of their own in the same optimizer (their own lr, no weight decay). This is the
@@ -47,6 +48,7 @@ from typing import Any
 from torch import nn
 
 from .._compat import ensure_torchvision
+from ..masks import detach
 from ..errors import MissingDependencyError
 from ..search import SearchConfig, Searcher, prepare
 from ._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
@@ -55,8 +57,14 @@ from ._search_steps import (add_structure_group, check_ddp_finds_unused, depth_m
 
 __all__ = ["DMSCallbackLogic", "DMSCallback"]
 
-_LIGHTNING_FIX = ("use strategy='ddp_find_unused_parameters_true' (or 'ddp', or "
-                  "DDPStrategy(find_unused_parameters=True))")
+_FIND_UNUSED = {"popen": "ddp", "spawn": "ddp_spawn", "fork": "ddp_fork"}  # start method -> strategy name
+
+
+def _lightning_fix(strategy: Any) -> str:
+    """The strategy that keeps the user's start method and finds unused parameters."""
+    name = _FIND_UNUSED.get(getattr(strategy, "_start_method", "popen"), "ddp")
+    return (f"use strategy='{name}_find_unused_parameters_true' (or "
+            "DDPStrategy(find_unused_parameters=True))")
 
 
 class DMSCallbackLogic:
@@ -95,6 +103,7 @@ class DMSCallbackLogic:
     def setup(self, trainer: Any, pl_module: nn.Module, stage: str) -> None:
         if stage != "fit":
             return
+        created = self.searcher is None
         if self.searcher is None:
             target = pl_module.get_submodule(self.submodule) if self.submodule else pl_module
             self.searcher = prepare(target, self.example_inputs, self.search_config)
@@ -102,7 +111,13 @@ class DMSCallbackLogic:
             raise ValueError(f"the searcher is attached to a {type(self.searcher.model).__name__} that is "
                              f"not part of the fitted {type(pl_module).__name__}: prepare the network the "
                              "LightningModule holds")
-        self._let_ddp_find_unused(trainer)
+        try:
+            self._let_ddp_find_unused(trainer)
+        except ValueError:
+            if created:  # refused: the user's module as it came
+                detach(self.searcher.model)
+                self.searcher = None
+            raise
 
     def _let_ddp_find_unused(self, trainer: Any) -> None:
         """Before the strategy wraps the module: a DDP strategy that does not set
@@ -110,10 +125,13 @@ class DMSCallbackLogic:
         ddp_kwargs = getattr(getattr(trainer, "strategy", None), "_ddp_kwargs", None)
         if not isinstance(ddp_kwargs, dict) or not depth_may_freeze(self._searcher()):
             return
+        if ddp_kwargs.get("static_graph"):
+            raise frozen_depth_error("drop static_graph=True from DDPStrategy", "static_graph=True (the set "
+                                     "of parameters with gradients must not change)")
         if "find_unused_parameters" not in ddp_kwargs:
             ddp_kwargs["find_unused_parameters"] = True  # depth's a has no gradient once depth is frozen
         elif not ddp_kwargs["find_unused_parameters"]:
-            raise frozen_depth_error(_LIGHTNING_FIX)
+            raise frozen_depth_error(_lightning_fix(trainer.strategy))
 
     def on_fit_start(self, trainer: Any, pl_module: nn.Module) -> None:
         searcher = self._searcher()
@@ -121,7 +139,8 @@ class DMSCallbackLogic:
         if "FSDP" in strategy or "DeepSpeed" in strategy:
             raise ValueError(f"DMS search under {strategy} is not supported: sharded parameters and "
                              "its own backward bypass the resource loss; use strategy='ddp'")
-        check_ddp_finds_unused(getattr(trainer.strategy, "model", None), searcher, _LIGHTNING_FIX)
+        check_ddp_finds_unused(getattr(trainer.strategy, "model", None), searcher,
+                               _lightning_fix(trainer.strategy))
         if not trainer.optimizers:
             raise ValueError("DMSCallback needs an optimizer: return one from configure_optimizers")
         ids = {id(p) for p in searcher.structure_parameters()}

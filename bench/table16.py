@@ -18,6 +18,10 @@ the cells whose *search* ended more than ``REACHED`` over it.
 Each run is cached in ``bench/results/table16.json`` (several invocations may share it: each
 row is written under a lock); the table and a heatmap go to ``bench/results/table16.md`` and
 ``table16.png``. The hand-written ``## Reading`` of the md is kept across rebuilds.
+
+The cached table ran with ``--settle 0`` (the paper's loss to the last step, the default
+then); ``--settle 0.4 --settle-hold --name table16_settle`` runs the grid at today's default
+(the settle phase and its hold) into files of that name.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from dmscale.config import RunConfig  # noqa: E402
 
 __all__ = ["REACHED", "run_key", "run_cell", "write_table", "main"]
 
+NAME = "table16"  # stem of the cache, md and png (--name)
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "table16.json"
 WORK = ROOT / "bench" / "runs" / "table16"
@@ -59,12 +64,13 @@ def run_key(weight: float, lr: float, seed: int, target: float, s_ep: float, r_e
 
 
 def run_cell(weight: float, lr: float, seed: int, target: float, s_ep: float, r_ep: float,
-             threads: int) -> dict[str, Any]:
+             threads: int, settle: float = 0.0, settle_hold: bool = False) -> dict[str, Any]:
     """One traced DMS_np search at (``weight``, ``lr``), then its from-scratch retrain."""
     work = WORK / run_key(weight, lr, seed, target, s_ep, r_ep).replace("/", "-")
     t0 = time.perf_counter()
     cfg = RunConfig(command="search", pipeline="np", **nu.MODEL, target=target, resource_weight=weight,
-                    structure_lr=lr, epochs=s_ep, retrain_epochs=0, seed=seed, threads=threads, quiet=True, settle=0.0,
+                    structure_lr=lr, epochs=s_ep, retrain_epochs=0, seed=seed, threads=threads, quiet=True,
+                    settle=settle, settle_hold=settle_hold,
                     out=str(nu._fresh(work / "search")))
     pipe = nl.TracedPipeline(cfg.resolved())
     summary = pipe.run()
@@ -80,7 +86,8 @@ def run_cell(weight: float, lr: float, seed: int, target: float, s_ep: float, r_
             "exported": ft["counts"]["found"]["macs"] / (target * base_macs),
             "acc_search": summary["evals"]["search"]["acc"], "acc": ft["evals"]["final"]["acc"],
             "structure": nu._brief(structure), "search_seconds": round(search_s, 1),
-            "retrain_seconds": round(time.perf_counter() - t0 - search_s, 1), "commit": git_commit(ROOT)}
+            "retrain_seconds": round(time.perf_counter() - t0 - search_s, 1), "commit": git_commit(ROOT),
+            "settle": settle, "settle_hold": settle_hold}
 
 
 @contextmanager
@@ -94,6 +101,13 @@ def _locked_cache() -> Iterator[dict[str, Any]]:
         tmp = CACHE.with_suffix(".tmp")
         tmp.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
         tmp.replace(CACHE)
+
+
+def _settle_text(row: dict[str, Any]) -> str:
+    """The protocol's settle phase, as the rows recorded it (rows before the option: settle 0)."""
+    if not row.get("settle"):
+        return " with `--settle 0` (the paper's loss to the last step)"
+    return f" with `--settle {row['settle']:g}`" + (" and its hold (`--settle-hold`)" if row.get("settle_hold") else "")
 
 
 def _cell(rows: list[dict[str, Any]], field: str, scale: float, fmt: str) -> str:
@@ -133,7 +147,7 @@ def _end_cell(rows: list[dict[str, Any]]) -> str:
 def write_table(cache: dict[str, Any]) -> Path:
     """``table16.md`` and ``table16.png`` from the cache (the Reading section is kept)."""
     runs = list(cache["runs"].values())
-    out = RESULTS / "table16.md"
+    out = RESULTS / f"{NAME}.md"
     reading = ""
     if out.exists() and READING in out.read_text():
         reading = out.read_text()[out.read_text().index(READING):]
@@ -146,7 +160,7 @@ def write_table(cache: dict[str, Any]) -> Path:
              f"- setup: ResNet-20 (width 8) on the 8x8 digits (359 test images: 1 image = 0.28 pt); DMS_np "
              f"from the baseline to {first.get('target', '?')} x its MACs, {first.get('search_epochs', '?')} "
              f"search epochs with resource weight lambda and structure lr (Adam) as in the grid, everything else "
-             f"the CLI defaults; then `dmscale retrain --retrain-init scratch` for "
+             f"the CLI defaults{_settle_text(first)}; then `dmscale retrain --retrain-init scratch` for "
              f"{first.get('retrain_epochs', '?')} epochs (same seed). Seeds {seeds}; mean ± std over seeds.",
              "- the default (lambda 1, lr 0.01) under the same protocol is the `dms` row of "
              "[np_uniform.md](np_uniform.md) (10 seeds).", "",
@@ -191,7 +205,7 @@ def _plot(runs: list[dict[str, Any]]) -> Path:
         ax.set_title(title)
         fig.colorbar(im, ax=ax)
     fig.suptitle("DMS_np on digits, 0.5 x MACs: resource weight x structure lr (paper Table 16)")
-    return save_figure(fig, RESULTS / "table16.png")
+    return save_figure(fig, RESULTS / f"{NAME}.png")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -204,12 +218,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--search-epochs", type=float, default=10.0)
     p.add_argument("--retrain-epochs", type=float, default=20.0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="--settle of every search (0: the cached table16 protocol, the paper's loss to the "
+                        "last step; 0.4: the library default since), with --name")
+    p.add_argument("--settle-hold", action="store_true", help="the settle phase's hold (the default since)")
+    p.add_argument("--name", default="table16", help="stem of the cache, md and png in bench/results")
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args(argv)
+    global RESULTS, CACHE, WORK, NAME
+    if (args.settle or args.settle_hold) and args.name == "table16":
+        p.error("table16 holds the --settle 0 grid: give this protocol a --name of its own, e.g. table16_settle")
+    NAME = args.name
+    CACHE, WORK = RESULTS / f"{NAME}.json", ROOT / "bench" / "runs" / NAME
     if args.quick:  # a smoke run: its own cache and table under the ignored bench/runs/
-        global RESULTS, CACHE
         RESULTS = WORK / "quick"
-        CACHE = RESULTS / "table16.json"
+        CACHE = RESULTS / f"{NAME}.json"
         args.seeds, args.weights, args.lrs = [0], [1.0], [5e-2, 5e-3]
         args.search_epochs, args.retrain_epochs = 0.5, 0.5
     torch.set_num_threads(args.threads)
@@ -224,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
                     key = run_key(w, lr, seed, args.target, args.search_epochs, args.retrain_epochs)
                     if key in json.loads(CACHE.read_text())["runs"]:
                         continue
-                    row = run_cell(w, lr, seed, args.target, args.search_epochs, args.retrain_epochs, args.threads)
+                    row = run_cell(w, lr, seed, args.target, args.search_epochs, args.retrain_epochs, args.threads,
+                                   args.settle, args.settle_hold)
                     with _locked_cache() as cache:
                         cache["runs"][key] = row
                     print(f"{key}: search end {row['search_end']:.2f} x, exported {row['exported']:.3f}, "

@@ -54,3 +54,8 @@ def test_reading_survives_a_rebuild(results: Path) -> None:
 
 def test_run_key_names_every_setting() -> None:
     assert t16.run_key(0.1, 5e-5, 2, 0.5, 10.0, 20.0) == "w0.1/lr5e-05/s2/t0.5/S10/R20"
+
+
+def test_settle_protocol_needs_a_table_of_its_own() -> None:
+    with pytest.raises(SystemExit):
+        t16.main(["--settle", "0.4", "--settle-hold", "--table-only"])

@@ -171,9 +171,8 @@ def test_dms_trainer_refuses_ddp_without_find_unused_when_depth_freezes(tmp_path
 
 
 def test_ddp_settings_for_a_depth_freeze_under_torchrun(tmp_path):
-    """Under DDP (world size > 1): static_graph and reentrant checkpointing are refused with the
-    fix; transformers 4's reentrant default becomes non-reentrant; the TrainingArguments are
-    found wherever a Trainer subclass takes them."""
+    """Under DDP (world size > 1): static_graph is refused with the fix; the TrainingArguments
+    are found wherever a Trainer subclass takes them."""
     from types import SimpleNamespace
 
     from dmscale.integrations import hf_trainer as ht
@@ -186,18 +185,44 @@ def test_ddp_settings_for_a_depth_freeze_under_torchrun(tmp_path):
 
     with pytest.raises(ValueError, match=r"static_graph=True .*ddp_static_graph=False"):
         ht._let_ddp_find_unused(args(ddp_static_graph=True), searcher)
-    with pytest.raises(ValueError, match=r"reentrant .*activation_checkpointing_kwargs=\{'use_reentrant': False\}"):
-        ht._let_ddp_find_unused(args(activation_checkpointing=True,
-                                     activation_checkpointing_kwargs={"use_reentrant": True}), searcher)
-    v4 = args(gradient_checkpointing=True, gradient_checkpointing_kwargs=None)  # no activation_checkpointing field
-    ht._let_ddp_find_unused(v4, searcher)
-    assert v4.ddp_find_unused_parameters is True and v4.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    both = args()
+    ht._let_ddp_find_unused(both, searcher)
+    assert both.ddp_find_unused_parameters is True
     single = args(world_size=1, ddp_static_graph=True, ddp_find_unused_parameters=False)
     ht._let_ddp_find_unused(single, searcher)  # one process: no DDP, nothing refused or changed
     assert single.ddp_find_unused_parameters is False
     found = args()
     assert ht._training_args(("model", "ref_model", found), {}) is found  # e.g. TRL's DPOTrainer
     assert ht._training_args((), {"args": found}) is found and ht._training_args(("model",), {}) is None
+
+
+def test_activation_checkpointing_is_the_non_reentrant_kind(tmp_path):
+    """Reentrant checkpointing recomputes a layer with the first forward's masks, whose graph the
+    backward freed: the search failed with "Trying to backward through the graph a second time"
+    (transformers 4.46 by default, 5.24 when asked for). Asked for, it is refused with the fix,
+    the model left as it came; kwargs without use_reentrant become non-reentrant; transformers
+    5's default trains."""
+    from types import SimpleNamespace
+
+    from dmscale.integrations import hf_trainer as ht
+
+    example = {"input_ids": torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))}
+    config = dms.SearchConfig(resource="params", target=0.6)
+    model = tiny_llama()
+    with pytest.raises(ValueError, match=r"reentrant .*\{'use_reentrant': False\}"):
+        DMSTrainer(model=model, args=_args(tmp_path, gradient_checkpointing=True,
+                                           gradient_checkpointing_kwargs={"use_reentrant": True}),
+                   train_dataset=RandomTokens(), example_inputs=example, search_config=config)
+    assert not hasattr(model, "dms_gates")
+    trainer = DMSTrainer(model=model, args=_args(tmp_path, max_steps=3, gradient_checkpointing=True),
+                         train_dataset=RandomTokens(), example_inputs=example, search_config=config)
+    trainer.train()
+    assert trainer.model.is_gradient_checkpointing and trainer.found_model is not None
+    v5 = SimpleNamespace(activation_checkpointing=True, activation_checkpointing_kwargs={"preserve_rng_state": True},
+                         gradient_checkpointing_kwargs=None)
+    ht._non_reentrant_checkpointing(v5)
+    assert v5.activation_checkpointing_kwargs == {"preserve_rng_state": True, "use_reentrant": False}
+    assert v5.gradient_checkpointing_kwargs is None  # transformers 5's own default is non-reentrant
 
 
 def test_dms_trainer_refusal_leaves_the_model_as_it_came(tmp_path, monkeypatch):

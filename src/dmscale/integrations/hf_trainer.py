@@ -35,10 +35,11 @@ when the searcher offers it. A search that freezes depth part-way (the settle ph
 default, or the width-only phase) leaves depth's ``a`` without a gradient from then on, which
 DDP tolerates only with ``find_unused_parameters``: when ``ddp_find_unused_parameters`` is
 left at None, :class:`DMSTrainer` sets it to True (the Trainer's own default is False with
-activation checkpointing); under DDP it refuses an explicit False, ``ddp_static_graph`` and
-reentrant activation checkpointing (which fails with ``find_unused_parameters``), and turns
-transformers 4's reentrant default into the non-reentrant kind (transformers 5's default). FSDP and DeepSpeed shard parameters and drive the backward
-themselves; :class:`DMSTrainer` refuses them.
+activation checkpointing); under DDP it refuses an explicit False and ``ddp_static_graph``.
+Activation checkpointing must be the non-reentrant kind (transformers 5's default; the
+reentrant kind recomputes a layer with the first forward's masks, whose graph is freed): an
+explicit ``use_reentrant=True`` is refused. FSDP and DeepSpeed shard parameters and drive the
+backward themselves; :class:`DMSTrainer` refuses them.
 
 Example::
 
@@ -119,6 +120,7 @@ class DMSTrainerMixin:
         self._dms_log: dict[str, float] = {}
         self._ddp_checked = False
         try:
+            _non_reentrant_checkpointing(_training_args(args, kwargs))
             _let_ddp_find_unused(_training_args(args, kwargs), searcher)
         except ValueError:
             if created:
@@ -224,9 +226,8 @@ def _training_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def _let_ddp_find_unused(args: Any, searcher: Searcher) -> None:
     """``args.ddp_find_unused_parameters`` True when the search freezes depth part-way and the
-    user left it to the Trainer (None); under DDP an explicit False, ``ddp_static_graph`` or
-    reentrant activation checkpointing (which breaks with ``find_unused_parameters``) is
-    refused, and transformers 4's reentrant default is turned into the non-reentrant kind."""
+    user left it to the Trainer (None); under DDP an explicit False or ``ddp_static_graph`` is
+    refused."""
     if args is None or not hasattr(args, "ddp_find_unused_parameters") or not depth_may_freeze(searcher):
         return
     distributed = getattr(args, "world_size", 1) > 1
@@ -239,25 +240,31 @@ def _let_ddp_find_unused(args: Any, searcher: Searcher) -> None:
     if getattr(args, "ddp_static_graph", None):
         raise frozen_depth_error("pass TrainingArguments(ddp_static_graph=False)", "static_graph=True "
                                  "(the set of parameters with gradients must not change)")
-    if getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None):
-        _non_reentrant_checkpointing(args)
 
 
 def _non_reentrant_checkpointing(args: Any) -> None:
-    """Activation checkpointing under DDP with ``find_unused_parameters``: the reentrant kind
-    marks parameters ready twice, so it is refused when asked for and, where it is the
-    default (transformers 4), replaced by the non-reentrant kind."""
-    names = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
+    """Activation checkpointing during a search must be the non-reentrant kind: the reentrant
+    kind recomputes a layer's forward inside the backward with the masks of the first forward,
+    whose graph the backward has already freed ("Trying to backward through the graph a second
+    time", measured with transformers 4.46 and 5.24). Asked for explicitly, it is refused;
+    where it is left to torch (kwargs without ``use_reentrant``), the non-reentrant kind is set
+    (transformers 5's own default)."""
+    if args is None or not (getattr(args, "activation_checkpointing", None)
+                            or getattr(args, "gradient_checkpointing", None)):
+        return
+    names = [n for n in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs") if hasattr(args, n)]
     for name in names:
-        kw = getattr(args, name, None)
+        kw = getattr(args, name)
         if isinstance(kw, dict) and kw.get("use_reentrant") is True:
-            raise frozen_depth_error(f"pass TrainingArguments({name}={{'use_reentrant': False}})",
-                                     f"reentrant activation checkpointing ({name}: use_reentrant=True), "
-                                     "which fails with find_unused_parameters=True")
-    if not hasattr(args, "activation_checkpointing"):  # transformers 4: reentrant unless told
-        kw = dict(getattr(args, "gradient_checkpointing_kwargs", None) or {})
-        kw.setdefault("use_reentrant", False)
-        args.gradient_checkpointing_kwargs = kw
+            raise ValueError(
+                f"DMS search with reentrant activation checkpointing ({name}={{'use_reentrant': True}}) "
+                "fails in the backward: the recomputed forward reuses the masks of the first one, whose "
+                f"graph is already freed; pass TrainingArguments({name}={{'use_reentrant': False}}) "
+                "(transformers 5's default), or turn activation checkpointing off")
+    for name in names:  # kwargs given without use_reentrant: torch's default would decide
+        kw = getattr(args, name)
+        if isinstance(kw, dict) and "use_reentrant" not in kw:
+            setattr(args, name, {**kw, "use_reentrant": False})
 
 
 def _build_trainer() -> type:

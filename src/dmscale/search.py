@@ -32,7 +32,7 @@ from .masks import GATES_NAME, Gates, assemble_width_mask
 from .resources import CostModel
 from .search_config import COST_FORWARD, SearchConfig, config_differences, config_state
 from .search_importance import ImportanceMixin
-from .settle import SettleState, cosine_anneal
+from .settle import SettleState, cosine_anneal, inside_band
 from .search_setup import attach_gates, discover_space
 from .selfcheck import run_example, verify_export, verify_open
 from .solver import solve_budget
@@ -226,9 +226,7 @@ class Searcher(ImportanceMixin):
         """Whether the exact (export's) cost is inside ``config.budget_band`` x target: where
         the settle phase's band loss is zero (the same comparisons, so the hold and the band
         loss's weight growth never act on the same step)."""
-        low, high = self.config.budget_band
-        exact = self._exact_cost("hard")
-        return low * self.target_cost <= exact <= high * self.target_cost
+        return inside_band(self._exact_cost("hard"), self.target_cost, self.config.budget_band)
 
     def soft_cost(self) -> torch.Tensor:
         """r_c from the current soft masks (differentiable in every ``a``)."""

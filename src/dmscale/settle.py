@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["band_loss", "cosine_anneal", "SettleState", "WEIGHT_GROWTH"]
+__all__ = ["band_loss", "inside_band", "cosine_anneal", "SettleState", "WEIGHT_GROWTH"]
 
 # Per step over the band, the settle phase's resource weight is multiplied by this (a dual
 # ascent on the constraint): the task loss's pull on the ratios can hold the cost over the
@@ -35,17 +35,26 @@ __all__ = ["band_loss", "cosine_anneal", "SettleState", "WEIGHT_GROWTH"]
 WEIGHT_GROWTH = 1.1
 
 
+def inside_band(cost: float, target: float, band: tuple[float, float]) -> bool:
+    """Whether ``cost`` lies in ``band`` x ``target`` (edges included): where :func:`band_loss`
+    is zero and the settle phase's hold keeps the structure.
+
+        >>> inside_band(99.0, 100.0, (0.98, 1.0)), inside_band(100.5, 100.0, (0.98, 1.0))
+        (True, False)
+    """
+    return band[0] * target <= cost <= band[1] * target
+
+
 def band_loss(r_c: torch.Tensor, target: float, band: tuple[float, float], weight: float) -> torch.Tensor:
     """``weight * log(r_c / (high * target))`` over the band, ``weight * log(low * target /
     r_c)`` under it, 0 inside: Eq. 6's hinge on the top edge, plus a pull back up for a
     structure the previous steps pushed under the band (its budget would go unused)."""
+    if inside_band(float(r_c.detach()), target, band):
+        return r_c.new_zeros(()).float()
     low, high = band[0] * target, band[1] * target
-    value = float(r_c.detach())
-    if value > high:
+    if float(r_c.detach()) > high:
         return (weight * torch.log(r_c / high)).float()
-    if value < low:
-        return (weight * torch.log(low / r_c)).float()
-    return r_c.new_zeros(()).float()
+    return (weight * torch.log(low / r_c)).float()
 
 
 def cosine_anneal(progress: float, start: float | None) -> float:

@@ -44,7 +44,7 @@ from ..errors import MissingDependencyError
 
 __all__ = ["STRUCTURE_GROUP_KEY", "add_structure_group", "pin_structure_lr", "structure_group",
            "lazy_class", "export_and_save", "require", "resource_backward", "ADAM_LIKE",
-           "depth_may_freeze", "check_ddp_finds_unused", "frozen_depth_error"]
+           "depth_may_freeze", "check_ddp_finds_unused", "frozen_depth_error", "static_graph_error"]
 
 STRUCTURE_GROUP_KEY = "dms_structure"  # marks the group (survives optimizer state_dict round trips)
 ADAM_LIKE = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "AdamWScheduleFree", "AdamW8bit", "PagedAdamW")
@@ -202,8 +202,7 @@ def check_ddp_finds_unused(wrapped: Any, searcher: Any, fix: str) -> None:
     if not isinstance(wrapped, nn.parallel.DistributedDataParallel) or not depth_may_freeze(searcher):
         return
     if getattr(wrapped, "static_graph", False):
-        raise frozen_depth_error("turn DDP's static_graph off", "static_graph=True (the set of parameters "
-                                 "with gradients must not change)")
+        raise static_graph_error("turn DDP's static_graph off")
     if not wrapped.find_unused_parameters:
         raise frozen_depth_error(fix)
 
@@ -215,3 +214,9 @@ def frozen_depth_error(fix: str, setting: str = "find_unused_parameters=False") 
         "this DMS search freezes depth part-way (SearchConfig.settle > 0, the default, or "
         "width_only_from), after which depth's structural parameters get no gradient, but DDP "
         f"is set up with {setting}: {fix}; or search widths only (SearchConfig(search_depth=False))")
+
+
+def static_graph_error(fix: str) -> ValueError:
+    """:func:`frozen_depth_error` for DDP's ``static_graph``, which assumes the set of
+    parameters with gradients never changes."""
+    return frozen_depth_error(fix, "static_graph=True (the set of parameters with gradients must not change)")

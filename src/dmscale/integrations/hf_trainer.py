@@ -70,7 +70,7 @@ from .._compat import ensure_torchvision
 from ..masks import GATES_NAME, detach
 from ..search import SearchConfig, Searcher, prepare
 from ._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
-                            frozen_depth_error, lazy_class, pin_structure_lr, require)
+                            frozen_depth_error, lazy_class, pin_structure_lr, require, static_graph_error)
 
 __all__ = ["DMSTrainerMixin", "DMSTrainer", "SEARCH_STATE"]
 
@@ -120,8 +120,9 @@ class DMSTrainerMixin:
         self._dms_log: dict[str, float] = {}
         self._ddp_checked = False
         try:
-            _non_reentrant_checkpointing(_training_args(args, kwargs))
-            _let_ddp_find_unused(_training_args(args, kwargs), searcher)
+            training_args = _training_args(args, kwargs)
+            _non_reentrant_checkpointing(training_args)
+            _let_ddp_find_unused(training_args, searcher)
         except ValueError:
             if created:
                 detach(searcher.model)  # refused: the user's model as it came
@@ -238,8 +239,7 @@ def _let_ddp_find_unused(args: Any, searcher: Searcher) -> None:
     if not distributed:
         return
     if getattr(args, "ddp_static_graph", None):
-        raise frozen_depth_error("pass TrainingArguments(ddp_static_graph=False)", "static_graph=True "
-                                 "(the set of parameters with gradients must not change)")
+        raise static_graph_error("pass TrainingArguments(ddp_static_graph=False)")
 
 
 def _non_reentrant_checkpointing(args: Any) -> None:

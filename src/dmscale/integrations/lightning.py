@@ -53,7 +53,7 @@ from ..errors import MissingDependencyError
 from ..search import SearchConfig, Searcher, prepare
 from ._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
                             frozen_depth_error, lazy_class, pin_structure_lr, resource_backward,
-                            structure_group)
+                            static_graph_error, structure_group)
 
 __all__ = ["DMSCallbackLogic", "DMSCallback"]
 
@@ -126,8 +126,7 @@ class DMSCallbackLogic:
         if not isinstance(ddp_kwargs, dict) or not depth_may_freeze(self._searcher()):
             return
         if ddp_kwargs.get("static_graph"):
-            raise frozen_depth_error("drop static_graph=True from DDPStrategy", "static_graph=True (the set "
-                                     "of parameters with gradients must not change)")
+            raise static_graph_error("drop static_graph=True from DDPStrategy")
         if "find_unused_parameters" not in ddp_kwargs:
             ddp_kwargs["find_unused_parameters"] = True  # depth's a has no gradient once depth is frozen
         elif not ddp_kwargs["find_unused_parameters"]:

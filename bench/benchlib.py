@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -24,11 +25,11 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "paired_diff", "paired_ci", "ci_text",
            "record_invocation", "invocations_text",
-           "pyplot", "save_figure", "load_cache", "save_cache", "save_merged"]
+           "pyplot", "save_figure", "load_cache", "save_cache", "save_merged", "locked"]
 
 
 def git_commit(root: Path) -> str:
@@ -81,8 +82,38 @@ def load_cache(path: Path) -> dict[str, Any]:
 
 
 def save_cache(path: Path, cache: dict[str, Any]) -> None:
-    """Write the cache (indented, sorted keys: small diffs between runs)."""
-    path.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    """Write the cache (indented, sorted keys: small diffs between runs) atomically: a
+    process reading it at the same time sees the old file or the new one, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path``'s cache for a read-modify-write shared with other
+    invocations running at the same time (a lock file beside it, ``.NAME.lock``; POSIX
+    ``flock``, so it is released when the process ends however it ends). Without ``fcntl``
+    (Windows) nothing is locked.
+
+        >>> import tempfile
+        >>> f = Path(tempfile.mkdtemp()) / "c.json"
+        >>> with locked(f):
+        ...     save_cache(f, {"runs": {}})
+        >>> load_cache(f)
+        {'runs': {}}
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path.with_name(f".{path.name}.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def save_merged(path: Path, cache: dict[str, Any], key: str, seeds: list[int],
@@ -99,14 +130,15 @@ def save_merged(path: Path, cache: dict[str, Any], key: str, seeds: list[int],
         >>> sorted(save_merged(f, mine, "k", [1])["runs"]["k"])
         ['0', '1']
     """
-    disk = load_cache(path)
-    for seed in seeds:
-        disk.setdefault("runs", {}).setdefault(key, {})[str(seed)] = cache["runs"][key].get(str(seed), {})
-    for field in ("settings", "info"):
-        disk.setdefault(field, {})[key] = cache[field][key]
-    for field in top:
-        disk[field] = cache[field]
-    save_cache(path, disk)
+    with locked(path):
+        disk = load_cache(path)
+        for seed in seeds:
+            disk.setdefault("runs", {}).setdefault(key, {})[str(seed)] = cache["runs"][key].get(str(seed), {})
+        for field in ("settings", "info"):
+            disk.setdefault(field, {})[key] = cache[field][key]
+        for field in top:
+            disk[field] = cache[field]
+        save_cache(path, disk)
     return disk
 
 

@@ -37,3 +37,36 @@ def test_paired_ci_without_spread_and_without_data() -> None:
     assert (mean, low, high) == (0.5, 0.5, 0.5) and math.isnan(p)
     with pytest.raises(ValueError, match="no paired differences"):
         benchlib.paired_ci([])
+
+
+def _store_seeds(path: str, first: int, n: int, start: float) -> None:
+    """One invocation's stores: seeds ``first .. first + n - 1`` of one key, one write each,
+    from ``start`` (a wall time: both processes begin together)."""
+    import time
+
+    time.sleep(max(0.0, start - time.time()))
+    for seed in range(first, first + n):
+        mine = {"runs": {"k": {str(seed): {"acc": seed}}}, "settings": {"k": {}}, "info": {"k": {}}, "machine": "m"}
+        benchlib.save_merged(Path(path), mine, "k", [seed])
+
+
+def test_concurrent_invocations_lose_no_rows(tmp_path: Path) -> None:
+    """Two processes adding seeds to one cache at the same time (the way the tables are run:
+    one invocation per seed range) keep every row: the read-modify-write is under a lock and
+    the write is atomic (a reader never sees half a file). Before, rows were lost."""
+    import multiprocessing
+
+    import time
+
+    path = tmp_path / "c.json"  # a cache of a realistic size: each read and write takes a while
+    benchlib.save_cache(path, {"runs": {"other": {str(i): {"structure": "8/" * 200} for i in range(300)}}})
+    ctx = multiprocessing.get_context("spawn")
+    start = time.time() + 3.0
+    procs = [ctx.Process(target=_store_seeds, args=(str(path), first, 40, start)) for first in (0, 1000)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    runs = benchlib.load_cache(path)["runs"]["k"]
+    assert sorted(map(int, runs)) == list(range(40)) + list(range(1000, 1040))

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 import np_uniform_lib as nl  # noqa: E402
 import peers_lib as pl  # noqa: E402
-from benchlib import git_commit  # noqa: E402
+from benchlib import git_commit, locked, save_cache  # noqa: E402
 from dmscale.config import RunConfig, save_config  # noqa: E402
 from dmscale.pipeline import Pipeline  # noqa: E402
 from dmscale.runs import new_supernet  # noqa: E402
@@ -67,6 +67,14 @@ def _use_task(task: str, train_limit: int | None) -> None:
     MODEL = {**MODEL, "task": task, "train_limit": train_limit}
     CACHE = RESULTS / f"np_uniform_{task}.json"
     WORK = WORK / task
+
+
+def _use_width(width: int) -> None:
+    """ResNet-20 of another base width (its own cache, run directories and table)."""
+    global MODEL, CACHE, WORK
+    MODEL = {**MODEL, "model_args": {"width": width}}
+    CACHE = CACHE.with_name(CACHE.stem + f"_w{width}.json")
+    WORK = WORK / f"w{width}"
 
 
 def dataset_note(task: str, train_limit: int | None) -> str:
@@ -175,13 +183,12 @@ def run_arm(arm: str, target: float, seed: int, search_epochs: float, retrain_ep
 
 
 def _store(key: str, row: dict[str, Any], machine: str) -> None:
-    """Read-modify-write of the cache (several invocations may share it)."""
-    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
-    cache["runs"][key] = row
-    cache["machine"] = machine
-    tmp = CACHE.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-    tmp.replace(CACHE)
+    """Read-modify-write of the cache (several invocations may share it: under a lock)."""
+    with locked(CACHE):
+        cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
+        cache["runs"][key] = row
+        cache["machine"] = machine
+        save_cache(CACHE, cache)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -207,6 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table-only", action="store_true")
     p.add_argument("--task", choices=("digits", "mnist"), default="digits",
                    help="digits (the default; np_uniform.json / .md) or mnist (np_uniform_mnist.json / .md)")
+    p.add_argument("--width", type=int, default=8,
+                   help="base width of the ResNet-20 (8: np_uniform[.json/.md]; others: np_uniform_wW)")
     p.add_argument("--train-limit", type=int, default=None,
                    help="train on the first N training images (--train-limit of every search and retrain)")
     args = p.parse_args(argv)
@@ -214,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
         _use_task(args.task, args.train_limit)
     elif args.train_limit is not None:
         p.error("--train-limit is for --task mnist (the digits cache holds full-split runs)")
+    if args.width != 8:
+        _use_width(args.width)
     if args.quick:
         args.seeds, args.targets, args.search_epochs, args.retrain_epochs = [0], [0.5], [0.5], 0.5
     torch.set_num_threads(args.threads)
@@ -244,8 +255,8 @@ def main(argv: list[str] | None = None) -> None:
 
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
     command = "python bench/np_uniform.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    name = "np_uniform" if args.task == "digits" else f"np_uniform_{args.task}"
-    print(f"wrote {write_table(cache, command.strip(), args.search_epochs[0], args.retrain_epochs, name=name, dataset=dataset_note(args.task, args.train_limit))}")
+    name = CACHE.stem
+    print(f"wrote {write_table(cache, command.strip(), args.search_epochs[0], args.retrain_epochs, name=name, dataset=dataset_note(args.task, args.train_limit), width=args.width)}")
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ DIGITS = "the 8x8 digits (359 test images: 1 image = 0.28 pt)"
 
 
 def write_table(cache: dict[str, Any], command: str, s_ep: float = 10.0, r_ep: float = 20.0,
-                name: str = "np_uniform", dataset: str = DIGITS) -> Path:
+                name: str = "np_uniform", dataset: str = DIGITS, width: int = 8) -> Path:
     """Regenerate the tables of ``NAME.md`` and its plot ``NAME.png`` (keeping the md's
     hand-written findings); ``dataset`` says what the runs trained and tested on."""
     runs = list(cache["runs"].values())
@@ -150,7 +150,7 @@ def write_table(cache: dict[str, Any], command: str, s_ep: float = 10.0, r_ep: f
     lines = ["# DMS_np vs uniform width at equal MACs, retrained from scratch (issue 10, table 3)", "",
              f"- command (last invocation): `{command}`; the cache holds every invocation's runs",
              f"- commit(s) of the runs: {', '.join('`' + c + '`' for c in commits)}; machine: {cache.get('machine')}",
-             f"- setup: ResNet-20 (width 8) on {dataset}. Structures at "
+             f"- setup: ResNet-20 (width {width}) on {dataset}. Structures at "
              "t x the baseline's exact MACs: `uniform` = one width multiplier; `dms` = DMS_np searched from the "
              "baseline (`--pipeline np --target t`); `dms_expand` = DMS_np searched from the baseline with "
              "`--expand width=1.5,depth=2` (4.6x its MACs) down to t x the baseline's MACs; `dms_width` = `dms` with "
@@ -168,12 +168,12 @@ def write_table(cache: dict[str, Any], command: str, s_ep: float = 10.0, r_ep: f
              f"## Structures (search {s_ep:g} epochs)", "", *_structures(runs, s_ep, r_ep), "", findings.rstrip(), ""]
     out.write_text("\n".join(lines))
     if runs:
-        plot(runs, s_ep, r_ep, name, dataset.split(" (")[0])
+        plot(runs, s_ep, r_ep, name, dataset.split(" (")[0], width)
     return out
 
 
 def plot(runs: list[dict[str, Any]], s_ep: float = 10.0, r_ep: float = 20.0, name: str = "np_uniform",
-         data: str = "the 8x8 digits") -> Path:
+         data: str = "the 8x8 digits", width: int = 8) -> Path:
     """``np_uniform.png``: top-1 after retraining against exported MACs / target, one panel per
     target; every seed a faint point, each arm's mean ± std a bold one."""
     plt = pyplot()
@@ -191,9 +191,9 @@ def plot(runs: list[dict[str, Any]], s_ep: float = 10.0, r_ep: float = 20.0, nam
             sd = statistics.stdev(ys) if len(ys) > 1 else 0.0
             ax.errorbar(statistics.mean(xs), statistics.mean(ys), yerr=sd, color=f"C{i}", marker="o",
                          capsize=3, label=f"{arm} ({len(rs)} seeds)")
-        ax.set_title(f"{target} x the baseline's MACs")
+        ax.set_title(f"{target} x the baseline's MACs" + (" (the baseline itself)" if target == 1.0 else ""))
         ax.set_xlabel("exported MACs / target")
         ax.set_ylabel("top-1 after retraining from scratch (%)")
         ax.legend(fontsize=8)
-    fig.suptitle(f"DMS_np vs uniform width, ResNet-20 (width 8) on {data}")
+    fig.suptitle(f"DMS_np vs uniform width, ResNet-20 (width {width}) on {data}")
     return save_figure(fig, RESULTS / f"{name}.png")

@@ -47,6 +47,7 @@ __all__ = ["METHODS", "run_seed", "write_table", "main"]
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "peers.json"
 METHODS = ("dms_p", "tp_magnitude", "tp_taylor", "uniform")
+REFERENCE = "unpruned"  # the supernet itself, finetuned the same way: the ceiling of every method
 MODEL = {"model": "resnet", "model_args": {"width": 8}}
 
 
@@ -70,7 +71,9 @@ def _key(cfg: dict[str, Any]) -> str:
     key its runs were stored under)."""
     key = "t{target}-pre{pretrain_epochs}-s{search_epochs}-ft{finetune_epochs}".format(**cfg)
     return key + ("-eqtrain" if cfg.get("equal_training") else "") + \
-        (f"-settle{cfg['settle']}" if cfg.get("settle") else "")
+        (f"-settle{cfg['settle']}" if cfg.get("settle") else "") + \
+        (f"-slr{cfg['structure_lr']}" if cfg.get("structure_lr") else "") + \
+        ("-hold" if cfg.get("settle_hold") else "")
 
 
 def _finetune_epochs(cfg: dict[str, Any], method: str) -> float:
@@ -84,7 +87,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
              save: Any = None) -> dict[str, Any]:
     """All methods of one seed that ``done`` lacks, each stored into ``done`` (then ``save()``);
     returns ``done``."""
-    if all(m in done for m in METHODS):
+    if all(m in done for m in (*METHODS, REFERENCE)):
         return done
     base = work / _key(cfg) / f"seed{seed}"
     pre_dir = work / f"pretrain{cfg['pretrain_epochs']}" / f"seed{seed}"  # shared by every target
@@ -95,7 +98,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
     supernet, _ = load_run_model(pre_dir)
     full = pl.macs(supernet, example)
     out = done
-    for method in METHODS:
+    for method in (*METHODS, REFERENCE):
         if method in done:
             continue
         src = base / method
@@ -104,7 +107,9 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
         if method == "dms_p":
             s = _run(src, command="search", pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
                      retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads,
-                     settle=cfg.get("settle", 0.0))
+                     settle=cfg.get("settle", 0.0),
+                     settle_hold=bool(cfg.get("settle_hold")),
+                     **({"structure_lr": cfg["structure_lr"]} if cfg.get("structure_lr") else {}))
             extra_steps = s["steps"]
             end = s["resources_search_end"]
             search_end = end["hard"] / end["target"]  # > 1: never landed, so the settle phase's hold never acted
@@ -122,6 +127,10 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
             structure = pl.structure_from_shapes(pl.template_structure(supernet, example), r["model"])
             pl.write_source_run(src, pre_dir, structure, r["model"])
             extra_steps = r["steps"]
+        elif method == REFERENCE:
+            supernet.eval()
+            structure = pl.template_structure(supernet, example)
+            pl.write_source_run(src, pre_dir, structure, supernet)
         else:
             supernet.eval()
             structure, mult = pl.uniform_structure(supernet, example, cfg["target"])
@@ -134,7 +143,8 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
         counts = ft["counts"]["found"]
         out[method] = {"seed": seed, "method": method, "acc": ft["evals"]["final"]["acc"],
                        "macs": counts["macs"], "params": counts["params"],
-                       "macs_frac": counts["macs"] / full, "target": cfg["target"],
+                       "macs_frac": counts["macs"] / full,
+                       "target": 1.0 if method == REFERENCE else cfg["target"],
                        "prune_seconds": round(prune_s, 1), "finetune_seconds": round(time.perf_counter() - t, 1),
                        "steps": extra_steps, "structure": widths(structure),
                        "multiplier": structure.get("multiplier"),
@@ -160,7 +170,9 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
              f"{setting['search_epochs']}, finetune {setting['finetune_epochs']} epochs"
              + (f" (peers: {setting['finetune_epochs'] + setting['search_epochs']}, the same total weight "
                 "training as DMS_p's search + finetune)" if setting.get("equal_training") else "")
-             + (f"; DMS_p with `--settle {setting['settle']}`" if setting.get("settle") else ""), "",
+             + (f"; DMS_p with `--settle {setting['settle']}`" if setting.get("settle") else "")
+             + (", `--settle-hold`" if setting.get("settle_hold") else "")
+             + (f", `--structure-lr {setting['structure_lr']}`" if setting.get("structure_lr") else ""), "",
              f"- commands (each adds its seeds to the cache): {invocations_text(info)}",
              f"- seeds with every method done: {have}"
              + (f" (**partial**: seeds {partial} still to run with the command above)" if partial else "")]
@@ -177,11 +189,22 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
         lines.append(f"| {m} | {mean_std([100 * r['acc'] for r in rs])} | {mean_std([r['macs'] for r in rs], '{:,.0f}')} | "
                      f"{mean_std([r['macs_frac'] for r in rs], '{:.3f}')} | {mean_std([r['params'] for r in rs], '{:,.0f}')} | "
                      f"{mean_std([r['prune_seconds'] for r in rs], '{:.0f}')} |")
+    ceiling = all(REFERENCE in runs[str(s)] for s in have)
+    if ceiling:
+        rs = [runs[str(s)][REFERENCE] for s in have]
+        lines.append(f"| {REFERENCE} (reference, not pruned) | {mean_std([100 * r['acc'] for r in rs])} | "
+                     f"{mean_std([r['macs'] for r in rs], '{:,.0f}')} | 1.000 | "
+                     f"{mean_std([r['params'] for r in rs], '{:,.0f}')} | - |")
     mean = {m: statistics.mean(100 * r["acc"] for r in by[m]) for m in METHODS}
     best = max((m for m in METHODS if m != "dms_p"), key=mean.get)
     diffs = [100 * (runs[str(s)]["dms_p"]["acc"] - runs[str(s)][best]["acc"]) for s in have]
     lines += ["", f"dms_p minus the best peer ({best}), pt: {ci_text(diffs)} (mean [95 % t-interval], p); per seed "
-              + ", ".join(f"{d:+.2f}" for d in diffs) + " (one test image is 0.28 pt).", "",
+              + ", ".join(f"{d:+.2f}" for d in diffs) + " (one test image is 0.28 pt)."]
+    if ceiling:  # how much of the accuracy pruning lost each method gets back
+        lines.append(f"Each method minus `{REFERENCE}` (the supernet finetuned the same way), pt: " + "; ".join(
+            f"{m} {ci_text([100 * (runs[str(s)][m]['acc'] - runs[str(s)][REFERENCE]['acc']) for s in have])}"
+            for m in METHODS) + ".")
+    lines += ["",
               "Structures (kept channels per width group in model order | removable blocks kept per stage):", ""]
     for m in METHODS:
         for r in by[m]:
@@ -236,6 +259,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--settle", type=float, default=0.0,
                    help="DMS_p's --settle (0: the cached settings' protocol, Eq. 10 to the last step; "
                         "0.4: the library default since)")
+    p.add_argument("--settle-hold", action="store_true",
+                   help="DMS_p's --settle-hold (the library default since cfbead7; the cached rows ran without it)")
+    p.add_argument("--structure-lr", type=float, default=None,
+                   help="DMS_p's --structure-lr (default: the library's; the cached settings ran at 0.01)")
     p.add_argument("--table-only", action="store_true", help="only rewrite peers.md from the cache")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "peers")
     args = p.parse_args(argv)
@@ -248,6 +275,12 @@ def main(argv: list[str] | None = None) -> None:
         cfg["equal_training"] = True
     if args.settle:
         cfg["settle"] = args.settle
+    if args.structure_lr:
+        cfg["structure_lr"] = args.structure_lr
+    if args.settle_hold:
+        if not args.settle:
+            p.error("--settle-hold acts only with a settle phase: add --settle 0.4")
+        cfg["settle_hold"] = True
     key = _key(cfg)
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = load_cache(CACHE)

@@ -52,7 +52,7 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     """Top-1 after finetune per method, one group of bars per full setting (no quick runs)."""
     methods = ("dms_p", "tp_magnitude", "tp_taylor", "uniform")
     keys = [k for k, s in sorted(cache["settings"].items(), key=lambda kv: (-kv[1]["target"], kv[0]))
-            if s["finetune_epochs"] >= 1]
+            if s["finetune_epochs"] >= 1 and not s.get("structure_lr")]  # not the structure-lr ablation
     plt = pyplot()
     fig, (ax, pareto) = plt.subplots(1, 2, figsize=(17, 4.6), gridspec_kw={"width_ratios": [2.2, 1]})
     width = 0.8 / len(methods)
@@ -105,7 +105,12 @@ def _pareto(ax: Any, cache: dict[str, Any], keys: list[str], methods: tuple[str,
         ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
                     capsize=2, color=f"C{i}", label=m)
     if pre:
-        ax.plot([1.0], [statistics.mean(pre)], "k*", ms=9, label="supernet (unpruned)")
+        ax.plot([1.0], [statistics.mean(pre)], "k*", ms=9, label="supernet (unpruned, pretrained)")
+    ref = list({seed: 100 * r["unpruned"]["acc"] for key in keys  # one per seed: every target shares it
+                for seed, r in cache["runs"].get(key, {}).items() if "unpruned" in r}.values())
+    if ref:  # the ceiling: the supernet finetuned like every method
+        ax.errorbar([1.0], [statistics.mean(ref)], yerr=[_mean_sd(ref)[1]], marker="s", color="k", capsize=2,
+                    fillstyle="none", label="supernet + the same finetune")
     ax.set_xlabel("exported MACs / supernet MACs")
     ax.set_ylim(top=100.5)
     ax.set_ylabel("top-1 after the same finetune (%)")

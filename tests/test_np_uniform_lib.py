@@ -98,3 +98,22 @@ def test_plot_and_paired_intervals_from_the_committed_cache(tmp_path: Path, monk
     # the paired column gives a t-interval and a p-value for every searched arm with >= 2 seeds
     dms_rows = [line for line in md.splitlines() if line.startswith("| 0.5 | dms | ")]
     assert dms_rows and "], p = " in dms_rows[0]
+
+
+def test_table_of_another_width_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``np_uniform.py --width 4`` keeps its own cache and table, and the table says which
+    ResNet-20 it measured (a target of 1.0 is the baseline itself, its accuracy ceiling)."""
+    import np_uniform
+    import np_uniform_table as nt
+
+    monkeypatch.setattr(np_uniform, "CACHE", np_uniform.CACHE)
+    monkeypatch.setattr(np_uniform, "WORK", np_uniform.WORK)
+    monkeypatch.setattr(np_uniform, "MODEL", np_uniform.MODEL)
+    np_uniform._use_width(4)
+    assert np_uniform.CACHE.name == "np_uniform_w4.json" and np_uniform.MODEL["model_args"] == {"width": 4}
+    assert np_uniform.WORK.name == "w4"
+    cache = json.loads((ROOT / "bench" / "results" / "np_uniform.json").read_text())
+    monkeypatch.setattr(nt, "RESULTS", tmp_path)
+    md = nt.write_table(cache, "python bench/np_uniform.py --width 4", name="np_uniform_w4", width=4).read_text()
+    assert "ResNet-20 (width 4)" in md and "(width 8)" not in md
+    assert (tmp_path / "np_uniform_w4.png").exists()

@@ -66,3 +66,25 @@ def test_torch_pruning_reaches_target(importance: str) -> None:
     again.load_state_dict(pruned.state_dict())
     assert pl.macs(again, x) == r["macs"]
     assert torch.allclose(again.eval()(x), pruned(x), atol=1e-6)
+
+
+def test_table_reads_each_method_against_the_unpruned_ceiling() -> None:
+    """Table 4's section adds the unpruned supernet (same finetune) as a reference row and
+    each method's paired difference from it, once every seed has it; not before."""
+    import peers
+
+    def row(method: str, acc: float, seed: int) -> dict:
+        return {"seed": seed, "method": method, "acc": acc, "macs": 10, "params": 5, "macs_frac": 0.5,
+                "target": 0.5, "prune_seconds": 1.0, "finetune_seconds": 1.0, "steps": 3, "structure": "4/4",
+                "multiplier": None, "pretrain_acc": 0.9, "supernet_macs": 20, "supernet_params": 9}
+    accs = {"dms_p": 0.96, "tp_magnitude": 0.90, "tp_taylor": 0.94, "uniform": 0.92}
+    runs = {str(s): {m: row(m, a + 0.01 * s, s) for m, a in accs.items()} for s in (0, 1, 2)}
+    cache = {"settings": {"k": {"target": 0.5, "pretrain_epochs": 1, "search_epochs": 1, "finetune_epochs": 1}},
+             "runs": {"k": runs}, "info": {}}
+    assert not any("unpruned" in line for line in peers._section(cache, "k"))
+    for s in (0, 1, 2):
+        runs[str(s)]["unpruned"] = row("unpruned", 0.97 + 0.01 * s + 0.001 * s * s, s)
+    text = "\n".join(peers._section(cache, "k"))
+    assert "| unpruned (reference, not pruned) | 98.17" in text
+    minus = next(line for line in text.splitlines() if line.startswith("Each method minus `unpruned`"))
+    assert "dms_p -1.17 [" in minus and "tp_magnitude -7.17 [" in minus  # paired: the seeds' offsets cancel

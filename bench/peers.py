@@ -55,14 +55,19 @@ def _commit() -> str:
     return git_commit(ROOT)
 
 
-def _run(out: Path, **fields: Any) -> dict[str, Any]:
+def _model(width: int) -> dict[str, Any]:
+    """The ResNet-20 of base ``width`` (8: every cached setting without a ``width``)."""
+    return {**MODEL, "model_args": {"width": width}}
+
+
+def _run(out: Path, width: int = 8, **fields: Any) -> dict[str, Any]:
     """One pipeline run in ``out`` (reused when it finished before)."""
     if (out / "summary.json").exists():
         return json.loads((out / "summary.json").read_text())
     if out.exists():  # an interrupted run: start it again
         import shutil
         shutil.rmtree(out)
-    cfg = RunConfig(task="digits", **MODEL, quiet=True, out=str(out), **{"settle": 0.0, "settle_hold": False, **fields})  # the cached rows' protocol (before the settle phase and its hold)
+    cfg = RunConfig(task="digits", **_model(width), quiet=True, out=str(out), **{"settle": 0.0, "settle_hold": False, **fields})  # the cached rows' protocol (before the settle phase and its hold)
     return Pipeline(cfg.resolved()).run()
 
 
@@ -70,6 +75,7 @@ def _key(cfg: dict[str, Any]) -> str:
     """The cache key of a setting (``settle`` 0, the protocol before the settle phase, keeps the
     key its runs were stored under)."""
     key = "t{target}-pre{pretrain_epochs}-s{search_epochs}-ft{finetune_epochs}".format(**cfg)
+    key = (f"w{cfg['width']}-" if cfg.get("width", 8) != 8 else "") + key
     return key + ("-eqtrain" if cfg.get("equal_training") else "") + \
         (f"-settle{cfg['settle']}" if cfg.get("settle") else "") + \
         (f"-slr{cfg['structure_lr']}" if cfg.get("structure_lr") else "") + \
@@ -89,11 +95,12 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
     returns ``done``."""
     if all(m in done for m in (*METHODS, REFERENCE)):
         return done
+    width = cfg.get("width", 8)
     base = work / _key(cfg) / f"seed{seed}"
-    pre_dir = work / f"pretrain{cfg['pretrain_epochs']}" / f"seed{seed}"  # shared by every target
+    pre_dir = work / (f"w{width}" if width != 8 else "") / f"pretrain{cfg['pretrain_epochs']}" / f"seed{seed}"  # every target's
     t0 = time.perf_counter()
-    pre = _run(pre_dir, command="pretrain", epochs=cfg["pretrain_epochs"], seed=seed, threads=threads)
-    task = build_task(RunConfig(task="digits", **MODEL).resolved())
+    pre = _run(pre_dir, width, command="pretrain", epochs=cfg["pretrain_epochs"], seed=seed, threads=threads)
+    task = build_task(RunConfig(task="digits", **_model(width)).resolved())
     example = task.example_inputs()
     supernet, _ = load_run_model(pre_dir)
     full = pl.macs(supernet, example)
@@ -105,7 +112,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
         t = time.perf_counter()
         extra_steps, search_end = 0, None
         if method == "dms_p":
-            s = _run(src, command="search", pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
+            s = _run(src, width, command="search", pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
                      retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads,
                      settle=cfg.get("settle", 0.0),
                      settle_hold=bool(cfg.get("settle_hold")),
@@ -138,7 +145,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
             structure["multiplier"] = mult
         prune_s = time.perf_counter() - t
         t = time.perf_counter()
-        ft = _run(base / f"{method}_ft", command="retrain", source=str(src), epochs=_finetune_epochs(cfg, method),
+        ft = _run(base / f"{method}_ft", width, command="retrain", source=str(src), epochs=_finetune_epochs(cfg, method),
                   seed=seed, threads=threads)
         counts = ft["counts"]["found"]
         out[method] = {"seed": seed, "method": method, "acc": ft["evals"]["final"]["acc"],
@@ -166,7 +173,8 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
     have = sorted(int(s) for s, r in runs.items() if all(m in r for m in METHODS))
     wanted = info.get("seeds", have)
     partial = [s for s in wanted if s not in have]
-    lines = [f"## target {setting['target']} x MACs; pretrain {setting['pretrain_epochs']}, DMS_p search "
+    lines = [f"## {'ResNet-20 of width ' + str(setting['width']) + ', ' if setting.get('width', 8) != 8 else ''}"
+             f"target {setting['target']} x MACs; pretrain {setting['pretrain_epochs']}, DMS_p search "
              f"{setting['search_epochs']}, finetune {setting['finetune_epochs']} epochs"
              + (f" (peers: {setting['finetune_epochs'] + setting['search_epochs']}, the same total weight "
                 "training as DMS_p's search + finetune)" if setting.get("equal_training") else "")
@@ -256,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--equal-training", action="store_true",
                    help="control: finetune the peers for the search epochs more (DMS_p's search trains weights too)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--width", type=int, default=8, help="base width of the ResNet-20 (8: the cached settings')")
     p.add_argument("--settle", type=float, default=0.0,
                    help="DMS_p's --settle (0: the cached settings' protocol, Eq. 10 to the last step; "
                         "0.4: the library default since)")
@@ -273,6 +282,8 @@ def main(argv: list[str] | None = None) -> None:
            "search_epochs": args.search_epochs, "finetune_epochs": args.finetune_epochs}
     if args.equal_training:
         cfg["equal_training"] = True
+    if args.width != 8:
+        cfg["width"] = args.width
     if args.settle:
         cfg["settle"] = args.settle
     if args.structure_lr:

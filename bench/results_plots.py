@@ -72,8 +72,9 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     labels = []
     for key in keys:
         s = cache["settings"][key]
-        labels.append(f"{s['target']} x MACs\n" + ("peers finetuned\n+search epochs" if s.get("equal_training")
-                                                    else "same finetune")
+        width = f"width {s['width']}: " if s.get("width", 8) != 8 else ""
+        labels.append(f"{width}{s['target']} x MACs\n" + ("peers finetuned\n+search epochs" if s.get("equal_training")
+                                                           else "same finetune")
                       + (f"\nDMS_p settle {s['settle']}" if s.get("settle") else ""))
     ax.set_xticks(range(len(keys)))
     ax.set_xticklabels(labels, fontsize=8)
@@ -82,7 +83,8 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     ax.set_title("Table 4: DMS_p vs Torch-Pruning vs uniform width (digits ResNet-20, mean ± std, seeds as dots)",
                  fontsize=9)
     ax.legend(fontsize=8, ncol=4, loc="lower right")
-    same = [k for k in keys if not cache["settings"][k].get("equal_training")]
+    same = [k for k in keys if not cache["settings"][k].get("equal_training")
+            and cache["settings"][k].get("width", 8) == 8]  # one supernet per panel: the width-8 one
     settled = [k for k in same if cache["settings"][k].get("settle")]  # the library's default since
     _pareto(pareto, cache, settled or same, methods)
     return save_figure(fig, out)

@@ -88,3 +88,16 @@ def test_table_reads_each_method_against_the_unpruned_ceiling() -> None:
     assert "| unpruned (reference, not pruned) | 98.17" in text
     minus = next(line for line in text.splitlines() if line.startswith("Each method minus `unpruned`"))
     assert "dms_p -1.17 [" in minus and "tp_magnitude -7.17 [" in minus  # paired: the seeds' offsets cancel
+
+
+def test_cache_keys_of_another_width_leave_the_width8_keys_alone() -> None:
+    """``peers.py --width 4`` stores under its own keys; a width-8 setting keeps the key its
+    cached rows were stored under (no width in it)."""
+    import peers
+
+    cfg = {"target": 0.5, "pretrain_epochs": 10.0, "search_epochs": 2.0, "finetune_epochs": 4.0, "settle": 0.4,
+           "settle_hold": True}
+    assert peers._key(cfg) == "t0.5-pre10.0-s2.0-ft4.0-settle0.4-hold"
+    assert peers._key({**cfg, "width": 8}) == peers._key(cfg)
+    assert peers._key({**cfg, "width": 4}) == "w4-t0.5-pre10.0-s2.0-ft4.0-settle0.4-hold"
+    assert peers._model(4)["model_args"] == {"width": 4} and peers.MODEL["model_args"] == {"width": 8}

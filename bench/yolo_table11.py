@@ -9,6 +9,12 @@ mAP50-95 of the val split next to their MACs / YOLOv8n's MACs:
   then the found structure retrained from scratch for ``--epochs`` (the search is extra
   cost, as in the paper; the retraining budget equals the baselines');
 * ``yolov8n``: YOLOv8n trained for ``--epochs``;
+* ``dms_np_hold``: ``dms_np`` at the library's default since it ran (the settle phase with its
+  hold, ``--settle 0.4 --settle-hold``; the ``dms_np`` rows ran with ``--settle 0``);
+* ``p3``: the hand-made design DMS_np's searches point to here: YOLOv8n with one detection
+  level, stride 8 (``bench/yolov8n_p3.yaml``: no bottom-up neck path, Detect on P3), at
+  YOLOv8n's depth with the one width multiple whose MACs are nearest YOLOv8n's (by
+  ``--uniform-rule``, as ``uniform``);
 * ``uniform``: the supernet's depth with one width multiple for every layer, the one whose
   MACs are nearest YOLOv8n's (``--uniform-rule nearest``, either side) or the largest at or
   under them (``below``). Ultralytics rounds every width up to a multiple of 8, so uniform
@@ -61,18 +67,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from benchlib import git_commit, paired_diff, spread  # noqa: E402
 
-ARMS = ("dms_np", "yolov8n", "uniform")
+ARMS = ("dms_np", "dms_np_hold", "yolov8n", "uniform", "p3")
 RESULTS = ROOT / "bench" / "results"
+P3_YAML = ROOT / "bench" / "yolov8n_p3.yaml"  # YOLOv8n with Detect on the stride-8 level only
+BASE_YAML = "yolov8n.yaml"
 
 
-def _macs(info: dict[str, Any], imgsz: int, expand: dict[str, float] | None = None) -> int:
-    cfg = RunConfig(task="detect", model="yolo:yolov8n.yaml", expand=expand).resolved()
+def _macs(info: dict[str, Any], imgsz: int, expand: dict[str, float] | None = None, yaml: str = BASE_YAML) -> int:
+    cfg = RunConfig(task="detect", model=f"yolo:{yaml}", expand=expand).resolved()
     model, _ = build_model(cfg, info)
     return int(dms.count(model.eval(), torch.zeros(1, 3, imgsz, imgsz))["macs"])
 
 
-def uniform_arm(info: dict[str, Any], imgsz: int, depth: float, target: int, rule: str) -> dict[str, Any]:
-    """The uniform width multiple (on YOLOv8n's, at depth ``depth``) under ``rule``.
+def uniform_arm(info: dict[str, Any], imgsz: int, depth: float, target: int, rule: str,
+                yaml: str = BASE_YAML) -> dict[str, Any]:
+    """The uniform width multiple (on ``yaml``'s, YOLOv8n by default, at depth ``depth``) under ``rule``.
 
     Bisects for the largest factor whose model has at most ``target`` MACs and the smallest
     with more; ``below`` takes the first, ``nearest`` the one nearer ``target``.
@@ -80,8 +89,9 @@ def uniform_arm(info: dict[str, Any], imgsz: int, depth: float, target: int, rul
     lo, hi = 0.3, 1.5
     for _ in range(12):  # MACs are monotone in the width factor (steps of 8 channels)
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _macs(info, imgsz, {"width": mid, "depth": depth}) <= target else (lo, mid)
-    below, above = _macs(info, imgsz, {"width": lo, "depth": depth}), _macs(info, imgsz, {"width": hi, "depth": depth})
+        lo, hi = (mid, hi) if _macs(info, imgsz, {"width": mid, "depth": depth}, yaml) <= target else (lo, mid)
+    below = _macs(info, imgsz, {"width": lo, "depth": depth}, yaml)
+    above = _macs(info, imgsz, {"width": hi, "depth": depth}, yaml)
     take_hi = rule == "nearest" and above - target < target - below
     width, macs = (hi, above) if take_hi else (lo, below)
     return {"width": width, "depth": depth, "macs": macs, "below": [lo, below], "above": [hi, above]}
@@ -123,7 +133,9 @@ def _dataset(d: dict[str, Any], root: Path) -> str:
 def _run(common: dict[str, Any], out: Path, **kw: Any) -> dict[str, Any]:
     t0 = time.time()
     resume = (out / "checkpoint.pt").is_file()  # a run interrupted earlier continues where it stopped
-    summary = Pipeline(RunConfig(**{"settle": 0.0, **common}, **kw, out=str(out)), resume=resume).run()  # the cached rows' protocol (before the settle phase)
+    # settle 0: the cached rows' protocol (before the settle phase); dms_np_hold sets its own
+    summary = Pipeline(RunConfig(**{"settle": 0.0, "settle_hold": False, **common, **kw}, out=str(out)),
+                       resume=resume).run()
     ev = summary["evals"].get("final") or summary["evals"]["pretrain"]
     row = {"map50_95": ev["map50_95"], "map50": ev["map50"], "precision": ev["precision"], "recall": ev["recall"],
            "macs": summary["counts"]["found"]["macs"], "params": summary["counts"]["found"]["params"],
@@ -135,14 +147,20 @@ def _run(common: dict[str, Any], out: Path, **kw: Any) -> dict[str, Any]:
     return row
 
 
-def _arm_kwargs(arm: str, s: dict[str, Any], base_macs: int, uniform: dict[str, Any]) -> dict[str, Any]:
+def _arm_kwargs(arm: str, s: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     t, d = s["train"], s["dms"]
-    if arm == "dms_np":
-        return dict(command="search", expand=kv_dict(d["expand"]), target=float(base_macs),
+    if arm in ("dms_np", "dms_np_hold"):
+        settle = dict(settle=0.4, settle_hold=True) if arm == "dms_np_hold" else {}  # the library default
+        return dict(command="search", expand=kv_dict(d["expand"]), target=float(meta["base_macs"]),
                     epochs=d["search_epochs"], retrain_epochs=t["epochs"], retrain_init="scratch",
-                    structure_lr=d["structure_lr"], resource_weight=d["resource_weight"])
+                    structure_lr=d["structure_lr"], resource_weight=d["resource_weight"], **settle)
     if arm == "yolov8n":
         return dict(command="pretrain", epochs=t["epochs"])
+    if arm == "p3":
+        p3 = meta["p3"]
+        return dict(command="pretrain", epochs=t["epochs"], model=f"yolo:{P3_YAML}",
+                    expand={"width": p3["width"], "depth": p3["depth"]})
+    uniform = meta["uniform"]
     return dict(command="pretrain", epochs=t["epochs"], expand={"width": uniform["width"], "depth": uniform["depth"]})
 
 
@@ -189,14 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     command = "PYTHONPATH=src python bench/yolo_table11.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     meta_path = cache / "sizes.json"
     data = _dataset(s["data"], work)
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-    else:
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    if "p3" not in meta:  # sizes cached before the p3 arm existed keep their other fields
         info = DetectTask(RunConfig(task="detect", data=data, imgsz=args.imgsz).resolved()).info
         expand = kv_dict(args.expand)
-        base = _macs(info, args.imgsz)
-        meta = {"base_macs": base, "supernet_macs": _macs(info, args.imgsz, expand),
-                "uniform": uniform_arm(info, args.imgsz, float(expand["depth"]), base, args.uniform_rule)}
+        if "base_macs" not in meta:
+            base = _macs(info, args.imgsz)
+            meta = {"base_macs": base, "supernet_macs": _macs(info, args.imgsz, expand),
+                    "uniform": uniform_arm(info, args.imgsz, float(expand["depth"]), base, args.uniform_rule)}
+        meta["p3"] = uniform_arm(info, args.imgsz, 1.0, meta["base_macs"], args.uniform_rule, yaml=str(P3_YAML))
         meta_path.write_text(json.dumps(meta, indent=1) + "\n")
     t = s["train"]
     common = dict(task="detect", data=data, imgsz=args.imgsz, batch_size=t["batch_size"], quiet=True,
@@ -208,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             if path.is_file():
                 continue
             row = _run(common, work / tag / f"{arm}-s{seed}", seed=seed,
-                       **_arm_kwargs(arm, s, meta["base_macs"], meta["uniform"]))
+                       **_arm_kwargs(arm, s, meta))
             row.update(arm=arm, seed=seed, command=command, commit=git_commit(ROOT), date=time.strftime("%Y-%m-%d %H:%M"))
             path.write_text(json.dumps(row, indent=1) + "\n")
             print(json.dumps({k: v for k, v in row.items() if k != "structure"}), file=sys.stderr, flush=True)
@@ -246,7 +265,10 @@ def _markdown(r: dict[str, Any], command: str, cache: Path) -> str:
     uni = r["uniform"]
     names = {"dms_np": f"DMS_np ({dm['expand']} supernet, searched to YOLOv8n's MACs, retrained)",
              "yolov8n": "YOLOv8n",
-             "uniform": f"uniform width x{uni['width']:.4f} at depth x{uni['depth']:g}"}
+             "uniform": f"uniform width x{uni['width']:.4f} at depth x{uni['depth']:g}",
+             "dms_np_hold": "DMS_np as `dms_np`, at the library default (settle phase + hold)",
+             "p3": (f"YOLOv8n with Detect on P3 only (`bench/yolov8n_p3.yaml`), width x{r['p3']['width']:.4f}"
+                    if "p3" in r else "YOLOv8n with Detect on P3 only")}
     commands = sorted({x["command"] for rs in rows.values() for x in rs})
     commits = sorted({x["commit"] for rs in rows.values() for x in rs})
     lines = [
@@ -281,10 +303,12 @@ def _markdown(r: dict[str, Any], command: str, cache: Path) -> str:
             f"| {names[arm]} | {macs / 1e6:.2f} M | {macs / base:.3f} | {statistics.mean(x['params'] for x in rs) / 1e6:.3f} M "
             f"| {spread([100 * x['map50_95'] for x in rs], 2)} | {spread([100 * x['map50'] for x in rs], 2)} "
             f"| {spread(diff, 2) if diff else '-'} | {len(rs)} | {statistics.mean(x['seconds'] for x in rs) / 60:.1f} |")
-    if "dms_np" in rows:
-        lines += ["", "DMS_np per seed: exported MACs / YOLOv8n's, mAP50-95 of the searched weights (before "
+    for arm in ("dms_np", "dms_np_hold"):
+        if arm not in rows:
+            continue
+        lines += ["", f"`{arm}` per seed: exported MACs / YOLOv8n's, mAP50-95 of the searched weights (before "
                   "retraining) and after retraining:", ""]
-        for x in rows["dms_np"]:
+        for x in rows[arm]:
             lines.append(f"- seed {x['seed']}: {x['macs'] / base:.3f}, {100 * x.get('search_map50_95', float('nan')):.2f} "
                          f"-> {100 * x['map50_95']:.2f}")
     best = max((x["map50_95"] for rs in rows.values() for x in rs), default=0.0)

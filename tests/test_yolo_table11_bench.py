@@ -62,3 +62,25 @@ def test_table_from_cache_pairs_seeds_and_keeps_the_reading(tmp_path: Path) -> N
 
     png = results_plots.plot_yolo(cached, tmp_path / "t.png")
     assert png.stat().st_size > 1000
+
+
+def test_p3_arm_is_yolov8n_with_one_stride8_level_widened_to_its_macs() -> None:
+    """The hand-made baseline of the `p3` arm: bench/yolov8n_p3.yaml builds as a YOLO with a
+    single detection level at stride 8 (no stride-16/32 outputs), and its width multiple
+    brackets YOLOv8n's MACs at 64 px."""
+    import torch
+    from dmscale.integrations.ultralytics import build_yolo
+
+    model = build_yolo(str(yt.P3_YAML), nc=10).eval()
+    assert model.model[-1].stride.tolist() == [8.0]
+    info = {"nc": 10, "kind": "detection"}
+    base = yt._macs(info, 64)
+    arm = yt.uniform_arm(info, 64, 1.0, base, "nearest", yaml=str(yt.P3_YAML))
+    assert arm["below"][1] <= base < arm["above"][1]
+    assert arm["macs"] in (arm["below"][1], arm["above"][1]) and abs(arm["macs"] / base - 1) < 0.1
+    assert arm["width"] > 1.0  # one level is cheaper than three: it is widened to spend the same MACs
+    with torch.no_grad():
+        out = build_yolo(str(yt.P3_YAML), nc=10, expand={"width": arm["width"], "depth": 1.0}).eval()(
+            torch.zeros(1, 3, 64, 64))
+    preds = out[0] if isinstance(out, (tuple, list)) else out
+    assert preds.shape[-1] == (64 // 8) ** 2  # one prediction per stride-8 cell, none from P4/P5

@@ -243,4 +243,5 @@ def record_invocation(info: dict[str, Any], key: str, command: str, commit: str,
 def invocations_text(entry: dict[str, Any]) -> str:
     """Every invocation of ``entry`` (see :func:`record_invocation`), oldest first, as markdown."""
     calls = entry.get("earlier", []) + [entry]
-    return ", ".join(f"`{c.get('command', '?')}` (commit `{c.get('commit', '?')}`)" for c in calls)
+    texts = [f"`{c.get('command', '?')}` (commit `{c.get('commit', '?')}`)" for c in calls]
+    return ", ".join(dict.fromkeys(texts))  # a rerun that completes a cut-off one is named once

@@ -54,7 +54,7 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     keys = [k for k, s in sorted(cache["settings"].items(), key=lambda kv: (-kv[1]["target"], kv[0]))
             if s["finetune_epochs"] >= 1 and not s.get("structure_lr")]  # not the structure-lr ablation
     plt = pyplot()
-    fig, (ax, pareto) = plt.subplots(1, 2, figsize=(17, 4.6), gridspec_kw={"width_ratios": [2.2, 1]})
+    fig, (ax, pareto) = plt.subplots(1, 2, figsize=(19, 4.8), gridspec_kw={"width_ratios": [2.2, 1]})
     width = 0.8 / len(methods)
     low = 100.0
     for g, key in enumerate(keys):
@@ -72,7 +72,7 @@ def plot_peers(cache: dict[str, Any], out: Path) -> Path:
     labels = []
     for key in keys:
         s = cache["settings"][key]
-        width = f"width {s['width']}: " if s.get("width", 8) != 8 else ""
+        width = f"width {s['width']}\n" if s.get("width", 8) != 8 else ""  # own line: labels sit close
         labels.append(f"{width}{s['target']} x MACs\n" + ("peers finetuned\n+search epochs" if s.get("equal_training")
                                                            else "same finetune")
                       + (f"\nDMS_p settle {s['settle']}" if s.get("settle") else ""))

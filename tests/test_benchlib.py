@@ -70,3 +70,13 @@ def test_concurrent_invocations_lose_no_rows(tmp_path: Path) -> None:
         assert p.exitcode == 0
     runs = benchlib.load_cache(path)["runs"]["k"]
     assert sorted(map(int, runs)) == list(range(40)) + list(range(1000, 1040))
+
+
+def test_a_rerun_that_completes_a_cut_off_invocation_is_named_once() -> None:
+    info: dict = {}
+    benchlib.record_invocation(info, "k", "python b.py --seeds 0 1", "aaa", [0])
+    benchlib.record_invocation(info, "k", "python b.py --seeds 0 1", "aaa", [1])
+    benchlib.record_invocation(info, "k", "python b.py --seeds 2", "bbb", [2])
+    assert benchlib.invocations_text(info["k"]) == (
+        "`python b.py --seeds 0 1` (commit `aaa`), `python b.py --seeds 2` (commit `bbb`)")
+    assert len(info["k"]["earlier"]) == 2  # the record keeps every invocation

@@ -11,7 +11,7 @@ seed, the pretrained supernet of bench/gates.py (ResNet-20 width 8 on the 8x8 di
   and timed in **process CPU seconds** (``time.process_time``: the machine is shared, wall
   time is not the cost);
 * **evolution** (bench/evolution_lib.py): SPOS/OFA-style constrained evolutionary search over
-  the same 15 per-gate counts, population 50, top 10 parents, 25 mutation +
+  the same per-gate counts (15 on ResNet-20, 33 with ``--depth 56``), population 50, top 10 parents, 25 mutation +
   25 crossover children, 10 generations (at most 550 distinct candidates, and at most 420 CPU
   seconds: each run stays under 8 minutes); elements ranked by DMS's own Taylor importance
   from a short importance-only pass at DMS's initial masks (20 batches); fitness = top-1 on a
@@ -60,7 +60,12 @@ __all__ = ["BenchConfig", "run_dms", "run_evolution", "reach", "write_table", "p
 RESULTS = ROOT / "bench" / "results"
 NAME = "evolution"
 CACHE = RESULTS / f"{NAME}.json"
-MODEL = {"model": "resnet", "model_args": {"width": 8}}
+MODEL = {"model": "resnet", "model_args": {"width": 8}}  # depth 20: the cached rows' supernet
+
+
+def _model(depth: int) -> dict[str, Any]:
+    """The supernet's ``RunConfig`` fields: ResNet-``depth`` of width 8 (20 keeps MODEL as it was)."""
+    return MODEL if depth == 20 else {**MODEL, "model_args": {**MODEL["model_args"], "depth": depth}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +81,8 @@ class BenchConfig:
     fitness_bn_batches: int = 5  # the evolution's per-candidate recalibration (reported accuracy: 20, as DMS)
     evolution: el.EvolutionConfig = el.EvolutionConfig(generations=10, max_seconds=420.0)
     settle: float = 0.0  # DMS_p-'s --settle (0: the cached rows' protocol, before the settle phase)
+    settle_hold: bool = False  # DMS_p-'s --settle-hold (False: the cached rows' protocol, before the hold)
+    depth: int = 20  # ResNet depth of the supernet (6n + 2; 56: 33 structural dimensions instead of 15)
 
     def __post_init__(self) -> None:
         if not 0 < self.target <= 1:
@@ -84,30 +91,35 @@ class BenchConfig:
             raise ValueError(f"fitness_bn_batches must be >= 1, got {self.fitness_bn_batches}")
         if self.importance_steps < 1:
             raise ValueError(f"importance_steps must be >= 1, got {self.importance_steps}")
+        if self.depth < 8 or (self.depth - 2) % 6:
+            raise ValueError(f"depth must be 6n + 2 with n >= 1 (20, 32, 56, ...), got {self.depth}")
+        if self.settle_hold and not self.settle:
+            raise ValueError("settle_hold needs settle > 0 (the hold is part of the settle phase)")
 
     def key(self) -> str:
         e = self.evolution
-        return (f"t{self.target}-pre{self.pretrain_epochs}-s{self.search_epochs}"
+        return ((f"d{self.depth}-" if self.depth != 20 else "") + f"t{self.target}-pre{self.pretrain_epochs}-s{self.search_epochs}"
                 f"-evo{e.population}x{e.generations}-imp{self.importance_steps}-bn{self.fitness_bn_batches}"
-                + (f"-settle{self.settle}" if self.settle else ""))
+                + (f"-settle{self.settle}" if self.settle else "") + ("-hold" if self.settle_hold else "")
+                + (f"-cap{e.max_seconds}" if e.max_seconds not in (None, 420.0) else ""))
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def _search_cfg(bc: BenchConfig, seed: int, pre_dir: Path, out: Path) -> RunConfig:
-    return RunConfig(task="digits", **MODEL, quiet=True, out=str(out), command="search", pipeline="p-",
+    return RunConfig(task="digits", **_model(bc.depth), quiet=True, out=str(out), command="search", pipeline="p-",
                      init=str(pre_dir), epochs=bc.search_epochs, target=bc.target, seed=seed, threads=1,
                      batch_size=bc.batch_size, settle=bc.settle,
-                     settle_hold=False).resolved()  # the cached settle rows' protocol (before the hold)
+                     settle_hold=bc.settle_hold).resolved()
 
 
 def _pretrain(bc: BenchConfig, seed: int, work: Path) -> Path:
     """The pretrained supernet of ``seed`` (bench/gates.py's protocol; reused when present)."""
-    out = work / f"pretrain{bc.pretrain_epochs}" / f"seed{seed}"
+    out = work / (f"pretrain{bc.pretrain_epochs}" + (f"-d{bc.depth}" if bc.depth != 20 else "")) / f"seed{seed}"
     if not (out / "summary.json").exists():
         shutil.rmtree(out, ignore_errors=True)
-        Pipeline(RunConfig(task="digits", **MODEL, quiet=True, out=str(out), command="pretrain",
+        Pipeline(RunConfig(task="digits", **_model(bc.depth), quiet=True, out=str(out), command="pretrain",
                            epochs=bc.pretrain_epochs, seed=seed, threads=1).resolved()).run()
     return out
 
@@ -150,7 +162,7 @@ def _test_acc(space: el.SearchSpace, model: torch.nn.Module, task: Any, bc: Benc
 def run_evolution(bc: BenchConfig, seed: int, pre_dir: Path) -> dict[str, Any]:
     """The evolutionary search of one seed: its improvements with CPU time stamps and test top-1."""
     clock = el.CpuClock()
-    task = build_task(RunConfig(task="digits", **MODEL, seed=seed).resolved())
+    task = build_task(RunConfig(task="digits", **_model(bc.depth), seed=seed).resolved())
     fit = _fit_task(task, bc, seed)
     model, searcher = _searcher(bc, seed, pre_dir, task)
     n = el.importance_pass(searcher, model, (fit.train_batch(i, bc.batch_size, seed) for i in range(bc.importance_steps)),
@@ -207,6 +219,12 @@ def _summary(cache: dict[str, Any], key: str) -> dict[str, Any]:
     return {"dms_mean_acc": dms_mean, "rows": rows}
 
 
+def _dims(cache: dict[str, Any], key: str) -> str:
+    """The evolution's number of dimensions as its runs recorded it ("?" before any run)."""
+    dims = {r["evolution"]["n_dims"] for r in cache["runs"].get(key, {}).values() if "evolution" in r}
+    return "/".join(str(d) for d in sorted(dims)) or "?"
+
+
 def _cell(value: float | None, fmt: str, never: str) -> str:
     return never if value is None else fmt.format(value)
 
@@ -221,7 +239,9 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
              "machine's scale.", "",
              f"- command: `{info['command']}`; commit `{info['commit']}`",
              f"- machine: {cache['machine']}",
-             f"- supernet: bench/gates.py's (ResNet-20 width 8, 8x8 digits, `dmscale pretrain` "
+             "- supernet: " + ("bench/gates.py's (ResNet-20" if setting.get("depth", 20) == 20 else
+                                 f"a ResNet-{setting['depth']} (bench/gates.py's protocol at depth {setting['depth']}")
+             + f" width 8, 8x8 digits, `dmscale pretrain` "
              f"{setting['pretrain_epochs']} epochs, one per seed); target {setting['target']} x MACs for both",
              f"- DMS_p-: `--pipeline p- --init <pretrain run>`, {setting['search_epochs']} epochs (400 steps), "
              "finish phase, budget solver, BatchNorm recalibration of the export; as bench/gates.py",
@@ -233,13 +253,16 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
              "importance-only batches at DMS's initial masks; fitness = top-1 of the hardened supernet on a "
              f"held-out {setting['val_fraction']:.0%} of the training images after BatchNorm recalibration on "
              f"the rest ({setting['fitness_bn_batches']} batches of {setting['batch_size']} per candidate, about one pass "
-             "over them; the pipeline's 20 would cost about 1.5 CPU s per candidate); the search stops at "
-             f"{e['max_seconds']:.0f} CPU s if its candidate budget is not used up by then",
+             "over them; the pipeline's 20 would cost about 1.5 CPU s per candidate)"
+             + (f"; the search stops at {e['max_seconds']:.0f} CPU s if its candidate budget is not used up by then"
+                if e.get("max_seconds") else "; no CPU-second cap"),
              "- accuracy: test top-1 **without retraining**, BatchNorm recalibrated as the pipeline's export "
              "(training set, 20 batches); for the evolution, of its best-by-validation candidate at each moment",
              "- cost: **process CPU seconds**, 1 torch thread (time.process_time; the machine is shared, wall "
              "time is not comparable). Both clocks include building the task, supernet and searcher; DMS's "
              "includes its export and one test evaluation, the evolution's test evaluations are off its clock",
+             f"- search space: {_dims(cache, key)} structural dimensions (one count per gate: width groups, "
+             "then blocks per stage)",
              f"- seeds done: {have}", ""]
     if not have:
         out = RESULTS / f"{NAME}.md"
@@ -324,6 +347,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table-only", action="store_true", help="only rewrite evolution.md / .png from the cache")
     p.add_argument("--generations", type=int, default=10, help="generations of the evolution (SPOS: 20)")
     p.add_argument("--name", default="evolution", help="stem of the results files (json, md, png)")
+    p.add_argument("--depth", type=int, default=20,
+                   help="ResNet depth of the supernet (20: the cached tables; 56: a larger search space, 33 dimensions)")
+    p.add_argument("--settle-hold", action="store_true", help="DMS_p-'s --settle-hold (the library default since)")
+    p.add_argument("--max-seconds", type=float, default=420.0,
+                   help="the evolution's CPU-second guard (it stops there if its candidate budget is not used up)")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "evolution")
     p.add_argument("--settle", type=float, default=0.0,
                    help="DMS_p-'s --settle (0: the evolution.json protocol; 0.4, the library default "
@@ -332,11 +360,12 @@ def main(argv: list[str] | None = None) -> None:
     global RESULTS, CACHE, NAME
     NAME = args.name
     CACHE = RESULTS / f"{NAME}.json"
-    bc = BenchConfig(evolution=dataclasses.replace(BenchConfig().evolution, generations=args.generations),
-                     settle=args.settle)
+    bc = BenchConfig(evolution=dataclasses.replace(BenchConfig().evolution, generations=args.generations,
+                                                   max_seconds=args.max_seconds),
+                     settle=args.settle, settle_hold=args.settle_hold, depth=args.depth)
     if args.quick:  # a smoke run: its cache and table stay under the work directory
         args.seeds = [0]
-        bc = BenchConfig(pretrain_epochs=2.0, search_epochs=2.0, importance_steps=4,
+        bc = BenchConfig(pretrain_epochs=2.0, search_epochs=2.0, importance_steps=4, depth=args.depth,
                          evolution=el.EvolutionConfig(population=8, generations=2, parents=3, n_mutation=4, n_crossover=4))
         RESULTS = args.workdir / "quick"
         CACHE = RESULTS / f"{NAME}.json"

@@ -8,10 +8,12 @@ of the export.
 
 from __future__ import annotations
 
-import copy
+import os
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import dmscale as dms
@@ -90,3 +92,34 @@ def test_time_guard_stops_early() -> None:
                                           max_seconds=8.5), clock=lambda: float(next(ticks)))
     assert result.stopped_early and 0 < len(result.evaluated) < 6 + 5 * 6
     assert all(b >= a for a, b in zip(result.best_per_generation, result.best_per_generation[1:]))
+
+
+def test_quick_smoke_run_writes_its_table_under_the_workdir(tmp_path: Path) -> None:
+    """``bench/evolution.py --quick`` (no CPU-second cap) runs end to end and leaves
+    bench/results alone; it crashed formatting the missing cap."""
+    before = {p: p.stat().st_mtime_ns for p in (ROOT / "bench" / "results").glob("evolution*")}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evolution.py"), "--quick", "--workdir", str(tmp_path)],
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = (tmp_path / "quick" / "evolution.md").read_text()
+    assert "no CPU-second cap" in table and "- search space: 15 structural dimensions" in table
+    assert "| 0 |" in table  # seed 0's row
+    assert before == {p: p.stat().st_mtime_ns for p in (ROOT / "bench" / "results").glob("evolution*")}
+
+
+def test_cache_key_names_depth_hold_and_cap_only_when_set() -> None:
+    """The cached ResNet-20 rows keep their keys; ``--depth``, ``--settle-hold`` and a cap other
+    than 420 s each get their own."""
+    import evolution
+    base = evolution.BenchConfig(settle=0.4)
+    assert base.key() == "t0.5-pre10.0-s36.36-evo50x10-imp20-bn5-settle0.4"
+    deep = evolution.BenchConfig(settle=0.4, settle_hold=True, depth=56,
+                                 evolution=el.EvolutionConfig(generations=100, max_seconds=1800.0))
+    assert deep.key() == "d56-t0.5-pre10.0-s36.36-evo50x100-imp20-bn5-settle0.4-hold-cap1800.0"
+    assert evolution._model(56)["model_args"] == {"width": 8, "depth": 56}
+    assert evolution._model(20) is evolution.MODEL
+    with pytest.raises(ValueError, match="depth must be 6n"):
+        evolution.BenchConfig(depth=21)
+    with pytest.raises(ValueError, match="settle_hold needs settle"):
+        evolution.BenchConfig(settle_hold=True)

@@ -7,6 +7,7 @@ paper's loss to the last step (settle=0) does not on the same seeds.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -214,3 +215,28 @@ def test_settle_hold_validation_and_older_states():
     old = _prepared(target=0.5, settle=0.0, settle_hold=False).state_dict()
     del old["config"]["settle_hold"]
     _prepared(target=0.5, settle=0.0).load_state_dict(old)  # no settle phase: the hold never acts, no refusal
+
+
+def test_budget_band_from_the_cli_sets_where_the_search_lands_and_the_solver_fills(tmp_path):
+    """``--budget-band 0.9,1.0``: the settle phase lands the search in 0.90-1.00 x target and
+    the solver leaves a model over 0.90 x alone; at the default band (0.98, 1.0) this run
+    (seed 0, 0.25 x MACs) exports at >= 0.98 x, so a band that did not reach the search fails."""
+    from dmscale.cli import main
+    out = tmp_path / "wide"
+    assert main(["search", "--task", "digits", "--pipeline", "np", "--target", "0.25", "--epochs", "10",
+                 "--retrain-epochs", "0", "--seed", "0", "--threads", "1", "--quiet", "--out", str(out),
+                 "--budget-band", "0.9,1.0"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    end, final = (summary[k]["hard"] / summary[k]["target"] for k in ("resources_search_end", "resources"))
+    assert 0.9 <= end < 0.98, f"the search ended at {end:.4f} x target"
+    assert final == pytest.approx(end)  # nothing post-hoc: over the band's low end, the solver keeps it
+    assert tuple(load_run_config(out).budget_band) == (0.9, 1.0)
+    _, exported = _search_end(0.4, 0, tmp_path, target=0.25)
+    assert exported >= 0.98
+
+
+@pytest.mark.parametrize("bad", ["0.99", "0.9,1.1", "1.0,0.9", "a,b"])
+def test_budget_band_refuses_what_is_not_two_fractions_in_order(bad):
+    from dmscale.cli import main
+    with pytest.raises(SystemExit):
+        main(["search", "--task", "digits", "--budget-band", bad, "--quiet"])

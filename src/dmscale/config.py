@@ -99,6 +99,7 @@ class RunConfig:
     cost_forward: str = "soft"
     settle: float = 0.4
     settle_hold: bool = True
+    budget_band: tuple[float, float] = (0.98, 1.0)
     search_dims: str = "both"
     min_width: int = 1
     width_step: int = 1

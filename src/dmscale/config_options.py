@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .config_values import (
+    band,
     boolean,
     choice,
     expand_factors,
@@ -172,13 +173,18 @@ OPTIONS: tuple[Option, ...] = (
        _SEARCHING, "search"),
     _o("settle", unit_fraction, 0.4,
        "last fraction of the search, in [0, 1), that lands on the budget: r_t held at the "
-       "target and a two-sided loss keeping the exact cost in 0.98-1.00 x target; once there, "
+       "target and a two-sided loss keeping the exact cost in the --budget-band; once there, "
        "depth is frozen and the structure lr anneals to 0 (0 = the paper's loss to the end)",
        _SEARCHING, "search", metavar="F"),
     _o("settle_hold", boolean, True,
        "in the settle phase, once landed, hold the structure (structure lr 0) while the exact "
-       "cost is inside 0.98-1.00 x target, so it ends in the band once it entered it (off: the "
+       "cost is inside the --budget-band, so it ends in the band once it entered it (off: the "
        "anneal alone, as before this option)", _SEARCHING, "search", metavar="BOOL"),
+    _o("budget_band", band, (0.98, 1.0),
+       "LOW,HIGH: fractions of the target the settle phase lands the exact cost between, and "
+       "under LOW the budget solver gives a found model its unused budget back (a wider band, "
+       "e.g. 0.95,1.0, lands coarse search spaces whose steps jump over 2 %%)", _SEARCHING,
+       "search", metavar="LOW,HIGH"),
     _o("search_dims", choice("both", "width", "depth"), "both",
        "what to search: widths, depths (residual blocks per stage) or both", _SEARCHING,
        "search"),

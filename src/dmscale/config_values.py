@@ -28,6 +28,7 @@ __all__ = [
     "fraction",
     "open_fraction",
     "unit_fraction",
+    "band",
     "nonempty_str",
     "boolean",
     "choice",
@@ -104,6 +105,17 @@ def unit_fraction(value: Any) -> float:
     if not 0.0 <= number < 1.0:
         raise ConfigError(f"expected a number in [0, 1), got {value!r}")
     return number
+
+
+def band(value: Any) -> tuple[float, float]:
+    """'0.95,1.0' (or a two-item list) -> (0.95, 1.0): fractions 0 < low <= high <= 1 of a target."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    if len(items) != 2:
+        raise ConfigError(f"expected LOW,HIGH (two fractions of the target, e.g. 0.98,1.0), got {value!r}")
+    low, high = (real(v) for v in items)
+    if not 0.0 < low <= high <= 1.0:
+        raise ConfigError(f"expected 0 < LOW <= HIGH <= 1 (fractions of the target), got {value!r}")
+    return (low, high)
 
 
 def nonempty_str(value: Any) -> str:

@@ -10,7 +10,8 @@ and ``_log``.
 
 After the search, the *finish* (``Phases._finish_search``) runs structure-only steps at the
 final target until the hard cost is under it (at most ``FINISH_STEPS``), then the budget
-solver when the cost is still over or under ``BUDGET_FILL`` x target; the exported model's
+solver when the cost is still over the target or under the low end of the search's
+``budget_band`` (default ``BUDGET_FILL`` = 0.98) x target; the exported model's
 BatchNorm statistics are re-estimated (:func:`recalibrate_batchnorm`) before it is evaluated.
 """
 
@@ -43,7 +44,7 @@ from .tasks.registry import Task
 __all__ = ["Phases", "recalibrate_batchnorm", "FINISH_STEPS", "BUDGET_FILL", "BN_CALIBRATION_BATCHES"]
 
 FINISH_STEPS = 300  # structure-only steps allowed after the search to get under the target
-BUDGET_FILL = 0.98  # a found model under this fraction of its target gets the unused budget back
+BUDGET_FILL = 0.98  # default low end of budget_band: a found model under it x target gets the unused budget back
 BN_CALIBRATION_BATCHES = 20  # batches that re-estimate BatchNorm statistics of the export
 
 
@@ -245,7 +246,7 @@ class Phases:
     def _finish_search(self, model: nn.Module, searcher: dms.Searcher, teacher: nn.Module | None,
                        s_opt: torch.optim.Optimizer) -> None:
         """Structure-only steps at the final target until the hard cost is under it; then the
-        budget solver when the cost is still over, or under ``BUDGET_FILL`` x target (a
+        budget solver when the cost is still over, or under ``budget_band[0]`` x target (a
         budget left unused is capacity the found model could have had)."""
         def under() -> bool:
             res = searcher.resources()
@@ -253,7 +254,7 @@ class Phases:
 
         def filled() -> bool:
             res = searcher.resources()
-            return res["hard"] >= BUDGET_FILL * res["target"]
+            return res["hard"] >= searcher.config.budget_band[0] * res["target"]
 
         if self.checkpoint_for("finish") is None:
             end = self.state["resources_search_end"] = searcher.resources()

@@ -1,6 +1,6 @@
 """Does the resource loss alone land the search on its budget? (issue 10, table 6)
 
-    PYTHONPATH=src python bench/budget.py [--quick] [--seeds 0 1 2] [--epochs 10] [--threads 1]
+    PYTHONPATH=src python bench/budget.py [--quick] [--seeds 0 1 2] [--epochs 10] [--threads 1] [--table-only]
 
 Runs the DMS_np search phase (no retraining) of the built-in ResNet-20 (width 8) on the
 bundled 8x8 digits for each target x mode x seed, through the same pipeline the CLI runs,
@@ -14,7 +14,9 @@ official code counts it); ``anneal`` the settle phase as first built (``settle=0
 loss on the exact cost, the structural lr annealed to 0 once landed); ``settle`` the default
 (the same, and the structural lr 0 while the exact cost is inside the band: ``settle_hold``).
 Results are cached per run in ``bench/results/budget.json``;
-the table (one section per search length) goes to ``bench/results/budget.md``.
+the table (one section per search length) goes to ``bench/results/budget.md``. ``--quick`` is a
+smoke run (one seed, a quarter epoch) whose cache and table go to ``WORKDIR/quick/`` instead
+(``--workdir``, default ``bench/runs/budget/``, not committed).
 """
 
 from __future__ import annotations
@@ -153,9 +155,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="ResNet-20's first-stage width (8, the default, as the CLI's digits model; "
                         "wider nets have finer cost steps per channel)")
     p.add_argument("--table-only", action="store_true", help="rewrite budget.md from the cache")
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "budget",
+                   help="scratch directory: --quick's cache and table go to WORKDIR/quick")
     args = p.parse_args(argv)
-    if args.quick:
+    global RESULTS, CACHE
+    if args.quick:  # a smoke run: its cache and table stay under the work directory
         args.seeds, args.epochs = [0], 0.25
+        RESULTS = args.workdir / "quick"
+        CACHE = RESULTS / "budget.json"
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}

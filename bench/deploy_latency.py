@@ -3,6 +3,7 @@ PyTorch and in onnxruntime, at batch 1 and 32, next to the MACs ratio.
 
     PYTHONPATH=src python bench/deploy_latency.py [--threads 1] [--rounds 15] [--models ...]
     PYTHONPATH=src python bench/deploy_latency.py --table-only   # rewrite the md from the json
+    PYTHONPATH=src python bench/deploy_latency.py --quick        # smoke run, under bench/runs/
 
 Each model is pruned to half its MACs with the budget solver on the supernet at
 initialisation (``searcher.meet_target()``: one common pruning ratio for every width and
@@ -19,6 +20,9 @@ Results are cached per model in ``bench/results/deploy_latency.json`` (each entr
 command, commit and machine of the run that measured it); a run replaces the entries of the
 models it measures and keeps the others. ``bench/results/deploy_latency.md`` is rendered from
 the cache, followed by the hand-written ``deploy_latency_reading.md`` when it exists.
+``--quick`` is a smoke run (resnet18 unless ``--models`` says otherwise, batches 1 and 2, two
+rounds each) whose json and md go to ``WORKDIR/quick/`` (``--workdir``, default
+``bench/runs/deploy_latency/``; nothing under bench/results).
 """
 
 from __future__ import annotations
@@ -266,6 +270,7 @@ def _save(cache: dict[str, Any], path: Path, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global RESULTS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=15, help="rounds at batch 1 (batch 32: a third)")
@@ -273,7 +278,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--table-only", action="store_true", help="only rewrite the md from the json")
     parser.add_argument("--cache", type=Path, default=CACHE)
     parser.add_argument("--out", type=Path, default=RESULTS / "deploy_latency.md")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: resnet18 (or --models), batches 1 and 2, 2 rounds, under WORKDIR/quick")
+    parser.add_argument("--workdir", type=Path, default=RESULTS.parent / "runs" / "deploy_latency",
+                        help="scratch directory: --quick's json and md go to WORKDIR/quick")
     args = parser.parse_args(argv)
+    batches = {1: args.rounds, 32: max(3, args.rounds // 3)}
+    if args.quick:  # a smoke run: its json and md stay under the work directory
+        RESULTS = args.workdir / "quick"
+        args.cache, args.out = RESULTS / "deploy_latency.json", RESULTS / "deploy_latency.md"
+        args.models = args.models or ["resnet18"]
+        batches = {1: 2, 2: 2}
     cache = _load(args.cache)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.table_only:
@@ -281,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.out}")
         return
     torch.set_num_threads(args.threads)
-    rounds = {1: args.rounds, 32: max(3, args.rounds // 3)}
+    rounds = batches
     run = {"command": ("PYTHONPATH=src python bench/deploy_latency.py "
                        + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
            "commit": _commit(), "date": datetime.date.today().isoformat(), "machine": _machine(args.threads)}

@@ -15,6 +15,11 @@ Usage:
     PYTHONPATH=src:tests python bench/latency_fit.py                       # current threads
     PYTHONPATH=src:tests python bench/latency_fit.py --threads 1 2 --runs 3  # both, 3 runs each
     PYTHONPATH=src:tests python bench/latency_fit.py --out bench/results/latency.md
+    PYTHONPATH=src:tests python bench/latency_fit.py --quick   # smoke run: WORKDIR/quick/latency.md
+
+``--quick`` profiles small_cnn only (unless ``--models`` says otherwise) on one thread, two
+structures, 3 rounds, and writes its table to ``WORKDIR/quick/`` (``--workdir``, default
+``bench/runs/latency_fit/``), never to bench/results.
 """
 
 from __future__ import annotations
@@ -223,13 +228,21 @@ def to_markdown(results: list[dict], args: argparse.Namespace, load_before: tupl
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["resnet20", "small_cnn"], choices=sorted(ZOO))
+    ap.add_argument("--models", nargs="+", default=None, choices=sorted(ZOO), help="default: resnet20 small_cnn")
     ap.add_argument("--threads", nargs="+", type=int, default=[torch.get_num_threads()])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--rounds", type=int, default=30, help="measurement rounds per exported model")
     ap.add_argument("--runs", type=int, default=1, help="independent profile + measurement runs")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latency.md")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: small_cnn (or --models), 1 thread, 2 structures, 3 rounds, under WORKDIR/quick")
+    ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "latency_fit",
+                    help="scratch directory: --quick's table goes to WORKDIR/quick/latency.md")
     args = ap.parse_args(argv)
+    args.models = args.models or (["small_cnn"] if args.quick else ["resnet20", "small_cnn"])
+    if args.quick:  # a smoke run: its table stays under the work directory
+        args.threads, args.seeds, args.rounds, args.runs = [1], [0, 1], 3, 1
+        args.out = args.workdir / "quick" / "latency.md"
     default_threads = torch.get_num_threads()
     load_before = os.getloadavg()
     start = time.perf_counter()

@@ -4,6 +4,7 @@ pruning baselines on equal terms (issues 9 and 10).
     PYTHONPATH=src python bench/llm_baselines.py --target 0.8 --method taylor [--calib-batches 2]
         [--seq-len 128] [--batch-size 4] [--retrain-epochs 0.00145] [--test-limit 2048]
     PYTHONPATH=src python bench/llm_baselines.py --table     # rewrite the table from the caches
+    PYTHONPATH=src python bench/llm_baselines.py --quick     # smoke run, under bench/runs/
 
 Methods (``--method``, one per invocation; the cache is one json per (method, target) in
 ``bench/results/llm_baselines/``):
@@ -24,6 +25,10 @@ same batches, steps, AdamW, lr schedule and logits-KL distillation from one froz
 original) -- and the same evaluation (``task.evaluate`` on the same held-out tokens).
 Calibration batches (Taylor gradients, block influence) come from the training split with a
 seed the finetune does not use.
+
+``--quick`` is a smoke run of ``--method`` (one calibration batch and one finetune step of 2 x 32
+tokens, 128 held-out tokens; the original is evaluated on them too) whose run directory, caches
+and table go to ``WORKDIR/quick/`` (``--workdir``, default ``bench/runs/llm_baselines/``).
 """
 
 from __future__ import annotations
@@ -110,6 +115,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     full = dms.count(original, pipe.example)["params"]
     target = int(round(args.target * full)) if args.method != "original" else full
     teacher = load_teacher("supernet", pipe.device, supernet=original)  # a frozen copy
+    if getattr(args, "quick", False):  # the original's evaluation that the table reads (the DMS arm's, otherwise)
+        path = DMS_CACHE / f"original_seq{args.seq_len}_test{args.test_limit}.json"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(pipe.task.evaluate(teacher), indent=1), encoding="utf-8")
     model = original
     tp0 = time.perf_counter()
     chosen = prune(args.method, model, pipe, target, args.calib_batches)
@@ -122,7 +132,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     opt = pipe._weight_optimizer(list(model.parameters()))
     pipe._train("retrain", model, total, [opt], [pipe._schedule(opt, total)], teacher=teacher)
     after = pipe.evaluate("retrain", model, None, total)
-    return {"method": args.method, "target": args.target, "args": vars(args), "commit": git_commit(ROOT),
+    plain = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}  # json: --workdir
+    return {"method": args.method, "target": args.target, "args": plain, "commit": git_commit(ROOT),
             "machine": platform.platform(), "cpus": os.cpu_count(), "params": params,
             "supernet": full, "target_params": target, "chosen": chosen, "before": before,
             "after": after, "finetune_steps": total, "prune_s": prune_s,
@@ -233,11 +244,12 @@ def _gaps(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def write_markdown() -> Path:
-    """``llm_baselines.md`` from every cached run (and the DMS runs' caches)."""
+def write_markdown(seq_len: int = 128, test_limit: int = 2048) -> Path:
+    """``llm_baselines.md`` from every cached run (and the DMS runs' caches); the original's
+    line is its evaluation on ``test_limit`` held-out tokens in sequences of ``seq_len``."""
     runs = [json.loads(f.read_text()) for f in sorted(CACHE.glob("*.json")) if f.name != "tp_probe.json"]
     rows = _dms_rows() + runs
-    orig = _original_eval(argparse.Namespace(seq_len=128, test_limit=2048))
+    orig = _original_eval(argparse.Namespace(seq_len=seq_len, test_limit=test_limit))
     lines = ["# Table 5 analog: SmolLM2-135M at 80 % and 50 % parameters, DMS against baselines",
              "", "Commands (one per method and target; `--table` rewrites this file from "
              "`bench/results/llm_baselines/*.json` and the DMS caches in `bench/results/smollm2_prune/`):", ""]
@@ -307,7 +319,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table", action="store_true")
     p.add_argument("--probe-tp", type=int, default=0, metavar="S",
                    help="only try Torch-Pruning's LLM pruner for at most S seconds")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run of --method: 1 calibration batch, 1 finetune step of 2 x 32 tokens, "
+                        "128 test tokens, under WORKDIR/quick")
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "llm_baselines",
+                   help="scratch directory: --quick's run, caches and table go to WORKDIR/quick")
     args = p.parse_args(argv)
+    global RESULTS, CACHE, DMS_CACHE
+    table_args = {}
+    if args.quick:  # a smoke run: its run directory, caches and table stay under the work directory
+        args.calib_batches, args.seq_len, args.batch_size, args.test_limit = 1, 32, 2, 128
+        args.retrain_epochs = 0.5 / (1_407_001 // (args.batch_size * args.seq_len))  # one step
+        RESULTS = args.workdir / "quick"
+        CACHE, DMS_CACHE = RESULTS / "llm_baselines", RESULTS / "smollm2_prune"
+        args.out = str(RESULTS / "runs")
+        table_args = {"seq_len": args.seq_len, "test_limit": args.test_limit}
     CACHE.mkdir(parents=True, exist_ok=True)
     if args.probe_tp:
         res = probe_tp(args.probe_tp)
@@ -322,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
             "" if args.retrain_epochs == DEFAULT_FT else f"_retrain{args.retrain_epochs}")
         (CACHE / f"{name}.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
         print(json.dumps({k: res[k] for k in ("method", "target", "params", "chosen", "before", "after")}))
-    print(write_markdown().read_text())
+    print(write_markdown(**table_args).read_text())
 
 
 if __name__ == "__main__":

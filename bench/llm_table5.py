@@ -4,7 +4,7 @@ pruning baselines with **equal weight steps**, several seeds (issue 10).
     PYTHONPATH=src python bench/llm_table5.py --method dms --target 0.8 --seed 0
     PYTHONPATH=src python bench/llm_table5.py --method taylor --target 0.8 --seed 0
     PYTHONPATH=src python bench/llm_table5.py --table      # rewrite the table from the cache
-    PYTHONPATH=src python bench/llm_table5.py --quick      # smoke: dms then taylor, 2 + 1 steps
+    PYTHONPATH=src python bench/llm_table5.py --quick      # smoke: dms then taylor, under bench/runs/
     PYTHONPATH=src python bench/llm_table5.py --name llm_table5_long --search-steps 60 \
         --finetune-steps 240 --method shortgpt --weight-steps 300   # a longer budget, its own table
 
@@ -24,6 +24,10 @@ finish + finetune; read from its cache, so run ``dms`` first): DMS's search trai
 too, and the short table showed that ShortGPT closes most of the gap once given those steps.
 The seed sets the batches of every phase (the calibration batches of Taylor and ShortGPT use
 their own fixed seed).
+
+``--quick`` is a smoke run of ``dms`` then ``taylor`` (2 search + 1 finetune steps of 2 x 32
+tokens, 128 held-out tokens) whose run directories, cache and table go to ``WORKDIR/quick/``
+(``--workdir``, default ``bench/runs/llm_table5/``); nothing of ``bench/results`` is written.
 """
 
 from __future__ import annotations
@@ -274,16 +278,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--name", default="llm_table5",
                    help="the table: cache bench/results/NAME/, NAME.md, .json, .png")
     p.add_argument("--table", action="store_true", help="only rewrite the table from the cache")
-    p.add_argument("--quick", action="store_true", help="smoke run of dms then taylor: 2 + 1 steps, 256 tokens, a temp cache")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run of dms then taylor: 2 + 1 steps of 2 x 32 tokens, 128 test tokens, "
+                        "under WORKDIR/quick")
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "llm_table5",
+                   help="scratch directory: --quick's runs, cache and table go to WORKDIR/quick")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     if args.settle_hold and args.name in ANNEAL_TABLES:
         p.error(f"the cached DMS rows of {args.name} ran without the hold (the settle phase annealing "
                 f"alone): give the held runs a table of their own, e.g. --name {args.name}_hold")
+    global RESULTS
     args.cache, out = RESULTS / args.name, RESULTS
     if args.quick:  # nothing of bench/results is written
-        args.search_steps, args.finetune_steps, args.test_limit = 2, 1, 256
-        args.cache = out = Path(tempfile.mkdtemp(prefix="table5-quick-"))
+        args.search_steps, args.finetune_steps, args.test_limit = 2, 1, 128
+        args.seq_len, args.batch_size = 32, 2
+        RESULTS = out = args.workdir / "quick"
+        args.cache, args.out = out / args.name, str(out / "runs")
         smollm2_prune.CACHE = llm_baselines.DMS_CACHE = args.cache
     args.cache.mkdir(parents=True, exist_ok=True)
     for method in (("dms", "taylor") if args.quick else () if args.table else (args.method,)):

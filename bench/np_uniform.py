@@ -21,7 +21,9 @@ how far each post-hoc step moved the kept fractions, importance stability (Spear
 correlation and kept-set agreement of snapshots at every tenth of the search with the
 search's end), and for all arms the retrained model's exact MACs / target and top-1.
 Cached per run in ``bench/results/np_uniform.json``; the table goes to
-``bench/results/np_uniform.md``. Run directories under ``bench/runs/np_uniform/`` (ignored).
+``bench/results/np_uniform.md``. Run directories under ``--workdir`` (default
+``bench/runs/np_uniform/``, ignored). ``--quick`` is a smoke run (one seed, target 0.5, half an
+epoch of search and of retraining) whose cache, table and plot go to ``WORKDIR/quick/``.
 """
 
 from __future__ import annotations
@@ -218,15 +220,21 @@ def main(argv: list[str] | None = None) -> None:
                    help="base width of the ResNet-20 (8: np_uniform[.json/.md]; others: np_uniform_wW)")
     p.add_argument("--train-limit", type=int, default=None,
                    help="train on the first N training images (--train-limit of every search and retrain)")
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "np_uniform",
+                   help="run directories; --quick's cache, table and plot go to WORKDIR/quick")
     args = p.parse_args(argv)
+    global RESULTS, CACHE, WORK
+    WORK = args.workdir
+    if args.quick:  # a smoke run: its cache, table and plot stay under the work directory
+        args.seeds, args.targets, args.search_epochs, args.retrain_epochs = [0], [0.5], [0.5], 0.5
+        RESULTS = args.workdir / "quick"
+        CACHE = RESULTS / CACHE.name
     if args.task != "digits":
         _use_task(args.task, args.train_limit)
     elif args.train_limit is not None:
         p.error("--train-limit is for --task mnist (the digits cache holds full-split runs)")
     if args.width != 8:
         _use_width(args.width)
-    if args.quick:
-        args.seeds, args.targets, args.search_epochs, args.retrain_epochs = [0], [0.5], [0.5], 0.5
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     machine = (f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, "
@@ -251,8 +259,10 @@ def main(argv: list[str] | None = None) -> None:
                                  f"solver {row['solver_ran']}") if arm != "uniform" else ""
                         print(f"{key}: top-1 {100 * row['acc']:.2f} %, exported {row['exported']:.3f} x target"
                               f"{extra} ({row['search_seconds']} + {row['retrain_seconds']} s)", flush=True)
+    import np_uniform_table
     from np_uniform_table import write_table
 
+    np_uniform_table.RESULTS = RESULTS  # the table and plot go beside the cache
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
     command = "python bench/np_uniform.py " + " ".join(argv if argv is not None else sys.argv[1:])
     name = CACHE.stem

@@ -1,6 +1,6 @@
 """DMS_p against Torch-Pruning and uniform width scaling at equal MACs (issue 10, table 4).
 
-    PYTHONPATH=src python bench/peers.py [--quick] [--seeds 0 1 2] [--target 0.5] [--equal-training]
+    PYTHONPATH=src python bench/peers.py [--quick] [--seeds 0 1 2] [--target 0.5] [--equal-training] [--table-only]
 
 Per seed, one shared pretrained supernet (the project's ``pretrain`` phase; ResNet-20 of
 width 8 on the bundled 8x8 digits: MNIST takes about 4 s per step on this shared machine),
@@ -16,7 +16,9 @@ Every result is then finetuned by the same ``dmscale retrain`` phase (same SGD, 
 schedule, epochs and batches); ``--equal-training`` is the control that also gives the peers
 DMS_p's search epochs as finetuning (the search trains the weights too). MACs and parameters are counted by ``dms.count`` for all.
 Results are cached per run in ``bench/results/peers.json`` (run directories under
-``bench/runs/``, not committed); the table goes to ``bench/results/peers.md``.
+``bench/runs/``, not committed); the table goes to ``bench/results/peers.md``. ``--quick`` is a
+smoke run (one seed, a few epochs) whose cache and table go to ``WORKDIR/quick/`` instead
+(``--workdir``, default ``bench/runs/peers/``).
 """
 
 from __future__ import annotations
@@ -273,10 +275,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--structure-lr", type=float, default=None,
                    help="DMS_p's --structure-lr (default: the library's; the cached settings ran at 0.01)")
     p.add_argument("--table-only", action="store_true", help="only rewrite peers.md from the cache")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "peers")
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "peers",
+                   help="run directories; --quick's cache and table go to WORKDIR/quick")
     args = p.parse_args(argv)
-    if args.quick:
+    global RESULTS, CACHE
+    if args.quick:  # a smoke run: its cache and table stay under the work directory
         args.seeds, args.pretrain_epochs, args.search_epochs, args.finetune_epochs = [0], 2.0, 0.5, 0.5
+        RESULTS = args.workdir / "quick"
+        CACHE = RESULTS / "peers.json"
     torch.set_num_threads(args.threads)
     cfg = {"target": args.target, "pretrain_epochs": args.pretrain_epochs,
            "search_epochs": args.search_epochs, "finetune_epochs": args.finetune_epochs}

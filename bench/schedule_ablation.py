@@ -16,7 +16,9 @@ Every arm runs the same steps, seeds and hyper-parameters; only these two option
 Recorded: exact MACs / target of the hard masks when the search ends (what the loss alone
 reached) and of the export (after the finish phase and budget solver), accuracy before and
 after retraining. Cached per run in ``bench/results/schedule.json``; the table goes to
-``bench/results/schedule.md`` and the plot to ``bench/results/schedule.png``.
+``bench/results/schedule.md`` and the plot to ``bench/results/schedule.png``. ``--quick`` is a
+smoke run (one seed, a quarter epoch) whose cache, table and plot go to ``WORKDIR/quick/``
+instead (``--workdir``, default ``bench/runs/schedule_ablation/``, not committed).
 """
 
 from __future__ import annotations
@@ -152,9 +154,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--arms", type=int, nargs="+", default=list(range(len(ARMS))),
                    help="indices into ARMS to run (the table shows every cached arm)")
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "schedule_ablation",
+                   help="scratch directory: --quick's cache, table and plot go to WORKDIR/quick")
     args = p.parse_args(argv)
-    if args.quick:
+    global RESULTS, CACHE
+    if args.quick:  # a smoke run: its cache, table and plot stay under the work directory
         args.seeds, args.epochs = [0], 0.25
+        RESULTS = args.workdir / "quick"
+        CACHE = RESULTS / "schedule.json"
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}

@@ -1,6 +1,6 @@
 """Cost of searching: a DMS training step vs a plain training step, side by side (issue 10, table 8).
 
-    PYTHONPATH=src:tests python bench/search_overhead.py [--threads 1] [--rounds 15] [--models ...]
+    PYTHONPATH=src:tests python bench/search_overhead.py [--quick] [--threads 1] [--rounds 15] [--models ...]
 
 Step time: for each model, a plain copy and a prepared copy (masks + importance hooks +
 resource loss) run the same forward + backward + SGD step on the same batch, interleaved
@@ -19,6 +19,9 @@ plain. Where ``clear_refs`` cannot be written the subprocess falls back to
 the table says which was used. Results are cached per model in bench/results/search_overhead.json
 (a model already measured with the same batch, rounds, steps and threads is not re-run; --fresh
 re-runs) and the table bench/results/search_overhead.md is rewritten after each model.
+``--quick`` is a smoke run (small_cnn unless ``--models`` says otherwise, batch 4, 4 rounds, one
+memory step) whose cache and table go to ``WORKDIR/quick/`` (``--workdir``, default
+``bench/runs/search_overhead/``; nothing under bench/results).
 """
 
 from __future__ import annotations
@@ -294,12 +297,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--mem-steps", type=int, default=3)
-    ap.add_argument("--models", nargs="+", default=list(BENCHES), choices=list(BENCHES))
+    ap.add_argument("--models", nargs="+", default=None, choices=list(BENCHES), help="default: every model")
     ap.add_argument("--fresh", action="store_true", help="re-measure models already in the cache")
     ap.add_argument("--memory-only", action="store_true",
                     help="re-measure only the memory of models already in the cache (keeps their step times)")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: small_cnn (or --models), batch 4, 4 rounds, 1 memory step, under WORKDIR/quick")
+    ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "search_overhead",
+                    help="scratch directory: --quick's cache and table go to WORKDIR/quick")
     args = ap.parse_args(argv)
+    global RESULTS
+    if args.quick and not args.child:  # a smoke run: its cache and table stay under the work directory
+        args.rounds, args.batch, args.mem_steps = 4, 4, 1
+        args.models = args.models or ["small_cnn"]
+        RESULTS = args.workdir / "quick"
+        RESULTS.mkdir(parents=True, exist_ok=True)
+    args.models = args.models or list(BENCHES)
     torch.set_num_threads(args.threads)
     if args.child:
         print(json.dumps(_child(*args.child, args.batch, args.mem_steps, args.threads)))

@@ -1,6 +1,6 @@
 """Peak memory of a short SmolLM2-135M search, with and without the distillation teacher.
 
-    PYTHONPATH=src python bench/smollm2_memory.py [--seq-len 128] [--batch-size 4]
+    PYTHONPATH=src python bench/smollm2_memory.py [--quick] [--seq-len 128] [--batch-size 4]
         [--steps 3] [--test-limit 1024] [--threads 1] [--only teacher|no-teacher]
 
 Each configuration runs in a fresh Python process (``resource.getrusage(RUSAGE_SELF)
@@ -10,7 +10,9 @@ report the larger of both): ``dmscale search --pipeline p`` on the bundled Shake
 original as the teacher (the default of ``hf:`` models) and once with ``--distill-weight 0``.
 The per-run numbers are cached as json in ``bench/results/smollm2_memory/``; the table in
 ``bench/results/smollm2_memory.md`` is written from the cache (``--table`` rewrites it without
-running anything).
+running anything). ``--quick`` is a smoke run (the teacher configuration unless ``--only`` says
+otherwise, two search steps of 2 x 32 tokens, 128 held-out tokens) whose run directories, cache
+and table go to ``WORKDIR/quick/`` (``--workdir``, default ``bench/runs/smollm2_memory/``).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from dmscale.config import RunConfig
     from dmscale.pipeline import Pipeline
 
-    out = Path(tempfile.mkdtemp(prefix="smollm2-mem-")) / name
+    out = Path(args.run_dir or tempfile.mkdtemp(prefix="smollm2-mem-")) / name
     probe = RunConfig(command="search", task="text", model=f"hf:{smollm2_path()}", pipeline="p",
                       seq_len=args.seq_len,
                       batch_size=args.batch_size).resolved()
@@ -73,7 +75,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def _child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", name, "--seq-len", str(args.seq_len), "--batch-size",
            str(args.batch_size), "--steps", str(args.steps), "--test-limit", str(args.test_limit),
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads)] + (["--run-dir", args.run_dir] if args.run_dir else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
@@ -118,7 +120,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", choices=sorted(CONFIGS), default=None)
     p.add_argument("--table", action="store_true", help="only rewrite the table from the cache")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--run-dir", default=None, help="where the runs go (default: a temp dir each)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: the teacher configuration (or --only), 2 search steps of 2 x 32 tokens, "
+                        "128 test tokens, under WORKDIR/quick")
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "smollm2_memory",
+                   help="scratch directory: --quick's runs, cache and table go to WORKDIR/quick")
     args = p.parse_args(argv)
+    global RESULTS, CACHE
+    if args.quick and not args.child:  # a smoke run: its runs, cache and table stay under the work directory
+        args.seq_len, args.batch_size, args.steps, args.test_limit = 32, 2, 2, 128
+        args.only = args.only or "teacher"  # one fresh process: loading SmolLM2 is most of its time
+        RESULTS = args.workdir / "quick"
+        CACHE = RESULTS / "smollm2_memory"
+        args.run_dir = str(RESULTS / "runs")
     if args.child:
         print(json.dumps(measure(args.child, args)))
         return

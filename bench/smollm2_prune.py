@@ -4,6 +4,7 @@
         [--seq-len 128] [--batch-size 8] [--test-limit N] [--threads T] [--distill-hidden W]
         [--layer-uniform] [--out DIR]
     PYTHONPATH=src python bench/smollm2_prune.py --table    # rewrite the table from the cache
+    PYTHONPATH=src python bench/smollm2_prune.py --quick    # smoke run, under bench/runs/
 
 Runs the same pipeline as ``dmscale search --model hf:SmolLM2.gguf --task text --pipeline p``
 (pretrained weights as the supernet, search with KL distillation from one frozen copy of the
@@ -18,6 +19,10 @@ in ``smollm2_prune_notes.md`` are appended).
 
 Search and finetune lengths are fractions of an epoch of the 1.4 M training tokens; on a CPU
 a run of minutes is a handful of steps, far from converged.
+
+``--quick`` is a smoke run (2 search steps and 1 finetune step of 2 x 32 tokens, 128 held-out
+tokens) whose run directory, cache and table go to ``WORKDIR/quick/`` (``--workdir``, default
+``bench/runs/smollm2_prune/``); loading SmolLM2 alone takes a good part of its time.
 """
 
 from __future__ import annotations
@@ -99,7 +104,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     phase_steps = {ph: max((r["step"] for r in records if r.get("phase") == ph and "step" in r), default=0)
                    for ph in ("search", "finish", "retrain")}
     res = summary["resources"]
-    return {"args": vars(args), "commit": commit, "machine": platform.platform(),
+    plain = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}  # json: --workdir
+    return {"args": plain, "commit": commit, "machine": platform.platform(),
             "cpus": os.cpu_count(), "original": orig, "before": ev["search"], "after": ev.get("retrain"),
             "wall_s": wall, "peak_rss_mib": peak, "task": pipe.task.describe(),
             "steps": summary["steps"], "phase_steps": phase_steps, "elapsed": summary.get("elapsed"),
@@ -207,7 +213,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layer-uniform", action="store_true")
     p.add_argument("--out", default=None, help="where the run directory goes (default: a temp dir)")
     p.add_argument("--table", action="store_true", help="only rewrite the table from the cached json")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 2 search + 1 finetune steps of 2 x 32 tokens, 128 test tokens, under WORKDIR/quick")
+    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "smollm2_prune",
+                   help="scratch directory: --quick's run, cache and table go to WORKDIR/quick")
     args = p.parse_args(argv)
+    global RESULTS, CACHE
+    if args.quick:  # a smoke run: its run directory, cache and table stay under the work directory
+        args.seq_len, args.batch_size, args.test_limit = 32, 2, 128
+        spe = 1_407_001 // (args.batch_size * args.seq_len)  # steps per epoch of the training tokens
+        args.epochs, args.retrain_epochs = 1.5 / spe, 0.5 / spe
+        RESULTS = args.workdir / "quick"
+        CACHE = RESULTS / "smollm2_prune"
+        args.out = str(RESULTS / "runs")
     CACHE.mkdir(parents=True, exist_ok=True)
     if not args.table:
         args.argv = _without_target(_public(argv))

@@ -17,7 +17,9 @@ the cells whose *search* ended more than ``REACHED`` over it.
 
 Each run is cached in ``bench/results/table16.json`` (several invocations may share it: each
 row is written under a lock); the table and a heatmap go to ``bench/results/table16.md`` and
-``table16.png``. The hand-written ``## Reading`` of the md is kept across rebuilds.
+``table16.png``. The hand-written ``## Reading`` of the md is kept across rebuilds. Run
+directories go under ``--workdir`` (default ``bench/runs/NAME/``); ``--quick``'s cache, table
+and plot under ``WORKDIR/quick/``.
 
 The cached table ran with ``--settle 0`` (the paper's loss to the last step, the default
 then); ``--settle 0.4 --settle-hold --name table16_settle`` runs the grid at today's default
@@ -224,12 +226,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--settle-hold", action="store_true", help="the settle phase's hold (the default since)")
     p.add_argument("--name", default="table16", help="stem of the cache, md and png in bench/results")
     p.add_argument("--table-only", action="store_true")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="run directories (default: bench/runs/NAME); --quick's cache and table go to WORKDIR/quick")
     args = p.parse_args(argv)
     global RESULTS, CACHE, WORK, NAME
     if (args.settle or args.settle_hold) and args.name == "table16":
         p.error("table16 holds the --settle 0 grid: give this protocol a --name of its own, e.g. table16_settle")
     NAME = args.name
-    CACHE, WORK = RESULTS / f"{NAME}.json", ROOT / "bench" / "runs" / NAME
+    CACHE, WORK = RESULTS / f"{NAME}.json", args.workdir or ROOT / "bench" / "runs" / NAME
     if args.quick:  # a smoke run: its own cache and table under the ignored bench/runs/
         RESULTS = WORK / "quick"
         CACHE = RESULTS / f"{NAME}.json"

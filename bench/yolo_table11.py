@@ -34,6 +34,12 @@ seed), then the table from the cache::
         --batch-size 8 --augment fliplr=0,mosaic=0 --seeds 0
     PYTHONPATH=src python bench/yolo_table11.py --train 256 --val 64 --epochs 20 --search-epochs 10 \
         --batch-size 8 --augment fliplr=0,mosaic=0 --seeds 0 1 --table-only
+
+A smoke run of every arm (8 training / 4 val images, one step per run, seed 0), whose data,
+run directories, cache and table go to ``WORKDIR/quick/`` (``--workdir``, default
+``bench/runs/yolo_table11/``; nothing under ``bench/results/``)::
+
+    PYTHONPATH=src python bench/yolo_table11.py --quick [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -195,7 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "yolo_table11"), help="the table's md/json path (no suffix)")
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "dmscale_yolo_table11"),
                     help="generated data and run directories")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: every arm, seed 0, 8 / 4 images, one step per run, all under WORKDIR/quick")
+    ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "yolo_table11",
+                    help="scratch directory of --quick (its data, runs, cache and table: WORKDIR/quick)")
     args = ap.parse_args(argv)
+    if args.quick:  # a smoke run: nothing of bench/results is read or written
+        args.train, args.val, args.epochs, args.search_epochs, args.batch_size = 8, 4, 1.0, 1.0, 8
+        args.seeds, args.augment = [0], "fliplr=0,mosaic=0"
+        quick = args.workdir / "quick"
+        args.cache, args.out = str(quick / "yolo_table11_runs"), str(quick / "yolo_table11")
+        args.work = str(quick / "work")
     torch.set_num_threads(1)
     s = settings_of(args)
     tag = _tag(s)
@@ -254,6 +270,14 @@ def write_table(cache: Path, seeds: list[int], out: Path, s: dict[str, Any], met
     print(md.read_text())
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout when it is inside it (the committed cache), else as given."""
+    try:
+        return Path(path).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def _paired(rows: dict[str, list[dict[str, Any]]], arm: str) -> list[float]:
     """Per-seed mAP50-95 difference ``arm - yolov8n`` (points), over the seeds both have."""
     return paired_diff(rows.get(arm, []), rows.get("yolov8n", []), "map50_95")
@@ -276,7 +300,7 @@ def _markdown(r: dict[str, Any], command: str, cache: Path) -> str:
         "",
         "- runs: " + "; ".join(f"`{c}`" for c in commands),
         f"- table: `{command}`" if "--table-only" in command else "- table written by the last of these",
-        f"- cache: `bench/results/yolo_table11_runs/{cache.name}/` (one json per arm and seed)",
+        f"- cache: `{_shown(cache)}/` (one json per arm and seed)",
         f"- commit(s): {', '.join(commits) or '-'}; machine: {platform.machine()}, {os.cpu_count()} CPU cores "
         f"(shared), 1 torch thread, torch {torch.__version__}, Python {platform.python_version()}",
         f"- data: {d['train']} training / {d['val']} val images of {d['imgsz']} px, 1-{d['max_digits']} MNIST "

@@ -263,10 +263,15 @@ def main(argv: list[str] | None = None) -> None:
     from np_uniform_table import write_table
 
     np_uniform_table.RESULTS = RESULTS  # the table and plot go beside the cache
-    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
-    command = "python bench/np_uniform.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = ("python bench/np_uniform.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    with locked(CACHE):
+        cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
+        if not args.table_only:  # the last invocation that ran something (--table-only keeps it)
+            cache["last_command"] = command
+            save_cache(CACHE, cache)
+    command = cache.get("last_command", command)
     name = CACHE.stem
-    print(f"wrote {write_table(cache, command.strip(), args.search_epochs[0], args.retrain_epochs, name=name, dataset=dataset_note(args.task, args.train_limit), width=args.width)}")
+    print(f"wrote {write_table(cache, command, args.search_epochs[0], args.retrain_epochs, name=name, dataset=dataset_note(args.task, args.train_limit), width=args.width)}")
 
 
 if __name__ == "__main__":

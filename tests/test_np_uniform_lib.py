@@ -117,3 +117,18 @@ def test_table_of_another_width_names_it(tmp_path: Path, monkeypatch: pytest.Mon
     md = nt.write_table(cache, "python bench/np_uniform.py --width 4", name="np_uniform_w4", width=4).read_text()
     assert "ResNet-20 (width 4)" in md and "(width 8)" not in md
     assert (tmp_path / "np_uniform_w4.png").exists()
+
+
+def test_table_only_keeps_the_last_invocation_that_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--table-only`` rewrote the table's "command (last invocation)" with itself."""
+    import np_uniform
+
+    cache = json.loads((ROOT / "bench" / "results" / "np_uniform.json").read_text())
+    cache["last_command"] = "python bench/np_uniform.py --arms dms --seeds 3 4"
+    (tmp_path / "np_uniform.json").write_text(json.dumps(cache))
+    monkeypatch.setattr(np_uniform, "RESULTS", tmp_path)
+    monkeypatch.setattr(np_uniform, "CACHE", tmp_path / "np_uniform.json")
+    np_uniform.main(["--table-only"])
+    md = (tmp_path / "np_uniform.md").read_text()
+    assert "- command (last invocation): `python bench/np_uniform.py --arms dms --seeds 3 4`" in md
+    assert json.loads((tmp_path / "np_uniform.json").read_text())["last_command"] == cache["last_command"]

@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import evolution_lib as el  # noqa: E402
-from benchlib import (command_line, git_commit, load_cache, mean_std, pyplot, save_cache, save_figure,  # noqa: E402
-                      shared_machine, widths)
+from benchlib import (command_line, git_commit, invocations_text, load_cache, locked, mean_std, pyplot,  # noqa: E402
+                      record_invocation, save_cache, save_figure, shared_machine, widths)
 import dmscale as dms  # noqa: E402
 from dmscale.config import RunConfig  # noqa: E402
 from dmscale.io import load_weights  # noqa: E402
@@ -237,7 +237,7 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
     lines = ["# Search cost: DMS_p- vs evolutionary search on the same supernet (issue 10, table 3)", "",
              "The analog of the paper's Table 3 (search cost of DMS vs evolutionary / NAS methods) on this "
              "machine's scale.", "",
-             f"- command: `{info['command']}`; commit `{info['commit']}`",
+             f"- command: {invocations_text(info)}" + (" (each adds its seeds to the cache)" if "earlier" in info else ""),
              f"- machine: {cache['machine']}",
              "- supernet: " + ("bench/gates.py's (ResNet-20" if setting.get("depth", 20) == 20 else
                                  f"a ResNet-{setting['depth']} (bench/gates.py's protocol at depth {setting['depth']}")
@@ -375,27 +375,33 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     key = bc.key()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    cache = load_cache(CACHE)
-    cache["machine"] = shared_machine("1 thread")
-    if not args.table_only:
-        cache.setdefault("settings", {})[key] = bc.as_dict()
-        command = command_line("bench/evolution.py", argv)
-        cache.setdefault("info", {})[key] = {"command": command, "commit": git_commit(ROOT), "seeds": args.seeds}
-        runs = cache.setdefault("runs", {}).setdefault(key, {})
+    if not args.table_only:  # every cache write is a read-modify-write under the lock: invocations
+        with locked(CACHE):  # adding other seeds to the same cache may run at the same time
+            cache = load_cache(CACHE)
+            cache.setdefault("settings", {})[key] = bc.as_dict()
+            record_invocation(cache.setdefault("info", {}), key, command_line("bench/evolution.py", argv),
+                              git_commit(ROOT), args.seeds)
+            save_cache(CACHE, cache)
         for seed in args.seeds:
-            done = runs.setdefault(str(seed), {})
             pre_dir = _pretrain(bc, seed, args.workdir)
             for method, fn in (("dms", lambda: run_dms(bc, seed, pre_dir, args.workdir)),
                                ("evolution", lambda: run_evolution(bc, seed, pre_dir))):
-                if method not in done:
-                    done[method] = fn()
-                    save_cache(CACHE, cache)
+                if method not in load_cache(CACHE).get("runs", {}).get(key, {}).get(str(seed), {}):
+                    result = fn()
+                    with locked(CACHE):
+                        cache = load_cache(CACHE)
+                        cache.setdefault("runs", {}).setdefault(key, {}).setdefault(str(seed), {})[method] = result
+                        save_cache(CACHE, cache)
+            done = load_cache(CACHE)["runs"][key][str(seed)]
             d, e = done["dms"], done["evolution"]
             print(f"seed {seed}: DMS_p- {100 * d['acc']:.2f} % in {d['cpu_s']:.1f} CPU s | evolution final "
                   f"{100 * e['curve'][-1]['test_acc']:.2f} % in {e['cpu_s']:.1f} CPU s ({e['evaluations']} candidates)",
                   flush=True)
-    table = write_table(cache, key)
-    save_cache(CACHE, cache)
+    with locked(CACHE):
+        cache = load_cache(CACHE)
+        cache["machine"] = shared_machine("1 thread")
+        table = write_table(cache, key)
+        save_cache(CACHE, cache)
     print(f"wrote {table} and {plot(cache, key)}")
 
 

@@ -144,7 +144,7 @@ def to_markdown(results: list[dict], args: argparse.Namespace, load_before: tupl
         "naive reference \"re-measured supernet latency x MACs ratio\".",
         "",
         "- command: `PYTHONPATH=src:tests python bench/latency_fit.py "
-        f"{' '.join(shlex.quote(a) for a in sys.argv[1:])}`",
+        f"{' '.join(shlex.quote(a) for a in getattr(args, 'argv', sys.argv[1:]))}`",
         f"- machine: {platform.platform()}, {_cpu_name()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}, torch {torch.__version__}",
         f"- threads (torch.set_num_threads): {', '.join(str(t) for t in args.threads)}",
@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "latency_fit",
                     help="scratch directory: --quick's table goes to WORKDIR/quick/latency.md")
     args = ap.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # the table's command line
     args.models = args.models or (["small_cnn"] if args.quick else ["resnet20", "small_cnn"])
     if args.quick:  # a smoke run: its table stays under the work directory
         args.threads, args.seeds, args.rounds, args.runs = [1], [0, 1], 3, 1

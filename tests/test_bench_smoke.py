@@ -75,3 +75,15 @@ def test_quick_run_writes_its_table_under_the_workdir_only(script: str, table: s
     assert out.is_file() and out.stat().st_size > 0, f"no table {out}; stdout:\n{proc.stdout[-2000:]}"
     assert _owned(owns) == before, f"bench/{script}.py --quick changed files under bench/results"
     shutil.rmtree(tmp_path, ignore_errors=True)  # the LLM runs leave about 1 GB each
+
+
+def test_latency_fit_names_the_arguments_it_was_called_with(tmp_path: Path) -> None:
+    """Called as ``main(argv)`` (not from a shell), the table's command line is ``argv``; it
+    was the calling process's ``sys.argv``."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import latency_fit
+
+    latency_fit.main(["--quick", "--workdir", str(tmp_path), "--rounds", "2"])
+    md = (tmp_path / "quick" / "latency.md").read_text()
+    assert f"python bench/latency_fit.py --quick --workdir {tmp_path} --rounds 2`" in md

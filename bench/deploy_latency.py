@@ -283,12 +283,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, default=RESULTS.parent / "runs" / "deploy_latency",
                         help="scratch directory: --quick's json and md go to WORKDIR/quick")
     args = parser.parse_args(argv)
-    batches = {1: args.rounds, 32: max(3, args.rounds // 3)}
+    rounds = {1: args.rounds, 32: max(3, args.rounds // 3)}  # per batch size
     if args.quick:  # a smoke run: its json and md stay under the work directory
         RESULTS = args.workdir / "quick"
         args.cache, args.out = RESULTS / "deploy_latency.json", RESULTS / "deploy_latency.md"
         args.models = args.models or ["resnet18"]
-        batches = {1: 2, 2: 2}
+        rounds = {1: 2, 2: 2}
     cache = _load(args.cache)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.table_only:
@@ -296,7 +296,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.out}")
         return
     torch.set_num_threads(args.threads)
-    rounds = batches
     run = {"command": ("PYTHONPATH=src python bench/deploy_latency.py "
                        + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
            "commit": _commit(), "date": datetime.date.today().isoformat(), "machine": _machine(args.threads)}

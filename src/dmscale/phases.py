@@ -11,7 +11,7 @@ and ``_log``.
 After the search, the *finish* (``Phases._finish_search``) runs structure-only steps at the
 final target until the hard cost is under it (at most ``FINISH_STEPS``), then the budget
 solver when the cost is still over the target or under the low end of the search's
-``budget_band`` (default ``BUDGET_FILL`` = 0.98) x target; the exported model's
+``budget_band`` (default 0.98) x target; the exported model's
 BatchNorm statistics are re-estimated (:func:`recalibrate_batchnorm`) before it is evaluated.
 """
 
@@ -41,10 +41,9 @@ from .tasks.hf_model import HF_DIR, is_hf_model, save_hf_dir
 from .tasks.distill import kept_hidden_channels
 from .tasks.registry import Task
 
-__all__ = ["Phases", "recalibrate_batchnorm", "FINISH_STEPS", "BUDGET_FILL", "BN_CALIBRATION_BATCHES"]
+__all__ = ["Phases", "recalibrate_batchnorm", "FINISH_STEPS", "BN_CALIBRATION_BATCHES"]
 
 FINISH_STEPS = 300  # structure-only steps allowed after the search to get under the target
-BUDGET_FILL = 0.98  # default low end of budget_band: a found model under it x target gets the unused budget back
 BN_CALIBRATION_BATCHES = 20  # batches that re-estimate BatchNorm statistics of the export
 
 

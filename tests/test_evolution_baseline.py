@@ -8,6 +8,7 @@ of the export.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -123,3 +124,35 @@ def test_cache_key_names_depth_hold_and_cap_only_when_set() -> None:
         evolution.BenchConfig(depth=21)
     with pytest.raises(ValueError, match="settle_hold needs settle"):
         evolution.BenchConfig(settle_hold=True)
+
+
+_DRIVER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {bench!r})
+import evolution as ev
+out = Path({out!r})
+ev.RESULTS = out
+ev._pretrain = lambda bc, seed, work: out
+ev.run_dms = lambda bc, seed, pre, work: {{"acc": 0.5, "cpu_s": 1.0}}
+evo = {{"curve": [{{"test_acc": 0.4}}], "cpu_s": 2.0, "evaluations": 1}}
+ev.run_evolution = lambda bc, seed, pre: (time.sleep(2.0), evo)[1]  # both processes overlap
+ev.write_table = lambda cache, key: out / "table.md"
+ev.plot = lambda cache, key: None
+ev.main(["--seeds", {seed!r}, "--workdir", str(out)])
+"""
+
+
+def test_two_invocations_adding_seeds_at_once_keep_both(tmp_path: Path) -> None:
+    """Each invocation loaded the cache once and saved its whole copy: the one that saved last
+    dropped the other's seed. Runs and table stubbed; the cache handling is the real one."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    procs = [subprocess.Popen([sys.executable, "-c", _DRIVER.format(bench=str(ROOT / "bench"), out=str(tmp_path),
+                                                                   seed=str(seed))], env=env)
+             for seed in (0, 1)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    cache = json.loads((tmp_path / "evolution.json").read_text())
+    (runs,) = cache["runs"].values()
+    assert sorted(runs) == ["0", "1"] and all(set(r) == {"dms", "evolution"} for r in runs.values())
+    (info,) = cache["info"].values()
+    assert sorted(c["seeds"][0] for c in info.get("earlier", []) + [info]) == [0, 1]

@@ -2,6 +2,7 @@
 with and without a width-only phase (issue 10, table 7).
 
     PYTHONPATH=src python bench/schedule_ablation.py [--quick] [--seeds 0 1 2] [--epochs 3] [--threads 1]
+    PYTHONPATH=src python bench/schedule_ablation.py --table-only   # rewrite table and plot from the cache
 
 The protocol of ``bench/budget.py`` (DMS_np on the bundled 8x8 digits, the built-in ResNet-20
 of width 8, a 0.5 x MACs budget, the CLI's pipeline with its defaults), now with the retrain
@@ -111,13 +112,21 @@ def _reading(by_arm: dict[str, list[dict[str, Any]]]) -> str:
             "across seeds and these two arms.")
 
 
+def _commits(cache: dict[str, Any], by_arm: dict[str, list[dict[str, Any]]]) -> str:
+    """The commits the table's runs ran on: each run's own, or for runs from before runs
+    recorded it, the cache's ``run_commits`` note (else the last invocation's commit)."""
+    commits = {r["commit"] for rs in by_arm.values() for r in rs if "commit" in r}
+    said = ", ".join(f"`{c}`" for c in sorted(commits))
+    if any("commit" not in r for rs in by_arm.values() for r in rs):
+        said = ", ".join(x for x in (cache.get("run_commits", f"`{cache['commit']}`"), said) if x)
+    return said
+
+
 def write_table(cache: dict[str, Any], epochs: float, seeds: list[int], command: str) -> Path:
     by_arm = _rows(cache, epochs, seeds)
     lines = ["# Schedule ablation: r_t over the whole search vs its first 60 % then held (issue 10, table 7)", "",
              f"- command: `{command}`",
-             f"- commit(s) of the runs: "
-             f"{', '.join(sorted({'`' + r.get('commit', cache['commit']) + '`' for rs in by_arm.values() for r in rs}))}"
-             f"; machine: {cache['machine']}",
+             f"- commit(s) of the runs: {_commits(cache, by_arm)}; machine: {cache['machine']}",
              f"- setup: DMS_np of ResNet-20 (width 8) on the 8x8 digits, {TARGET} x MACs, {epochs} epoch(s) of "
              f"search then {epochs} of retraining (the CLI's defaults otherwise), seeds {seeds}; the pipeline's "
              "finish phase and budget solver run after the search in every arm", "",
@@ -152,6 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--table-only", action="store_true",
+                   help="run nothing: rewrite the table and plot from the cache (with the command of the "
+                        "last invocation that ran something)")
     p.add_argument("--arms", type=int, nargs="+", default=list(range(len(ARMS))),
                    help="indices into ARMS to run (the table shows every cached arm)")
     p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "schedule_ablation",
@@ -165,10 +177,18 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
-    cache["commit"] = git_commit(ROOT)
-    cache["machine"] = (f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, "
-                        f"{args.threads} thread(s)")
-    for seed in args.seeds:  # seed-major: an interrupted run leaves whole seeds for every arm
+    command = "python bench/schedule_ablation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.table_only:
+        if not cache["runs"]:
+            sys.exit(f"--table-only: no cached run in {CACHE}")
+        command = cache.get("last_command", command)
+    else:
+        cache["commit"] = git_commit(ROOT)
+        cache["machine"] = (f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, "
+                            f"{args.threads} thread(s)")
+        cache["last_command"] = command.strip()
+    # seed-major: an interrupted run leaves whole seeds for every arm
+    for seed in ([] if args.table_only else args.seeds):
         for arm in (ARMS[i] for i in args.arms):
             key = _key(arm, seed, args.epochs)
             if key in cache["runs"]:
@@ -178,7 +198,8 @@ def main(argv: list[str] | None = None) -> None:
             CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
             print(f"{arm.name} seed {seed}: search end {r['search_end']:.3f}, exported {r['exported']:.3f} x "
                   f"target, top-1 {100 * r['acc']:.1f} % ({r['seconds']} s)", flush=True)
-    command = "python bench/schedule_ablation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if not args.table_only:
+        CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
     print(f"wrote {write_table(cache, args.epochs, args.seeds, command.strip())}")
     print(f"wrote {plot(cache)}")
 

@@ -9,6 +9,9 @@ All three keep the hidden size and the embeddings (as the DMS run does with
   calibration batches of the language-model loss.
 * :func:`magnitude_scores` -- the L2 norm of each group's weights (Torch-Pruning's
   ``GroupNormImportance(p=2)`` up to the reduction).
+* :func:`tp_taylor_prune` -- the real Torch-Pruning package: its ``MetaPruner`` with
+  ``GroupTaylorImportance``, FFN units only: its GQA head rule is not usable at a parameter
+  target on transformers 5 (see the function and ``--probe-tp``).
 * :func:`block_influence` -- ShortGPT: ``BI_l = 1 - mean_tokens cos(x_l, x_{l+1})`` of each
   decoder layer's input and output hidden states; :func:`remove_layers` drops layers.
 
@@ -38,7 +41,7 @@ from torch import nn
 
 __all__ = ["decoder", "count_params", "group_sizes", "solve_uniform", "magnitude_scores",
            "taylor_scores", "accumulate_grads", "prune_uniform", "block_influence", "remove_layers",
-           "layers_for_target"]
+           "layers_for_target", "ffn_keep_for_target", "tp_taylor_prune"]
 
 Scores = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (KV-group scores, FFN-unit scores)
 
@@ -245,3 +248,67 @@ def remove_layers(model: nn.Module, drop: list[int]) -> None:
     if getattr(cfg, "layer_types", None):
         cfg.layer_types = [t for i, t in enumerate(cfg.layer_types) if i not in set(drop)]
     cfg.num_hidden_layers = len(kept)
+
+
+def ffn_keep_for_target(model: nn.Module, target: int) -> int:
+    """FFN units kept in every layer so that the count is nearest ``target`` with every
+    attention head kept (what Torch-Pruning can reach on a GQA Llama: FFN units only)."""
+    lm, s = decoder(model), group_sizes(model)
+    n_layers, full = len(lm.model.layers), count_params(model)
+    per_unit = n_layers * s["ffn_cost"]
+    keep = round((target - (full - s["ffn"] * per_unit)) / per_unit)
+    if not 1 <= keep <= s["ffn"]:
+        raise ValueError(f"{target:,} parameters is out of reach by FFN units alone: it needs {keep} "
+                         f"of {s['ffn']} units per layer (the attention alone is "
+                         f"{full - s['ffn'] * per_unit:,})")
+    return keep
+
+
+def tp_taylor_prune(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                    ffn_keep: int) -> dict[str, Any]:
+    """Prune ``model`` in place with Torch-Pruning: ``MetaPruner`` + ``GroupTaylorImportance``
+    (gradients of ``loss_fn`` summed over ``batches``), local (uniform per layer), FFN units
+    only (attention projections, embedding and head ignored: hidden size and heads kept), the
+    ratio set so that ``ffn_keep`` units stay per layer. Returns what it kept.
+
+    Heads are left alone because Torch-Pruning 1.6.1's GQA rule is not usable for an
+    equal-parameter comparison: it never removes KV heads, and the query heads it removes per
+    KV group are not monotonic in the ratio (on SmolLM2's 9 / 3 heads: one of three at ratio
+    0.22, none at 0.34 or 0.54), and it leaves ``num_key_value_groups`` stale (the forward
+    then fails). The traced forward runs with eager attention and ``use_cache=False``, the
+    only settings under which its LLM example builds at all here: with the cache, transformers
+    5 concatenates the keys onto an empty tensor and the dependency graph loops forever on that
+    one-input concat; with SDPA its head grouping fails with a shape error.
+    """
+    import torch_pruning as tp
+
+    lm, s = decoder(model), group_sizes(model)
+    ratio = 1.0 - (ffn_keep + 0.5) / s["ffn"]  # TP keeps int(F * (1 - ratio)) = ffn_keep
+    attention = [p for layer in lm.model.layers for p in (
+        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj)]
+    batches = list(batches)
+    cfg = lm.config
+    attn, cache = cfg._attn_implementation, cfg.use_cache
+    cfg._attn_implementation, cfg.use_cache = "eager", False
+    try:
+        accumulate_grads(model, batches, loss_fn)
+        pruner = tp.pruner.MetaPruner(
+            lm, example_inputs={"input_ids": batches[0][0][:1], "use_cache": False},
+            importance=tp.importance.GroupTaylorImportance(), global_pruning=False,
+            pruning_ratio=ratio, ignored_layers=[lm.lm_head, lm.model.embed_tokens, *attention],
+            output_transform=lambda out: out.logits)
+        for group in pruner.step(interactive=True):
+            group.prune()
+    finally:
+        cfg._attn_implementation, cfg.use_cache = attn, cache
+        model.zero_grad(set_to_none=True)
+    q = [layer.self_attn.q_proj.out_features // s["head_dim"] for layer in lm.model.layers]
+    kv = [layer.self_attn.k_proj.out_features // s["head_dim"] for layer in lm.model.layers]
+    ffn = [layer.mlp.up_proj.out_features for layer in lm.model.layers]
+    if len(set(q)) > 1 or len(set(kv)) > 1 or len(set(ffn)) > 1 or q[0] % kv[0]:
+        raise RuntimeError(f"Torch-Pruning left an irregular structure: query heads {q}, KV heads {kv}, "
+                           f"FFN units {ffn}")
+    cfg.num_attention_heads, cfg.num_key_value_heads = q[0], kv[0]
+    cfg.head_dim, cfg.intermediate_size = s["head_dim"], ffn[0]
+    return {"q_heads": q[0], "kv_heads": kv[0], "ffn": ffn[0], "tp_ratio": round(ratio, 6)}

@@ -15,7 +15,8 @@ The arms are the ones of ``bench/llm_baselines.py`` (the short table 5): ``dms``
 pipeline p of ``bench/smollm2_prune.py`` at the library's defaults, the settle phase
 included (annealing alone in the cached tables, which ran before ``SearchConfig.settle_hold``;
 ``--settle-hold`` with a ``--name`` of its own for the current default): search with logits-KL distillation, export, finetune with the same distillation),
-``taylor`` (LLM-Pruner-style, uniform per layer), ``magnitude`` (L2, uniform), ``shortgpt``
+``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the Torch-Pruning package's
+Taylor pruner, uniform per layer, FFN units only on this GQA model), ``magnitude`` (L2, uniform), ``shortgpt``
 (block-influence layer removal) and ``original`` (the unpruned model, finetuned: a reference).
 What differs from the short table: ``--search-steps`` and ``--finetune-steps`` (default 30 and
 40 instead of 5 and 4), several seeds, 8,192 held-out tokens, and **every baseline finetunes
@@ -49,8 +50,8 @@ from benchlib import paired_ci, pyplot, save_figure  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_table5"
-METHODS = ("dms", "taylor", "magnitude", "shortgpt", "original")
-BASELINES = ("taylor", "magnitude", "shortgpt")
+METHODS = ("dms", "taylor", "tp_taylor", "magnitude", "shortgpt", "original")
+BASELINES = ("taylor", "tp_taylor", "magnitude", "shortgpt")
 ANNEAL_TABLES = ("llm_table5", "llm_table5_long")  # their DMS rows: settle phase without the hold
 LABEL = {**llm_baselines.LABEL, "dms": "DMS_p + distillation (per-layer widths, settle default)"}
 

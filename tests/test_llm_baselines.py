@@ -3,13 +3,18 @@
 On a tiny random GQA Llama: the uniform pruners (Taylor, magnitude) land within one FFN unit
 per layer of the target parameter count, keep the hidden size, and the pruned model runs with
 the right shapes and equals a hand-sliced reference; Taylor ranks by |w * grad|; ShortGPT
-removes the layers of lowest block influence and the count ends at or under the target.
+removes the layers of lowest block influence and the count ends at or under the target;
+the Torch-Pruning arm (the real package) prunes a transformers-5 GQA Llama (SDPA, cache on:
+both restored after its eager, cache-less trace), lands on the target and keeps exactly the
+FFN units of the hand-written Taylor.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -108,6 +113,51 @@ def test_taylor_scores_are_abs_weight_times_grad() -> None:
     torch.testing.assert_close(ffn, want.detach())
     k = lm.model.layers[0].self_attn.k_proj
     assert kv[1] >= (k.weight * k.weight.grad).abs()[4:8].sum() - 1e-6
+
+
+def _alarm(seconds: int) -> None:
+    def fail(*_: Any) -> None:
+        raise TimeoutError(f"no result within {seconds} s")
+    signal.signal(signal.SIGALRM, fail)
+    signal.alarm(seconds)
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.8])
+def test_torch_pruning_taylor_keeps_the_hand_taylor_ffn_units(fraction: float) -> None:
+    pytest.importorskip("torch_pruning")
+    lm, ref = _lm(2), _lm(2)
+    assert lm.config.use_cache and lm.config._attn_implementation == "sdpa"
+    ids = _ids()
+    batches = [(ids[:, :-1], ids[:, 1:]), (ids.flip(0)[:, :-1], ids.flip(0)[:, 1:])]
+    loss = lambda out, y: torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), y.flatten())  # noqa: E731
+    full = lib.count_params(lm)
+    keep = lib.ffn_keep_for_target(lm, int(fraction * full))
+    _alarm(120)  # Torch-Pruning's graph can loop forever on transformers 5 (--probe-tp): fail instead
+    try:
+        chosen = lib.tp_taylor_prune(lm, batches, loss, keep)
+    finally:
+        signal.alarm(0)
+    assert chosen["ffn"] == keep and (chosen["q_heads"], chosen["kv_heads"]) == (6, 3)
+    # nearest whole unit in each of the 2 layers: within 2 x half a unit of the target
+    assert abs(lib.count_params(lm) - int(fraction * full)) <= lib.group_sizes(ref)["ffn_cost"]
+    assert lm.config.use_cache and lm.config._attn_implementation == "sdpa"  # restored
+    assert lm.config.intermediate_size == keep and all(p.grad is None for p in lm.parameters())
+    lib.accumulate_grads(ref, batches, loss)
+    for layer, old, (_, ffn) in zip(lm.model.layers, ref.model.layers, lib.taylor_scores(ref)):
+        want = torch.topk(ffn, keep).indices.sort().values
+        torch.testing.assert_close(layer.mlp.up_proj.weight, old.mlp.up_proj.weight[want])
+        torch.testing.assert_close(layer.mlp.down_proj.weight, old.mlp.down_proj.weight[:, want])
+        torch.testing.assert_close(layer.self_attn.q_proj.weight, old.self_attn.q_proj.weight)
+    assert lm(ids).logits.shape == (2, 12, VOCAB)
+
+
+def test_ffn_keep_for_target_refuses_what_ffn_units_cannot_reach() -> None:
+    lm = _lm()
+    full, s = lib.count_params(lm), lib.group_sizes(lm)
+    assert lib.ffn_keep_for_target(lm, full) == FFN
+    assert lib.ffn_keep_for_target(lm, full - 2 * 5 * s["ffn_cost"]) == FFN - 5  # 2 layers
+    with pytest.raises(ValueError, match="out of reach by FFN units alone"):
+        lib.ffn_keep_for_target(lm, int(0.2 * full))
 
 
 def test_shortgpt_removes_the_lowest_influence_layers() -> None:

@@ -15,7 +15,9 @@ The arms are the ones of ``bench/llm_baselines.py`` (the short table 5): ``dms``
 pipeline p of ``bench/smollm2_prune.py`` at the library's defaults, the settle phase
 included (annealing alone in the cached tables, which ran before ``SearchConfig.settle_hold``;
 ``--settle-hold`` with a ``--name`` of its own for the current default): search with logits-KL distillation, export, finetune with the same distillation),
-``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the Torch-Pruning package's
+``dms_ffn`` (the same DMS run with every attention module excluded: FFN units per layer and
+depth, the search space of the Torch-Pruning arm plus depth; a comparison of search spaces, not
+a protocol setting), ``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the Torch-Pruning package's
 Taylor pruner, uniform per layer, FFN units only on this GQA model), ``magnitude`` (L2, uniform), ``shortgpt``
 (block-influence layer removal) and ``original`` (the unpruned model, finetuned: a reference).
 What differs from the short table: ``--search-steps`` and ``--finetune-steps`` (default 30 and
@@ -50,10 +52,13 @@ from benchlib import paired_ci, pyplot, save_figure  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_table5"
-METHODS = ("dms", "taylor", "tp_taylor", "magnitude", "shortgpt", "original")
+METHODS = ("dms", "dms_ffn", "taylor", "tp_taylor", "magnitude", "shortgpt", "original")
+DMS = ("dms", "dms_ffn")  # DMS in its default search space, and with the attention widths fixed
+ATTENTION = [f"lm.model.layers.{i}.self_attn" for i in range(30)]  # SmolLM2's 30 layers
 BASELINES = ("taylor", "tp_taylor", "magnitude", "shortgpt")
 ANNEAL_TABLES = ("llm_table5", "llm_table5_long")  # their DMS rows: settle phase without the hold
-LABEL = {**llm_baselines.LABEL, "dms": "DMS_p + distillation (per-layer widths, settle default)"}
+LABEL = {**llm_baselines.LABEL, "dms": "DMS_p + distillation (per-layer widths, settle default)",
+         "dms_ffn": "DMS_p, FFN units and depth only (attention widths fixed)"}
 
 
 def _epochs(steps: int, args: argparse.Namespace) -> float:
@@ -68,7 +73,7 @@ def _path(method: str, target: float, seed: int, cache: Path = CACHE) -> Path:
 
 
 def _dms_weight_steps(args: argparse.Namespace) -> int:
-    path = _path("dms", args.target, args.seed, args.cache)
+    path = _path("dms", args.target, args.seed, args.cache)  # dms_ffn takes the same 70
     if args.weight_steps:  # given ahead, to run beside the DMS arm; the table checks they agree
         return args.weight_steps
     if not path.is_file():
@@ -80,8 +85,9 @@ def _dms_weight_steps(args: argparse.Namespace) -> int:
 def run_arm(args: argparse.Namespace) -> dict[str, Any]:
     """One arm for (target, seed); returns the cached record."""
     out = args.out or tempfile.mkdtemp(prefix="table5-")
-    if args.method == "dms":
+    if args.method in DMS:
         ns = argparse.Namespace(
+            exclude_extra=ATTENTION if args.method == "dms_ffn" else [],
             target=args.target, epochs=_epochs(args.search_steps, args),
             retrain_epochs=_epochs(args.finetune_steps, args), seq_len=args.seq_len,
             batch_size=args.batch_size, test_limit=args.test_limit, structure_lr=0.1,
@@ -89,7 +95,7 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
             out=out, settle=args.settle, settle_hold=args.settle_hold, seed=args.seed)
         res = smollm2_prune.run(ns)
         run_dir = Path(out) / f"target{args.target}"  # where smollm2_prune.run wrote the run
-        res.update(method="dms", target=args.target, seed=args.seed, settle_hold=args.settle_hold,
+        res.update(method=args.method, target=args.target, seed=args.seed, settle_hold=args.settle_hold,
                    structure=structure_summary(run_dir / "structure.json"),
                    search_end=search_end(run_dir / "summary.json"),
                    weight_steps=sum(res["phase_steps"].values()),
@@ -163,8 +169,9 @@ def _gaps(recs: list[dict[str, Any]]) -> list[str]:
     """Per target: DMS's perplexity after finetuning against the best baseline (by mean), paired
     by seed; the issue's bar is >= 20 % lower at 80 %."""
     out = []
-    for t in sorted({r["target"] for r in recs if r["method"] == "dms"}, reverse=True):
-        dms = {r["seed"]: _ppl(r) for r in recs if r["method"] == "dms" and r["target"] == t}
+    for d, t in sorted({(r["method"], r["target"]) for r in recs if r["method"] in DMS},
+                       key=lambda k: (-k[1], DMS.index(k[0]))):
+        dms = {r["seed"]: _ppl(r) for r in recs if r["method"] == d and r["target"] == t}
         best, best_mean = None, float("inf")
         for m in BASELINES:
             b = {r["seed"]: _ppl(r) for r in recs if r["method"] == m and r["target"] == t}
@@ -175,13 +182,13 @@ def _gaps(recs: list[dict[str, Any]]) -> list[str]:
         m, b = best
         seeds = sorted(set(dms) & set(b))
         rel = [1 - dms[s] / b[s] for s in seeds]
-        steps = {r["weight_steps"] for r in recs if r["target"] == t and r["method"] in ("dms", m)}
+        steps = {r["weight_steps"] for r in recs if r["target"] == t and r["method"] in (d, m)}
         unequal = f" NOT at equal weight steps ({sorted(steps)})" if len(steps) > 1 else ""
         ci = ""
         if len(rel) > 1:
             mean, lo, hi, _ = paired_ci(rel)
             ci = f", 95 % CI [{lo:+.1%}, {hi:+.1%}]"
-        out.append(f"- {t:.0%}: DMS vs the best baseline ({LABEL[m]}), paired over seeds "
+        out.append(f"- {t:.0%}: {'DMS' if d == 'dms' else LABEL[d]} vs the best baseline ({LABEL[m]}), paired over seeds "
                    f"{', '.join(map(str, seeds))}: perplexity lower by "
                    + ", ".join(f"{x:+.1%}" for x in rel)
                    + (f" (mean {statistics.mean(rel):+.1%}{ci})" if len(rel) > 1 else "")
@@ -193,14 +200,16 @@ def _structures(recs: list[dict[str, Any]]) -> list[str]:
     """One line per DMS run: what it kept (the baselines' structures are fixed by their rule:
     uniform widths, or whole layers)."""
     out = []
-    for r in sorted((r for r in recs if r["method"] == "dms" and "structure" in r),
-                    key=lambda r: (-r["target"], r["seed"])):
+    for r in sorted((r for r in recs if r["method"] in DMS and "structure" in r),
+                    key=lambda r: (-r["target"], DMS.index(r["method"]), r["seed"])):
         s = r["structure"]
         ffn, kv = s["ffn"], s["kv_groups"]
         landed = (f"search ended at {r['search_end']:.3f} x the target, exported at "
                   f"{r['cost']['hard'] / r['cost']['target']:.3f}; ") if "search_end" in r else ""
-        out.append(f"- DMS {r['target']:.0%} seed {r['seed']}: {landed}{sum(s['layers'])}/30 layers, KV groups "
-                   f"{sum(kv)}/{3 * 30} (per kept layer {min(kv)}-{max(kv)}), FFN units {sum(ffn):,}/"
+        heads = (f"KV groups {sum(kv)}/{3 * 30} (per kept layer {min(kv)}-{max(kv)}), " if kv
+                 else "attention kept, ")
+        out.append(f"- {'DMS' if r['method'] == 'dms' else 'DMS, FFN only,'} {r['target']:.0%} seed {r['seed']}: "
+                   f"{landed}{sum(s['layers'])}/30 layers, {heads}FFN units {sum(ffn):,}/"
                    f"{1536 * 30:,} (per kept layer {min(ffn)}-{max(ffn)}; first three layers "
                    f"{', '.join(map(str, ffn[:3]))})")
     return out

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or tempfile.mkdtemp(prefix="smollm2-")) / f"target{args.target}"
     cfg = RunConfig(command="search", task="text", model=f"hf:{smollm2_path()}", pipeline="p",
                     resource="params", target=args.target, layer_uniform=args.layer_uniform,
-                    exclude=["lm.model.embed_tokens"], seq_len=args.seq_len,
+                    exclude=["lm.model.embed_tokens", *getattr(args, "exclude_extra", [])],
+                    seq_len=args.seq_len,
                     batch_size=args.batch_size, epochs=args.epochs,
                     retrain_epochs=args.retrain_epochs, test_limit=args.test_limit,
                     optimizer="adamw", structure_lr=args.structure_lr,

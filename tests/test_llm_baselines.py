@@ -217,3 +217,31 @@ def test_table5_table_pairs_dms_with_the_best_baseline_by_seed(tmp_path: Path) -
     assert len(gap) == 1 and "LLM-Pruner Taylor" in gap[0]
     assert "+33.3%, -50.0%" in gap[0]  # 1 - 80/120, 1 - 90/60, paired by seed
     assert (tmp_path / "t5.png").is_file() and len(json.loads((tmp_path / "t5.json").read_text())) == 6
+
+
+def test_table5_pairs_each_dms_search_space_with_the_best_baseline(tmp_path: Path) -> None:
+    """The FFN-only DMS rows (attention excluded) get their own comparison line and their own
+    structure line (no KV groups to report), beside the default DMS rows."""
+    import json
+
+    import llm_table5
+
+    def rec(method: str, seed: int, ppl: float, kv: list[int]) -> dict:
+        r = {"method": method, "target": 0.8, "seed": seed, "params_found": 80, "supernet": 100,
+             "weight_steps": 70, "before": {"ppl": 2 * ppl}, "after": {"ppl": ppl}, "commit": "abc",
+             "machine": "m", "cpus": 2, "task": "text", "quick": False,
+             "args": {"batch_size": 4, "seq_len": 128, "test_limit": 8192}}
+        if method.startswith("dms"):
+            r.update(structure={"layers": [30], "kv_groups": kv, "ffn": [1536, 900, 800]},
+                     search_end=0.99, cost={"hard": 99.0, "target": 100.0})
+        return r
+
+    rows = [rec("dms", 0, 80.0, [3, 2, 2]), rec("dms_ffn", 0, 70.0, []), rec("tp_taylor", 0, 100.0, [])]
+    for r in rows:
+        (tmp_path / f"{r['method']}_t0.8_s{r['seed']}.json").write_text(json.dumps(r))
+    md = llm_table5.write_markdown(tmp_path, "t5", tmp_path).read_text()
+    gap = [line for line in md.splitlines() if line.startswith("- 80%")]
+    assert len(gap) == 2 and gap[0].startswith("- 80%: DMS vs") and "+20.0%" in gap[0]
+    assert "FFN units and depth only" in gap[1] and "+30.0%" in gap[1] and "Torch-Pruning" in gap[1]
+    kept = [line for line in md.splitlines() if line.startswith("- DMS")]
+    assert "KV groups 7/90" in kept[0] and "FFN only" in kept[1] and "attention kept" in kept[1]

@@ -55,7 +55,7 @@ CACHE = RESULTS / "llm_table5"
 METHODS = ("dms", "dms_ffn", "taylor", "tp_taylor", "magnitude", "shortgpt", "original")
 DMS = ("dms", "dms_ffn")  # DMS in its default search space, and with the attention widths fixed
 ATTENTION = [f"lm.model.layers.{i}.self_attn" for i in range(30)]  # SmolLM2's 30 layers
-BASELINES = ("taylor", "tp_taylor", "magnitude", "shortgpt")
+BASELINES = llm_baselines.BASELINES
 ANNEAL_TABLES = ("llm_table5", "llm_table5_long")  # their DMS rows: settle phase without the hold
 LABEL = {**llm_baselines.LABEL, "dms": "DMS_p + distillation (per-layer widths, settle default)",
          "dms_ffn": "DMS_p, FFN units and depth only (attention widths fixed)"}
@@ -73,7 +73,7 @@ def _path(method: str, target: float, seed: int, cache: Path = CACHE) -> Path:
 
 
 def _dms_weight_steps(args: argparse.Namespace) -> int:
-    path = _path("dms", args.target, args.seed, args.cache)  # dms_ffn takes the same 70
+    path = _path("dms", args.target, args.seed, args.cache)
     if args.weight_steps:  # given ahead, to run beside the DMS arm; the table checks they agree
         return args.weight_steps
     if not path.is_file():

@@ -86,9 +86,20 @@ def make_pipeline(args: argparse.Namespace, out: Path) -> Any:
     return pipe
 
 
-def prune(method: str, model: Any, pipe: Any, target: int, n_calib: int) -> dict[str, Any]:
-    """Prune ``model`` in place with ``method``; returns what was chosen."""
+def prune(method: str, model: Any, pipe: Any, target: int, n_calib: int,
+          widths: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """Prune ``model`` in place with ``method``; returns what was chosen. ``per_layer_taylor``
+    keeps the given per-layer ``widths`` (``{"kv_groups": [...], "ffn": [...]}``, one entry per
+    layer; ``target`` is then unused), the units chosen by the same Taylor importance."""
     calib = [pipe.task.train_batch(i, pipe.cfg.batch_size, CALIB_SEED) for i in range(n_calib)]
+    if method == "per_layer_taylor":
+        if widths is None:
+            raise ValueError("per_layer_taylor needs the per-layer widths to keep")
+        lib.accumulate_grads(model, calib, lambda logits, y: pipe.task.task_loss(logits, y))
+        scores = lib.taylor_scores(model)
+        model.zero_grad(set_to_none=True)
+        lib.prune_per_layer(model, scores, widths["kv_groups"], widths["ffn"])
+        return {**widths, "calib_batches": n_calib}
     if method in ("taylor", "magnitude"):
         kv, ffn = lib.solve_uniform(model, target)
         if method == "taylor":
@@ -132,7 +143,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             path.write_text(json.dumps(pipe.task.evaluate(teacher), indent=1), encoding="utf-8")
     model = original
     tp0 = time.perf_counter()
-    chosen = prune(args.method, model, pipe, target, args.calib_batches)
+    chosen = prune(getattr(args, "prune", args.method), model, pipe, target, args.calib_batches,
+                   getattr(args, "widths", None))
     prune_s = time.perf_counter() - tp0
     params = dms.count(model, pipe.example)["params"]
     with torch.no_grad():

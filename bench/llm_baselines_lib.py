@@ -40,8 +40,8 @@ import torch
 from torch import nn
 
 __all__ = ["decoder", "count_params", "group_sizes", "solve_uniform", "magnitude_scores",
-           "taylor_scores", "accumulate_grads", "prune_uniform", "block_influence", "remove_layers",
-           "layers_for_target", "ffn_keep_for_target", "tp_taylor_prune"]
+           "taylor_scores", "accumulate_grads", "prune_uniform", "prune_per_layer", "block_influence",
+           "remove_layers", "layers_for_target", "ffn_keep_for_target", "tp_taylor_prune"]
 
 Scores = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (KV-group scores, FFN-unit scores)
 
@@ -167,25 +167,45 @@ def prune_uniform(model: nn.Module, scores: Scores, kv_keep: int, ffn_keep: int)
     """Keep the ``kv_keep`` highest-scoring KV groups and ``ffn_keep`` FFN units of every
     layer (kept in their original order); the config's head counts and FFN width follow."""
     lm, s = decoder(model), group_sizes(model)
-    for layer, (kv, ffn) in zip(lm.model.layers, scores):
+    n = len(lm.model.layers)
+    prune_per_layer(model, scores, [kv_keep] * n, [ffn_keep] * n)
+    cfg = lm.config
+    cfg.num_attention_heads = kv_keep * s["per_group"]
+    cfg.num_key_value_heads = kv_keep
+    cfg.intermediate_size = ffn_keep
+
+
+@torch.no_grad()
+def prune_per_layer(model: nn.Module, scores: Scores, kv_keep: list[int], ffn_keep: list[int]) -> None:
+    """Keep, in layer ``i``, the ``kv_keep[i]`` highest-scoring KV groups and ``ffn_keep[i]``
+    FFN units (kept in their original order): a given per-layer structure, the units chosen by
+    ``scores``. The model runs (every attention module keeps its query heads per KV head); a
+    config cannot describe unequal widths, so only ``head_dim`` is written to it."""
+    lm, s = decoder(model), group_sizes(model)
+    layers = lm.model.layers
+    if not len(layers) == len(scores) == len(kv_keep) == len(ffn_keep):
+        raise ValueError(f"one score pair and one width pair per layer: {len(layers)} layers, "
+                         f"{len(scores)} scores, {len(kv_keep)} KV widths, {len(ffn_keep)} FFN widths")
+    for i, ((kv, ffn), g_keep, f_keep) in enumerate(zip(scores, kv_keep, ffn_keep)):  # before any cut
+        if not (1 <= g_keep <= len(kv) and 1 <= f_keep <= len(ffn)):
+            raise ValueError(f"layer {i}: keep {g_keep} of {len(kv)} KV groups and {f_keep} of "
+                             f"{len(ffn)} FFN units; each must be at least 1 and at most all")
+    for layer, (kv, ffn), g_keep, f_keep in zip(layers, scores, kv_keep, ffn_keep):
         a, m = layer.self_attn, layer.mlp
-        groups = torch.topk(kv, kv_keep).indices.sort().values.tolist()
-        q_idx = torch.cat([torch.arange(s["heads"] * s["head_dim"])[_group_rows(s, g)[0]] for g in groups])
-        kv_idx = torch.cat([torch.arange(s["kv_heads"] * s["head_dim"])[_group_rows(s, g)[1]] for g in groups])
+        groups = torch.topk(kv, g_keep).indices.sort().values.tolist()
+        q_idx = torch.cat([torch.arange(len(kv) * s["per_group"] * s["head_dim"])[_group_rows(s, g)[0]]
+                           for g in groups])
+        kv_idx = torch.cat([torch.arange(len(kv) * s["head_dim"])[_group_rows(s, g)[1]] for g in groups])
         a.q_proj = _slice_linear(a.q_proj, q_idx, 0)
         a.k_proj = _slice_linear(a.k_proj, kv_idx, 0)
         a.v_proj = _slice_linear(a.v_proj, kv_idx, 0)
         a.o_proj = _slice_linear(a.o_proj, q_idx, 1)
-        units = torch.topk(ffn, ffn_keep).indices.sort().values
+        units = torch.topk(ffn, f_keep).indices.sort().values
         m.gate_proj = _slice_linear(m.gate_proj, units, 0)
         m.up_proj = _slice_linear(m.up_proj, units, 0)
         m.down_proj = _slice_linear(m.down_proj, units, 1)
         # num_key_value_groups (query heads per KV head) is unchanged: whole groups go
-    cfg = lm.config
-    cfg.head_dim = s["head_dim"]  # no longer hidden / heads
-    cfg.num_attention_heads = kv_keep * s["per_group"]
-    cfg.num_key_value_heads = kv_keep
-    cfg.intermediate_size = ffn_keep
+    lm.config.head_dim = s["head_dim"]  # no longer hidden / heads
 
 
 @torch.no_grad()

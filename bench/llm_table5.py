@@ -17,7 +17,11 @@ included (annealing alone in the cached tables, which ran before ``SearchConfig.
 ``--settle-hold`` with a ``--name`` of its own for the current default): search with logits-KL distillation, export, finetune with the same distillation),
 ``dms_ffn`` (the same DMS run with every attention module excluded: FFN units per layer and
 depth, the search space of the Torch-Pruning arm plus depth; a comparison of search spaces, not
-a protocol setting), ``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the Torch-Pruning package's
+a protocol setting), ``dms_widths`` (an ablation of DMS, not a baseline: the per-layer KV groups
+and FFN units that the ``dms`` arm of the same target and seed exported, the units chosen in
+the original by the Taylor importance of ``taylor``, then the baselines' finetune of as many
+weight steps: DMS's structure without its search's unit choice and trained weights; full-depth
+exports only), ``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the Torch-Pruning package's
 Taylor pruner, uniform per layer, FFN units only on this GQA model), ``magnitude`` (L2, uniform), ``shortgpt``
 (block-influence layer removal) and ``original`` (the unpruned model, finetuned: a reference).
 What differs from the short table: ``--search-steps`` and ``--finetune-steps`` (default 30 and
@@ -52,13 +56,14 @@ from benchlib import paired_ci, pyplot, save_figure  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_table5"
-METHODS = ("dms", "dms_ffn", "taylor", "tp_taylor", "magnitude", "shortgpt", "original")
+METHODS = ("dms", "dms_ffn", "dms_widths", "taylor", "tp_taylor", "magnitude", "shortgpt", "original")
 DMS = ("dms", "dms_ffn")  # DMS in its default search space, and with the attention widths fixed
 ATTENTION = [f"lm.model.layers.{i}.self_attn" for i in range(30)]  # SmolLM2's 30 layers
 BASELINES = llm_baselines.BASELINES
 ANNEAL_TABLES = ("llm_table5", "llm_table5_long")  # their DMS rows: settle phase without the hold
 LABEL = {**llm_baselines.LABEL, "dms": "DMS_p + distillation (per-layer widths, settle default)",
-         "dms_ffn": "DMS_p, FFN units and depth only (attention widths fixed)"}
+         "dms_ffn": "DMS_p, FFN units and depth only (attention widths fixed)",
+         "dms_widths": "DMS_p's per-layer widths, Taylor units of the original, finetuned (structure alone)"}
 
 
 def _epochs(steps: int, args: argparse.Namespace) -> float:
@@ -102,7 +107,9 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
                    params_found=res["params"]["found"], supernet=res["params"]["supernet"])
         return res
     steps = _dms_weight_steps(args) if args.method != "original" else args.search_steps + args.finetune_steps
-    ns = argparse.Namespace(method=args.method, target=args.target if args.method != "original" else 1.0,
+    widths = _dms_widths(args) if args.method == "dms_widths" else None
+    ns = argparse.Namespace(method=args.method, prune="per_layer_taylor" if widths else args.method,
+                            widths=widths, target=args.target if args.method != "original" else 1.0,
                             calib_batches=2, retrain_epochs=_epochs(steps, args), seq_len=args.seq_len,
                             batch_size=args.batch_size, test_limit=args.test_limit,
                             threads=args.threads, out=out, seed=args.seed)
@@ -111,6 +118,21 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
     res = llm_baselines.run(ns)
     res.update(seed=args.seed, weight_steps=res["finetune_steps"], params_found=res["params"])
     return res
+
+
+def _dms_widths(args: argparse.Namespace) -> dict[str, list[int]]:
+    """The per-layer KV groups and FFN units that the DMS arm of the same target and seed
+    exported (from its cache); only full-depth structures: the cache does not say which
+    layers a shallower one removed."""
+    path = _path("dms", args.target, args.seed, args.cache)
+    if not path.is_file():
+        sys.exit(f"run the DMS arm first: --method dms --target {args.target} --seed {args.seed} "
+                 f"(dms_widths keeps its per-layer widths; {path} is missing)")
+    s = json.loads(path.read_text())["structure"]
+    if len(s["ffn"]) != 30 or len(s["kv_groups"]) != 30:
+        sys.exit(f"{path}: the DMS export kept {len(s['ffn'])} of 30 layers; dms_widths needs every "
+                 "layer kept (the cached structure does not say which layers went)")
+    return {"kv_groups": s["kv_groups"], "ffn": s["ffn"]}
 
 
 def structure_summary(path: Path) -> dict[str, list[int]]:
@@ -196,6 +218,33 @@ def _gaps(recs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _structure_alone(recs: list[dict[str, Any]]) -> list[str]:
+    """Per target: DMS's per-layer widths given to a plain finetune of the original (Taylor
+    units, ``dms_widths``) against DMS itself and the best baseline, paired by seed: how much of
+    DMS's margin its structure carries, and how much its search's units and trained weights."""
+    out = []
+    for t in sorted({r["target"] for r in recs if r["method"] == "dms_widths"}, reverse=True):
+        w = {r["seed"]: _ppl(r) for r in recs if r["method"] == "dms_widths" and r["target"] == t}
+        arms = {m: {r["seed"]: _ppl(r) for r in recs if r["method"] == m and r["target"] == t}
+                for m in ("dms", *BASELINES)}
+        base = [m for m in BASELINES if arms[m]]
+        rows = [("DMS", arms["dms"])]
+        if base:
+            best = min(base, key=lambda m: statistics.mean(arms[m].values()))
+            rows.append((LABEL[best], arms[best]))
+        parts = []
+        for label, other in rows:
+            seeds = sorted(set(w) & set(other))
+            if seeds:
+                rel = [w[s] / other[s] - 1 for s in seeds]
+                parts.append(f"{statistics.mean(rel):+.1%} against {label} (seeds "
+                             f"{', '.join(map(str, seeds))}: {', '.join(f'{x:+.1%}' for x in rel)})")
+        if parts:
+            out.append(f"- {t:.0%}, DMS's widths alone (finetuned from the original): perplexity "
+                       + "; ".join(parts) + ".")
+    return out
+
+
 def _structures(recs: list[dict[str, Any]]) -> list[str]:
     """One line per DMS run: what it kept (the baselines' structures are fixed by their rule:
     uniform widths, or whole layers)."""
@@ -253,7 +302,8 @@ def write_markdown(cache: Path = CACHE, name: str = "llm_table5", out: Path = RE
              "distillation from a frozen copy of the original in every arm's finetune (and in "
              "DMS's search). Weight steps: DMS search + finish + finetune; every baseline "
              "finetunes that many steps (same target and seed).", ""]
-    lines += _table(recs) + [""] + _gaps(recs) + ["", "What DMS kept:", ""] + _structures(recs)
+    lines += _table(recs) + [""] + _gaps(recs) + _structure_alone(recs)
+    lines += ["", "What DMS kept:", ""] + _structures(recs)
     notes = RESULTS / f"{name}_notes.md"
     if notes.is_file():
         lines += ["", notes.read_text(encoding="utf-8")]

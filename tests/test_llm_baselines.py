@@ -101,6 +101,47 @@ def test_uniform_prune_equals_hand_slicing() -> None:
         torch.testing.assert_close(lm(_ids()).logits, ref(_ids()).logits)
 
 
+def test_per_layer_prune_keeps_each_layers_widths_and_top_units() -> None:
+    """Unequal widths per layer: each layer keeps its own count of the highest-scoring KV
+    groups and FFN units, the count drops by exactly what went, and the model still runs."""
+    lm = _lm(2)
+    full, s = lib.count_params(lm), lib.group_sizes(lm)
+    scores = lib.magnitude_scores(lm)
+    lib.prune_per_layer(lm, scores, [3, 1], [FFN, 5])
+    a0, a1 = lm.model.layers[0].self_attn, lm.model.layers[1].self_attn
+    assert (a0.k_proj.out_features, a1.k_proj.out_features) == (12, 4)
+    assert (a0.q_proj.out_features, a1.q_proj.out_features, a1.o_proj.in_features) == (24, 8, 8)
+    assert [layer.mlp.up_proj.out_features for layer in lm.model.layers] == [FFN, 5]
+    assert lib.count_params(lm) == full - 2 * s["kv_cost"] - (FFN - 5) * s["ffn_cost"]
+    kv1, ffn1 = scores[1]
+    ref = _lm(2).model.layers[1]
+    g = int(kv1.argmax())
+    torch.testing.assert_close(a1.k_proj.weight, ref.self_attn.k_proj.weight[4 * g:4 * g + 4])
+    units = ffn1.topk(5).indices.sort().values
+    torch.testing.assert_close(lm.model.layers[1].mlp.down_proj.weight, ref.mlp.down_proj.weight[:, units])
+    logits = lm(_ids()).logits
+    assert logits.shape == (2, 12, VOCAB) and torch.isfinite(logits).all()
+
+
+def test_per_layer_prune_with_equal_widths_is_the_uniform_prune() -> None:
+    lm, ref = _lm(2), _lm(2)
+    lib.prune_per_layer(lm, lib.magnitude_scores(lm), [2, 2], [7, 7])
+    lib.prune_uniform(ref, lib.magnitude_scores(ref), 2, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(_ids()).logits, ref(_ids()).logits)
+
+
+@pytest.mark.parametrize("kv, ffn, match", [([2, 0], [7, 5], "layer 1: keep 0 of 3 KV groups"),
+                                            ([3, 3], [FFN + 1, 5], "layer 0: .* 33 of 32 FFN units"),
+                                            ([3], [FFN], "2 layers, 2 scores, 1 KV widths")])
+def test_per_layer_prune_refuses_widths_it_cannot_keep(kv: list[int], ffn: list[int], match: str) -> None:
+    lm = _lm(2)
+    before = [p.shape for p in lm.parameters()]
+    with pytest.raises(ValueError, match=match):
+        lib.prune_per_layer(lm, lib.magnitude_scores(lm), kv, ffn)
+    assert [p.shape for p in lm.parameters()] == before  # checked before any layer is cut
+
+
 def test_taylor_scores_are_abs_weight_times_grad() -> None:
     lm = _lm(1)
     ids = _ids()
@@ -245,3 +286,48 @@ def test_table5_pairs_each_dms_search_space_with_the_best_baseline(tmp_path: Pat
     assert "FFN units and depth only" in gap[1] and "+30.0%" in gap[1] and "Torch-Pruning" in gap[1]
     kept = [line for line in md.splitlines() if line.startswith("- DMS")]
     assert "KV groups 7/90" in kept[0] and "FFN only" in kept[1] and "attention kept" in kept[1]
+
+
+def test_table5_reports_dms_widths_alone_against_dms_and_the_best_baseline(tmp_path: Path) -> None:
+    """The ``dms_widths`` ablation (DMS's per-layer widths, finetuned from the original) is a row
+    of its own and is compared, paired by seed, with DMS and with the best baseline, never
+    counted as a baseline."""
+    import json
+
+    import llm_table5
+
+    def rec(method: str, seed: int, ppl: float) -> dict:
+        r = {"method": method, "target": 0.8, "seed": seed, "params_found": 80, "supernet": 100,
+             "weight_steps": 70, "before": {"ppl": 2 * ppl}, "after": {"ppl": ppl}, "commit": "abc",
+             "machine": "m", "cpus": 2, "task": "text", "quick": False,
+             "args": {"batch_size": 4, "seq_len": 128, "test_limit": 8192}}
+        if method == "dms":
+            r.update(structure={"layers": [30], "kv_groups": [3, 2], "ffn": [1536, 900]},
+                     search_end=0.99, cost={"hard": 99.0, "target": 100.0})
+        return r
+
+    rows = [rec("dms", 0, 80.0), rec("dms", 1, 80.0), rec("dms_widths", 0, 88.0), rec("dms_widths", 1, 84.0),
+            rec("tp_taylor", 0, 100.0), rec("tp_taylor", 1, 90.0)]
+    for r in rows:
+        (tmp_path / f"{r['method']}_t0.8_s{r['seed']}.json").write_text(json.dumps(r))
+    md = llm_table5.write_markdown(tmp_path, "t5", tmp_path).read_text()
+    assert "| 80% | DMS_p's per-layer widths" in md and "**86.0** (s0 88.0, s1 84.0)" in md
+    gap = [line for line in md.splitlines() if line.startswith("- 80%")]
+    assert len(gap) == 2 and "Torch-Pruning" in gap[0]  # the best baseline is still Torch-Pruning
+    assert "+7.5% against DMS (seeds 0, 1: +10.0%, +5.0%)" in gap[1]
+    assert "-9.3% against Torch-Pruning" in gap[1] and "(seeds 0, 1: -12.0%, -6.7%)" in gap[1]
+
+
+def test_table5_dms_widths_refuses_a_structure_that_removed_layers(tmp_path: Path) -> None:
+    import argparse
+    import json
+
+    import llm_table5
+
+    (tmp_path / "dms_t0.8_s0.json").write_text(json.dumps(
+        {"structure": {"layers": [29], "kv_groups": [3] * 29, "ffn": [900] * 29}}))
+    args = argparse.Namespace(target=0.8, seed=0, cache=tmp_path)
+    with pytest.raises(SystemExit, match="kept 29 of 30 layers"):
+        llm_table5._dms_widths(args)
+    with pytest.raises(SystemExit, match="run the DMS arm first"):
+        llm_table5._dms_widths(argparse.Namespace(target=0.5, seed=0, cache=tmp_path))

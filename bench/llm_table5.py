@@ -204,8 +204,9 @@ def _gaps(recs: list[dict[str, Any]]) -> list[str]:
         m, b = best
         seeds = sorted(set(dms) & set(b))
         rel = [1 - dms[s] / b[s] for s in seeds]
-        steps = {r["weight_steps"] for r in recs if r["target"] == t and r["method"] in (d, m)}
-        unequal = f" NOT at equal weight steps ({sorted(steps)})" if len(steps) > 1 else ""
+        steps = {(r["method"], r["seed"]): r["weight_steps"] for r in recs if r["target"] == t}
+        odd = [f"seed {s}: {steps[d, s]} vs {steps[m, s]}" for s in seeds if steps[d, s] != steps[m, s]]
+        unequal = f" NOT at equal weight steps ({'; '.join(odd)})" if odd else ""
         ci = ""
         if len(rel) > 1:
             mean, lo, hi, _ = paired_ci(rel)

@@ -331,3 +331,28 @@ def test_table5_dms_widths_refuses_a_structure_that_removed_layers(tmp_path: Pat
         llm_table5._dms_widths(args)
     with pytest.raises(SystemExit, match="run the DMS arm first"):
         llm_table5._dms_widths(argparse.Namespace(target=0.5, seed=0, cache=tmp_path))
+
+
+def test_table5_checks_equal_weight_steps_seed_by_seed(tmp_path: Path) -> None:
+    """A seed whose DMS search took a finish step (71 weight steps) is paired with baselines that
+    finetuned 71 too: no flag. The flag is raised only where a seed's two arms differ (it was
+    raised for any mix of step counts across seeds)."""
+    import json
+
+    import llm_table5
+
+    def rec(method: str, seed: int, ppl: float, steps: int) -> dict:
+        return {"method": method, "target": 0.8, "seed": seed, "params_found": 80, "supernet": 100,
+                "weight_steps": steps, "before": {"ppl": 2 * ppl}, "after": {"ppl": ppl}, "commit": "abc",
+                "machine": "m", "cpus": 2, "task": "text", "quick": False,
+                "args": {"batch_size": 4, "seq_len": 128, "test_limit": 8192}}
+
+    rows = [rec("dms", 0, 80.0, 70), rec("dms", 1, 80.0, 71), rec("tp_taylor", 0, 90.0, 70),
+            rec("tp_taylor", 1, 90.0, 71)]
+    for r in rows:
+        (tmp_path / f"{r['method']}_t0.8_s{r['seed']}.json").write_text(json.dumps(r))
+    gap = lambda: [x for x in llm_table5.write_markdown(tmp_path, "t5", tmp_path).read_text()  # noqa: E731
+                   .splitlines() if x.startswith("- 80%")]
+    assert len(gap()) == 1 and "NOT at equal" not in gap()[0]
+    (tmp_path / "tp_taylor_t0.8_s1.json").write_text(json.dumps(rec("tp_taylor", 1, 90.0, 70)))
+    assert "NOT at equal weight steps (seed 1: 71 vs 70)" in gap()[0]

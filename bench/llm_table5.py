@@ -238,8 +238,12 @@ def _structure_alone(recs: list[dict[str, Any]]) -> list[str]:
             seeds = sorted(set(w) & set(other))
             if seeds:
                 rel = [w[s] / other[s] - 1 for s in seeds]
+                ci = ""
+                if len(rel) > 1:
+                    _, lo, hi, _ = paired_ci(rel)
+                    ci = f"; 95 % CI [{lo:+.1%}, {hi:+.1%}]"
                 parts.append(f"{statistics.mean(rel):+.1%} against {label} (seeds "
-                             f"{', '.join(map(str, seeds))}: {', '.join(f'{x:+.1%}' for x in rel)})")
+                             f"{', '.join(map(str, seeds))}: {', '.join(f'{x:+.1%}' for x in rel)}{ci})")
         if parts:
             out.append(f"- {t:.0%}, DMS's widths alone (finetuned from the original): perplexity "
                        + "; ".join(parts) + ".")

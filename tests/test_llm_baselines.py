@@ -314,8 +314,8 @@ def test_table5_reports_dms_widths_alone_against_dms_and_the_best_baseline(tmp_p
     assert "| 80% | DMS_p's per-layer widths" in md and "**86.0** (s0 88.0, s1 84.0)" in md
     gap = [line for line in md.splitlines() if line.startswith("- 80%")]
     assert len(gap) == 2 and "Torch-Pruning" in gap[0]  # the best baseline is still Torch-Pruning
-    assert "+7.5% against DMS (seeds 0, 1: +10.0%, +5.0%)" in gap[1]
-    assert "-9.3% against Torch-Pruning" in gap[1] and "(seeds 0, 1: -12.0%, -6.7%)" in gap[1]
+    assert "+7.5% against DMS (seeds 0, 1: +10.0%, +5.0%; 95 % CI [-24.3%, +39.3%])" in gap[1]
+    assert "-9.3% against Torch-Pruning" in gap[1] and "(seeds 0, 1: -12.0%, -6.7%; 95 % CI" in gap[1]
 
 
 def test_table5_dms_widths_refuses_a_structure_that_removed_layers(tmp_path: Path) -> None:

@@ -86,6 +86,14 @@ def make_pipeline(args: argparse.Namespace, out: Path) -> Any:
     return pipe
 
 
+def _taylor(model: Any, pipe: Any, calib: list[Any]) -> lib.Scores:
+    """LLM-Pruner's Taylor scores from the task loss summed over ``calib``; gradients cleared after."""
+    lib.accumulate_grads(model, calib, lambda logits, y: pipe.task.task_loss(logits, y))
+    scores = lib.taylor_scores(model)
+    model.zero_grad(set_to_none=True)
+    return scores
+
+
 def prune(method: str, model: Any, pipe: Any, target: int, n_calib: int,
           widths: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """Prune ``model`` in place with ``method``; returns what was chosen. ``per_layer_taylor``
@@ -95,19 +103,11 @@ def prune(method: str, model: Any, pipe: Any, target: int, n_calib: int,
     if method == "per_layer_taylor":
         if widths is None:
             raise ValueError("per_layer_taylor needs the per-layer widths to keep")
-        lib.accumulate_grads(model, calib, lambda logits, y: pipe.task.task_loss(logits, y))
-        scores = lib.taylor_scores(model)
-        model.zero_grad(set_to_none=True)
-        lib.prune_per_layer(model, scores, widths["kv_groups"], widths["ffn"])
+        lib.prune_per_layer(model, _taylor(model, pipe, calib), widths["kv_groups"], widths["ffn"])
         return {**widths, "calib_batches": n_calib}
     if method in ("taylor", "magnitude"):
         kv, ffn = lib.solve_uniform(model, target)
-        if method == "taylor":
-            lib.accumulate_grads(model, calib, lambda logits, y: pipe.task.task_loss(logits, y))
-            scores = lib.taylor_scores(model)
-            model.zero_grad(set_to_none=True)
-        else:
-            scores = lib.magnitude_scores(model)
+        scores = _taylor(model, pipe, calib) if method == "taylor" else lib.magnitude_scores(model)
         lib.prune_uniform(model, scores, kv, ffn)
         return {"kv_groups": kv, "ffn": ffn, "calib_batches": n_calib if method == "taylor" else 0}
     if method == "tp_taylor":

@@ -77,14 +77,20 @@ def _path(method: str, target: float, seed: int, cache: Path = CACHE) -> Path:
     return cache / f"{method}_t{target}_s{seed}.json"
 
 
-def _dms_weight_steps(args: argparse.Namespace) -> int:
+def _dms_record(args: argparse.Namespace, why: str) -> dict[str, Any]:
+    """The cached ``dms`` arm of ``args``' target and seed; exits naming ``why`` it is needed."""
     path = _path("dms", args.target, args.seed, args.cache)
-    if args.weight_steps:  # given ahead, to run beside the DMS arm; the table checks they agree
-        return args.weight_steps
     if not path.is_file():
         sys.exit(f"run the DMS arm first: --method dms --target {args.target} --seed {args.seed} "
-                 f"(the baselines finetune as many weight steps as it took in all; {path} is missing)")
-    return sum(json.loads(path.read_text())["phase_steps"].values())
+                 f"({why}; {path} is missing)")
+    return json.loads(path.read_text())
+
+
+def _dms_weight_steps(args: argparse.Namespace) -> int:
+    if args.weight_steps:  # given ahead, to run beside the DMS arm; the table checks they agree
+        return args.weight_steps
+    rec = _dms_record(args, "the baselines finetune as many weight steps as it took in all")
+    return sum(rec["phase_steps"].values())
 
 
 def run_arm(args: argparse.Namespace) -> dict[str, Any]:
@@ -124,13 +130,9 @@ def _dms_widths(args: argparse.Namespace) -> dict[str, list[int]]:
     """The per-layer KV groups and FFN units that the DMS arm of the same target and seed
     exported (from its cache); only full-depth structures: the cache does not say which
     layers a shallower one removed."""
-    path = _path("dms", args.target, args.seed, args.cache)
-    if not path.is_file():
-        sys.exit(f"run the DMS arm first: --method dms --target {args.target} --seed {args.seed} "
-                 f"(dms_widths keeps its per-layer widths; {path} is missing)")
-    s = json.loads(path.read_text())["structure"]
+    s = _dms_record(args, "dms_widths keeps its per-layer widths")["structure"]
     if len(s["ffn"]) != 30 or len(s["kv_groups"]) != 30:
-        sys.exit(f"{path}: the DMS export kept {len(s['ffn'])} of 30 layers; dms_widths needs every "
+        sys.exit(f"{_path('dms', args.target, args.seed, args.cache)}: the DMS export kept {len(s['ffn'])} of 30 layers; dms_widths needs every "
                  "layer kept (the cached structure does not say which layers went)")
     return {"kv_groups": s["kv_groups"], "ffn": s["ffn"]}
 
@@ -187,18 +189,27 @@ def _table(recs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _arm(recs: list[dict[str, Any]], method: str, target: float) -> dict[int, float]:
+    """Perplexity after finetuning by seed, of one arm at one target."""
+    return {r["seed"]: _ppl(r) for r in recs if r["method"] == method and r["target"] == target}
+
+
+def _best_baseline(recs: list[dict[str, Any]], target: float) -> tuple[str, dict[int, float]] | None:
+    """The baseline of lowest mean perplexity at ``target`` (the first of ``BASELINES`` on a
+    tie) and its perplexity by seed; None if no baseline ran there."""
+    arms = [(m, _arm(recs, m, target)) for m in BASELINES]
+    arms = [(m, b) for m, b in arms if b]
+    return min(arms, key=lambda mb: statistics.mean(mb[1].values())) if arms else None
+
+
 def _gaps(recs: list[dict[str, Any]]) -> list[str]:
     """Per target: DMS's perplexity after finetuning against the best baseline (by mean), paired
     by seed; the issue's bar is >= 20 % lower at 80 %."""
     out = []
     for d, t in sorted({(r["method"], r["target"]) for r in recs if r["method"] in DMS},
                        key=lambda k: (-k[1], DMS.index(k[0]))):
-        dms = {r["seed"]: _ppl(r) for r in recs if r["method"] == d and r["target"] == t}
-        best, best_mean = None, float("inf")
-        for m in BASELINES:
-            b = {r["seed"]: _ppl(r) for r in recs if r["method"] == m and r["target"] == t}
-            if b and statistics.mean(b.values()) < best_mean:
-                best, best_mean = (m, b), statistics.mean(b.values())
+        dms = _arm(recs, d, t)
+        best = _best_baseline(recs, t)
         if best is None:
             continue
         m, b = best
@@ -225,14 +236,11 @@ def _structure_alone(recs: list[dict[str, Any]]) -> list[str]:
     DMS's margin its structure carries, and how much its search's units and trained weights."""
     out = []
     for t in sorted({r["target"] for r in recs if r["method"] == "dms_widths"}, reverse=True):
-        w = {r["seed"]: _ppl(r) for r in recs if r["method"] == "dms_widths" and r["target"] == t}
-        arms = {m: {r["seed"]: _ppl(r) for r in recs if r["method"] == m and r["target"] == t}
-                for m in ("dms", *BASELINES)}
-        base = [m for m in BASELINES if arms[m]]
-        rows = [("DMS", arms["dms"])]
-        if base:
-            best = min(base, key=lambda m: statistics.mean(arms[m].values()))
-            rows.append((LABEL[best], arms[best]))
+        w = _arm(recs, "dms_widths", t)
+        rows = [("DMS", _arm(recs, "dms", t))]
+        best = _best_baseline(recs, t)
+        if best is not None:
+            rows.append((LABEL[best[0]], best[1]))
         parts = []
         for label, other in rows:
             seeds = sorted(set(w) & set(other))

@@ -18,6 +18,11 @@ Methods (``--method``, one per invocation; the cache is one json per (method, ta
                settings under which its LLM example builds here), FFN units only, the
                attention projections ignored (its GQA head rule never removes KV heads and is
                not monotonic in the ratio, ``--probe-tp``), as many as the parameter target needs.
+``tp_hidden``  the same package as its LLM example runs it, minus the heads: the hidden size
+               (embedding, RMSNorms, every projection's input or output) and the FFN units,
+               one ratio for both, ``round_to=4``, ``lm_head`` ignored, the tied embedding tied
+               again after; the ratio whose widths give the count nearest the target. The
+               only arm that prunes the hidden size (DMS's run excludes the embedding).
 ``magnitude``  the same uniform structure chosen by the L2 norm of each group's weights.
 ``shortgpt``   ShortGPT: remove the decoder layers of lowest block influence until the count
                is at most the target (whole layers: the count lands below it).
@@ -61,7 +66,7 @@ import llm_baselines_lib as lib  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_baselines"
 DMS_CACHE = RESULTS / "smollm2_prune"
-METHODS = ("taylor", "tp_taylor", "magnitude", "shortgpt", "original")
+METHODS = ("taylor", "tp_taylor", "tp_hidden", "magnitude", "shortgpt", "original")
 BASELINES = METHODS[:-1]  # the pruning methods; "original" is the reference line
 DEFAULT_FT = 0.00145  # the DMS arm's --retrain-epochs
 DEFAULT_STEPS = 4  # what DEFAULT_FT is at batch 4 x 128 (1,407,001 training tokens)
@@ -114,6 +119,10 @@ def prune(method: str, model: Any, pipe: Any, target: int, n_calib: int,
         chosen = lib.tp_taylor_prune(model, calib, lambda logits, y: pipe.task.task_loss(logits, y),
                                      lib.ffn_keep_for_target(model, target))
         return {**chosen, "calib_batches": n_calib}
+    if method == "tp_hidden":
+        chosen = lib.tp_hidden_prune(model, calib, lambda logits, y: pipe.task.task_loss(logits, y),
+                                     lib.tp_hidden_ratio_for_target(model, target))
+        return {**chosen, "calib_batches": n_calib, "save_pretrained": _config_saves(model)}
     if method == "shortgpt":
         bi = lib.block_influence(model, [x for x, _ in calib])
         drop = lib.layers_for_target(model, bi, target)
@@ -121,6 +130,18 @@ def prune(method: str, model: Any, pipe: Any, target: int, n_calib: int,
         return {"block_influence": [round(float(b), 5) for b in bi], "removed": drop,
                 "calib_batches": n_calib}
     return {}
+
+
+def _config_saves(model: Any) -> str:
+    """Whether the pruned model's config passes transformers' ``save_pretrained`` validation
+    ("ok", or the error's first line): a hidden size that is no multiple of the query heads does
+    not, so such a model cannot be saved for ``from_pretrained``."""
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            lib.decoder(model).config.save_pretrained(d)
+    except Exception as err:  # noqa: BLE001 - recorded, the arm's finetune goes on
+        return f"{type(err).__name__}: {str(err).strip().splitlines()[-1].strip()[:200]}"
+    return "ok"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -256,6 +277,7 @@ def _dms_rows() -> list[dict[str, Any]]:
 LABEL = {"dms": "DMS_p + distillation (per-layer widths)",
          "taylor": "LLM-Pruner Taylor, uniform (hand-written)",
          "tp_taylor": "Torch-Pruning Taylor, uniform (FFN only)",
+         "tp_hidden": "Torch-Pruning Taylor, uniform (hidden size + FFN, its LLM example's scope)",
          "magnitude": "L2 magnitude, uniform", "shortgpt": "ShortGPT block influence (layers)",
          "original": "original, finetuned (reference)"}
 
@@ -264,6 +286,9 @@ def _structure(r: dict[str, Any]) -> str:
     c = r.get("chosen") or {}
     if "kv_groups" in c:
         return f"{c['kv_groups']}/3 KV groups, FFN {c['ffn']}/1536 per layer"
+    if "hidden" in c:
+        return (f"hidden {c['hidden']}/576, {c['q_heads']}/9 query heads, {c['kv_heads']}/3 KV heads, "
+                f"FFN {c['ffn']}/1536 per layer")
     if "q_heads" in c:
         return f"{c['q_heads']}/9 query heads, {c['kv_heads']}/3 KV heads, FFN {c['ffn']}/1536 per layer"
     if "removed" in c:
@@ -335,7 +360,7 @@ def write_markdown(seq_len: int = 128, test_limit: int = 2048) -> Path:
                   f"{f0['machine']}, {f0['cpus']} CPU cores shared with other jobs, 1 torch thread, "
                   "float32, no GPU. One seed (0); no spread can be given.", "",
                   f"Data: {f0['task']}. Every arm: the GGUF's de-quantised weights, hidden size and "
-                  "embedding kept, the same finetune (the pipeline's retrain loop: "
+                  "embedding kept (except `tp_hidden`'s), the same finetune (the pipeline's retrain loop: "
                   f"{f0['finetune_steps']} AdamW steps of {f0['args']['batch_size']} x "
                   f"{f0['args']['seq_len']} tokens, lr 1e-4 cosine, logits-KL distillation from a "
                   "frozen copy of the original, the same batches) and the same evaluation.", ""]

@@ -1,7 +1,7 @@
 """Structured-pruning baselines for Llama-family causal LMs (the peers of DMS in Table 5).
 
-All three keep the hidden size and the embeddings (as the DMS run does with
-``--exclude lm.model.embed_tokens``) and act on a Hugging Face ``LlamaForCausalLM`` (or the
+All but one keep the hidden size and the embeddings (as the DMS run does with
+``--exclude lm.model.embed_tokens``); each acts on a Hugging Face ``LlamaForCausalLM`` (or the
 ``CausalLM`` wrapper around one) in place:
 
 * :func:`taylor_scores` -- LLM-Pruner's first-order Taylor importance, hand-written: per
@@ -41,7 +41,8 @@ from torch import nn
 
 __all__ = ["decoder", "count_params", "group_sizes", "solve_uniform", "magnitude_scores",
            "taylor_scores", "accumulate_grads", "prune_uniform", "prune_per_layer", "block_influence",
-           "remove_layers", "layers_for_target", "ffn_keep_for_target", "tp_taylor_prune"]
+           "remove_layers", "layers_for_target", "ffn_keep_for_target", "tp_taylor_prune",
+           "hidden_ffn_count", "tp_hidden_ratio_for_target", "tp_hidden_prune"]
 
 Scores = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (KV-group scores, FFN-unit scores)
 
@@ -284,51 +285,152 @@ def ffn_keep_for_target(model: nn.Module, target: int) -> int:
     return keep
 
 
-def tp_taylor_prune(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                    ffn_keep: int) -> dict[str, Any]:
-    """Prune ``model`` in place with Torch-Pruning: ``MetaPruner`` + ``GroupTaylorImportance``
-    (gradients of ``loss_fn`` summed over ``batches``), local (uniform per layer), FFN units
-    only (attention projections, embedding and head ignored: hidden size and heads kept), the
-    ratio set so that ``ffn_keep`` units stay per layer. Returns what it kept.
+def _tp_prune(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], **pruner: Any) -> None:
+    """Run Torch-Pruning's ``MetaPruner(**pruner)`` with ``GroupTaylorImportance`` (gradients of
+    ``loss_fn`` summed over ``batches``), local (uniform per layer), on ``model``'s decoder in place.
 
-    Heads are left alone because Torch-Pruning 1.6.1's GQA rule is not usable for an
-    equal-parameter comparison: it never removes KV heads, and the query heads it removes per
-    KV group are not monotonic in the ratio (on SmolLM2's 9 / 3 heads: one of three at ratio
-    0.22, none at 0.34 or 0.54), and it leaves ``num_key_value_groups`` stale (the forward
-    then fails). The traced forward runs with eager attention and ``use_cache=False``, the
-    only settings under which its LLM example builds at all here: with the cache, transformers
-    5 concatenates the keys onto an empty tensor and the dependency graph loops forever on that
-    one-input concat; with SDPA its head grouping fails with a shape error.
+    The traced forward runs with eager attention and ``use_cache=False``, the only settings under
+    which its LLM example builds at all here: with the cache, transformers 5 concatenates the
+    keys onto an empty tensor and the dependency graph loops forever on that one-input concat;
+    with SDPA its head grouping fails with a shape error. Both are restored after, and the
+    gradients cleared.
     """
     import torch_pruning as tp
 
-    lm, s = decoder(model), group_sizes(model)
-    ratio = 1.0 - (ffn_keep + 0.5) / s["ffn"]  # TP keeps int(F * (1 - ratio)) = ffn_keep
-    attention = [p for layer in lm.model.layers for p in (
-        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj)]
-    batches = list(batches)
+    lm, batches = decoder(model), list(batches)
     cfg = lm.config
     attn, cache = cfg._attn_implementation, cfg.use_cache
     cfg._attn_implementation, cfg.use_cache = "eager", False
     try:
         accumulate_grads(model, batches, loss_fn)
-        pruner = tp.pruner.MetaPruner(
+        meta = tp.pruner.MetaPruner(
             lm, example_inputs={"input_ids": batches[0][0][:1], "use_cache": False},
             importance=tp.importance.GroupTaylorImportance(), global_pruning=False,
-            pruning_ratio=ratio, ignored_layers=[lm.lm_head, lm.model.embed_tokens, *attention],
-            output_transform=lambda out: out.logits)
-        for group in pruner.step(interactive=True):
+            output_transform=lambda out: out.logits, **pruner)
+        for group in meta.step(interactive=True):
             group.prune()
     finally:
         cfg._attn_implementation, cfg.use_cache = attn, cache
         model.zero_grad(set_to_none=True)
-    q = [layer.self_attn.q_proj.out_features // s["head_dim"] for layer in lm.model.layers]
-    kv = [layer.self_attn.k_proj.out_features // s["head_dim"] for layer in lm.model.layers]
+
+
+def _uniform_widths(lm: nn.Module, head_dim: int) -> dict[str, int]:
+    """Query heads, KV heads and FFN units of every layer; raises if they differ across layers."""
+    q = [layer.self_attn.q_proj.out_features // head_dim for layer in lm.model.layers]
+    kv = [layer.self_attn.k_proj.out_features // head_dim for layer in lm.model.layers]
     ffn = [layer.mlp.up_proj.out_features for layer in lm.model.layers]
     if len(set(q)) > 1 or len(set(kv)) > 1 or len(set(ffn)) > 1 or q[0] % kv[0]:
         raise RuntimeError(f"Torch-Pruning left an irregular structure: query heads {q}, KV heads {kv}, "
                            f"FFN units {ffn}")
-    cfg.num_attention_heads, cfg.num_key_value_heads = q[0], kv[0]
-    cfg.head_dim, cfg.intermediate_size = s["head_dim"], ffn[0]
-    return {"q_heads": q[0], "kv_heads": kv[0], "ffn": ffn[0], "tp_ratio": round(ratio, 6)}
+    return {"q_heads": q[0], "kv_heads": kv[0], "ffn": ffn[0]}
+
+
+def tp_taylor_prune(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                    ffn_keep: int) -> dict[str, Any]:
+    """Prune ``model`` in place with Torch-Pruning (:func:`_tp_prune`), FFN units only
+    (attention projections, embedding and head ignored: hidden size and heads kept), the ratio
+    set so that ``ffn_keep`` units stay per layer. Returns what it kept.
+
+    Heads are left alone because Torch-Pruning 1.6.1's GQA rule is not usable for an
+    equal-parameter comparison: it never removes KV heads, and the query heads it removes per
+    KV group are not monotonic in the ratio (on SmolLM2's 9 / 3 heads: one of three at ratio
+    0.22, none at 0.34 or 0.54), and it leaves ``num_key_value_groups`` stale (the forward
+    then fails).
+    """
+    lm, s = decoder(model), group_sizes(model)
+    ratio = 1.0 - (ffn_keep + 0.5) / s["ffn"]  # TP keeps int(F * (1 - ratio)) = ffn_keep
+    attention = [p for layer in lm.model.layers for p in (
+        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj)]
+    _tp_prune(model, batches, loss_fn, pruning_ratio=ratio,
+              ignored_layers=[lm.lm_head, lm.model.embed_tokens, *attention])
+    kept = _uniform_widths(lm, s["head_dim"])
+    cfg = lm.config
+    cfg.num_attention_heads, cfg.num_key_value_heads = kept["q_heads"], kept["kv_heads"]
+    cfg.head_dim, cfg.intermediate_size = s["head_dim"], kept["ffn"]
+    return {**kept, "tp_ratio": round(ratio, 6)}
+
+
+def _tp_kept(channels: int, ratio: float, round_to: int) -> int:
+    """What Torch-Pruning's ``MetaPruner`` keeps of ``channels`` at ``ratio``: ``int(C * (1 - r))``
+    rounded down to a multiple of ``round_to``."""
+    kept = int(channels * (1 - ratio))
+    return kept - kept % round_to
+
+
+def hidden_ffn_count(model: nn.Module, hidden: int, ffn: int) -> int:
+    """The parameter count of ``model`` with a hidden size of ``hidden`` and ``ffn`` FFN units in
+    every layer, every head kept (a bias-free Llama: SmolLM2's layout; raises otherwise)."""
+    lm, s = decoder(model), group_sizes(model)
+    for name, mod in lm.model.layers.named_modules():
+        if isinstance(mod, nn.Linear) and mod.bias is not None:
+            raise ValueError(f"layers.{name} has a bias: hidden_ffn_count covers bias-free Llamas only")
+    a = lm.model.layers[0].self_attn
+    attn_w = a.q_proj.out_features + a.k_proj.out_features + a.v_proj.out_features + a.o_proj.in_features
+    tied = lm.lm_head.weight is lm.model.embed_tokens.weight
+    vocab, n_layers = lm.model.embed_tokens.num_embeddings, len(lm.model.layers)
+
+    def dense(h: int, f: int) -> int:  # every tensor whose shape has h in it: embeddings, layers, norms
+        return vocab * h * (1 if tied else 2) + n_layers * (h * attn_w + 3 * h * f + 2 * h) + h
+
+    return count_params(model) - dense(s["hidden"], s["ffn"]) + dense(hidden, ffn)
+
+
+def tp_hidden_ratio_for_target(model: nn.Module, target: int, round_to: int = 4) -> float:
+    """The one ratio, for the hidden size and the FFN units alike (Torch-Pruning's LLM example
+    prunes both with ``pruning_ratio``), whose kept widths give the count nearest ``target``:
+    the middle of the run of ratios (steps of 1e-4) that keep those widths."""
+    s = group_sizes(model)
+    runs: dict[tuple[int, int], list[float]] = {}
+    for i in range(9500):
+        r = i / 10_000
+        runs.setdefault((_tp_kept(s["hidden"], r, round_to), _tp_kept(s["ffn"], r, round_to)), []).append(r)
+    (h, f), rs = min(runs.items(), key=lambda kv: abs(hidden_ffn_count(model, *kv[0]) - target))
+    return rs[len(rs) // 2]
+
+
+def tp_hidden_prune(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                    ratio: float, round_to: int = 4) -> dict[str, Any]:
+    """Prune ``model`` in place with Torch-Pruning (:func:`_tp_prune`) as its LLM example does,
+    minus the heads: the hidden size (embedding, every projection's input or output, the RMSNorm
+    weights) and the FFN units, one ``ratio`` for both, ``round_to`` channels, ``lm_head``
+    ignored; head counts and head dims kept (its GQA head rule, see :func:`tp_taylor_prune`).
+    A tied embedding stays tied. Returns what it kept.
+
+    Example (a tiny random Llama; Torch-Pruning installed):
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> lm = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=48,
+        ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        ...     tie_word_embeddings=True))
+        >>> ids = torch.randint(0, 32, (2, 9))
+        >>> ce = lambda out, y: nn.functional.cross_entropy(out.logits.flatten(0, 1), y.flatten())
+        >>> tp_hidden_prune(lm, [(ids[:, :-1], ids[:, 1:])], ce, 0.25)["hidden"]
+        24
+    """
+    lm, s = decoder(model), group_sizes(model)
+    tied = lm.lm_head.weight is lm.model.embed_tokens.weight
+    heads = {}
+    for layer in lm.model.layers:
+        a = layer.self_attn
+        heads.update({a.q_proj: s["heads"], a.k_proj: s["kv_heads"], a.v_proj: s["kv_heads"]})
+    norms = [m for m in lm.modules() if type(m).__name__.endswith("RMSNorm")]
+    _tp_prune(model, batches, loss_fn, pruning_ratio=ratio, ignored_layers=[lm.lm_head],
+              num_heads=heads, prune_num_heads=False, prune_head_dims=False, round_to=round_to,
+              unwrapped_parameters=[(m.weight, 0) for m in norms])
+    hidden = lm.model.embed_tokens.embedding_dim
+    if tied:  # both copies were cut with the hidden group's indices: tie them again
+        if not torch.equal(lm.lm_head.weight, lm.model.embed_tokens.weight):
+            raise RuntimeError("Torch-Pruning cut the tied embedding and lm_head differently")
+        lm.lm_head.weight = lm.model.embed_tokens.weight
+    kept = _uniform_widths(lm, s["head_dim"])
+    want = (_tp_kept(s["hidden"], ratio, round_to), _tp_kept(s["ffn"], ratio, round_to))
+    if (hidden, kept["ffn"]) != want or kept["q_heads"] != s["heads"] or any(
+            m.weight.numel() != hidden for m in norms):
+        raise RuntimeError(f"Torch-Pruning kept hidden {hidden}, FFN {kept['ffn']}, query heads "
+                           f"{kept['q_heads']}, norms {[m.weight.numel() for m in norms][:3]}...; "
+                           f"expected hidden, FFN {want} and {s['heads']} query heads")
+    cfg = lm.config
+    cfg.hidden_size, cfg.intermediate_size, cfg.head_dim = hidden, kept["ffn"], s["head_dim"]
+    return {**kept, "hidden": hidden, "tp_ratio": round(ratio, 6)}

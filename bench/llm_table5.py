@@ -22,7 +22,8 @@ and FFN units that the ``dms`` arm of the same target and seed exported, the uni
 the original by the Taylor importance of ``taylor``, then the baselines' finetune of as many
 weight steps: DMS's structure without its search's unit choice and trained weights; full-depth
 exports only), ``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the Torch-Pruning package's
-Taylor pruner, uniform per layer, FFN units only on this GQA model), ``magnitude`` (L2, uniform), ``shortgpt``
+Taylor pruner, uniform per layer, FFN units only on this GQA model), ``tp_hidden`` (the same
+package in its LLM example's scope: the hidden size and the FFN units at one ratio), ``magnitude`` (L2, uniform), ``shortgpt``
 (block-influence layer removal) and ``original`` (the unpruned model, finetuned: a reference).
 What differs from the short table: ``--search-steps`` and ``--finetune-steps`` (default 30 and
 40 instead of 5 and 4), several seeds, 8,192 held-out tokens, and **every baseline finetunes
@@ -56,7 +57,8 @@ from benchlib import paired_ci, pyplot, save_figure  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_table5"
-METHODS = ("dms", "dms_ffn", "dms_widths", "taylor", "tp_taylor", "magnitude", "shortgpt", "original")
+METHODS = ("dms", "dms_ffn", "dms_widths", "taylor", "tp_taylor", "tp_hidden", "magnitude", "shortgpt",
+           "original")
 DMS = ("dms", "dms_ffn")  # DMS in its default search space, and with the attention widths fixed
 ATTENTION = [f"lm.model.layers.{i}.self_attn" for i in range(30)]  # SmolLM2's 30 layers
 BASELINES = llm_baselines.BASELINES

@@ -401,13 +401,17 @@ def tp_hidden_prune(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torc
 
     Example (a tiny random Llama; Torch-Pruning installed):
         >>> from transformers import LlamaConfig, LlamaForCausalLM
-        >>> lm = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=48,
-        ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        >>> lm = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=48, intermediate_size=64,
+        ...     num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, head_dim=8,
         ...     tie_word_embeddings=True))
         >>> ids = torch.randint(0, 32, (2, 9))
         >>> ce = lambda out, y: nn.functional.cross_entropy(out.logits.flatten(0, 1), y.flatten())
         >>> tp_hidden_prune(lm, [(ids[:, :-1], ids[:, 1:])], ce, 0.25)["hidden"]
-        24
+        36
+
+    Torch-Pruning 1.6.1's dependency graph loops forever on the hidden-size group of a GQA
+    Llama with 2 query heads per KV head (SmolLM2 has 3; 1 and 3 build): bound the call with a
+    timeout on a new model.
     """
     lm, s = decoder(model), group_sizes(model)
     tied = lm.lm_head.weight is lm.model.embed_tokens.weight

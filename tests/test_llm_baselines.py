@@ -192,6 +192,86 @@ def test_torch_pruning_taylor_keeps_the_hand_taylor_ffn_units(fraction: float) -
     assert lm(ids).logits.shape == (2, 12, VOCAB)
 
 
+def _lm3(tied: bool = True) -> torch.nn.Module:
+    """A tiny GQA Llama with 3 query heads per KV head (SmolLM2's ratio): Torch-Pruning 1.6.1's
+    graph loops forever on the hidden-size group of a 2-per-KV-head model (``_lm``)."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                                   head_dim=8, max_position_embeddings=32, tie_word_embeddings=tied)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_hidden_ffn_count_is_the_count_of_the_cut_model(tied: bool) -> None:
+    lm = _lm3(tied)
+    assert lib.hidden_ffn_count(lm, 48, 64) == lib.count_params(lm)
+    ref = _lm3(tied)
+    scores = [(torch.ones(2), torch.arange(64.0)) for _ in range(2)]
+    lib.prune_uniform(ref, scores, 2, 40)  # FFN only: the formula's f term
+    assert lib.hidden_ffn_count(lm, 48, 40) == lib.count_params(ref)
+    emb = 2 if not tied else 1  # every hidden channel: VOCAB (x2 untied) + per layer q,k,v,o,3 FFN, 2 norms, final norm
+    assert lib.hidden_ffn_count(lm, 47, 64) == lib.count_params(lm) - (
+        emb * VOCAB + 2 * (48 + 16 + 16 + 48 + 3 * 64 + 2) + 1)
+
+
+@pytest.mark.parametrize("fraction", [0.8, 0.6])
+def test_torch_pruning_hidden_cuts_every_hidden_channel_alike_and_lands_nearest(fraction: float) -> None:
+    """The tp_hidden arm: one ratio for the hidden size and the FFN units, the kept widths the
+    TP-reachable pair nearest the target, the count exactly as predicted, and every tensor that
+    carries the hidden size cut at the same channels (the pruned model is the original restricted
+    to them): embedding columns, norms, q/k/v inputs, o and down outputs; the tie kept."""
+    pytest.importorskip("torch_pruning")
+    lm, ref = _lm3(), _lm3()
+    assert lm.config.use_cache and lm.config._attn_implementation == "sdpa"
+    ids = _ids()
+    batches = [(ids[:, :-1], ids[:, 1:])]
+    loss = lambda out, y: torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), y.flatten())  # noqa: E731
+    full = lib.count_params(lm)
+    target = int(fraction * full)
+    ratio = lib.tp_hidden_ratio_for_target(lm, target)
+    _alarm(120)
+    try:
+        chosen = lib.tp_hidden_prune(lm, batches, loss, ratio)
+    finally:
+        signal.alarm(0)
+    h, f = chosen["hidden"], chosen["ffn"]
+    assert h < 48 and f < 64 and h % 4 == 0 and f % 4 == 0 and (chosen["q_heads"], chosen["kv_heads"]) == (6, 2)
+    assert lib.count_params(lm) == lib.hidden_ffn_count(ref, h, f)
+    reachable = {(lib._tp_kept(48, r / 1000, 4), lib._tp_kept(64, r / 1000, 4)) for r in range(950)}
+    best = min(abs(lib.hidden_ffn_count(ref, *hf) - target) for hf in reachable)
+    assert abs(lib.count_params(lm) - target) == best
+    assert lm.lm_head.weight is lm.model.embed_tokens.weight
+    assert lm.config.use_cache and lm.config._attn_implementation == "sdpa"  # restored
+    assert (lm.config.hidden_size, lm.config.intermediate_size) == (h, f)
+    assert all(p.grad is None for p in lm.parameters())
+    # which hidden channels survived: the embedding's columns, found in the original's
+    old_emb, new_emb = ref.model.embed_tokens.weight, lm.model.embed_tokens.weight
+    idx = torch.tensor([int((old_emb - new_emb[:, [j]]).abs().sum(0).argmin()) for j in range(h)])
+    assert idx.unique().numel() == h
+    torch.testing.assert_close(new_emb, old_emb[:, idx])
+    torch.testing.assert_close(lm.model.norm.weight, ref.model.norm.weight[idx])
+    for new, old in zip(lm.model.layers, ref.model.layers):
+        torch.testing.assert_close(new.input_layernorm.weight, old.input_layernorm.weight[idx])
+        torch.testing.assert_close(new.post_attention_layernorm.weight, old.post_attention_layernorm.weight[idx])
+        for name in ("q_proj", "k_proj", "v_proj"):
+            torch.testing.assert_close(getattr(new.self_attn, name).weight, getattr(old.self_attn, name).weight[:, idx])
+        torch.testing.assert_close(new.self_attn.o_proj.weight, old.self_attn.o_proj.weight[idx])
+        torch.testing.assert_close(new.mlp.down_proj.weight.shape, torch.Size([h, f]))
+    assert lm(ids).logits.shape == (2, 12, VOCAB)
+
+
+def test_a_hidden_size_off_the_head_count_cannot_be_saved() -> None:
+    """What the tp_hidden rows record: transformers refuses to save a config whose hidden size is
+    no multiple of the query heads (SmolLM2 cut to hidden 500 with 9 heads)."""
+    import llm_baselines
+
+    lm = _lm3()
+    assert llm_baselines._config_saves(lm) == "ok"
+    lm.config.hidden_size = 44
+    assert "not a multiple of the number of attention heads" in llm_baselines._config_saves(lm)
+
+
 def test_ffn_keep_for_target_refuses_what_ffn_units_cannot_reach() -> None:
     lm = _lm()
     full, s = lib.count_params(lm), lib.group_sizes(lm)

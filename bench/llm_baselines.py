@@ -108,7 +108,9 @@ def prune(method: str, model: Any, pipe: Any, target: int, n_calib: int,
     if method == "per_layer_taylor":
         if widths is None:
             raise ValueError("per_layer_taylor needs the per-layer widths to keep")
-        lib.prune_per_layer(model, _taylor(model, pipe, calib), widths["kv_groups"], widths["ffn"])
+        n = len(lib.decoder(model).model.layers)
+        lib.prune_structure(model, _taylor(model, pipe, calib), widths.get("kept_layers", list(range(n))),
+                            widths["kv_groups"], widths["ffn"])
         return {**widths, "calib_batches": n_calib}
     if method in ("taylor", "magnitude"):
         kv, ffn = lib.solve_uniform(model, target)

@@ -40,7 +40,8 @@ import torch
 from torch import nn
 
 __all__ = ["decoder", "count_params", "group_sizes", "solve_uniform", "magnitude_scores",
-           "taylor_scores", "accumulate_grads", "prune_uniform", "prune_per_layer", "block_influence",
+           "taylor_scores", "accumulate_grads", "prune_uniform", "prune_per_layer", "prune_structure",
+           "block_influence",
            "remove_layers", "layers_for_target", "ffn_keep_for_target", "tp_taylor_prune",
            "hidden_ffn_count", "tp_hidden_ratio_for_target", "tp_hidden_prune"]
 
@@ -207,6 +208,29 @@ def prune_per_layer(model: nn.Module, scores: Scores, kv_keep: list[int], ffn_ke
         m.down_proj = _slice_linear(m.down_proj, units, 1)
         # num_key_value_groups (query heads per KV head) is unchanged: whole groups go
     lm.config.head_dim = s["head_dim"]  # no longer hidden / heads
+
+
+@torch.no_grad()
+def prune_structure(model: nn.Module, scores: Scores, kept_layers: list[int], kv_keep: list[int],
+                    ffn_keep: list[int]) -> None:
+    """Keep the decoder layers ``kept_layers`` and, in the ``i``-th of them, ``kv_keep[i]`` KV
+    groups and ``ffn_keep[i]`` FFN units chosen by ``scores`` (one pair per layer of the full
+    model, so the units are ranked in the original): a per-layer structure with depth. Checks
+    everything before removing anything."""
+    n = len(decoder(model).model.layers)
+    kept = sorted(set(kept_layers))
+    if not (set(kept) <= set(range(n)) and len(kept) == len(kept_layers) == len(kv_keep) == len(ffn_keep)
+            and len(scores) == n):
+        raise ValueError(f"kept layers {kept_layers} (distinct, of the model's {n}) need one KV width and "
+                         f"one FFN width each, and the scores one pair per layer of the model: got "
+                         f"{len(kv_keep)}, {len(ffn_keep)} widths and {len(scores)} score pairs")
+    for i, g_keep, f_keep in zip(kept, kv_keep, ffn_keep):
+        kv, ffn = scores[i]
+        if not (1 <= g_keep <= len(kv) and 1 <= f_keep <= len(ffn)):
+            raise ValueError(f"layer {i}: keep {g_keep} of {len(kv)} KV groups and {f_keep} of "
+                             f"{len(ffn)} FFN units; each must be at least 1 and at most all")
+    remove_layers(model, [i for i in range(n) if i not in set(kept)])
+    prune_per_layer(model, [scores[i] for i in kept], kv_keep, ffn_keep)
 
 
 @torch.no_grad()

@@ -18,10 +18,10 @@ included (annealing alone in the cached tables, which ran before ``SearchConfig.
 ``dms_ffn`` (the same DMS run with every attention module excluded: FFN units per layer and
 depth, the search space of the Torch-Pruning arm plus depth; a comparison of search spaces, not
 a protocol setting), ``dms_widths`` (an ablation of DMS, not a baseline: the per-layer KV groups
-and FFN units that the ``dms`` arm of the same target and seed exported, the units chosen in
-the original by the Taylor importance of ``taylor``, then the baselines' finetune of as many
-weight steps: DMS's structure without its search's unit choice and trained weights; full-depth
-exports only), ``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the Torch-Pruning package's
+and FFN units (and the kept layers) that the ``dms`` arm of the same target and seed exported,
+the units chosen in the original by the Taylor importance of ``taylor``, then the baselines'
+finetune of as many weight steps: DMS's structure without its search's unit choice and trained
+weights), ``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the Torch-Pruning package's
 Taylor pruner, uniform per layer, FFN units only on this GQA model), ``tp_hidden`` (the same
 package in its LLM example's scope: the hidden size and the FFN units at one ratio), ``magnitude`` (L2, uniform), ``shortgpt``
 (block-influence layer removal) and ``original`` (the unpruned model, finetuned: a reference).
@@ -129,14 +129,16 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _dms_widths(args: argparse.Namespace) -> dict[str, list[int]]:
-    """The per-layer KV groups and FFN units that the DMS arm of the same target and seed
-    exported (from its cache); only full-depth structures: the cache does not say which
-    layers a shallower one removed."""
+    """The decoder layers, and per kept layer the KV groups and FFN units, that the DMS arm of
+    the same target and seed exported (from its cache). A shallower export needs the record's
+    ``kept_layers`` (written since the DMS arm records it; older records do not say which
+    layers went)."""
     s = _dms_record(args, "dms_widths keeps its per-layer widths")["structure"]
-    if len(s["ffn"]) != 30 or len(s["kv_groups"]) != 30:
-        sys.exit(f"{_path('dms', args.target, args.seed, args.cache)}: the DMS export kept {len(s['ffn'])} of 30 layers; dms_widths needs every "
-                 "layer kept (the cached structure does not say which layers went)")
-    return {"kv_groups": s["kv_groups"], "ffn": s["ffn"]}
+    kept = s.get("kept_layers", list(range(30)) if len(s["ffn"]) == 30 else None)
+    if kept is None or not len(kept) == len(s["ffn"]) == len(s["kv_groups"]):
+        sys.exit(f"{_path('dms', args.target, args.seed, args.cache)}: the DMS export kept {len(s['ffn'])} of 30 "
+                 "layers and its record does not say which: run the DMS arm again (it records them now)")
+    return {"kv_groups": s["kv_groups"], "ffn": s["ffn"], "kept_layers": kept}
 
 
 def structure_summary(path: Path) -> dict[str, list[int]]:
@@ -146,7 +148,9 @@ def structure_summary(path: Path) -> dict[str, list[int]]:
     kept = {name for d in s.get("depth", []) for name in d["kept"]}  # "lm.model.layers.7", ...
     layer = lambda w: w["name"].split(".self_attn")[0].split(".mlp")[0]  # noqa: E731
     alive = [w for w in s["width"] if not s.get("depth") or layer(w) in kept]
+    index = lambda name: int(name.rsplit(".", 1)[1])  # noqa: E731 - "lm.model.layers.7" -> 7
     return {"layers": [len(d["kept"]) for d in s.get("depth", [])],
+            "kept_layers": sorted(index(n) for n in kept) if kept else list(range(30)),
             "kv_groups": [w["kept"] for w in alive if w["name"].endswith("heads")],
             "ffn": [w["kept"] for w in alive if ".mlp." in w["name"]]}
 

@@ -142,6 +142,31 @@ def test_per_layer_prune_refuses_widths_it_cannot_keep(kv: list[int], ffn: list[
     assert [p.shape for p in lm.parameters()] == before  # checked before any layer is cut
 
 
+def test_prune_structure_keeps_the_given_layers_and_their_widths() -> None:
+    lm, ref = _lm(4), _lm(4)
+    scores = lib.magnitude_scores(lm)
+    lib.prune_structure(lm, scores, [0, 2, 3], [3, 1, 2], [FFN, 5, 10])
+    assert lm.config.num_hidden_layers == 3 and [layer.self_attn.layer_idx for layer in lm.model.layers] == [0, 1, 2]
+    assert [layer.mlp.up_proj.out_features for layer in lm.model.layers] == [FFN, 5, 10]
+    assert [layer.self_attn.k_proj.out_features // 4 for layer in lm.model.layers] == [3, 1, 2]
+    for new, i, k in zip(lm.model.layers, [0, 2, 3], [FFN, 5, 10]):  # units ranked in the original layer i
+        units = torch.topk(scores[i][1], k).indices.sort().values
+        torch.testing.assert_close(new.mlp.up_proj.weight, ref.model.layers[i].mlp.up_proj.weight[units])
+    assert lm(_ids()).logits.shape == (2, 12, VOCAB)
+
+
+@pytest.mark.parametrize("kept, kv, ffn, match", [
+    ([0, 5], [1, 1], [4, 4], "distinct, of the model's 4"), ([0, 0], [1, 1], [4, 4], "distinct"),
+    ([0, 1], [1], [4, 4], "one KV width"), ([0, 1], [1, 4], [4, 4], "layer 1: keep 4 of 3 KV groups")])
+def test_prune_structure_refuses_before_removing_anything(kept: list[int], kv: list[int], ffn: list[int],
+                                                          match: str) -> None:
+    lm = _lm(4)
+    before = [p.shape for p in lm.parameters()]
+    with pytest.raises(ValueError, match=match):
+        lib.prune_structure(lm, lib.magnitude_scores(lm), kept, kv, ffn)
+    assert [p.shape for p in lm.parameters()] == before and len(lm.model.layers) == 4
+
+
 def test_taylor_scores_are_abs_weight_times_grad() -> None:
     lm = _lm(1)
     ids = _ids()
@@ -398,19 +423,41 @@ def test_table5_reports_dms_widths_alone_against_dms_and_the_best_baseline(tmp_p
     assert "-9.3% against Torch-Pruning" in gap[1] and "(seeds 0, 1: -12.0%, -6.7%; 95 % CI" in gap[1]
 
 
-def test_table5_dms_widths_refuses_a_structure_that_removed_layers(tmp_path: Path) -> None:
+def test_table5_dms_widths_needs_the_kept_layers_of_a_shallower_structure(tmp_path: Path) -> None:
     import argparse
     import json
 
     import llm_table5
 
     (tmp_path / "dms_t0.8_s0.json").write_text(json.dumps(
-        {"structure": {"layers": [29], "kv_groups": [3] * 29, "ffn": [900] * 29}}))
+        {"structure": {"layers": [29], "kv_groups": [3] * 29, "ffn": [900] * 29}}))  # an older record
     args = argparse.Namespace(target=0.8, seed=0, cache=tmp_path)
-    with pytest.raises(SystemExit, match="kept 29 of 30 layers"):
+    with pytest.raises(SystemExit, match="kept 29 of 30 layers and its record does not say which"):
         llm_table5._dms_widths(args)
+    kept = [i for i in range(30) if i != 7]
+    (tmp_path / "dms_t0.8_s0.json").write_text(json.dumps(
+        {"structure": {"layers": [29], "kept_layers": kept, "kv_groups": [3] * 29, "ffn": [900] * 29}}))
+    assert llm_table5._dms_widths(args) == {"kv_groups": [3] * 29, "ffn": [900] * 29, "kept_layers": kept}
+    (tmp_path / "dms_t0.5_s0.json").write_text(json.dumps(
+        {"structure": {"layers": [30], "kv_groups": [2] * 30, "ffn": [500] * 30}}))  # full depth, older
+    assert llm_table5._dms_widths(argparse.Namespace(target=0.5, seed=0, cache=tmp_path))["kept_layers"] == list(range(30))
     with pytest.raises(SystemExit, match="run the DMS arm first"):
-        llm_table5._dms_widths(argparse.Namespace(target=0.5, seed=0, cache=tmp_path))
+        llm_table5._dms_widths(argparse.Namespace(target=0.5, seed=1, cache=tmp_path))
+
+
+def test_table5_structure_summary_names_the_kept_layers(tmp_path: Path) -> None:
+    import json
+
+    import llm_table5
+
+    layers = [f"lm.model.layers.{i}" for i in range(30)]
+    width = [{"name": f"{n}.self_attn.heads", "kept": 2} for n in layers] + [
+        {"name": f"{n}.mlp.up_proj", "kept": 100 + i} for i, n in enumerate(layers)]
+    kept = [n for i, n in enumerate(layers) if i not in (3, 17)]
+    (tmp_path / "structure.json").write_text(json.dumps({"width": width, "depth": [{"kept": kept}]}))
+    s = llm_table5.structure_summary(tmp_path / "structure.json")
+    assert s["layers"] == [28] and s["kept_layers"] == [i for i in range(30) if i not in (3, 17)]
+    assert s["ffn"] == [100 + i for i in s["kept_layers"]] and s["kv_groups"] == [2] * 28
 
 
 def test_table5_checks_equal_weight_steps_seed_by_seed(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ from dmscale.pipeline import Pipeline  # noqa: E402
 from dmscale.runs import new_supernet  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 
-__all__ = ["ARMS", "run_key", "run_arm", "dataset_note", "main"]
+__all__ = ["ARMS", "run_key", "run_arm", "baseline", "use_width", "dataset_note", "main"]
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "np_uniform.json"
@@ -71,7 +71,7 @@ def _use_task(task: str, train_limit: int | None) -> None:
     WORK = WORK / task
 
 
-def _use_width(width: int) -> None:
+def use_width(width: int) -> None:
     """ResNet-20 of another base width (its own cache, run directories and table)."""
     global MODEL, CACHE, WORK
     MODEL = {**MODEL, "model_args": {"width": width}}
@@ -92,7 +92,7 @@ def run_key(arm: str, target: float, seed: int, search_epochs: float, retrain_ep
     return f"{arm}/t{target}/s{seed}/S{search_epochs}/R{retrain_epochs}"
 
 
-def _baseline() -> tuple[int, Any]:
+def baseline() -> tuple[int, Any]:
     """Exact MACs of the baseline model (per example) and the task's example input."""
     cfg = RunConfig(**MODEL).resolved()
     task = build_task(cfg)
@@ -122,8 +122,11 @@ def _brief(structure: dict[str, Any]) -> str:
 
 
 def _search(arm: str, target: float, seed: int, epochs: float, threads: int, base_macs: int,
-            out: Path, settle: float = 0.0, settle_hold: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One traced DMS_np search (no retrain); returns its summary and the measurements."""
+            out: Path, settle: float = 0.0, settle_hold: bool = False,
+            search_overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One traced DMS_np search (no retrain); returns its summary and the measurements.
+    ``search_overrides``: :class:`dmscale.SearchConfig` fields set on the search (e.g. another
+    importance metric or gate factory: bench/importance.py)."""
     expand = EXPAND if arm == "dms_expand" else None
     absolute = float(target * base_macs) if expand else target  # > 1: an absolute count
     dims = "width" if arm == "dms_width" else "both"
@@ -131,7 +134,7 @@ def _search(arm: str, target: float, seed: int, epochs: float, threads: int, bas
                     settle=settle, settle_hold=settle_hold,
                     epochs=epochs, retrain_epochs=0, seed=seed, threads=threads, quiet=True,
                     out=str(_fresh(out)))
-    pipe = nl.TracedPipeline(cfg.resolved())
+    pipe = nl.TracedPipeline(cfg.resolved(), search_overrides=search_overrides)
     summary = pipe.run()
     tr = pipe.trace
     end, fin, final = tr["search_end"], tr["after_finish"], tr["final"]
@@ -152,8 +155,10 @@ def _search(arm: str, target: float, seed: int, epochs: float, threads: int, bas
 
 
 def run_arm(arm: str, target: float, seed: int, search_epochs: float, retrain_epochs: float,
-            threads: int, base: tuple[int, Any], settle: float = 0.0, settle_hold: bool = False) -> dict[str, Any]:
-    """One arm: its structure at ``target`` x the baseline's MACs, retrained from scratch."""
+            threads: int, base: tuple[int, Any], settle: float = 0.0, settle_hold: bool = False,
+            search_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One arm: its structure at ``target`` x the baseline's MACs, retrained from scratch
+    (``search_overrides``: SearchConfig fields of a DMS arm's search)."""
     base_macs, (model, example) = base
     work = WORK / run_key(arm, target, seed, search_epochs, retrain_epochs).replace("/", "-")  # reused by variants
     t0 = time.perf_counter()
@@ -169,7 +174,8 @@ def run_arm(arm: str, target: float, seed: int, search_epochs: float, retrain_ep
         row["multiplier"] = mult
     else:
         src = work / "search"
-        summary, info = _search(arm, target, seed, search_epochs, threads, base_macs, src, settle, settle_hold)
+        summary, info = _search(arm, target, seed, search_epochs, threads, base_macs, src, settle, settle_hold,
+                                search_overrides)
         row["settle"], row["settle_hold"] = settle, settle_hold
         structure = json.loads((src / "structure.json").read_text())
         row.update(info)
@@ -234,13 +240,13 @@ def main(argv: list[str] | None = None) -> None:
     elif args.train_limit is not None:
         p.error("--train-limit is for --task mnist (the digits cache holds full-split runs)")
     if args.width != 8:
-        _use_width(args.width)
+        use_width(args.width)
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     machine = (f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, "
                f"{args.threads} thread(s)")
     if not args.table_only:
-        base = _baseline()
+        base = baseline()
         for seed in args.seeds:
             for target in args.targets:
                 for arm in args.arms:

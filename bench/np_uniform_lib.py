@@ -25,6 +25,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import torch
@@ -131,9 +133,15 @@ class TracedPipeline(Pipeline):
     (before the budget solver) and ``final`` (what is exported). Recording reads the gates
     only; the run computes exactly what an untraced one does (no resume support needed)."""
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
+    def __init__(self, *args: Any, search_overrides: dict[str, Any] | None = None, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.trace: dict[str, Any] = {"during": [], "solver_ran": False, "finish_steps": 0}
+        self._overrides = dict(search_overrides or {})
+
+    def search_config(self, exclude: list[str]) -> Any:
+        """The pipeline's SearchConfig with ``search_overrides`` set (another importance metric,
+        a gate factory)."""
+        return dataclasses.replace(super().search_config(exclude), **self._overrides)
 
     def _make_searcher(self, model: Any, extra_exclude: list[str]) -> Any:
         searcher = super()._make_searcher(model, extra_exclude)

@@ -109,7 +109,7 @@ def test_table_of_another_width_names_it(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(np_uniform, "CACHE", np_uniform.CACHE)
     monkeypatch.setattr(np_uniform, "WORK", np_uniform.WORK)
     monkeypatch.setattr(np_uniform, "MODEL", np_uniform.MODEL)
-    np_uniform._use_width(4)
+    np_uniform.use_width(4)
     assert np_uniform.CACHE.name == "np_uniform_w4.json" and np_uniform.MODEL["model_args"] == {"width": 4}
     assert np_uniform.WORK.name == "w4"
     cache = json.loads((ROOT / "bench" / "results" / "np_uniform.json").read_text())

@@ -135,23 +135,26 @@ def write_table(cache: dict[str, Any], out: Path) -> Path:
              f"1 image = 0.28 pt), DMS_np at {TARGET} x its MACs, {s_ep:g} search epochs (settle phase "
              f"with the hold, the defaults), {r_ep:g} epochs of retraining from scratch; seeds "
              f"{', '.join(map(str, seeds))}.", "",
-             "| importance | seeds | top-1 before retraining (%) | top-1 after retraining (%) | after, vs Taylor "
-             "(pt, paired 95 % CI) | search end / target | in [0.98, 1.00] by the loss alone | exported / target |",
-             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+             "| importance | seeds | top-1 before retraining (%) | before, vs Taylor (pt, paired 95 % CI) | "
+             "top-1 after retraining (%) | after, vs Taylor (pt, paired 95 % CI) | search end / target | "
+             "in [0.98, 1.00] by the loss alone | exported / target |",
+             "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: |"]
     taylor = {s: r["acc"] for s, r in by["taylor"].items()}
+    taylor_before = {s: r["acc_search"] for s, r in by["taylor"].items()}
     for m in METRICS:
         rs = [by[m][s] for s in sorted(by[m])]
         if not rs:
             continue
         band = sum(0.98 <= r["search_end"] <= 1.0 for r in rs)
         vs = "-" if m == "taylor" else _paired({s: r["acc"] for s, r in by[m].items()}, taylor)
-        lines.append(f"| {LABELS[m]} | {len(rs)} | {_pct([r['acc_search'] for r in rs])} | "
+        vs0 = "-" if m == "taylor" else _paired({s: r["acc_search"] for s, r in by[m].items()}, taylor_before)
+        lines.append(f"| {LABELS[m]} | {len(rs)} | {_pct([r['acc_search'] for r in rs])} | {vs0} | "
                      f"**{_pct([r['acc'] for r in rs])}** | {vs} | "
                      f"{statistics.mean(r['search_end'] for r in rs):.3f} | {band}/{len(rs)} | "
                      f"{statistics.mean(r['exported'] for r in rs):.3f} |")
     if ref.get("uniform"):
         u = ref["uniform"]
-        lines.append(f"| uniform width, no search (`np_uniform_w4.json`) | {len(u)} | - | "
+        lines.append(f"| uniform width, no search (`np_uniform_w4.json`) | {len(u)} | - | - | "
                      f"{_pct([r['acc'] for r in u.values()])} | "
                      f"{_paired({s: r['acc'] for s, r in u.items()}, taylor)} | - | - | "
                      f"{statistics.mean(r['exported'] for r in u.values()):.3f} |")

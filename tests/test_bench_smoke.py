@@ -37,6 +37,7 @@ CASES = [
     _case("peers", "peers.md", ("peers",), ("torch_pruning",)),  # 22 s
     _case("np_uniform", "np_uniform.md", ("np_uniform",)),  # 21 s
     _case("table16", "table16.md", ("table16",)),  # 9 s
+    _case("importance", "importance.md", ("importance",)),  # 19 s
     _case("gates", "gates.md", ("gates",), slow=True),  # 32 s
     _case("yolo_table11", "yolo_table11.md", ("yolo_table11",), ("ultralytics",)),  # 18 s
     _case("search_overhead", "search_overhead.md", ("search_overhead",)),  # 10 s

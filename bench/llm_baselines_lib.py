@@ -177,6 +177,15 @@ def prune_uniform(model: nn.Module, scores: Scores, kv_keep: int, ffn_keep: int)
     cfg.intermediate_size = ffn_keep
 
 
+def _check_widths(layers: Iterable[int], scores: Scores, kv_keep: list[int], ffn_keep: list[int]) -> None:
+    """Raise unless each layer keeps between 1 and all of its KV groups and FFN units (``layers``
+    name them in the message)."""
+    for i, (kv, ffn), g_keep, f_keep in zip(layers, scores, kv_keep, ffn_keep):
+        if not (1 <= g_keep <= len(kv) and 1 <= f_keep <= len(ffn)):
+            raise ValueError(f"layer {i}: keep {g_keep} of {len(kv)} KV groups and {f_keep} of "
+                             f"{len(ffn)} FFN units; each must be at least 1 and at most all")
+
+
 @torch.no_grad()
 def prune_per_layer(model: nn.Module, scores: Scores, kv_keep: list[int], ffn_keep: list[int]) -> None:
     """Keep, in layer ``i``, the ``kv_keep[i]`` highest-scoring KV groups and ``ffn_keep[i]``
@@ -188,10 +197,7 @@ def prune_per_layer(model: nn.Module, scores: Scores, kv_keep: list[int], ffn_ke
     if not len(layers) == len(scores) == len(kv_keep) == len(ffn_keep):
         raise ValueError(f"one score pair and one width pair per layer: {len(layers)} layers, "
                          f"{len(scores)} scores, {len(kv_keep)} KV widths, {len(ffn_keep)} FFN widths")
-    for i, ((kv, ffn), g_keep, f_keep) in enumerate(zip(scores, kv_keep, ffn_keep)):  # before any cut
-        if not (1 <= g_keep <= len(kv) and 1 <= f_keep <= len(ffn)):
-            raise ValueError(f"layer {i}: keep {g_keep} of {len(kv)} KV groups and {f_keep} of "
-                             f"{len(ffn)} FFN units; each must be at least 1 and at most all")
+    _check_widths(range(len(scores)), scores, kv_keep, ffn_keep)  # before any cut
     for layer, (kv, ffn), g_keep, f_keep in zip(layers, scores, kv_keep, ffn_keep):
         a, m = layer.self_attn, layer.mlp
         groups = torch.topk(kv, g_keep).indices.sort().values.tolist()
@@ -224,11 +230,7 @@ def prune_structure(model: nn.Module, scores: Scores, kept_layers: list[int], kv
         raise ValueError(f"kept layers {kept_layers} (distinct, of the model's {n}) need one KV width and "
                          f"one FFN width each, and the scores one pair per layer of the model: got "
                          f"{len(kv_keep)}, {len(ffn_keep)} widths and {len(scores)} score pairs")
-    for i, g_keep, f_keep in zip(kept, kv_keep, ffn_keep):
-        kv, ffn = scores[i]
-        if not (1 <= g_keep <= len(kv) and 1 <= f_keep <= len(ffn)):
-            raise ValueError(f"layer {i}: keep {g_keep} of {len(kv)} KV groups and {f_keep} of "
-                             f"{len(ffn)} FFN units; each must be at least 1 and at most all")
+    _check_widths(kept, [scores[i] for i in kept], kv_keep, ffn_keep)
     remove_layers(model, [i for i in range(n) if i not in set(kept)])
     prune_per_layer(model, [scores[i] for i in kept], kv_keep, ffn_keep)
 

@@ -10,11 +10,17 @@ is masked anyway).
 
 Per-head dims (the paper's m_qk and m_v) are searched for timm ``Attention``, as one dim
 ``<module>.head_dim`` shared by q, k and v (timm reshapes all three with one ``head_dim``):
-their channels get the mask m_head x m_hd on the qkv projection's output, and the export
-keeps the supernet's softmax scale (``fused_attn = False``: the explicit path uses the stored
-``scale``; fused SDPA would rescale by the new head dim). Not searched: Hugging Face and
-nn.MultiheadAttention head dims (the scale is derived from the head dim, GPT-2 from the value
-dim, and RoPE rotates dims i and i + D/2 together).
+their channels get the mask m_head x m_hd on the qkv projection's output. The supernet
+scales scores by s_old = original_head_dim ** -0.5; the export folds s_old / s_new into the
+query rows of ``qkv`` (weight and bias) and sets ``scale = s_new`` (new_head_dim ** -0.5),
+so fused SDPA, which scales by 1/sqrt(new head dim), and the explicit path, which uses
+``scale``, both compute the supernet's scores: ``fused_attn`` stays as it was and the export
+keeps the fast kernel. Not searched: Hugging Face and nn.MultiheadAttention head dims (the
+scale is derived from the head dim, GPT-2 from the value dim, and RoPE rotates dims i and
+i + D/2 together). Their exports therefore need no fold: pruning whole heads (or KV groups)
+leaves every kept head's dim, and so its softmax scale, unchanged, and no export switches a
+fused path off (Hugging Face keeps its ``attn_implementation``, nn.MultiheadAttention is
+never pruned).
 
 Example:
     >>> import dmscale as dms
@@ -36,6 +42,7 @@ import torch
 from torch import nn
 
 from ._compat import ensure_torchvision
+from .errors import StructureError
 from .handlers import (Handler, _slice_param, handler_for, register_family_loader, register_handler,
                        register_weight_standardised)
 
@@ -183,12 +190,44 @@ def _set(**attrs: Callable[[nn.Module, int], int]) -> Callable[[nn.Module, int, 
 
 def _update_timm(m: nn.Module, kept: int, head_dim: int | None) -> None:
     if head_dim is not None and head_dim != m.head_dim:
+        _fold_timm_scale(m, head_dim)
         m.head_dim = head_dim
-        # fused SDPA would scale by 1/sqrt(new head_dim); the explicit path keeps m.scale,
-        # the scale the supernet (and the hardened search) used
-        m.fused_attn = False
     m.num_heads = kept
     m.attn_dim = kept * m.head_dim
+
+
+def _timm_supernet_scale(m: nn.Module) -> float:
+    """The softmax scale the supernet's forward used: fused SDPA scales by 1/sqrt of q's
+    last dim (the unpruned ``head_dim``), the explicit path by the stored ``m.scale``."""
+    return float(m.head_dim) ** -0.5 if getattr(m, "fused_attn", False) else float(m.scale)
+
+
+def _fold_timm_scale(m: nn.Module, new_head_dim: int) -> None:
+    """Give a timm Attention whose head dim shrinks to ``new_head_dim`` the supernet's scores
+    on both paths: the q rows of ``qkv`` are multiplied by s_old / s_new, ``m.scale = s_new``
+    (s_new = new_head_dim ** -0.5), so that fused SDPA (which scales by 1/sqrt(new_head_dim))
+    and the explicit path (``m.scale``) both compute (q s_old / s_new) k^T s_new = q k^T s_old.
+
+    Called once per module, before ``m.head_dim`` changes. The q rows are the first third of
+    qkv's output dim ((3, heads, head_dim) layout) whether or not qkv is already sliced: the
+    structure keeps the q, k and v channels in that order.
+    """
+    s_old, s_new = _timm_supernet_scale(m), float(new_head_dim) ** -0.5
+    qkv = m.qkv
+    if not isinstance(qkv, nn.Linear):  # a replaced projection: keep the stored scale instead
+        m.fused_attn = False  # the explicit path scales by m.scale, which stays s_old
+        return
+    rows = qkv.weight.shape[0]
+    if rows % 3:
+        raise StructureError(f"timm Attention qkv: expected an output dim divisible by 3 "
+                             f"(q, k, v), got {rows}")
+    factor = s_old / s_new
+    with torch.no_grad():
+        for p in (qkv.weight, qkv.bias):
+            if p is not None:
+                q = p[: rows // 3]  # (heads * head_dim, in) weight rows / (heads * head_dim,) bias
+                q.copy_((q.double() * factor).to(p.dtype))
+    m.scale = s_new
 
 
 def _timm_head_dim_ok(m: nn.Module) -> bool:

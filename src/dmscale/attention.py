@@ -214,8 +214,8 @@ def _fold_timm_scale(m: nn.Module, new_head_dim: int) -> None:
     """
     s_old, s_new = _timm_supernet_scale(m), float(new_head_dim) ** -0.5
     qkv = m.qkv
-    if not isinstance(qkv, nn.Linear):  # a replaced projection: keep the stored scale instead
-        m.fused_attn = False  # the explicit path scales by m.scale, which stays s_old
+    if not isinstance(qkv, nn.Linear):  # a replaced projection (no plain q rows to scale):
+        m.scale, m.fused_attn = s_old, False  # the explicit path, with the supernet's scale
         return
     rows = qkv.weight.shape[0]
     if rows % 3:

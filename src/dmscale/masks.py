@@ -34,15 +34,14 @@ from torch import nn
 
 from .distributed import is_distributed
 from .importance import PendingImportance
+from .gate_bank import GateBank, batchable
+from .hook_base import DMSHook, first_input
+from .weight_masks import FoldMask, Unfold, fold_plan
 from .topk import DifferentiableTopK, GateFactory, StructuralGate
 
 __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
 
 GATES_NAME = "dms_gates"
-
-
-class DMSHook:
-    """Base class of every hook dmscale attaches (so that :func:`detach` finds them)."""
 
 
 def assemble_width_mask(parts: list[torch.Tensor], derived_a: torch.Tensor, derived_b: torch.Tensor,
@@ -101,18 +100,6 @@ class _RestoreFastpath(DMSHook):
         if prev is not None:
             torch.backends.mha.set_fastpath_enabled(prev)
             self.gates._fastpath = None
-
-
-def first_input(args: tuple, kwargs: dict) -> tuple[int | str, torch.Tensor] | None:
-    """Where a layer's input is: ``(0, args[0])``, or ``(name, kwargs[name])`` for the first
-    tensor keyword when it is called with keywords only (``fc(input=h)``); the tracer reads
-    the same input (see :meth:`dmscale.tracer.Tracer._opaque_call`)."""
-    if args:
-        return (0, args[0]) if isinstance(args[0], torch.Tensor) else None
-    for key, value in kwargs.items():
-        if isinstance(value, torch.Tensor):
-            return key, value
-    return None
 
 
 class _MaskInput(DMSHook):
@@ -191,6 +178,18 @@ class _MaskBranch(DMSHook):
         return (first * m.to(first.dtype),) + tuple(out[1:])
 
 
+class _Rows:
+    """A :class:`~dmscale.gate_bank.GateBank` update restricted to the rows of the gates
+    whose mask this forward used with a gradient (``active``, (G,) bool): what the pending
+    all-reduce and the gradient hook call as ``update_importance``."""
+
+    def __init__(self, bank: GateBank, active: torch.Tensor) -> None:
+        self.bank, self.active = bank, active
+
+    def update_importance(self, unit_mask: torch.Tensor, grad: torch.Tensor) -> None:
+        self.bank.update_importance(unit_mask, grad, rows=self.active)
+
+
 class Gates(nn.Module):
     """The structural parameters of one search and the masks they produce."""
 
@@ -233,6 +232,8 @@ class Gates(nn.Module):
         state = self.__dict__.copy()
         state["_masks"] = state["_depth_masks"] = None
         state["pending"] = PendingImportance()
+        state.pop("_bank", None)  # rebuilt from the copied gates on first use
+        state.pop("_channel_cache", None)
         return state
 
     # ------------------------------------------------------------------ construction
@@ -250,6 +251,7 @@ class Gates(nn.Module):
         outputs: dict[str, tuple[int, Any]] | None = None,
         derived: list[tuple[int, int]] | None = None,
         gate_factory: GateFactory | None = None,
+        fold_masks: bool = True,
     ) -> "Gates":
         """Create the gates, register them on ``model`` and attach every hook.
 
@@ -260,6 +262,9 @@ class Gates(nn.Module):
             branches: module name -> (depth dim, block index).
             gate_factory: builds each gate (default :class:`DifferentiableTopK`, DMS's own);
                 a baseline gate implementing :class:`~dmscale.topk.StructuralGate`.
+            fold_masks: multiply the masks of convolution and linear layers into their
+                weights where that is the same function (:mod:`dmscale.weight_masks`);
+                False keeps every mask on the activations (the paper's formulation).
         """
         if hasattr(model, GATES_NAME):
             raise ValueError(
@@ -281,18 +286,40 @@ class Gates(nn.Module):
         model.register_forward_pre_hook(_ComputeMasks(gates, no_fastpath=has_mha))
         if has_mha:
             model.register_forward_hook(_RestoreFastpath(gates), always_call=True)
+        keys: dict[bytes, str] = {}
+
+        def slot_key(prefix: str, name: str, slots: Any) -> str:
+            """One buffer (and one gather per forward) per distinct slot vector."""
+            idx = torch.as_tensor(slots, dtype=torch.long)
+            content = idx.numpy().tobytes()
+            if content not in keys:
+                keys[content] = prefix + name.replace(".", "__")
+                gates.register_buffer(keys[content], idx, persistent=False)
+            return keys[content]
+
+        folded: set[str] = set()
+
+        def fold(name: str, dim: int, side: str, key: str) -> bool:
+            plan = fold_plan(modules[name], dim, side) if fold_masks else None
+            if plan is None:
+                return False
+            modules[name].register_forward_pre_hook(FoldMask(gates, key, plan))
+            if name not in folded:
+                modules[name].register_forward_hook(Unfold(), always_call=True)
+                folded.add(name)
+            return True
+
         for name, (dim, slots) in consumers.items():
-            key = "idx_" + name.replace(".", "__")
-            gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
-            modules[name].register_forward_pre_hook(_MaskInput(gates, key, dim), with_kwargs=True)
+            key = slot_key("idx_", name, slots)
+            if not fold(name, dim, "in", key):
+                modules[name].register_forward_pre_hook(_MaskInput(gates, key, dim), with_kwargs=True)
         for name, (slots, kind, eps) in (norms or {}).items():
-            key = "idx_" + name.replace(".", "__")
-            gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
+            key = slot_key("idx_", name, slots)
             modules[name].register_forward_hook(_MaskedNorm(gates, key, kind, eps), with_kwargs=True)
         for name, (dim, slots) in (outputs or {}).items():
-            key = "out_" + name.replace(".", "__")
-            gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
-            modules[name].register_forward_hook(_MaskOutput(gates, key, dim))
+            key = slot_key("out_", name, slots)
+            if not fold(name, dim, "out", key):
+                modules[name].register_forward_hook(_MaskOutput(gates, key, dim))
         for name, (j, i) in branches.items():
             modules[name].register_forward_hook(_MaskBranch(gates, j, i))
         return gates
@@ -317,17 +344,74 @@ class Gates(nn.Module):
         defer = track and is_distributed(self.process_group)
         if track:
             self._forwards += 1
-        n = len(self.width)
-        parts = [self._mask(t, track, defer, i) for i, t in enumerate(self.width)]
-        self._masks = assemble_width_mask(parts, self.derived_a, self.derived_b,
-                                          like=torch.ones(1, device=self._device()))
-        self._depth_masks = [t.hard_mask() if self.depth_frozen and self.mode != "open"
-                             else self._mask(t, track, defer, n + j) for j, t in enumerate(self.depth)]
+        width, depth = self.masks("soft" if self.mode == "soft" else self.mode, track, defer)
+        self._masks, self._depth_masks = width, depth
 
-    def _mask(self, topk: StructuralGate, track: bool, defer: bool = False, index: int = 0) -> torch.Tensor:
-        if self.mode == "hard":
+    # ------------------------------------------------------------------ batched masks
+    def _bank_for(self) -> tuple[GateBank | None, list[int]]:
+        """The :class:`~dmscale.gate_bank.GateBank` of the batchable gates (built on first
+        use, rebuilt when a gate, its ``a`` or its importance buffer was replaced) and the
+        positions of its gates in ``width + depth``."""
+        gates = list(self.width) + list(self.depth)
+        which = [i for i, t in enumerate(gates) if batchable(t)]
+        members = [gates[i] for i in which]
+        if members and len({(t.metric, t.decay, t.centered) for t in members}) > 1:
+            which, members = [], []  # mixed gate settings: each gate on its own path
+        bank = self.__dict__.get("_bank")
+        if not members:
+            return None, []
+        if bank is None or not bank.valid_for(members):
+            bank = self.__dict__["_bank"] = GateBank(members)
+        return bank, which
+
+    def masks(self, kind: str = "soft", track: bool = False,
+              defer: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(global width mask with its derived slots and trailing 1, per-dim depth masks)
+        of ``kind`` "soft", "hard" or "open", the depth masks hard while depth is frozen.
+
+        Soft masks of every :func:`~dmscale.gate_bank.batchable` gate come from one
+        :class:`~dmscale.gate_bank.GateBank` evaluation, (G, N_max); with ``track`` one
+        gradient hook on it updates every gate's importance (Eq. 4). Other gates, and hard
+        masks of gates with required groups, are computed gate by gate.
+        """
+        n = len(self.width)
+        gates = list(self.width) + list(self.depth)
+        bank, which = self._bank_for() if kind == "soft" else (None, [])
+        row = {i: r for r, i in enumerate(which)}
+        soft = hard = None
+        if bank is not None:
+            soft = bank.unit_soft_masks()  # (G, N_max)
+            frozen = [i for i in which if i >= n and self.depth_frozen]
+            if track and soft.requires_grad:  # rows of frozen depth gates get no update
+                active = torch.tensor([i not in frozen and gates[i].a.requires_grad for i in which],
+                                      device=soft.device)
+                soft.register_hook(self._importance_hook(_Rows(bank, active), soft.detach(), defer,
+                                                         len(gates)))
+            if frozen and not any(gates[i].required_groups for i in frozen):
+                hard = bank.unit_hard_masks()
+
+        def one(i: int) -> torch.Tensor:
+            t = gates[i]
+            frozen = i >= n and self.depth_frozen and kind != "open"
+            if i in row and (hard if frozen else soft) is not None:
+                return bank.elements(hard if frozen else soft, [row[i]])
+            if frozen:
+                return t.hard_mask()
+            return self._mask(t, kind, track, defer, i)
+
+        if bank is not None and n and all(i in row for i in range(n)):
+            base = bank.elements(soft, [row[i] for i in range(n)])  # (n_slots,) in one gather
+            width = assemble_width_mask([base], self.derived_a, self.derived_b)
+        else:
+            width = assemble_width_mask([one(i) for i in range(n)], self.derived_a, self.derived_b,
+                                        like=torch.ones(1, device=self._device()))
+        return width, [one(n + j) for j in range(len(self.depth))]
+
+    def _mask(self, topk: StructuralGate, kind: str, track: bool, defer: bool = False,
+              index: int = 0) -> torch.Tensor:
+        if kind == "hard":
             return topk.hard_mask()
-        if self.mode == "open":
+        if kind == "open":
             return torch.ones(topk.size, device=topk.a.device)
         unit = topk.unit_soft_mask()
         if track and unit.requires_grad:
@@ -354,9 +438,16 @@ class Gates(nn.Module):
         return self.pending.flush(self.process_group)
 
     def channel_mask(self, key: str) -> torch.Tensor:
+        """The mask of the channels behind buffer ``key``: one gather per key and forward."""
         if self._masks is None:
             self.compute()
-        return self._masks[getattr(self, key)]
+        cache = self.__dict__.setdefault("_channel_cache", {})
+        if cache.get("_of") is not self._masks:  # a new forward's masks
+            cache.clear()
+            cache["_of"] = self._masks
+        if key not in cache:
+            cache[key] = self._masks[getattr(self, key)]
+        return cache[key]
 
     def depth_mask(self, j: int) -> torch.Tensor:
         if self._depth_masks is None:

@@ -145,6 +145,9 @@ class Searcher(ImportanceMixin):
             return torch.ones(t.size, dtype=torch.float32, device=t.a.device)
 
         g = self.gates
+        if kind == "soft":  # every gate in one batched evaluation (no importance hook)
+            width, depth_parts = g.masks("soft")
+            return width, torch.cat(depth_parts) if depth_parts else torch.zeros(0, device=g._device())
         width = assemble_width_mask([pick(t) for t in g.width], g.derived_a, g.derived_b,
                                     like=torch.ones(1, device=g._device()))
         depth_frozen = g.depth_frozen and kind == "soft"
@@ -251,9 +254,9 @@ class Searcher(ImportanceMixin):
         if settling:  # zero inside budget_band x target, log of the distance outside
             return self.settle_state.loss(r_c, progress, self.target_cost, cfg.budget_band)
         r_t = self.target_at(progress)
-        if float(r_c.detach()) <= r_t:
-            return r_c.new_zeros(()).float()
-        return (cfg.resource_weight * torch.log(r_c / r_t)).float()
+        # Eq. 6 as max(log(r_c / r_t), 0): zero at or under the target, on the device (no
+        # host synchronisation to compare r_c with r_t)
+        return (cfg.resource_weight * torch.relu(torch.log(r_c / r_t))).float()
 
     def advance(self, progress: float) -> None:
         """The step at ``progress``'s phase: whether the settle phase has landed (the exact

@@ -103,6 +103,11 @@ class SearchConfig:
             :mod:`dmscale.verify`): ``prepare`` refuses a model whose output changes with all
             masks open, ``export`` raises when the export does not compute what the hardened
             supernet computes. Both name the first layer that diverges.
+        fold_masks: multiply the masks of convolution and linear layers into their weights
+            instead of their input activations where that is the same function (the same
+            output, mask gradient and importance; far less memory and work on a GPU,
+            :mod:`dmscale.weight_masks`). False: every mask on the activations, as the paper
+            writes it. Does not change what is searched (a resume may switch it).
 
     ``min_width`` and ``width_step`` apply to channels; attention heads and blocks are
     always searched one at a time (``dim_overrides`` can still set a heads dim's step/min).
@@ -132,6 +137,7 @@ class SearchConfig:
     verify: bool = True
     layer_uniform: bool = False
     gate_factory: GateFactory | None = None
+    fold_masks: bool = True
 
     def __post_init__(self) -> None:
         if self.resource not in RESOURCES:
@@ -176,6 +182,8 @@ class SearchConfig:
             raise ConfigError(f"cost_forward must be one of {COST_FORWARD}, got {self.cost_forward!r}")
         if not isinstance(self.verify, bool):
             raise ConfigError(f"verify must be True or False, got {self.verify!r}")
+        if not isinstance(self.fold_masks, bool):
+            raise ConfigError(f"fold_masks must be True or False, got {self.fold_masks!r}")
         if not isinstance(self.layer_uniform, bool):
             raise ConfigError(f"layer_uniform must be True or False, got {self.layer_uniform!r}")
         if self.gate_factory is not None and not callable(self.gate_factory):
@@ -214,7 +222,7 @@ def config_differences(saved: dict[str, Any], config: SearchConfig) -> str:
         if f.name not in saved and f.default is not MISSING:
             saved[f.name] = BEFORE_OPTION.get(f.name, f.default)
     saved["budget_band"] = list(saved["budget_band"])  # a tuple default, a list in config_state
-    for key in ("latency_options", "verify"):
+    for key in ("latency_options", "verify", "fold_masks"):
         saved.pop(key, None), current.pop(key, None)
     if not saved.get("settle") and not current.get("settle"):  # no settle phase: the hold never acts
         saved.pop("settle_hold", None), current.pop("settle_hold", None)

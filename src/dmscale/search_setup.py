@@ -108,7 +108,8 @@ def attach_gates(model: nn.Module, space: SearchSpace, config: SearchConfig) -> 
                 for m in b.branch_modules}
     gates = Gates.attach(model, dims, depth, consumers, branches,
                          importance=cfg.importance, normalize=cfg.normalize, norms=norms,
-                         outputs=outputs, derived=space.derived, gate_factory=cfg.gate_factory)
+                         outputs=outputs, derived=space.derived, gate_factory=cfg.gate_factory,
+                         fold_masks=cfg.fold_masks)
     tie_ratios(list(gates.width), groups)
     for d, topk in zip(space.width, gates.width):
         topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]

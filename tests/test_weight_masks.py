@@ -1,0 +1,132 @@
+"""Masks folded into weights compute the same search as masks on activations, on the whole zoo.
+
+For every model of :data:`zoo.ZOO` and :data:`transformer_zoo.TZOO`, two copies are prepared
+with ``fold_masks=True`` (the default: ``conv(X, W * m)``) and ``fold_masks=False`` (the
+paper's ``conv(X * m, W)``) and trained side by side from the same state: outputs, the
+gradients of the structural parameters, the importances (Eq. 4) and the found structure
+must agree.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import dmscale as dms
+from dmscale.weight_masks import FoldMask, fold_plan
+from transformer_zoo import TZOO, output_tensor, task_loss
+from zoo import ZOO
+
+MODELS = sorted(ZOO) + sorted(TZOO)
+
+
+def _entry(name: str) -> tuple[nn.Module, object]:
+    if name in TZOO:
+        entry = TZOO[name]
+        return entry.build(), entry.make_inputs()
+    entry = ZOO[name]
+    g = torch.Generator().manual_seed(1)
+    return entry.build(), torch.randn((4,) + tuple(entry.input_shape[1:]), generator=g)
+
+
+def _call(model: nn.Module, x: object) -> torch.Tensor:
+    return output_tensor(model(**x) if isinstance(x, dict) else model(x))
+
+
+def _example(x: object) -> object:
+    return {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
+
+
+def _pair(name: str) -> tuple[list[tuple[nn.Module, dms.Searcher]], object]:
+    model, x = _entry(name)
+    model.train()
+    out = []
+    for fold in (True, False):
+        m = copy.deepcopy(model)
+        s = dms.prepare(m, _example(x), dms.SearchConfig(resource="macs", target=0.5, fold_masks=fold))
+        s.randomize_importance(0)
+        with torch.no_grad():  # ratios inside the soft band of many units
+            for i, p in enumerate(s.structure_parameters()):
+                p.fill_(0.15 + 0.05 * (i % 5))
+        out.append((m, s))
+    return out, x
+
+
+def _folds(model: nn.Module) -> int:
+    return sum(isinstance(h, FoldMask) for m in model.modules() for h in m._forward_pre_hooks.values())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_weight_folded_masks_give_the_same_search(name: str) -> None:
+    (folded, s_fold), (plain, s_act) = (pair := _pair(name))[0]
+    x = pair[1]
+    assert _folds(plain) == 0
+    assert _folds(folded) > 0, f"{name}: no convolution or linear layer had its mask folded"
+    opts = [(torch.optim.SGD(s.model_parameters(), lr=0.01), torch.optim.SGD(s.structure_parameters(), lr=0.05))
+            for s in (s_fold, s_act)]
+    steps = 3
+    for step in range(steps):
+        outs = []
+        for (m, s), (ow, os_) in zip(((folded, s_fold), (plain, s_act)), opts):
+            y = _call(m, x)
+            loss = task_loss(y) + s.resource_loss(step / steps)
+            ow.zero_grad(), os_.zero_grad()
+            loss.backward()
+            outs.append((y.detach(), [None if p.grad is None else p.grad.clone() for p in s.structure_parameters()]))
+            ow.step(), os_.step()
+        (y_f, g_f), (y_a, g_a) = outs
+        torch.testing.assert_close(y_f, y_a, rtol=1e-4, atol=1e-5, msg=f"{name}: outputs, step {step}")
+        assert [g is None for g in g_f] == [g is None for g in g_a]
+        for i, (a, b) in enumerate(zip(g_f, g_a)):
+            if a is None:
+                continue
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5, msg=f"{name}: grad of a[{i}], step {step}")
+    for t_f, t_a in zip(list(s_fold.gates.width) + list(s_fold.gates.depth),
+                        list(s_act.gates.width) + list(s_act.gates.depth)):
+        torch.testing.assert_close(t_f.importance, t_a.importance, rtol=1e-3, atol=1e-12)
+    s_fold.meet_target(), s_act.meet_target()
+    found_f, found_a = s_fold.structure(), s_act.structure()
+    for found in (found_f, found_a):
+        found["resource"].pop("soft")  # the soft cost differs in the last digits
+    assert found_f == found_a
+    with s_fold.hardened(), torch.no_grad():  # the folded hard masks are the export's function
+        folded.eval()
+        y_hard = _call(folded, x)
+    small = s_fold.export()
+    torch.testing.assert_close(_call(small.eval(), x), y_hard, rtol=1e-4, atol=1e-5)
+
+
+def test_fold_plan_refuses_layers_that_would_compute_something_else() -> None:
+    class Standardised(nn.Conv2d):  # a weight-standardised conv: W * m would be renormalised
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            w = (self.weight - self.weight.mean((1, 2, 3), keepdim=True))
+            return nn.functional.conv2d(x, w, self.bias, self.stride, self.padding)
+
+    assert fold_plan(nn.Conv2d(4, 4, 3), 1, "in") is not None
+    assert fold_plan(Standardised(4, 4, 3), 1, "in") is None
+    assert fold_plan(nn.ConvTranspose2d(4, 4, 3), 1, "in") is None
+    assert fold_plan(nn.Linear(4, 4), 1, "in") is None or fold_plan(nn.Linear(4, 4), -1, "in") is not None
+    lin = nn.Linear(4, 4)
+    torch.nn.utils.parametrize.register_parametrization(lin, "weight", nn.Identity())
+    assert fold_plan(lin, -1, "in") is None  # a parametrised weight is not a plain parameter
+
+
+def test_folded_weight_is_shadowed_only_during_the_call_and_parameters_are_untouched() -> None:
+    net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    s = dms.prepare(net, torch.randn(2, 6), dms.SearchConfig(resource="params", target=0.5))
+    seen = {}
+    net[2].register_forward_pre_hook(lambda m, a: seen.setdefault("w", m.weight))
+    net(torch.randn(2, 6))
+    assert not isinstance(seen["w"], nn.Parameter)  # the masked weight during the call
+    assert isinstance(net[2].weight, nn.Parameter) and "weight" not in net[2].__dict__
+    assert set(net.state_dict()) - {k for k in net.state_dict() if k.startswith("dms_gates.")} == set(before)
+    with pytest.raises(RuntimeError):
+        with s.gates.use("soft"):
+            net(torch.randn(2, 5))  # a shape error inside the forward: the shadow is removed
+    assert "weight" not in net[2].__dict__
+    dms.detach(net)
+    assert all(torch.equal(net.state_dict()[k], v) for k, v in before.items())

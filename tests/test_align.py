@@ -178,6 +178,14 @@ def test_a_dim_whose_size_is_not_a_multiple_is_searched_unaligned_and_listed():
     assert dms.count(small, x)["params"] == round(res["hard"]) <= searcher.target_cost
 
 
+def test_a_target_below_the_aligned_minimum_says_align_bounds_it():
+    net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    with pytest.raises(ConfigError, match=r"\[96 \(smallest\), 192 \(supernet\)\].* multiple of 8"
+                                          r".*align=8; align=1, --align 1, searches every width"):
+        dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(target=0.2, align=8))
+    dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(target=0.2, align=1))  # reachable
+
+
 # ----------------------------------------------------------------------------- resume
 def test_states_record_the_resolved_align_and_older_states_resume_unaligned():
     net, x = _mlp()

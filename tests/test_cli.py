@@ -258,11 +258,14 @@ def test_teacher_from_a_run_directory_and_expand(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- --align
-def test_align_auto_resolves_to_1_on_cpu_and_is_saved(searched: Path) -> None:
-    assert yaml.safe_load((searched / "config.yaml").read_text())["align"] == 1
+def test_align_auto_resolves_on_the_run_device_and_is_saved(searched: Path) -> None:
+    multiple = 8 if torch.cuda.is_available() else 1  # --device auto: 1 on CPU
+    assert yaml.safe_load((searched / "config.yaml").read_text())["align"] == multiple
     summary = json.loads((searched / "summary.json").read_text())
-    assert summary["align"] == {"multiple": 1, "unaligned": []}
-    assert "align         off" in format_summary(summary)
+    assert summary["align"]["multiple"] == multiple
+    if multiple == 1:
+        assert summary["align"]["unaligned"] == []
+        assert "align         off" in format_summary(summary)
 
 
 def test_align_flag_reaches_the_search_and_the_summary(tmp_path: Path, monkeypatch,
@@ -281,6 +284,8 @@ def test_align_flag_reaches_the_search_and_the_summary(tmp_path: Path, monkeypat
     assert all(w["kept"] % 4 == 0 for w in structure["width"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["align"] == {"multiple": 4, "unaligned": []}
+    assert summary["resources"]["hard"] <= summary["resources"]["target"]  # on the budget
+    assert summary["counts"]["found"]["macs"] == summary["resources"]["hard"]
     assert "align         searched widths are multiples of 4" in format_summary(summary)
     assert "- align: searched widths are multiples of 4" in (out / "report.md").read_text()
     # a resume keeps the run's multiple: another is refused, auto takes the saved one

@@ -135,9 +135,16 @@ class Searcher(ImportanceMixin):
                 f"target {self.config.resource} = {target:,.0f} is outside what this search "
                 f"space can reach: [{low:,.0f} (smallest), {high:,.0f} (supernet)]; pass a target "
                 f"between {low / high:.3g} and 1 (a fraction of the supernet) or between "
-                f"{low:,.0f} and {high:,.0f}"
+                f"{low:,.0f} and {high:,.0f}" + self._align_hint()
             )
         return target
+
+    def _align_hint(self) -> str:
+        if self.align <= 1:
+            return ""
+        how = "align=None (auto) is 8 on CUDA" if self.config.align is None else f"align={self.align}"
+        return (f" (every searched width is kept at a multiple of {self.align}, which bounds the "
+                f"smallest model from below: {how}; align=1, --align 1, searches every width)")
 
     # ------------------------------------------------------------------ masks
     def _masks(self, kind: str, cache: dict[int, list[Any]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,7 +22,8 @@ from safetensors.torch import load_file, load_model
 
 import dmscale as dms
 from dmscale.cli import build_parser, main
-from dmscale.config import OPTIONS
+from dmscale.config import OPTIONS, RunConfig, load_run_config
+from dmscale.report import format_summary
 from dmscale.tasks.models import SmallCNN
 
 # digits, a 4-channel SmallCNN, 4 steps per epoch
@@ -87,6 +88,8 @@ def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     [*SEARCH, "--model", "tv:resnet18", "--expand", "width=2"],
     [*SEARCH, "--exclude", "nosuchlayer"],
     [*SEARCH, "--target", "5"],  # 5 MACs: below the smallest reachable model
+    [*SEARCH, "--align", "0"],
+    [*SEARCH, "--align", "eight"],
     ["eval", "/nonexistent/run"],
     ["report", "/nonexistent/run"],
     ["retrain"],
@@ -252,6 +255,51 @@ def test_teacher_from_a_run_directory_and_expand(tmp_path: Path) -> None:
     structure = json.loads((out / "structure.json").read_text())
     assert [d["size"] for d in structure["width"]][:1] == [8]  # width 4 x 2
     assert [len(d["blocks"]) for d in structure["depth"]] == [3, 3]  # 2 blocks x 1.5
+
+
+# ----------------------------------------------------------------------------- --align
+def test_align_auto_resolves_on_the_run_device_and_is_saved(searched: Path) -> None:
+    multiple = 8 if torch.cuda.is_available() else 1  # --device auto: 1 on CPU
+    assert yaml.safe_load((searched / "config.yaml").read_text())["align"] == multiple
+    summary = json.loads((searched / "summary.json").read_text())
+    assert summary["align"]["multiple"] == multiple
+    if multiple == 1:
+        assert summary["align"]["unaligned"] == []
+        assert "align         off" in format_summary(summary)
+
+
+def test_align_flag_reaches_the_search_and_the_summary(tmp_path: Path, monkeypatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    configs = []
+    prepare = dms.prepare
+    monkeypatch.setattr(dms, "prepare", lambda m, x, c=None: configs.append(c) or prepare(m, x, c))
+    out = tmp_path / "a4"
+    rc, _, err = run(capsys, *SEARCH, "--model-args", "width=8,blocks=2", "--align", "4",
+                     "--epochs", "1", "--retrain-epochs", "0", "--out", out)
+    assert rc == 0, err
+    assert [c.align for c in configs] == [4]
+    assert yaml.safe_load((out / "config.yaml").read_text())["align"] == 4
+    structure = json.loads((out / "structure.json").read_text())
+    assert structure["align"] == {"multiple": 4, "unaligned": []}
+    assert all(w["kept"] % 4 == 0 for w in structure["width"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["align"] == {"multiple": 4, "unaligned": []}
+    assert summary["resources"]["hard"] <= summary["resources"]["target"]  # on the budget
+    assert summary["counts"]["found"]["macs"] == summary["resources"]["hard"]
+    assert "align         searched widths are multiples of 4" in format_summary(summary)
+    assert "- align: searched widths are multiples of 4" in (out / "report.md").read_text()
+    # a resume keeps the run's multiple: another is refused, auto takes the saved one
+    rc, _, err = run(capsys, "search", "--resume", out, "--align", "8")
+    assert rc == 2 and "--align (run: 4, now: 8)" in err
+    rc, _, err = run(capsys, "search", "--resume", out, "--align", "auto", "--quiet")
+    assert rc == 0, err
+    assert yaml.safe_load((out / "config.yaml").read_text())["align"] == 4
+
+
+def test_a_run_saved_before_align_existed_loads_unaligned(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("command: search\ntask: digits\n")
+    assert load_run_config(tmp_path).align == 1
+    assert RunConfig().align is None  # auto
 
 
 # ----------------------------------------------------------------------------- resume

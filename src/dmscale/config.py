@@ -103,6 +103,7 @@ class RunConfig:
     search_dims: str = "both"
     min_width: int = 1
     width_step: int = 1
+    align: int | None = None  # None: auto, resolved on the run's device (Pipeline)
     exclude: list[str] | None = None
     width_only_from: float | None = None
     layer_uniform: bool = False

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .config_values import (
+    align_value,
     band,
     boolean,
     choice,
@@ -193,6 +194,12 @@ OPTIONS: tuple[Option, ...] = (
     _o("width_step", positive_int, 1,
        "channels per search unit (a coarse search space; 1 = every channel)", _SEARCHING,
        "search", metavar="N"),
+    _o("align", align_value, None,
+       "hardware-aligned widths: keep every searched width (channels, FFN units, per-head "
+       "dims) a multiple of N, searched in units of lcm(--width-step, N); head counts and "
+       "blocks are counts and stay free; a width whose size is not a multiple of N is "
+       "searched unaligned and named in the summary. auto (default): 8 when the search runs "
+       "on CUDA (tensor-core tiles), 1 (off) on CPU", _SEARCHING, "search", metavar="N|auto"),
     _o("exclude", str_list, None,
        "module names or glob patterns (e.g. 'model.layers.*.mlp') whose widths stay fixed; "
        "comma-separated or repeated", _SEARCHING, "search", metavar="PATTERN",

@@ -21,6 +21,7 @@ from .errors import ConfigError
 
 __all__ = [
     "positive_int",
+    "align_value",
     "integer",
     "real",
     "positive_float",
@@ -49,6 +50,22 @@ def positive_int(value: Any) -> int:
     if not isinstance(number, int) or number < 1:
         raise ConfigError(f"expected a positive integer, got {value!r}")
     return number
+
+
+def align_value(value: Any) -> int | None:
+    """'auto' (or None) -> None, the device's default; else a positive integer.
+
+    Example:
+        >>> align_value("8"), align_value("auto")
+        (8, None)
+    """
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    try:
+        return positive_int(value)
+    except ConfigError:
+        raise ConfigError(f"expected a positive integer (the multiple every searched width keeps, "
+                          f"e.g. 8) or auto, got {value!r}") from None
 
 
 def integer(value: Any) -> int:

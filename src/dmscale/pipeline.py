@@ -90,6 +90,7 @@ from .runs import (
     load_weights,
     searcher_from_checkpoint,
 )
+from .search_config import resolve_align
 from .tasks.hf_model import is_hf_model
 from .tasks.registry import Distillation, Task, build_task
 
@@ -158,6 +159,8 @@ class Pipeline(Phases):
         self._explicit = explicit
         self.cfg = self._prepare_config(cfg.resolved())
         self.device = resolve_device(self.cfg.device)
+        if self.cfg.command == "search" and self.cfg.align is None:  # auto: the device's multiple,
+            self.cfg.align = resolve_align(None, self.device)  # saved so a resume searches the same
         self.precision = Precision(self.cfg.precision, self.device)
         self.threads = set_threads(self.cfg.threads)
         self.phases = phases_of(self.cfg)
@@ -186,6 +189,8 @@ class Pipeline(Phases):
             for opt in OPTIONS_BY_NAME.values():
                 new = getattr(cfg, opt.name)
                 if opt.name in RESUME_MUTABLE or new == getattr(saved, opt.name):
+                    continue
+                if opt.name == "align" and new is None:  # auto: the run's resolved multiple
                     continue
                 if self._explicit is not None and opt.name not in self._explicit:
                     continue
@@ -355,7 +360,18 @@ class Pipeline(Phases):
             "evals": st["evals"], "steps": self.global_step, "processes": world_size(),
             "elapsed": round(self.elapsed(), 1), "warnings": st["warnings"],
             "structure": _structure_brief(structure) if structure else None,
+            "align": _align_brief(cfg, structure),
         }
+
+
+def _align_brief(cfg: RunConfig, structure: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The width multiple of a search run and the dims it left unaligned (None for other
+    commands); a structure written before alignment existed has none: multiple 1."""
+    if cfg.command != "search":
+        return None
+    found = (structure or {}).get("align") or {}
+    return {"multiple": int(found.get("multiple", cfg.align or 1)),
+            "unaligned": list(found.get("unaligned", []))}
 
 
 def _structure_brief(structure: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["write_report", "format_summary", "read_metrics", "format_count", "posthoc_line", "reach_hint",
+__all__ = ["write_report", "format_summary", "align_line", "read_metrics", "format_count", "posthoc_line", "reach_hint",
            "metric_name", "lm_metrics_text"]
 
 # How far (lr x steps) the structure parameters must be able to move for the search itself to
@@ -261,6 +261,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         lines.append(f"| {res['resource']} budget | | {format_count(res['hard'])} of target "
                      f"{format_count(res['target'])} ({100 * res['hard'] / max(res['target'], 1):.1f}%) |")
     lines.append("")
+    aligned = align_line(summary.get("align"))
+    if aligned:
+        lines += [f"- align: {aligned}", ""]
     posthoc = posthoc_line(state.get("resources_search_end"), res)
     if posthoc:
         lines += [f"- {posthoc}", ""]
@@ -341,6 +344,28 @@ def _processes(n: int) -> str:
     return f"{n} process" + ("es" if n != 1 else "")
 
 
+def align_line(align: dict[str, Any] | None) -> str:
+    """What a search run's widths were aligned to (``summary["align"]``; "" when it has none:
+    another command, or a run from before alignment existed).
+
+    Example:
+        >>> align_line({"multiple": 8, "unaligned": ["fc2"]})
+        'searched widths are multiples of 8, except 1 dim whose size is not: fc2'
+        >>> align_line({"multiple": 1, "unaligned": []})
+        'off (multiple 1: every width size allowed)'
+    """
+    if not align:
+        return ""
+    if int(align.get("multiple", 1)) <= 1:
+        return "off (multiple 1: every width size allowed)"
+    n, left = int(align["multiple"]), list(align.get("unaligned", []))
+    text = f"searched widths are multiples of {n}"
+    if left:
+        names = ", ".join(left[:4]) + (" ..." if len(left) > 4 else "")
+        text += f", except {len(left)} dim{'s' if len(left) > 1 else ''} whose size is not: {names}"
+    return text
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The one-screen summary printed at the end of a run."""
     counts = summary.get("counts", {})
@@ -380,6 +405,9 @@ def format_summary(summary: dict[str, Any]) -> str:
             ws = " ".join(f"{k}/{t}" for _, t, k in st["width"][:12])
             more = " ..." if len(st["width"]) > 12 else ""
             out.append(f"  width         {kept}/{total} kept over {len(st['width'])} dims: {ws}{more}")
+    line = align_line(summary.get("align"))
+    if line:
+        out.append(f"  align         {line}")
     out.append("")
     for name, ev in evals.items():
         if name == "final":

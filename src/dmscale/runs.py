@@ -174,7 +174,7 @@ def search_config(cfg: RunConfig, exclude: list[str]) -> dms.SearchConfig:
     return dms.SearchConfig(
         resource=cfg.resource, target=cfg.target, resource_weight=cfg.resource_weight,
         schedule=cfg.schedule, schedule_end=cfg.schedule_end, importance=cfg.importance, min_width=cfg.min_width,
-        width_step=cfg.width_step, search_width=cfg.search_dims in ("both", "width"),
+        width_step=cfg.width_step, align=cfg.align, search_width=cfg.search_dims in ("both", "width"),
         search_depth=cfg.search_dims in ("both", "depth"), exclude=exclude,
         width_only_from=cfg.width_only_from, cost_forward=cfg.cost_forward,
         settle=cfg.settle, settle_hold=cfg.settle_hold, budget_band=tuple(cfg.budget_band),

@@ -20,6 +20,8 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import warnings
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -30,10 +32,10 @@ from .errors import ConfigError
 from .export import export_model, structure_of
 from .masks import GATES_NAME, Gates, assemble_width_mask
 from .resources import CostModel
-from .search_config import COST_FORWARD, SearchConfig, config_differences, config_state
+from .search_config import COST_FORWARD, SearchConfig, config_differences, config_state, resolve_align
 from .search_importance import ImportanceMixin
 from .settle import SettleState, cosine_anneal, inside_band
-from .search_setup import attach_gates, discover_space
+from .search_setup import attach_gates, discover_space, model_device, unaligned_dims
 from .selfcheck import run_example, verify_export, verify_open
 from .solver import solve_budget
 
@@ -56,6 +58,10 @@ def _cached_hard_mask(t: Any, cache: dict[int, list[Any]]) -> torch.Tensor:
 
 class Searcher(ImportanceMixin):
     """A DMS search attached to a model. Create it with :func:`prepare`.
+
+    ``align`` is the width multiple the search keeps (``SearchConfig.align``, resolved on the
+    model's device when None) and ``unaligned`` the channel dims it could not align (their
+    size is not a multiple of it; they are searched without alignment).
 
     Non-finite losses: a backward through a NaN or infinite loss never changes importance
     (the update is skipped on the device), but it leaves NaN gradients on the weights and on
@@ -85,6 +91,10 @@ class Searcher(ImportanceMixin):
         self.example_inputs = example_inputs
         space = discover_space(model, example_inputs, config)
         self.space = space
+        # the resolved width multiple (config.align, or the device's for "auto")
+        self.align: int = resolve_align(config.align, model_device(model))
+        # channel dims whose size is not a multiple of align: searched without it
+        self.unaligned: list[str] = unaligned_dims(space, self.align)
         self.gates = self._attach(space)
         if config.verify:
             self._verify_open(space.example_output)
@@ -92,10 +102,15 @@ class Searcher(ImportanceMixin):
         self.supernet_cost = float(self._exact_cost(hard=None))
         self.target_cost = self._resolve_target()
         self.settle_state = SettleState(weight=float(config.resource_weight))
+        if self.unaligned:
+            warnings.warn(f"align={self.align}: {len(self.unaligned)} width dim(s) have a size that is "
+                          f"not a multiple of {self.align} and are searched without alignment: "
+                          f"{', '.join(self.unaligned[:5])}{' ...' if len(self.unaligned) > 5 else ''} "
+                          "(Searcher.unaligned lists them)", stacklevel=3)
 
     # ------------------------------------------------------------------ setup
     def _attach(self, space: SearchSpace) -> Gates:
-        gates, self.uniform_groups = attach_gates(self.model, space, self.config)
+        gates, self.uniform_groups = attach_gates(self.model, space, self.config, align=self.align)
         return gates
 
     def _cost_model(self, resource: str | None = None) -> Any:
@@ -120,9 +135,16 @@ class Searcher(ImportanceMixin):
                 f"target {self.config.resource} = {target:,.0f} is outside what this search "
                 f"space can reach: [{low:,.0f} (smallest), {high:,.0f} (supernet)]; pass a target "
                 f"between {low / high:.3g} and 1 (a fraction of the supernet) or between "
-                f"{low:,.0f} and {high:,.0f}"
+                f"{low:,.0f} and {high:,.0f}" + self._align_hint()
             )
         return target
+
+    def _align_hint(self) -> str:
+        if self.align <= 1:
+            return ""
+        how = "align=None (auto) is 8 on CUDA" if self.config.align is None else f"align={self.align}"
+        return (f" (every searched width is kept at a multiple of {self.align}, which bounds the "
+                f"smallest model from below: {how}; align=1, --align 1, searches every width)")
 
     # ------------------------------------------------------------------ masks
     def _masks(self, kind: str, cache: dict[int, list[Any]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,6 +355,9 @@ class Searcher(ImportanceMixin):
     def structure(self) -> dict[str, Any]:
         """The found structure as a JSON-able dict (input of :func:`dmscale.apply_structure`).
 
+        ``structure["align"]`` records the width multiple of the search (:attr:`align`) and
+        the dims left unaligned (:attr:`unaligned`).
+
         Raises :class:`~dmscale.errors.NoImportanceError` before any importance exists
         (see :meth:`has_importance`).
         """
@@ -340,8 +365,11 @@ class Searcher(ImportanceMixin):
         self._require_importance("structure()")
         with torch.no_grad():
             width_mask, depth_mask = self._masks("hard")
-        return structure_of(self.model, self.space, width_mask.cpu().numpy() > 0.5,
-                            depth_mask.cpu().numpy() > 0.5, self.resources())
+        structure = structure_of(self.model, self.space, width_mask.cpu().numpy() > 0.5,
+                                 depth_mask.cpu().numpy() > 0.5, self.resources())
+        # what the widths were aligned to (informative: apply_structure does not read it)
+        structure["align"] = {"multiple": self.align, "unaligned": list(self.unaligned)}
+        return structure
 
     def export(self, verify: bool | None = None) -> nn.Module:
         """A new, physically smaller model computing what :meth:`hardened` computes.
@@ -375,16 +403,21 @@ class Searcher(ImportanceMixin):
         """Everything needed to resume: structural parameters, importance, config, target."""
         self._require_synced("state_dict()")
         state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
-                 "config": config_state(self.config), "target_cost": self.target_cost,
+                 "config": self._config_state(), "target_cost": self.target_cost,
                  "supernet_cost": self.supernet_cost, "depth_frozen": self.gates.depth_frozen,
                  "settled_at": self.settled_at, "settle_weight": self.settle_state.weight}
         if "latency" in self._costs:  # a resumed search keeps the measured cost scale
             state["latency_profile"] = self._costs["latency"].state_dict()
         return state
 
+    def _config_state(self) -> dict[str, Any]:
+        """:func:`config_state` with the resolved ``align`` (an auto align on another device
+        would search another space: a resume compares the value searched with)."""
+        return {**config_state(self.config), "align": self.align}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` (same model architecture and config)."""
-        diff = config_differences(state["config"], self.config)
+        diff = config_differences(state["config"], replace(self.config, align=self.align))
         if diff:
             raise ValueError(f"searcher config differs from the saved one ({diff}); build the "
                              "searcher with the saved config to load this state")

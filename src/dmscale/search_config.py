@@ -17,17 +17,22 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
+import torch
+
 from .errors import ConfigError
 from .importance import IMPORTANCE_METRICS
 from .resources import RESOURCES
 from .topk import GateFactory
 
-__all__ = ["SearchConfig", "COST_FORWARD", "BEFORE_OPTION", "config_state", "config_differences"]
+__all__ = ["SearchConfig", "COST_FORWARD", "BEFORE_OPTION", "CUDA_ALIGN", "config_state",
+           "config_differences", "resolve_align"]
 
 COST_FORWARD = ("soft", "exact")
 # Options whose default changed what is searched when they were added: the value that
 # reproduces a state (or run) saved before the option existed.
-BEFORE_OPTION: dict[str, Any] = {"settle": 0.0, "settle_hold": False}
+BEFORE_OPTION: dict[str, Any] = {"settle": 0.0, "settle_hold": False, "align": 1}
+# the width multiple of ``align=None`` on a CUDA device: bf16/fp16 tensor-core tiles
+CUDA_ALIGN = 8
 
 
 @dataclass
@@ -49,7 +54,18 @@ class SearchConfig:
         width_temperature / depth_temperature: lambda = temperature * N (1 and 4, A.1.1).
         min_width: smallest width a dimension may keep (x_min, A.1.1).
         width_step: channels per unit in a coarse search space (1 = fine-grained).
-        dim_overrides: per width-dimension name, {"min": int, "step": int}.
+        align: hardware-aligned widths: every searched width (channels, FFN units, per-head
+            dims ``<attn>.head_dim``) is kept at a multiple of ``align`` (GPU tensor cores
+            run multiples of 8 far faster than odd widths). A dim is then searched in units of
+            ``lcm(width_step, align)`` elements and keeps at least one unit. Head counts
+            (``<attn>.heads``) and blocks are counts and stay one at a time. A dim whose size
+            is not a multiple of ``align`` cannot be kept aligned (its full size is not) and
+            is searched as without ``align`` (in units of ``width_step``);
+            :attr:`Searcher.unaligned` lists such dims. None (default, "auto"): 8 when the
+            model's parameters are on a CUDA device at :func:`~dmscale.prepare`, else 1
+            (:func:`resolve_align`; the resolved value is :attr:`Searcher.align`). 1 = off.
+        dim_overrides: per width-dimension name, {"min": int, "step": int}; with ``align``,
+            the step of an aligned dim must be a multiple of it (checked at ``prepare``).
         search_width: search widths.
         search_depth: True: every residual stage found; False: none; a list: those stages.
         exclude: module names (or prefixes) whose widths stay fixed.
@@ -111,6 +127,14 @@ class SearchConfig:
 
     ``min_width`` and ``width_step`` apply to channels; attention heads and blocks are
     always searched one at a time (``dim_overrides`` can still set a heads dim's step/min).
+
+    Example (every searched width a multiple of 8, in units of 16 channels):
+        >>> SearchConfig(align=8, width_step=16).align
+        8
+        >>> SearchConfig(align=0)
+        Traceback (most recent call last):
+        ...
+        dmscale.errors.ConfigError: align must be None (auto: 8 on a CUDA device, 1 elsewhere) or an integer >= 1 (every searched width a multiple of it, e.g. 8), got 0
     """
 
     resource: str = "macs"
@@ -124,6 +148,7 @@ class SearchConfig:
     depth_temperature: float = 4.0
     min_width: int = 1
     width_step: int = 1
+    align: int | None = None
     dim_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
     search_width: bool = True
     search_depth: bool | list[str] = True
@@ -171,6 +196,11 @@ class SearchConfig:
             raise ConfigError(f"min_width must be >= 1, got {self.min_width}")
         if self.width_step < 1:
             raise ConfigError(f"width_step must be >= 1, got {self.width_step}")
+        if self.align is not None and (isinstance(self.align, bool) or not isinstance(self.align, int)
+                                       or self.align < 1):
+            raise ConfigError(f"align must be None (auto: {CUDA_ALIGN} on a CUDA device, 1 elsewhere) "
+                              "or an integer >= 1 (every searched width a multiple of it, e.g. 8), "
+                              f"got {self.align!r}")
         if self.width_temperature <= 0 or self.depth_temperature <= 0:
             raise ConfigError("temperatures must be > 0, got "
                              f"width={self.width_temperature}, depth={self.depth_temperature}")
@@ -192,6 +222,21 @@ class SearchConfig:
         self.exclude = list(self.exclude)
 
 
+
+
+def resolve_align(align: int | None, device: torch.device | str | None) -> int:
+    """The width multiple a search keeps: ``align`` itself, or for None ("auto") what fits
+    the device the model is on: :data:`CUDA_ALIGN` (8) on CUDA, whose bf16/fp16 tensor cores
+    work in tiles of 8, and 1 (no alignment) anywhere else.
+
+    Example:
+        >>> resolve_align(None, "cpu"), resolve_align(None, "cuda:0"), resolve_align(4, "cpu")
+        (1, 8, 4)
+    """
+    if align is not None:
+        return int(align)
+    kind = torch.device(device).type if device is not None else "cpu"
+    return CUDA_ALIGN if kind == "cuda" else 1
 
 
 def config_state(config: SearchConfig) -> dict[str, Any]:

@@ -4,27 +4,28 @@ Part of :class:`dmscale.search.Searcher` (its ``__init__``): :func:`discover_spa
 the model and says, with a named error, why when it cannot (the model does not run on the
 example inputs, it does not run under the trace, or nothing in it is searchable);
 :func:`attach_gates` turns the space and the :class:`~dmscale.search_config.SearchConfig`
-into one differentiable top-k per dimension (coarse steps, minimum widths, temperatures,
-layer-uniform ties) and attaches them with their mask hooks.
+into one differentiable top-k per dimension (coarse steps, hardware-aligned widths
+(:func:`dim_unit`), minimum widths, temperatures, layer-uniform ties) and attaches them with their mask hooks.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import nn
 
-from .discover import SearchSpace, discover
-from .errors import InputError, NothingToSearchError, TraceError, UnsupportedLayerError
+from .discover import SearchSpace, WidthDim, discover
+from .errors import ConfigError, InputError, NothingToSearchError, TraceError, UnsupportedLayerError
 from .handlers import handler_for
 from .masks import Gates
 from .norms import norm_formula
-from .search_config import SearchConfig
+from .search_config import SearchConfig, resolve_align
 from .selfcheck import describe_inputs, fails_on
 from .uniform import tie_ratios, uniform_groups
 
-__all__ = ["discover_space", "attach_gates"]
+__all__ = ["discover_space", "attach_gates", "dim_unit", "unaligned_dims", "model_device"]
 
 
 def discover_space(model: nn.Module, example_inputs: Any, config: SearchConfig) -> SearchSpace:
@@ -68,19 +69,17 @@ def discover_space(model: nn.Module, example_inputs: Any, config: SearchConfig) 
     return space
 
 
-def attach_gates(model: nn.Module, space: SearchSpace, config: SearchConfig) -> tuple[Gates, list[Any]]:
+def attach_gates(model: nn.Module, space: SearchSpace, config: SearchConfig,
+                 align: int | None = None) -> tuple[Gates, list[Any]]:
     """Attach one top-k per width and depth dimension of ``space`` to ``model`` (on the
     model's device); returns the gates and the layer-uniform groups (empty without
-    ``config.layer_uniform``)."""
+    ``config.layer_uniform``). ``align``: the resolved width multiple (None: resolve
+    ``config.align`` on the model's device, :func:`~dmscale.search_config.resolve_align`)."""
     cfg = config
+    align = resolve_align(cfg.align, model_device(model)) if align is None else align
     dims = []
     for d in space.width:
-        over = cfg.dim_overrides.get(d.name, {})
-        channels = d.kind != "heads"  # coarse steps and min width are for channels
-        step = int(over.get("step", cfg.width_step if channels else 1))
-        # at least one unit for each layer that writes part of this width
-        min_keep = min(d.size, max(int(over.get("min", cfg.min_width if channels else 1)),
-                                   len(d.required) * step))
+        step, min_keep = dim_unit(d, cfg, align)
         temperature = cfg.depth_temperature if d.kind == "heads" else cfg.width_temperature
         dims.append((d.size, step, min_keep, temperature))
     groups = uniform_groups([d.name for d in space.width],
@@ -114,10 +113,75 @@ def attach_gates(model: nn.Module, space: SearchSpace, config: SearchConfig) -> 
     for d, topk in zip(space.width, gates.width):
         topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]
     # the gates live where the model lives (prepare may come after model.to(device))
-    param = next(iter(model.parameters()), None)
-    if param is not None:
-        gates.to(param.device)
+    gates.to(model_device(model))
     return gates, groups
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
+    param = next(iter(model.parameters()), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def aligns(d: WidthDim, align: int) -> bool:
+    """Whether ``align`` applies to width dim ``d``: a channel dim (not a head count) whose
+    size is a multiple of ``align`` (1: alignment off, nothing to do)."""
+    return align > 1 and d.kind != "heads" and d.size % align == 0
+
+
+def unaligned_dims(space: SearchSpace, align: int) -> list[str]:
+    """The channel dims of ``space`` that ``align`` cannot keep aligned: their size is not a
+    multiple of it (so neither is their full width); they are searched as without ``align``.
+
+    Example:
+        >>> from dmscale.discover import WidthDim
+        >>> dims = [WidthDim("fc1", 64, ["fc1"]), WidthDim("fc2", 10, ["fc2"]),
+        ...         WidthDim("attn.heads", 6, ["attn"], kind="heads")]
+        >>> unaligned_dims(SearchSpace(dims, [], {}, {}, 0, {}), 8)
+        ['fc2']
+    """
+    if align <= 1:
+        return []
+    return [d.name for d in space.width if d.kind != "heads" and not aligns(d, align)]
+
+
+def dim_unit(d: WidthDim, config: SearchConfig, align: int) -> tuple[int, int]:
+    """(elements per unit, smallest kept width) of width dim ``d`` under ``config`` with the
+    resolved width multiple ``align`` (:func:`~dmscale.search_config.resolve_align`).
+
+    Channels: ``dim_overrides`` step, else ``width_step``; with ``align`` (a dim whose size is
+    a multiple of it) the default step becomes ``lcm(width_step, align)`` and an override step
+    must be a multiple of ``align``, so every unit, and every kept width, is a multiple of it.
+    Heads: one at a time unless overridden. The smallest width is the ``min`` override (else
+    ``min_width``, 1 for heads), at least one unit per layer that writes part of the width,
+    at most the size; the gate rounds it up to whole units.
+
+    Example:
+        >>> from dmscale.discover import WidthDim
+        >>> ffn = WidthDim("mlp.fc1", 1536, ["mlp.fc1"])
+        >>> dim_unit(ffn, SearchConfig(), 8), dim_unit(ffn, SearchConfig(width_step=12), 8)
+        ((8, 1), (24, 1))
+        >>> dim_unit(WidthDim("fc2", 10, ["fc2"]), SearchConfig(width_step=4), 8)  # unaligned
+        (4, 1)
+
+    Raises:
+        ConfigError: a ``dim_overrides`` step of an aligned dim is not a multiple of ``align``.
+    """
+    over = config.dim_overrides.get(d.name, {})
+    channels = d.kind != "heads"  # coarse steps and min width are for channels
+    step = int(over.get("step", config.width_step if channels else 1))
+    if aligns(d, align):
+        if "step" in over and step % align:
+            raise ConfigError(
+                f"dim_overrides[{d.name!r}] step {step} is not a multiple of align {align}: every "
+                f"searched width is kept at a multiple of {align}, so its unit must be one too; "
+                f"pass a step of {math.lcm(step, align)} (or another multiple of {align}), or "
+                "align=1")
+        step = step if "step" in over else math.lcm(step, align)
+    # at least one unit for each layer that writes part of this width
+    min_keep = min(d.size, max(int(over.get("min", config.min_width if channels else 1)),
+                               len(d.required) * step))
+    return step, min_keep
 
 
 def _without_width(space: SearchSpace) -> SearchSpace:

@@ -12,7 +12,7 @@ working tree). It writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md``, both r
 it runs (a run stopped at any point keeps what it measured), and ``OUT/workers/`` (each
 worker's spec, json and log). The default run should take 4-6 minutes on an H100 (an
 estimate from CPU timings of the same code; the run says what it took):
-``--budget-s`` (default 330) is the time after which no measurement starts (the rest is
+``--budget-s`` (default 340) is the time after which no measurement starts (the rest is
 listed as skipped), and a running one is stopped ``--grace-s`` (30) later.
 
 Two tables, each model measured once with each implementation, each (implementation, model)
@@ -27,7 +27,7 @@ measured:
    step. ``--compile`` adds the new code under ``torch.compile``: ``model.forward`` compiled, as
    dmscale's own ``--compile`` does it, and ``torch.compile(model)`` (off by default: minutes).
 2. export latency, bf16, eval: ``randomize_importance(0); meet_target(); export()`` at 0.5 x MACs
-   (0.8 for the LLM), exported over original, at the training batch and batch 1: today's code,
+   (0.8 for the LLM; on the CPU unless ``--export-device cuda``), exported over original, at the training batch and batch 1: today's code,
    the new code with ``SearchConfig(align=1)`` and ``align=8`` (where SearchConfig has no
    ``align``: the default configuration, marked †, and n/a); the searched widths that are
    multiples of 8; how many timm attention modules of the export keep ``fused_attn``.
@@ -151,7 +151,7 @@ def _spec(job: dict[str, Any], args: argparse.Namespace, impls: dict[str, Any], 
     return {"model": job["model"], "tasks": job["tasks"], "quick": args.quick, "device": args.device,
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "compile": job.get("compile"),
             "configs": configs, "deadline": soft, "out": str(out), "src": impls[job["impl"]]["src"],
-            "threads": args.threads, "batch": args.batch}
+            "threads": args.threads, "batch": args.batch, "export_device": args.export_device}
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -322,7 +322,8 @@ def _export_rows(state: dict[str, Any], model: str) -> list[str]:
 def table2(state: dict[str, Any]) -> list[str]:
     lines = ["## Table 2: export latency (bf16 weights, eval, inference mode)", "",
              "Exports from `randomize_importance(0); meet_target(); export()` at the MACs target (0.5, 0.8 for "
-             "the LLM); ms = median forward, (x orig) = over the original timed in the same process, interleaved. "
+             f"the LLM), made on {state['run'].get('export_device', '?')}; ms = median forward on "
+             f"{state['run']['device']}, (x orig) = over the original timed in the same process, interleaved. "
              "Original ms: in today's process / in the new code's. Widths %8: searched widths whose kept size is a "
              "multiple of 8. fused attn: attention modules of the export with `fused_attn` True / all.", "",
              "| model | batch | original ms | today ms | new align 1 ms | new align 8 ms | MACs ratio today / a1 / a8 "
@@ -331,7 +332,17 @@ def table2(state: dict[str, Any]) -> list[str]:
     for model in EXPORT_MODELS:
         if model in state["run"]["models"]:
             lines += _export_rows(state, model)
-    return lines
+    return lines + ["", "Seconds to prepare + solve (`meet_target`) + export: " + (", ".join(_export_times(state)) or "none")]
+
+
+def _export_times(state: dict[str, Any]) -> list[str]:
+    out = []
+    for key, job in state["jobs"].items():
+        for label, e in (_get(job, "export", "exports") or {}).items():
+            if "prepare_s" in e:
+                out.append(f"{key.split('/')[1]} {label} {e['prepare_s']:.1f} + {e['meet_target_s']:.1f} + "
+                           f"{e['export_s']:.1f}")
+    return out
 
 
 def _header(state: dict[str, Any]) -> list[str]:
@@ -398,7 +409,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--new-src", type=Path, default=ROOT / "src", help="the new code: a src with dmscale in it")
     ap.add_argument("--new-commit", help="the new code's commit, where git cannot tell (no .git on the machine)")
     ap.add_argument("--make-baseline", metavar="COMMIT", help="snapshot COMMIT's src/dmscale under --baseline-src's parent, and exit")
-    ap.add_argument("--budget-s", type=float, default=330.0, help="no measurement starts after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=340.0, help="no measurement starts after this many seconds")
     ap.add_argument("--grace-s", type=float, default=30.0, help="a running worker is stopped this long after the budget")
     ap.add_argument("--models", nargs="+", choices=EXPORT_MODELS, default=list(EXPORT_MODELS))
     ap.add_argument("--tables", nargs="+", type=int, choices=(1, 2), default=[1, 2])
@@ -409,6 +420,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=10, help="timed training steps per arm")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up training steps per arm")
     ap.add_argument("--rounds", type=int, default=20, help="timed forwards per net and batch in table 2")
+    ap.add_argument("--export-device", default="cpu",
+                    help="where table 2 prepares, solves and exports (default cpu; the latency is timed on --device)")
     ap.add_argument("--batch", type=int, help="the training batch of every model (default: 64, 16 for the LLM; 2 quick)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads in the workers (0: torch's default)")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny models, batch 2, CPU, 2 steps and rounds")
@@ -444,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
         "run": {"command": command_line("bench/gpu_check.py", argv), "date": datetime.datetime.now().isoformat(" ", "seconds"),
                 "t0": t0, "budget_s": args.budget_s, "quick": args.quick, "device": args.device, "host": _gpu_line(),
                 "models": args.models, "tables": args.tables, "compile": args.compile, "steps": args.steps,
-                "warmup": args.warmup, "rounds": args.rounds},
+                "warmup": args.warmup, "rounds": args.rounds, "export_device": args.export_device},
         "impls": impls, "jobs": {}, "notes": [], "soft_deadline": t0 + args.budget_s}
     hard = t0 + args.budget_s + args.grace_s
     for job in plan(args):

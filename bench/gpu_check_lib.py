@@ -20,9 +20,11 @@ included), and one profiled step: the CUDA kernels it launched (memcpy/memset co
 or, on CPU, the ``aten::`` ops it ran (nested ones included).
 
 Export latency (``export``): for each configuration, a copy of the original model is prepared,
-``searcher.randomize_importance(0)``, ``searcher.meet_target()``, ``searcher.export()``; the
-original and every export are cast to bfloat16, put in eval mode and timed interleaved round
-by round under ``torch.inference_mode()`` at each batch size.
+``searcher.randomize_importance(0)``, ``searcher.meet_target()``, ``searcher.export()`` (on the
+CPU by default: the structure does not depend on the device, the budget solver's exact-cost
+loop is Python-bound); the original and every export are moved to the device, cast to
+bfloat16, put in eval mode and timed interleaved round by round under
+``torch.inference_mode()`` at each batch size.
 """
 
 from __future__ import annotations
@@ -185,24 +187,33 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     return 1e3 * (time.perf_counter() - t0)
 
 
-def count_ops(fn: Callable[[], Any], device: torch.device) -> dict[str, Any]:
-    """What one call of ``fn`` launched, from torch.profiler: CUDA kernels (and, apart,
-    memcpy/memset) on a GPU; ``aten::`` ops, nested ones included, on CPU."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+def _profiled(fn: Callable[[], Any], device: torch.device, activities: list[Any]) -> Any:
+    from torch.profiler import profile
 
-    cuda = device.type == "cuda"
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     _sync(device)
-    with profile(activities=acts) as prof:
+    with profile(activities=activities) as prof:
         fn()
         _sync(device)
-    events = prof.events()
-    if cuda:
-        dev = [e for e in events if e.device_type == DeviceType.CUDA]
-        mem = sum(1 for e in dev if e.name.startswith(("Memcpy", "Memset")))
-        return {"kernels": len(dev) - mem, "memcpy_memset": mem, "counted": "CUDA kernels"}
-    return {"kernels": sum(1 for e in events if e.name.startswith("aten::")), "counted": "CPU aten ops (nested)"}
+    return prof.events()
+
+
+def count_ops(fn: Callable[[], Any], device: torch.device) -> dict[str, Any]:
+    """What one call of ``fn`` launched, from torch.profiler: CUDA kernels (and, apart,
+    memcpy/memset) on a GPU, traced with the CUDA activity alone (few events to parse; with
+    the CPU activity too if that finds none); ``aten::`` ops, nested ones included, on CPU."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+
+    if device.type != "cuda":
+        events = _profiled(fn, device, [ProfilerActivity.CPU])
+        return {"kernels": sum(1 for e in events if e.name.startswith("aten::")), "counted": "CPU aten ops (nested)"}
+    for activities in ([ProfilerActivity.CUDA], [ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        dev = [e for e in _profiled(fn, device, activities) if e.device_type == DeviceType.CUDA]
+        if dev:
+            break
+    mem = sum(1 for e in dev if e.name.startswith(("Memcpy", "Memset")))
+    return {"kernels": len(dev) - mem, "memcpy_memset": mem, "counted": "CUDA kernels",
+            "profiled": "+".join(a.name for a in activities)}
 
 
 def env_info(device: torch.device) -> dict[str, Any]:
@@ -377,15 +388,18 @@ def _bf16(x: Any) -> Any:
 
 
 def export_task(spec: ModelSpec, quick: bool, device: torch.device, out: dict[str, Any], save: Callable[[], None],
-                configs: dict[str, dict[str, Any]], rounds: int, deadline: float, batch: int | None = None) -> None:
-    """Table 2 for one model: one export per configuration, then the latency of the original
-    and of each export (bfloat16, eval) at the training batch (``batch``: default the
-    spec's) and at batch 1."""
+                configs: dict[str, dict[str, Any]], rounds: int, deadline: float, batch: int | None = None,
+                export_device: str = "cpu") -> None:
+    """Table 2 for one model: one export per configuration (prepared, solved and exported on
+    ``export_device``: the budget solver's ~1,500 exact-cost evaluations of a 30-layer model
+    are Python-bound), then the latency of the original and of each export (bfloat16, eval, on
+    ``device``) at the training batch (``batch``: default the spec's) and at batch 1."""
     torch.manual_seed(0)
-    original = spec.build(quick).to(device).eval()
-    example = _example(spec.make_inputs(quick, 1, device))
+    where = torch.device(export_device)
+    original = spec.build(quick).to(where).eval()
+    example = _example(spec.make_inputs(quick, 1, where))
     nets = {"original": original}
-    out.update(target=spec.target, input=spec.describe(quick), exports={})
+    out.update(target=spec.target, input=spec.describe(quick), exports={}, export_device=str(where))
     for label, overrides in resolve_configs(configs).items():
         if isinstance(overrides, str):
             out["exports"][label] = {"na": overrides}
@@ -400,9 +414,9 @@ def export_task(spec: ModelSpec, quick: bool, device: torch.device, out: dict[st
         except Exception as e:  # noqa: BLE001 - one failed export must not lose the others
             out["exports"][label] = {"error": _error(e)}
         save()
-        _reset_peak(device)
+        _reset_peak(where)
     for net in nets.values():
-        net.to(torch.bfloat16).eval()
+        net.to(device, torch.bfloat16).eval()
     out["latency"] = {}
     for b in dict.fromkeys([batch or spec.train_batch(quick), 1]):
         x = _bf16(spec.make_inputs(quick, b, device))
@@ -429,7 +443,7 @@ def _task(name: str, spec: ModelSpec, run: dict[str, Any], device: torch.device,
                    run.get("batch"))
     else:
         export_task(spec, run["quick"], device, out, save, run["configs"], run["rounds"], run["deadline"],
-                    run.get("batch"))
+                    run.get("batch"), run.get("export_device") or run["device"])
 
 
 def run_spec(run: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,8 @@ then run from the repository root (any PYTHONPATH: each worker sets its own):
 
 ``HASH``: the commit of the working tree's ``src`` (git names it when ``.git`` is there; on a
 machine without it, pass it, and carry the git-ignored ``bench/_baseline`` along with the
-working tree). It writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md``, both rewritten while
+working tree). ``--new-src`` compares another snapshot instead (``--make-baseline BRANCH
+--baseline-src DIR/src`` makes one; its ``COMMIT`` file names it). It writes ``OUT/gpu_check.json`` and ``OUT/gpu_check.md``, both rewritten while
 it runs (a run stopped at any point keeps what it measured), and ``OUT/workers/`` (each
 worker's spec, json and log). The default run should take 4-6 minutes on an H100 (an
 estimate from CPU timings of the same code; the run says what it took):
@@ -94,20 +95,20 @@ def src_digest(src: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def _impl_info(name: str, src: Path, new_commit: str | None) -> dict[str, Any]:
+def _impl_info(src: Path, commit: str | None) -> dict[str, Any]:
+    """Where an implementation is, whether it is there, its commit and digest. The commit:
+    ``commit`` if given, else a snapshot's ``COMMIT`` file beside ``src``, else git's for this
+    checkout's own src (``+ uncommitted changes`` when src differs from it), else "?"."""
     ok = (src / "dmscale" / "__init__.py").is_file()
-    info: dict[str, Any] = {"src": str(src), "present": ok}
-    if name == "today":
-        stamp = src.parent / "COMMIT"
-        info["commit"] = stamp.read_text().strip()[:7] if stamp.is_file() else "?"
-    else:
-        info["commit"] = new_commit or git_commit(ROOT)
-        if info["commit"] != "?" and not new_commit:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--", str(src)], cwd=ROOT,
-                                   capture_output=True, text=True).stdout.strip()
-            info["commit"] += " + uncommitted changes" if dirty else ""
-    info["digest"] = src_digest(src) if ok else None
-    return info
+    stamp = src.parent / "COMMIT"
+    if commit is None and stamp.is_file():
+        commit = stamp.read_text().strip()[:7]
+    if commit is None and src == (ROOT / "src").resolve():
+        commit = git_commit(ROOT)
+        dirty = commit != "?" and subprocess.run(["git", "status", "--porcelain", "--", str(src)], cwd=ROOT,
+                                                 capture_output=True, text=True).stdout.strip()
+        commit += " + uncommitted changes" if dirty else ""
+    return {"src": str(src), "present": ok, "commit": commit or "?", "digest": src_digest(src) if ok else None}
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -451,8 +452,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    impls = {"today": _impl_info("today", args.baseline_src.resolve(), None),
-             "new": _impl_info("new", args.new_src.resolve(), args.new_commit)}
+    impls = {"today": _impl_info(args.baseline_src.resolve(), None),
+             "new": _impl_info(args.new_src.resolve(), args.new_commit)}
     state: dict[str, Any] = {
         "run": {"command": command_line("bench/gpu_check.py", argv), "date": datetime.datetime.now().isoformat(" ", "seconds"),
                 "t0": t0, "budget_s": args.budget_s, "quick": args.quick, "device": args.device, "host": _gpu_line(),

@@ -55,7 +55,7 @@ def test_make_baseline_extracts_the_package_and_names_its_commit(baseline: Path)
     assert (baseline / "dmscale" / "__init__.py").is_file()
     assert (baseline.parent / "COMMIT").read_text().strip() == _git_head()
     assert not (baseline / "dmscale" / "cli.py").is_symlink()
-    info = gpu_check._impl_info("today", baseline, None)
+    info = gpu_check._impl_info(baseline, None)
     assert info["present"] and info["commit"] == _git_head()[:7]
     dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True).stdout
     if not dirty:  # the same code, wherever it lies: the same digest

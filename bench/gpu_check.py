@@ -192,10 +192,12 @@ def run_job(job: dict[str, Any], args: argparse.Namespace, impls: dict[str, Any]
             if proc.poll() is None:
                 _stop(proc)
     _collect(job, out, state, args, -1.0)
-    entry = state["jobs"].setdefault(job["key"], {})
+    entry = state["jobs"].setdefault(job["key"], {"impl": job["impl"], "model": job["model"]})
     entry.update(returncode=proc.returncode, wall_s=round(time.time() - t0, 1))
     if proc.returncode:
         entry["log_tail"] = log.read_text(errors="replace")[-2000:]
+        if "status" not in entry:  # it died before writing anything
+            entry["error"] = f"the worker exited with {proc.returncode} before writing results"
     _save(state, args)
 
 
@@ -369,6 +371,8 @@ def _header(state: dict[str, Any]) -> list[str]:
 def _notes(state: dict[str, Any]) -> list[str]:
     notes = [f"- {n}" for n in state["notes"]]
     for key, job in state["jobs"].items():
+        if "error" in job:
+            notes.append(f"- {key}: {job['error']}")
         if job.get("status") not in (None, "done", "running"):
             notes.append(f"- {key}: {job['status']}")
         for task in ("train", "export"):

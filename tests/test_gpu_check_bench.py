@@ -134,3 +134,17 @@ def test_quick_run_of_every_model(baseline: Path, tmp_path: Path) -> None:
               or importlib.util.find_spec(gpu_check.SPECS[m].needs)]
     state, md = _quick(baseline, tmp_path, models)  # ~80 s with YOLOv8n
     _check_quick(state, md, models)
+
+
+def test_a_worker_that_dies_before_writing_reads_error(tmp_path: Path) -> None:
+    broken = tmp_path / "broken" / "src"
+    (broken / "dmscale").mkdir(parents=True)
+    (broken / "dmscale" / "__init__.py").write_text("raise ImportError('broken on purpose')\n")
+    gpu_check.main(["--quick", "--models", "resnet50", "--tables", "2", "--out", str(tmp_path / "out"),
+                    "--baseline-src", str(broken), "--new-src", str(broken)])
+    md = (tmp_path / "out" / "gpu_check.md").read_text()
+    _, t2 = _tables(md)
+    assert [r[3:6] for r in t2] == [["error"] * 3]
+    assert "- today/resnet50: the worker exited with 1 before writing results" in md
+    state = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert "broken on purpose" in state["jobs"]["new/resnet50"]["log_tail"]

@@ -4,6 +4,7 @@ PyTorch and in onnxruntime, at batch 1 and 32, next to the MACs ratio.
     PYTHONPATH=src python bench/deploy_latency.py [--threads 1] [--rounds 15] [--models ...]
     PYTHONPATH=src python bench/deploy_latency.py --table-only   # rewrite the md from the json
     PYTHONPATH=src python bench/deploy_latency.py --quick        # smoke run, under bench/runs/
+    PYTHONPATH=src python bench/deploy_latency.py --device cuda  # on a GPU: bf16, eager / compile / ORT
 
 Each model is pruned to half its MACs with the budget solver on the supernet at
 initialisation (``searcher.meet_target()``: one common pruning ratio for every width and
@@ -23,6 +24,19 @@ the cache, followed by the hand-written ``deploy_latency_reading.md`` when it ex
 ``--quick`` is a smoke run (resnet18 unless ``--models`` says otherwise, batches 1 and 2, two
 rounds each) whose json and md go to ``WORKDIR/quick/`` (``--workdir``, default
 ``bench/runs/deploy_latency/``; nothing under bench/results).
+
+``--device cuda`` (or ``--bf16``: the same path on the CPU, a smoke run of it) measures
+another table, cached apart in ``deploy_latency_{device}.json`` / ``.md`` (the CPU table above
+is left alone): the models at deployment sizes (224 px, YOLO 640 px), pruned the same way,
+then cast to bfloat16 on the device and timed at batch 1 and a serving batch (64) in PyTorch
+eager, under ``torch.compile`` (default mode, one compilation per batch size in the warm-up
+call; ``--no-compile`` leaves it out) and in onnxruntime with the CUDA execution provider
+where it exists (the float32 ONNX file, inputs and outputs through host memory; n/a
+otherwise), each forward synchronised. Expect 1-2 minutes per model on a GPU (an estimate),
+mostly compilation. On a machine whose bench/results does not come back, name the files:
+
+    PYTHONPATH=src python bench/deploy_latency.py --device cuda --cache OUT/deploy_latency_cuda.json \
+        --out OUT/deploy_latency_cuda.md [--models resnet18 vit] [--no-compile]
 """
 
 from __future__ import annotations
@@ -49,12 +63,15 @@ import dmscale as dms
 from dmscale import deploy
 from dmscale.deploy import with_batch
 
-__all__ = ["RESULTS", "CACHE", "Builder", "models", "prune_half", "onnx_files", "measure", "bench_one",
-           "render", "main"]
+__all__ = ["RESULTS", "CACHE", "DEPLOY_SIZES", "Builder", "models", "prune_half", "onnx_files", "measure", "bench_one",
+           "render", "DEVICE_VARIANTS", "bench_one_device", "render_device", "main"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = RESULTS / "deploy_latency.json"
 VARIANTS = ("torch_orig", "torch_pruned", "ort_orig", "ort_pruned")
+DEVICE_VARIANTS = ("eager_orig", "eager_pruned", "compile_orig", "compile_pruned", "ort_orig", "ort_pruned")
+DEPLOY_SIZES = (224, 640)  # image sizes the models are deployed at: classification, YOLO
+SERVING_BATCH = 64
 Builder = Callable[[], nn.Module]
 
 
@@ -70,16 +87,19 @@ def _yolo() -> nn.Module:
     return build_yolo("yolov8n.yaml", nc=80)
 
 
-def models() -> dict[str, tuple[Builder, int]]:
-    """``{row name: (builder of the model at random init, image size)}``."""
+def models(deploy_sizes: bool = False) -> dict[str, tuple[Builder, int]]:
+    """``{row name: (builder of the model at random init, image size)}``: small images (96 px,
+    YOLO 160) to keep the CPU table short, or with ``deploy_sizes`` the sizes the models are
+    deployed at (:data:`DEPLOY_SIZES`: 224 px, YOLO 640)."""
     dms.ensure_torchvision()
     import torchvision
 
+    size, yolo = DEPLOY_SIZES if deploy_sizes else (96, 160)
     return {
-        "resnet18 (torchvision)": (lambda: torchvision.models.resnet18(), 96),
-        "mobilenet_v3_small (torchvision)": (lambda: torchvision.models.mobilenet_v3_small(), 96),
-        "vit_tiny_patch16 (timm)": (_vit(96), 96),
-        "yolov8n (ultralytics)": (_yolo, 160),
+        "resnet18 (torchvision)": (lambda: torchvision.models.resnet18(), size),
+        "mobilenet_v3_small (torchvision)": (lambda: torchvision.models.mobilenet_v3_small(), size),
+        "vit_tiny_patch16 (timm)": (_vit(size), size),
+        "yolov8n (ultralytics)": (_yolo, yolo),
     }
 
 
@@ -243,6 +263,142 @@ def render(cache: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------- bf16 on a device
+def _ort_cuda() -> bool:
+    """Whether onnxruntime has the CUDA execution provider."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def _ort_cuda_sessions(nets: dict[str, nn.Module], x1: torch.Tensor, batches: list[int], tmp: Path
+                       ) -> dict[str, dict[int, Any]]:
+    """``{tag: {batch: session}}`` on the CUDA execution provider (float32 ONNX files)."""
+    import onnxruntime as ort
+
+    out: dict[str, dict[int, Any]] = {}
+    for tag, m in nets.items():
+        files, _ = onnx_files(m, x1, batches, tmp / tag)
+        made = {f: ort.InferenceSession(str(f), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+                for f in set(files.values())}
+        out[tag] = {b: made[f] for b, f in files.items()}
+    return out
+
+
+def _synced(fn: Callable[[Any], Any], x: Any, device: torch.device) -> Callable[[], float]:
+    """A timer of ``fn(x)`` that waits for the device before and after."""
+    def run() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+    return run
+
+
+def _device_timers(nets: dict[str, nn.Module], compiled: dict[str, Any], sessions: dict[str, dict[int, Any]] | None,
+                   b: int, size: int, device: torch.device) -> dict[str, Callable[[], float]]:
+    x = torch.randn(b, 3, size, size, generator=torch.Generator().manual_seed(b)).to(device, torch.bfloat16)
+    fns = {f"eager_{t}": _synced(m, x, device) for t, m in nets.items()}
+    fns.update({f"compile_{t}": _synced(m, x, device) for t, m in compiled.items()})
+    if sessions is not None:
+        host = x.float().cpu().numpy()
+        fns.update({f"ort_{t}": _synced(_ort_fn(s[b]), host, device) for t, s in sessions.items()})
+    return {k: fns[k] for k in DEVICE_VARIANTS if k in fns}
+
+
+def _working(fns: dict[str, Callable[[], float]], errors: list[str], batch: int) -> dict[str, Callable[[], float]]:
+    """The timers whose first call (a compilation for the compiled ones) succeeds; the others'
+    errors go to ``errors`` and their cells read n/a."""
+    out = {}
+    for k, f in fns.items():
+        try:
+            with torch.no_grad():
+                f()
+            out[k] = f
+        except Exception as e:  # noqa: BLE001 - one engine failing must not lose the others
+            errors.append(f"{k} at batch {batch}: {type(e).__name__}: {str(e)[:300]}")
+    return out
+
+
+def bench_one_device(build: Builder, size: int, device: torch.device, rounds: dict[int, int], tmp: Path,
+                     compile_: bool = True) -> dict[str, Any]:
+    """One model's entry of the device table: pruned on the CPU as in :func:`bench_one`, then
+    both models in bfloat16 on ``device``, timed per batch size in eager mode, compiled and in
+    onnxruntime's CUDA provider (what is not available is left out: n/a in the table)."""
+    x1 = torch.randn(1, 3, size, size)
+    original, pruned, macs = prune_half(build, x1)
+    nets = {"orig": original, "pruned": pruned}
+    entry: dict[str, Any] = {"size": size, "macs": list(macs), "macs_ratio": round(macs[1] / macs[0], 4),
+                             "dtype": "bfloat16", "compiled": compile_, "errors": [], "batches": {},
+                             "ort": "n/a (no CUDA execution provider)"}
+    sessions = None
+    if device.type == "cuda" and _ort_cuda():
+        try:
+            sessions = _ort_cuda_sessions(nets, x1, list(rounds), tmp)
+            entry["ort"] = "CUDAExecutionProvider, float32"
+        except Exception as e:  # noqa: BLE001 - the PyTorch columns still run
+            entry["ort"] = f"n/a (failed: {type(e).__name__})"
+            entry["errors"].append(f"onnxruntime: {type(e).__name__}: {str(e)[:300]}")
+    for m in nets.values():
+        m.to(device, torch.bfloat16).eval()
+    compiled = {t: torch.compile(m) for t, m in nets.items()} if compile_ else {}
+    for b, n in rounds.items():
+        t0 = time.perf_counter()
+        timers = _working(_device_timers(nets, compiled, sessions, b, size, device), entry["errors"], b)
+        times = measure(timers, n)
+        entry["batches"][str(b)] = {"rounds": n, "seconds": round(time.perf_counter() - t0, 1), **times}
+        print(_device_row(entry, b), flush=True)
+    return entry
+
+
+def _cell(r: dict[str, Any], k: str) -> str:
+    return _fmt(r[k]) if k in r else "n/a"
+
+
+def _ratio_cell(r: dict[str, Any], engine: str) -> str:
+    o, p = r.get(f"{engine}_orig"), r.get(f"{engine}_pruned")
+    return f"{p[1] / o[1]:.2f}" if o and p and o[1] else "n/a"
+
+
+def _device_row(entry: dict[str, Any], batch: int, name: str = "", run: str = "") -> str:
+    r = entry["batches"][str(batch)]
+    cells = [f"{_cell(r, f'{e}_orig')} | {_cell(r, f'{e}_pruned')} | {_ratio_cell(r, e)}"
+             for e in ("eager", "compile", "ort")]
+    return (f"| {name} | {entry['size']} | {batch} | {entry['macs_ratio']:.2f} | " + " | ".join(cells)
+            + f" | {r['rounds']} | {run} |")
+
+
+def render_device(cache: dict[str, Any], device: str) -> str:
+    """The markdown of ``deploy_latency_{device}.md`` from its cache."""
+    labels = _runs(cache)
+    lines = [f"# Deployment latency on {device}, bfloat16: original vs pruned export (half the MACs)", "",
+             f"Rendered from `deploy_latency_{device}.json` by `bench/deploy_latency.py --device {device}` (each "
+             "model's rows come from the run named in the last column).", "", "Runs:", ""]
+    lines += [_run_line(cache, key, label) for key, label in labels.items()]
+    ort = sorted({e.get("ort", "?") for e in cache["models"].values()})
+    lines += ["", "Milliseconds per forward pass (device synchronised before and after): median (interquartile "
+              "range) over the rounds column, the variants interleaved round by round after one warm-up call each "
+              "(the compiled ones compile in it). Pruned as in `deploy_latency.md` (`meet_target()` at "
+              "initialisation, `importance=\"index\"`, random weights), then both models cast to bfloat16 on "
+              "the device; eager = PyTorch, compile = `torch.compile(model)` (default mode); ort = onnxruntime: "
+              f"{'; '.join(ort)} (inputs and outputs through host memory).", "",
+              "| model | size | batch | MACs ratio | eager orig | eager pruned | eager ratio | compile orig | compile "
+              "pruned | compile ratio | ort orig | ort pruned | ort ratio | rounds | run |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, e in cache["models"].items():
+        lines += [_device_row(e, int(b), name, labels[_run_key(e)]) for b in e["batches"]]
+    errors = [f"- {n}: {err}" for n, e in cache["models"].items() for err in e.get("errors", [])]
+    errors += [f"- {n}: not measured: {err}" for n, err in cache.get("failed", {}).items()]
+    if errors:
+        lines += ["", "Errors (their cells read n/a):", "", *errors]
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- main
 def _commit() -> str:
     try:
@@ -252,11 +408,18 @@ def _commit() -> str:
         return "?"
 
 
-def _machine(threads: int) -> str:
-    import onnxruntime
+def _machine(threads: int, device: str = "cpu") -> str:
+    try:
+        import onnxruntime
 
+        ort = f"onnxruntime {onnxruntime.__version__} ({', '.join(onnxruntime.get_available_providers())})"
+    except ImportError:
+        ort = "no onnxruntime"
+    if device == "cuda":
+        return (f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, {platform.machine()}, {os.cpu_count()} "
+                f"CPU cores, Python {platform.python_version()}, torch {torch.__version__}, {ort}")
     return (f"{platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs), Python "
-            f"{platform.python_version()}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, "
+            f"{platform.python_version()}, torch {torch.__version__}, {ort}, "
             f"{threads} thread(s) for PyTorch and onnxruntime")
 
 
@@ -264,9 +427,9 @@ def _load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {"models": {}}
 
 
-def _save(cache: dict[str, Any], path: Path, out: Path) -> None:
+def _save(cache: dict[str, Any], path: Path, out: Path, draw: Callable[[dict[str, Any]], str] = render) -> None:
     path.write_text(json.dumps(cache, indent=1) + "\n")
-    out.write_text(render(cache))
+    out.write_text(draw(cache))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -282,32 +445,55 @@ def main(argv: list[str] | None = None) -> None:
                         help="smoke run: resnet18 (or --models), batches 1 and 2, 2 rounds, under WORKDIR/quick")
     parser.add_argument("--workdir", type=Path, default=RESULTS.parent / "runs" / "deploy_latency",
                         help="scratch directory: --quick's json and md go to WORKDIR/quick")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the bf16 table (eager / compile / onnxruntime CUDA) in deploy_latency_cuda.*")
+    parser.add_argument("--bf16", action="store_true", help="the bf16 table on --device (implied by cuda)")
+    parser.add_argument("--no-compile", action="store_true", help="bf16 table: leave torch.compile out")
     args = parser.parse_args(argv)
-    rounds = {1: args.rounds, 32: max(3, args.rounds // 3)}  # per batch size
+    device_path = args.bf16 or args.device == "cuda"
+    rounds = {1: args.rounds, (SERVING_BATCH if device_path else 32): max(3, args.rounds // 3)}  # per batch size
+    stem = f"deploy_latency_{args.device}" if device_path else "deploy_latency"
+    if device_path:
+        args.cache = args.cache if args.cache != CACHE else RESULTS / f"{stem}.json"
+        args.out = args.out if args.out != RESULTS / "deploy_latency.md" else RESULTS / f"{stem}.md"
     if args.quick:  # a smoke run: its json and md stay under the work directory
         RESULTS = args.workdir / "quick"
-        args.cache, args.out = RESULTS / "deploy_latency.json", RESULTS / "deploy_latency.md"
+        args.cache, args.out = RESULTS / f"{stem}.json", RESULTS / f"{stem}.md"
         args.models = args.models or ["resnet18"]
         rounds = {1: 2, 2: 2}
+    draw: Callable[[dict[str, Any]], str] = (lambda c: render_device(c, args.device)) if device_path else render
     cache = _load(args.cache)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.table_only:
-        args.out.write_text(render(cache))
+        args.out.write_text(draw(cache))
         print(f"wrote {args.out}")
         return
-    torch.set_num_threads(args.threads)
+    if args.device == "cpu":  # on a GPU machine the CPU work (pruning, ONNX export) keeps torch's threads
+        torch.set_num_threads(args.threads)
     run = {"command": ("PYTHONPATH=src python bench/deploy_latency.py "
                        + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
-           "commit": _commit(), "date": datetime.date.today().isoformat(), "machine": _machine(args.threads)}
+           "commit": _commit(), "date": datetime.date.today().isoformat(),
+           "machine": _machine(args.threads, args.device)}
     with tempfile.TemporaryDirectory() as d:
-        for name, (build, size) in models().items():
+        for name, (build, size) in models(device_path and not args.quick).items():
             if args.models and not any(s in name for s in args.models):
                 continue
             t0 = time.time()
-            entry = bench_one(build, size, args.threads, rounds, Path(d) / name.split()[0])
+            tmp = Path(d) / name.split()[0]
+            if device_path:
+                try:
+                    entry = bench_one_device(build, size, torch.device(args.device), rounds, tmp, not args.no_compile)
+                    cache.get("failed", {}).pop(name, None)
+                except Exception as e:  # noqa: BLE001 - a one-shot GPU run goes on with the next model
+                    cache.setdefault("failed", {})[name] = f"{type(e).__name__}: {str(e)[:500]} ({run['command']})"
+                    _save(cache, args.cache, args.out, draw)
+                    print(f"{name}: failed: {type(e).__name__}: {e}", flush=True)
+                    continue
+            else:
+                entry = bench_one(build, size, args.threads, rounds, tmp)
             entry["run"] = {**run, "wall_s": round(time.time() - t0)}
             cache["models"][name] = entry
-            _save(cache, args.cache, args.out)  # after each model: a stopped run keeps what it measured
+            _save(cache, args.cache, args.out, draw)  # after each model: a stopped run keeps what it measured
     print(f"wrote {args.cache} and {args.out}")
 
 

@@ -36,7 +36,8 @@ from .distributed import is_distributed
 from .importance import PendingImportance
 from .gate_bank import GateBank, batchable
 from .hook_base import DMSHook, first_input
-from .weight_masks import FoldMask, Unfold, fold_plan
+from .masked_norm import masked_layer_norm
+from .weight_masks import FoldDepth, FoldMask, Unfold, depth_foldable, fold_plan
 from .topk import DifferentiableTopK, GateFactory, StructuralGate
 
 __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
@@ -144,22 +145,16 @@ class _MaskedNorm(DMSHook):
             return None
         x = found[1]
         m = self.gates.channel_mask(self.key).to(torch.float32)  # (C,)
-        xf = x.to(torch.float32)
-        total = m.sum().clamp_min(1e-6)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # nn.RMSNorm(eps=None)
         if self.kind == "rms":
-            ms_kept = (xf * xf * m).sum(-1, keepdim=True) / total
-            ms_all = (xf * xf).mean(-1, keepdim=True)
+            xf = x.to(torch.float32)
+            x2 = xf * xf  # (..., C)
+            ms_kept = (x2 @ m).unsqueeze(-1) / m.sum().clamp_min(1e-6)
+            ms_all = x2.mean(-1, keepdim=True)
             return (out.to(torch.float32) * torch.rsqrt(ms_kept + eps) / torch.rsqrt(ms_all + eps)).to(out.dtype)
-        mean = (xf * m).sum(-1, keepdim=True) / total
-        var = (((xf - mean) ** 2) * m).sum(-1, keepdim=True) / total
-        y = (xf - mean) * torch.rsqrt(var + eps)
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
-        if weight is not None:
-            y = y * weight
-        if isinstance(bias, torch.Tensor):
-            y = y + bias
-        return y.to(out.dtype)
+        bias = bias if isinstance(bias, torch.Tensor) else None
+        return masked_layer_norm(x, m, weight, bias, eps).to(out.dtype)  # one autograd node
 
 
 class _MaskBranch(DMSHook):
@@ -321,7 +316,13 @@ class Gates(nn.Module):
             if not fold(name, dim, "out", key):
                 modules[name].register_forward_hook(_MaskOutput(gates, key, dim))
         for name, (j, i) in branches.items():
-            modules[name].register_forward_hook(_MaskBranch(gates, j, i))
+            if fold_masks and depth_foldable(modules[name]):
+                modules[name].register_forward_pre_hook(FoldDepth(gates, j, i))
+                if name not in folded:
+                    modules[name].register_forward_hook(Unfold(), always_call=True)
+                    folded.add(name)
+            else:
+                modules[name].register_forward_hook(_MaskBranch(gates, j, i))
         return gates
 
     # ------------------------------------------------------------------ masks

@@ -41,7 +41,7 @@ from torch import nn
 
 from .hook_base import DMSHook
 
-__all__ = ["WeightFold", "fold_plan", "FoldMask", "Unfold"]
+__all__ = ["WeightFold", "fold_plan", "depth_foldable", "FoldMask", "FoldDepth", "Unfold"]
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -77,6 +77,21 @@ def _standard_forward(module: nn.Module) -> type | None:
                 and cls._conv_forward is base._conv_forward:
             return base
     return None
+
+
+def depth_foldable(module: nn.Module) -> bool:
+    """Whether a residual branch that ends in ``module`` can take its depth mask in the
+    weights: ``f(x) * m`` is ``module`` with weight and bias times m (Sec. 3.2) when it is a
+    standard linear, convolution or affine batch norm layer (torch's own forward) whose
+    weight and bias are plain parameters."""
+    params = module._parameters
+    if not isinstance(params.get("weight"), nn.Parameter):
+        return False
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return type(module).forward is nn.modules.batchnorm._BatchNorm.forward \
+            and isinstance(params.get("bias"), nn.Parameter)
+    return _standard_forward(module) is not None and (params.get("bias") is None or
+                                                      isinstance(params.get("bias"), nn.Parameter))
 
 
 def fold_plan(module: nn.Module, dim: int, side: str) -> WeightFold | None:
@@ -127,6 +142,25 @@ class FoldMask(DMSHook):
             bias = shadow.get("bias", module._parameters.get("bias"))
             if bias is not None:
                 shadow["bias"] = bias * m.to(bias.dtype)
+
+
+class FoldDepth(DMSHook):
+    """Forward pre-hook on the last layer of a residual branch: its weight and bias times
+    the block's depth mask m_i, so the branch computes ``f(x) * m_i`` (Sec. 3.2) without a
+    multiply of (and a saved copy of) the branch's output activation."""
+
+    def __init__(self, gates: Any, dim: int, block: int) -> None:
+        self.gates, self.dim, self.block = gates, dim, block
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        if not self.gates.enabled:
+            return
+        m = self.gates.depth_mask(self.dim)[self.block]  # () scalar
+        shadow = module.__dict__
+        for name in ("weight", "bias"):
+            value = shadow.get(name, module._parameters.get(name))
+            if value is not None:
+                shadow[name] = value * m.to(value.dtype)
 
 
 class Unfold(DMSHook):

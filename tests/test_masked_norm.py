@@ -1,0 +1,45 @@
+"""The masked LayerNorm's closed-form backward equals autograd through its definition."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmscale.masked_norm import masked_layer_norm
+
+
+def _definition(x, m, w, b, eps):
+    """Mask-weighted mean and variance written out (what the search computed before)."""
+    xf = x.float()
+    total = m.sum()
+    mean = (xf * m).sum(-1, keepdim=True) / total
+    var = (((xf - mean) ** 2) * m).sum(-1, keepdim=True) / total
+    y = (xf - mean) * torch.rsqrt(var + eps)
+    y = y * w if w is not None else y
+    return (y + b if b is not None else y).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("affine", [True, False])
+def test_masked_layer_norm_matches_its_definition_forward_and_backward(dtype, affine):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 5, 24, generator=g) * 2 + 0.5).to(dtype).requires_grad_()
+    m = torch.rand(24, generator=g).requires_grad_()
+    w = torch.randn(24, generator=g).requires_grad_() if affine else None
+    b = torch.randn(24, generator=g).requires_grad_() if affine else None
+    inputs = [t for t in (x, m, w, b) if t is not None]
+    y = masked_layer_norm(x, m, w, b, 1e-5)
+    ref = _definition(x, m, w, b, 1e-5)
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.float(), ref.float(), rtol=1e-5, atol=1e-5)
+    gy = torch.randn(y.shape, generator=g).to(dtype)
+    for got, want in zip(torch.autograd.grad(y, inputs, gy), torch.autograd.grad(ref, inputs, gy)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+
+
+def test_masked_layer_norm_gradcheck_in_float64():
+    g = torch.Generator().manual_seed(1)
+    args = [torch.randn(2, 3, 6, generator=g, dtype=torch.float64), torch.rand(6, generator=g, dtype=torch.float64),
+            torch.randn(6, generator=g, dtype=torch.float64), torch.randn(6, generator=g, dtype=torch.float64)]
+    assert torch.autograd.gradcheck(lambda *a: masked_layer_norm(*a, eps=1e-3), [a.requires_grad_() for a in args])

@@ -63,25 +63,26 @@ class MaskedLayerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, p, mu, r, total, weight = ctx.saved_tensors
-        dt = ctx.dt
-        gyf = gy.to(dt)
-        r1 = r.unsqueeze(-1)
-        xhat = (x.to(dt) - mu.unsqueeze(-1)) * r1  # (..., C)
+        dt, c = ctx.dt, x.shape[-1]
+        gyf = gy.reshape(-1, c).to(dt)  # (N, C): every position one row
+        r1, mu1 = r.reshape(-1, 1), mu.reshape(-1, 1)  # (N, 1)
+        xhat = (x.reshape(-1, c).to(dt) - mu1) * r1  # (N, C)
         g = gyf * weight.to(dt) if weight is not None else gyf
-        g1 = g.sum(-1, keepdim=True)  # (..., 1)
-        g2 = (g * xhat).sum(-1, keepdim=True)
-        lead = tuple(range(x.dim() - 1))
+        g1 = g.sum(-1, keepdim=True)  # (N, 1)
+        g2 = torch.linalg.vecdot(g, xhat).unsqueeze(-1)  # (N, 1)
         dx = dm = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = (r1 * (g - p * (g1 + xhat * g2))).to(x.dtype)
-        if ctx.needs_input_grad[1]:  # through p = m / S and both statistics
-            vr2 = 1.0 - ctx.eps * r1 * r1  # var r^2 = var / (var + eps), (..., 1)
-            dm = (-(xhat * g1).sum(lead) - 0.5 * (g2 * (xhat * xhat - vr2)).sum(lead)) / total
-            dm = dm.to(p.dtype)
+            dx = (r1 * (g - p * torch.addcmul(g1, xhat, g2))).to(x.dtype).reshape(x.shape)
+        if ctx.needs_input_grad[1]:  # through p = m / S and both statistics; sums over N as products
+            vr2 = 1.0 - ctx.eps * r1 * r1  # var r^2 = var / (var + eps), (N, 1)
+            s1 = (xhat.T @ g1).squeeze(-1)  # sum_n xhat_nk G1_n, (C,)
+            s2 = ((xhat * xhat).T @ g2).squeeze(-1)  # sum_n xhat_nk^2 G2_n
+            s3 = torch.linalg.vecdot(g2.squeeze(-1), vr2.squeeze(-1))  # sum_n G2_n var_n r_n^2
+            dm = ((0.5 * s3 - s1 - 0.5 * s2) / total).to(p.dtype)
         if weight is not None and ctx.needs_input_grad[2]:
-            dw = (gyf * xhat).sum(lead).to(weight.dtype)
+            dw = torch.linalg.vecdot(gyf.T, xhat.T).to(weight.dtype)  # sum_n gy_nk xhat_nk
         if ctx.has_bias and ctx.needs_input_grad[3]:
-            db = gyf.sum(lead)
+            db = gyf.sum(0)
         return dx, dm, dw, db, None
 
 

@@ -228,7 +228,9 @@ class Gates(nn.Module):
         state["_masks"] = state["_depth_masks"] = None
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
-        state.pop("_channel_cache", None)
+        state.pop("_channels", None)
+        state.pop("_soft_cache", None)
+        state.pop("_rows_cache", None)
         return state
 
     # ------------------------------------------------------------------ construction
@@ -290,6 +292,7 @@ class Gates(nn.Module):
             if content not in keys:
                 keys[content] = prefix + name.replace(".", "__")
                 gates.register_buffer(keys[content], idx, persistent=False)
+                gates.__dict__.setdefault("_keys", []).append(keys[content])
             return keys[content]
 
         folded: set[str] = set()
@@ -315,6 +318,10 @@ class Gates(nn.Module):
             key = slot_key("out_", name, slots)
             if not fold(name, dim, "out", key):
                 modules[name].register_forward_hook(_MaskOutput(gates, key, dim))
+        listed = gates.__dict__.get("_keys", [])
+        gates.register_buffer("channel_index", torch.cat([getattr(gates, k) for k in listed]) if listed
+                              else torch.zeros(0, dtype=torch.long), persistent=False)
+        gates._key_sizes = [getattr(gates, k).numel() for k in listed]
         for name, (j, i) in branches.items():
             if fold_masks and depth_foldable(modules[name]):
                 modules[name].register_forward_pre_hook(FoldDepth(gates, j, i))
@@ -347,6 +354,8 @@ class Gates(nn.Module):
             self._forwards += 1
         width, depth = self.masks("soft" if self.mode == "soft" else self.mode, track, defer)
         self._masks, self._depth_masks = width, depth
+        keys = self.__dict__.get("_keys", [])
+        self._channels = dict(zip(keys, width[self.channel_index].split(self._key_sizes))) if keys else {}
 
     # ------------------------------------------------------------------ batched masks
     def _bank_for(self) -> tuple[GateBank | None, list[int]]:
@@ -381,13 +390,12 @@ class Gates(nn.Module):
         row = {i: r for r, i in enumerate(which)}
         soft = hard = None
         if bank is not None:
-            soft = bank.unit_soft_masks()  # (G, N_max)
             frozen = [i for i in which if i >= n and self.depth_frozen]
+            soft = self._bank_soft(bank, track)  # (G, N_max)
             if track and soft.requires_grad:  # rows of frozen depth gates get no update
-                active = torch.tensor([i not in frozen and gates[i].a.requires_grad for i in which],
-                                      device=soft.device)
-                soft.register_hook(self._importance_hook(_Rows(bank, active), soft.detach(), defer,
-                                                         len(gates)))
+                rows = tuple(i not in frozen and gates[i].a.requires_grad for i in which)
+                soft.register_hook(self._importance_hook(_Rows(bank, self._rows_on(rows, soft.device)),
+                                                         soft.detach(), defer, len(gates)))
             if frozen and not any(gates[i].required_groups for i in frozen):
                 hard = bank.unit_hard_masks()
 
@@ -419,6 +427,28 @@ class Gates(nn.Module):
             unit.register_hook(self._importance_hook(topk, unit.detach(), defer, index))
         return topk.expand(unit)
 
+    def _bank_soft(self, bank: GateBank, track: bool) -> torch.Tensor:
+        """The bank's soft masks (G, N_max). A training forward's evaluation is kept and reused
+        by the resource loss of the same step (the same ``a`` and importance: their versions
+        are unchanged; the same grad mode); the forward's masks are then a view of it that
+        carries the importance hook, so the hook sees the task loss's gradient only, as Eq. 4
+        asks, and the resource loss's gradient reaches ``a`` without a second evaluation."""
+        grad = torch.is_grad_enabled()
+        cached = self.__dict__.get("_soft_cache")
+        if not track and cached is not None and cached[0] == (bank.versions(), grad):
+            return cached[1]
+        base = bank.unit_soft_masks()
+        self._soft_cache = ((bank.versions(), grad), base) if track else None
+        return base.view_as(base) if track and base.requires_grad else base
+
+    def _rows_on(self, rows: tuple[bool, ...], device: torch.device) -> torch.Tensor:
+        """The (G,) bool tensor of ``rows`` on ``device``, copied there once per value."""
+        cache = self.__dict__.setdefault("_rows_cache", {})
+        key = (rows, str(device))
+        if key not in cache:
+            cache[key] = torch.tensor(rows, device=device)
+        return cache[key]
+
     def _importance_hook(self, topk: StructuralGate, value: torch.Tensor, defer: bool,
                          index: int) -> Any:
         """The mask's gradient hook: Eq. 4 from the unscaled task-loss gradient, now (one
@@ -426,6 +456,7 @@ class Gates(nn.Module):
         inv, key = self._inv_scale, (self._forwards, index)
 
         def hook(g: torch.Tensor) -> None:
+            self._soft_cache = None  # this forward's graph is being freed: never reused again
             g = g * inv if inv != 1.0 else g
             if defer:
                 self.pending.add(key, topk, value, g)
@@ -439,16 +470,14 @@ class Gates(nn.Module):
         return self.pending.flush(self.process_group)
 
     def channel_mask(self, key: str) -> torch.Tensor:
-        """The mask of the channels behind buffer ``key``: one gather per key and forward."""
+        """The mask of the channels behind buffer ``key``, (C,): every key's channels are
+        gathered at once when the masks are computed (one index operation and one index
+        backward per forward, not one per layer)."""
         if self._masks is None:
             self.compute()
-        cache = self.__dict__.setdefault("_channel_cache", {})
-        if cache.get("_of") is not self._masks:  # a new forward's masks
-            cache.clear()
-            cache["_of"] = self._masks
-        if key not in cache:
-            cache[key] = self._masks[getattr(self, key)]
-        return cache[key]
+        channels = self.__dict__.get("_channels") or {}
+        found = channels.get(key)
+        return found if found is not None else self._masks[getattr(self, key)]
 
     def depth_mask(self, j: int) -> torch.Tensor:
         if self._depth_masks is None:
@@ -465,12 +494,12 @@ class Gates(nn.Module):
         prev = (self.mode, self.enabled)
         self.mode = mode or self.mode
         self.enabled = enabled
-        self._masks = self._depth_masks = None
+        self._masks = self._depth_masks = self._channels = None
         try:
             yield
         finally:
             self.mode, self.enabled = prev
-            self._masks = self._depth_masks = None
+            self._masks = self._depth_masks = self._channels = None
 
 
 def _strip_hooks(module: nn.Module) -> None:

@@ -61,10 +61,19 @@ class WeightFold:
     shape: tuple[int, ...]
     index: torch.Tensor | None = None
 
+    def _index_on(self, device: torch.device) -> torch.Tensor:
+        """``index`` on ``device``, copied there once (not once per forward)."""
+        cached = self.__dict__.get("_index_cache")
+        if cached is None or cached.device != device:
+            cached = self.index.to(device)
+            object.__setattr__(self, "_index_cache", cached)
+        return cached
+
     def fold(self, weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``weight * m`` along the folded side (m: (C,))."""
-        m = mask if self.index is None else mask[self.index.to(mask.device)]
-        return weight * m.reshape(self.shape).to(weight.dtype)
+        m = mask if self.index is None else mask[self._index_on(mask.device)]
+        m = m.reshape(self.shape)
+        return weight * (m if m.dtype == weight.dtype else m.to(weight.dtype))
 
 
 def _standard_forward(module: nn.Module) -> type | None:

@@ -1,0 +1,345 @@
+"""What a DMS training step adds on a GPU, measured without one (issue 29): operators per step,
+bytes saved for the backward pass, host synchronisations.
+
+    PYTHONPATH=src:tests python bench/search_proxies.py [--models resnet50 vit_b16 llama_135m]
+        [--baseline-src bench/_baseline/src]     # also "before": the package snapshot there
+
+On a GPU a DMS step is launch-bound (thousands of tiny kernels) and memory-bound (masked
+copies of activations kept for the backward pass); a CPU hides both. These proxies do not
+depend on the device:
+
+* **operators per step** (``torch.profiler``): the top-level ``aten::`` operators of one
+  training step (forward, task loss, ``searcher.resource_loss``, backward, optimiser steps),
+  each operator counted once however it is implemented inside (a ``_foreach`` call is one
+  operator, as it is one multi-tensor launch on a GPU; Adam's ``item()`` reads of its CPU step
+  counters are left out), DMS over plain;
+* **bytes saved for the backward pass** (``torch.autograd.graph.saved_tensors_hooks``): the
+  storages still held for the backward pass when the loss is computed (each storage once),
+  at the real batch size (the forward and task loss; the resource loss's graph is mask-sized
+  and left out), traced under ``FakeTensorMode`` (shapes only: a ResNet-50 at batch
+  64 costs nothing to trace), bf16 autocast as on a GPU, DMS over plain;
+* **host synchronisations**: ``aten::_local_scalar_dense`` calls (what ``.item()``,
+  ``float(t)`` and ``bool(t)`` become) in the forward, losses and backward of a step outside
+  the settle phase (the optimisers' step counters are CPU tensors, on a GPU too).
+
+Both optimisers run with ``foreach=True``, as they do by default on a GPU.
+
+The step is the README's: ``dms.prepare(model, example, SearchConfig(resource="macs",
+target=0.5))`` (0.8 for the Llama), SGD on the model's parameters, Adam on the structural
+ones, loss = task + ``resource_loss(0.5)``. With ``--baseline-src`` every model is measured
+again in a subprocess whose ``PYTHONPATH`` is that snapshot (``python bench/gpu_check.py
+--make-baseline COMMIT`` makes one) and the table shows before and after side by side.
+Results: ``bench/results/search_proxies.{json,md}`` (cached per model and implementation;
+``--fresh`` re-measures). ``--quick``: the small models only, to ``bench/runs/search_proxies/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import subprocess
+import sys
+import weakref
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+__all__ = ["ProxyModel", "PROXY_MODELS", "top_level_operators", "saved_bytes", "measure", "main"]
+
+
+@dataclass(frozen=True)
+class ProxyModel:
+    """A model, its inputs at a batch size, its task loss and its search target."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    inputs: Callable[[int], Any]
+    loss: Callable[[Any, Any], torch.Tensor]
+    batch: int  # the batch of the bytes-saved trace (the GPU benchmark's)
+    target: float = 0.5
+    shape: str = ""
+
+
+def _images(size: int, channels: int = 3) -> Callable[[int], torch.Tensor]:
+    return lambda b: torch.randn(b, channels, size, size, generator=torch.Generator().manual_seed(0))
+
+
+def _tokens(length: int, vocab: int) -> Callable[[int], dict[str, torch.Tensor]]:
+    return lambda b: {"input_ids": torch.randint(0, vocab, (b, length), generator=torch.Generator().manual_seed(0))}
+
+
+def _ce(out: Any, x: Any) -> torch.Tensor:
+    out = out.float()
+    return nn.functional.cross_entropy(out, torch.arange(out.shape[0], device=out.device) % out.shape[1])
+
+
+def _lm(out: Any, x: dict[str, torch.Tensor]) -> torch.Tensor:
+    logits, ids = out.logits[:, :-1].float(), x["input_ids"][:, 1:]
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
+
+
+def _tv(name: str) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import dmscale as dms
+        dms.ensure_torchvision()
+        import torchvision
+        torch.manual_seed(0)
+        return getattr(torchvision.models, name)()
+    return build
+
+
+def _timm(name: str, **kw: Any) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import dmscale as dms
+        dms.ensure_torchvision()
+        import timm
+        torch.manual_seed(0)
+        return timm.create_model(name, pretrained=False, **kw)
+    return build
+
+
+def _llama(layers: int, hidden: int, ffn: int, heads: int, kv: int, vocab: int) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import dmscale as dms
+        dms.ensure_torchvision()
+        import transformers
+        torch.manual_seed(0)
+        cfg = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                                       num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                                       max_position_embeddings=2048, tie_word_embeddings=True)
+        return transformers.LlamaForCausalLM(cfg)
+    return build
+
+
+def _small_cnn() -> nn.Module:
+    from dmscale.tasks.models import SmallCNN
+    torch.manual_seed(0)
+    return SmallCNN()
+
+
+PROXY_MODELS: dict[str, ProxyModel] = {m.name: m for m in [
+    ProxyModel("resnet50", _tv("resnet50"), _images(224), _ce, 64, shape="torchvision, 224 px, batch 64"),
+    ProxyModel("vit_b16", _timm("vit_base_patch16_224"), _images(224), _ce, 64, shape="timm, 224 px, batch 64"),
+    ProxyModel("llama_135m", _llama(30, 576, 1536, 9, 3, 49152), _tokens(512, 49152), _lm, 16, target=0.8,
+               shape="SmolLM2-135M's shape, random init, 16 x 512 tokens"),
+    ProxyModel("small_cnn", _small_cnn, _images(28, 1), _ce, 64, shape="dmscale SmallCNN, 28 px, batch 64"),
+    ProxyModel("vit_small_32", _timm("vit_small_patch16_224", img_size=32, num_classes=10), _images(32), _ce, 64,
+               shape="timm ViT-S/16 at 32 px, batch 64"),
+]}
+QUICK = ["small_cnn", "vit_small_32"]
+
+
+def _call(model: nn.Module, x: Any) -> Any:
+    return model(**x) if isinstance(x, dict) else model(x)
+
+
+def top_level_operators(step: Callable[[], Any]) -> Counter:
+    """``aten::`` operators of one call of ``step`` whose caller is no other ``aten::``
+    operator (what Python and the autograd engine dispatch), plus, under the key
+    ``"sync"``, every ``aten::_local_scalar_dense`` at any depth."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    counts: Counter = Counter()
+    for e in prof.events():
+        if not e.name.startswith("aten::"):
+            continue
+        if e.name == "aten::_local_scalar_dense":
+            counts["sync"] += 1
+        parent = e.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if parent is None:
+            counts[e.name] += 1
+    return counts
+
+
+def saved_bytes(forward_loss: Callable[[], torch.Tensor]) -> int:
+    """Bytes of the storages the autograd graph of ``forward_loss()`` holds for its backward
+    pass when it returns (each storage once; tensors saved and freed on the way not counted)."""
+    refs: list[weakref.ref] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        refs.append(weakref.ref(t))
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = forward_loss()
+    held: dict[int, int] = {}
+    for ref in refs:
+        t = ref()
+        if t is not None:
+            storage = t.untyped_storage()
+            held[storage._cdata] = storage.nbytes()
+    del loss
+    return sum(held.values())
+
+
+def _prepare(spec: ProxyModel, model: nn.Module, x: Any) -> Any:
+    import dmscale as dms
+    example = {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
+    return dms.prepare(model, example, dms.SearchConfig(resource="macs", target=spec.target))
+
+
+def _step_fn(spec: ProxyModel, model: nn.Module, x: Any, searcher: Any) -> Callable[[], None]:
+    params = list(searcher.model_parameters()) if searcher is not None else list(model.parameters())
+    # foreach: the multi-tensor optimiser a GPU runs by default (on a CPU torch would loop)
+    opt_w = torch.optim.SGD(params, lr=1e-4, foreach=True)
+    opt_s = torch.optim.Adam(searcher.structure_parameters(), lr=1e-3, foreach=True) if searcher is not None else None
+
+    def step(optimise: bool = True) -> None:
+        loss = spec.loss(_call(model, x), x)
+        if searcher is not None:
+            loss = loss + searcher.resource_loss(0.5)
+        opt_w.zero_grad()
+        if opt_s is not None:
+            opt_s.zero_grad()
+        loss.backward()
+        if not optimise:
+            return
+        opt_w.step()
+        if opt_s is not None:
+            opt_s.step()
+    return step
+
+
+def _operators(spec: ProxyModel) -> dict[str, Any]:
+    base = spec.build().train()
+    plain, net = copy.deepcopy(base), base
+    x = spec.inputs(2)
+    searcher = _prepare(spec, net, x)
+    out = {"dims": len(searcher.gates.width) + len(searcher.gates.depth)}
+    for label, model, s in (("plain", plain, None), ("dms", net, searcher)):
+        step = _step_fn(spec, model, x, s)
+        step(), step()  # warm-up: optimiser state, importance exists
+        counts = top_level_operators(step)
+        # aten::item: Adam reads its CPU step counters (no device work, on a GPU neither)
+        out[f"{label}_ops"] = sum(v for k, v in counts.items() if k not in ("sync", "aten::item"))
+        # host synchronisations of the search itself: forward, loss and backward (Adam's
+        # step counters live on the CPU and are read there, on a GPU too: not a device sync)
+        out[f"{label}_sync"] = top_level_operators(lambda: step(optimise=False))["sync"]
+        out[f"{label}_top"] = counts.most_common(8)
+    out["ops_ratio"] = out["dms_ops"] / out["plain_ops"]
+    return out
+
+
+def _saved(spec: ProxyModel) -> dict[str, Any]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    base = spec.build().train()
+    plain, net = copy.deepcopy(base), base
+    searcher = _prepare(spec, net, spec.inputs(2))
+    out = {}
+    for label, model, s in (("plain", plain, None), ("dms", net, searcher)):
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            x = spec.inputs(spec.batch)
+
+            def forward_loss() -> torch.Tensor:  # (the resource loss's graph is mask-sized: left out)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    return spec.loss(_call(model, x), x)
+            out[f"{label}_bytes"] = saved_bytes(forward_loss)
+    out["bytes_ratio"] = out["dms_bytes"] / out["plain_bytes"]
+    return out
+
+
+def measure(name: str) -> dict[str, Any]:
+    """Operators, host synchronisations and saved bytes of one model, plain and with DMS."""
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    spec = PROXY_MODELS[name]
+    return {"model": name, "shape": spec.shape, "target": spec.target, **_operators(spec), **_saved(spec)}
+
+
+# ---------------------------------------------------------------------------------- driver
+def _snapshot_commit(src: Path) -> str:
+    f = src.parent / "COMMIT"
+    return f.read_text().strip()[:7] if f.exists() else "?"
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def _in_subprocess(name: str, src: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT / "tests")])}
+    done = subprocess.run([sys.executable, __file__, "--child", name], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring {name} with {src} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def render(cache: dict[str, Any]) -> str:
+    """The markdown table of a cache (rows: model x implementation)."""
+    lines = [
+        "# What a DMS step adds, measured without a GPU (issue 29)", "",
+        "Written by `bench/search_proxies.py` (see its docstring for the method). Operators: top-level "
+        "`aten::` operators of one training step (forward, task loss, `resource_loss(0.5)`, backward, SGD "
+        "on the weights, Adam on the ratios), DMS over plain; independent of the device and of the batch. "
+        "Saved: bytes the autograd graph holds for the backward pass when the loss is computed, at the "
+        "real batch, bf16 autocast, traced with FakeTensorMode, DMS over plain. Syncs: "
+        "`aten::_local_scalar_dense` per DMS step (progress 0.5, outside the settle phase). Goals of "
+        "issue 29: operators <= 1.5x, saved bytes <= 1.10x, 0 syncs.", "",
+        f"- command: `{cache.get('command', '')}`",
+        f"- machine: {cache.get('machine', '')}", "",
+        "| model | input | code | dims | operators plain / DMS | ratio | saved GiB plain / DMS | ratio | syncs |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key in sorted(cache["rows"], key=lambda k: (list(PROXY_MODELS).index(k.split("@")[0]), k)):
+        r = cache["rows"][key]
+        lines.append(
+            f"| {r['model']} | {r['shape']} | {r['impl']} | {r['dims']} | {r['plain_ops']:,} / {r['dms_ops']:,} "
+            f"| {r['ops_ratio']:.2f} | {r['plain_bytes'] / 2**30:.2f} / {r['dms_bytes'] / 2**30:.2f} "
+            f"| {r['bytes_ratio']:.3f} | {r['dms_sync']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", choices=list(PROXY_MODELS), default=None)
+    ap.add_argument("--baseline-src", type=Path, default=None,
+                    help="also measure the package snapshot in this src folder (before)")
+    ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--quick", action="store_true", help=f"models {QUICK}, results under bench/runs/search_proxies")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(measure(args.child)))
+        return
+    out_dir = ROOT / "bench" / "runs" / "search_proxies" if args.quick else RESULTS
+    out_dir.mkdir(parents=True, exist_ok=True)
+    models = args.models or (QUICK if args.quick else ["resnet50", "vit_b16", "llama_135m", "small_cnn", "vit_small_32"])
+    path = out_dir / "search_proxies.json"
+    cache = json.loads(path.read_text()) if path.exists() else {"rows": {}}
+    cache["command"] = "PYTHONPATH=src:tests python bench/search_proxies.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cache["machine"] = f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
+    impls = [(f"now ({_git_commit()})", ROOT / "src")]
+    if args.baseline_src is not None:
+        impls.insert(0, (f"before ({_snapshot_commit(args.baseline_src)})", args.baseline_src))
+    for name in models:
+        for label, src in impls:
+            key = f"{name}@{label.split()[0]}"
+            if key in cache["rows"] and not args.fresh:
+                continue
+            row = _in_subprocess(name, src)
+            row["impl"] = label
+            cache["rows"][key] = row
+            path.write_text(json.dumps(cache, indent=1))
+            (out_dir / "search_proxies.md").write_text(render(cache))
+            print(f"{name} {label}: operators {row['ops_ratio']:.2f}x, saved {row['bytes_ratio']:.3f}x, "
+                  f"syncs {row['dms_sync']}", flush=True)
+    print(f"wrote {out_dir / 'search_proxies.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -43,3 +43,18 @@ def test_masked_layer_norm_gradcheck_in_float64():
     args = [torch.randn(2, 3, 6, generator=g, dtype=torch.float64), torch.rand(6, generator=g, dtype=torch.float64),
             torch.randn(6, generator=g, dtype=torch.float64), torch.randn(6, generator=g, dtype=torch.float64)]
     assert torch.autograd.gradcheck(lambda *a: masked_layer_norm(*a, eps=1e-3), [a.requires_grad_() for a in args])
+
+
+def test_masked_layer_norm_under_bf16_autocast_computes_in_float32():
+    """Regression: under autocast the matrix products of the backward ran in bfloat16 and
+    ``linalg.vecdot`` refused the mixed dtypes."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 6, 16, generator=g).requires_grad_()
+    m, w, b = (torch.rand(16, generator=g).requires_grad_() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = masked_layer_norm(x, m, w, b, 1e-5)
+    assert y.dtype == torch.float32
+    grads = torch.autograd.grad(y.sum(), (x, m, w, b))
+    want = torch.autograd.grad(_definition(x, m, w, b, 1e-5).sum(), (x, m, w, b))
+    for got, ref in zip(grads, want):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))

@@ -43,6 +43,12 @@ class MaskedLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None,
                 bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):  # statistics in float32, as LayerNorm's
+            return MaskedLayerNorm._forward(ctx, x, m, weight, bias, eps)
+
+    @staticmethod
+    def _forward(ctx: Any, x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None,
+                 bias: torch.Tensor | None, eps: float) -> torch.Tensor:
         dt = torch.float64 if x.dtype == torch.float64 else torch.float32
         xf, mf = x.to(dt), m.to(dt)
         total = mf.sum().clamp_min(_MIN_TOTAL)  # S; the gradient assumes S = sum(m) (unclamped)
@@ -62,6 +68,11 @@ class MaskedLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        with torch.autocast(gy.device.type, enabled=False):
+            return MaskedLayerNorm._backward(ctx, gy)
+
+    @staticmethod
+    def _backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, p, mu, r, total, weight = ctx.saved_tensors
         dt, c = ctx.dt, x.shape[-1]
         gyf = gy.reshape(-1, c).to(dt)  # (N, C): every position one row

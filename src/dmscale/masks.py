@@ -149,7 +149,7 @@ class _MaskedNorm(DMSHook):
         if self.kind == "rms":
             xf = x.to(torch.float32)
             x2 = xf * xf  # (..., C)
-            ms_kept = (x2 @ m).unsqueeze(-1) / m.sum().clamp_min(1e-6)
+            ms_kept = (x2 * m).sum(-1, keepdim=True) / m.sum().clamp_min(1e-6)  # float32 (no matmul: autocast)
             ms_all = x2.mean(-1, keepdim=True)
             return (out.to(torch.float32) * torch.rsqrt(ms_kept + eps) / torch.rsqrt(ms_all + eps)).to(out.dtype)
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)

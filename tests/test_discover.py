@@ -85,18 +85,23 @@ def test_hard_coded_channel_slice_fixes_the_channels():
 
 
 def test_each_mask_is_computed_once_per_forward(monkeypatch):
+    """Every dim's soft mask comes from one batched evaluation per forward (GateBank), never
+    gate by gate, however many layers read it (the residual stream has 5 consumers)."""
+    from dmscale.gate_bank import GateBank
+
     entry = ZOO["tv_resnet18"]
     model = entry.build()
     x = torch.randn(2, *entry.input_shape[1:])
     searcher = dms.prepare(model, x)
-    calls = []
-    original = DifferentiableTopK.unit_soft_mask
-    monkeypatch.setattr(DifferentiableTopK, "unit_soft_mask", lambda self: calls.append(self) or original(self))
+    per_gate, batched = [], []
+    original, original_bank = DifferentiableTopK.unit_soft_mask, GateBank.unit_soft_masks
+    monkeypatch.setattr(DifferentiableTopK, "unit_soft_mask", lambda self: per_gate.append(self) or original(self))
+    monkeypatch.setattr(GateBank, "unit_soft_masks", lambda self: batched.append(self) or original_bank(self))
     model.train()
     model(x).sum().backward()
     n_dims = len(searcher.gates.width) + len(searcher.gates.depth)
-    assert len(calls) == n_dims  # the residual stream has 5 consumers, still one mask
-    assert len({id(t) for t in calls}) == n_dims
+    assert per_gate == [] and len(batched) == 1
+    assert len(batched[0].gates) == n_dims
 
 
 class _TokenNet(nn.Module):

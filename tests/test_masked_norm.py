@@ -58,3 +58,39 @@ def test_masked_layer_norm_under_bf16_autocast_computes_in_float32():
     want = torch.autograd.grad(_definition(x, m, w, b, 1e-5).sum(), (x, m, w, b))
     for got, ref in zip(grads, want):
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+
+
+def _rms_definition(out, x, m, eps):
+    """The rescale as the search computed it before: elementwise, in float32."""
+    xf = x.float()
+    ms_kept = (xf * xf * m).sum(-1, keepdim=True) / m.sum()
+    ms_all = (xf * xf).mean(-1, keepdim=True)
+    return (out.float() * torch.rsqrt(ms_kept + eps) / torch.rsqrt(ms_all + eps)).to(out.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_rms_rescale_matches_its_definition_forward_and_backward(dtype):
+    from dmscale.masked_norm import masked_rms_rescale
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(3, 5, 24, generator=g) + 0.3).requires_grad_()
+    gain = torch.randn(24, generator=g)
+    out = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * gain).to(dtype)
+    m = torch.rand(24, generator=g).requires_grad_()
+    y = masked_rms_rescale(out, x, m, 1e-6)
+    ref = _rms_definition(out, x, m, 1e-6)
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.float(), ref.float(), rtol=1e-5, atol=1e-5)
+    gy = torch.randn(y.shape, generator=g).to(dtype)
+    got_all = torch.autograd.grad(y, (x, m), gy, retain_graph=True)  # out's graph is shared
+    tol = 1e-4 if dtype == torch.float32 else 1e-2  # bfloat16 output: its rounding, either way
+    for got, want in zip(got_all, torch.autograd.grad(ref, (x, m), gy)):
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * float(want.abs().max()))
+
+
+def test_masked_rms_rescale_gradcheck_in_float64():
+    from dmscale.masked_norm import masked_rms_rescale
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 6, generator=g, dtype=torch.float64).requires_grad_()
+    out = torch.randn(2, 3, 6, generator=g, dtype=torch.float64).requires_grad_()
+    m = torch.rand(6, generator=g, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda o, a, b: masked_rms_rescale(o, a, b, 1e-3), (out, x, m))

@@ -59,3 +59,26 @@ def test_ultralytics_detection_model_is_exact(cfg):
     # eval output: (decoded boxes and scores, raw head outputs); every tensor is compared
     r = assert_exact(model, torch.randn(1, 3, 64, 64))
     assert len(r.searcher.space.width) > 10 and r.searcher.space.depth
+
+
+def test_attention_flop_formulas_count_grouped_query_attention_as_expanded():
+    """Regression (torch 2.11 on a GPU machine): torch's ``sdpa_flop_count`` asserted equal
+    query and key/value heads, so tracing a Llama with 9 query and 3 key/value heads failed;
+    every forward attention formula now counts GQA as its expanded form."""
+    from torch.utils.flop_counter import flop_registry, sdpa_flop_count
+
+    from dmscale.resources import _SDPA_OPS, _gqa_safe
+
+    q, kv, full = (2, 9, 16, 64), (2, 3, 16, 64), (2, 9, 16, 64)
+    want = sdpa_flop_count(q, full, full)
+
+    def strict(query_shape, key_shape, value_shape, *args, **kwargs):  # torch < 2.13's check
+        assert key_shape[1] == query_shape[1], "query/key/value shapes are incompatible"
+        return sdpa_flop_count(query_shape, key_shape, value_shape)
+    assert _gqa_safe(strict)(q, kv, kv) == want
+    for name in _SDPA_OPS:
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None and op in flop_registry:
+            assert flop_registry[op](q, kv, kv) == want, name
+            tensors = [torch.empty(sh, device="meta") for sh in (q, kv, kv)]  # what the counter passes
+            assert flop_registry[op](*tensors) == want, name

@@ -134,7 +134,7 @@ def test_folded_weight_is_shadowed_only_during_the_call_and_parameters_are_untou
     s = dms.prepare(net, torch.randn(2, 6), dms.SearchConfig(resource="params", target=0.5))
     seen = {}
     net[2].register_forward_pre_hook(lambda m, a: seen.setdefault("w", m.weight))
-    net(torch.randn(2, 6))
+    net(torch.randn(16, 6))  # (16, 8) into a (3, 8) weight: the weight is the smaller, masked
     assert not isinstance(seen["w"], nn.Parameter)  # the masked weight during the call
     assert isinstance(net[2].weight, nn.Parameter) and "weight" not in net[2].__dict__
     assert set(net.state_dict()) - {k for k in net.state_dict() if k.startswith("dms_gates.")} == set(before)
@@ -144,3 +144,26 @@ def test_folded_weight_is_shadowed_only_during_the_call_and_parameters_are_untou
     assert "weight" not in net[2].__dict__
     dms.detach(net)
     assert all(torch.equal(net.state_dict()[k], v) for k, v in before.items())
+
+
+def test_a_layer_whose_input_is_smaller_than_its_weight_masks_the_input() -> None:
+    """A language model's head (vocabulary x hidden) at a few tokens: masking the weight would
+    copy the whole matrix; the input is masked instead, the same function and mask gradient."""
+    torch.manual_seed(0)
+    head = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 500))
+    x = torch.randn(4, 6)
+    outs, grads = [], []
+    for fold in (True, False):
+        net = copy.deepcopy(head)
+        s = dms.prepare(net, x[:1], dms.SearchConfig(resource="params", target=0.5, fold_masks=fold))
+        s.randomize_importance(0)
+        seen = {}
+        net[2].register_forward_pre_hook(lambda m, a: seen.setdefault("w", m.weight))
+        y = net(x)
+        assert isinstance(seen["w"], nn.Parameter)  # (4, 8) input < (500, 8) weight: not folded
+        y.logsumexp(-1).mean().backward()
+        outs.append(y.detach())
+        grads.append([p.grad.clone() for p in s.structure_parameters() if p.grad is not None])
+    torch.testing.assert_close(outs[0], outs[1])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MaskedLayerNorm", "masked_layer_norm"]
+__all__ = ["MaskedLayerNorm", "masked_layer_norm", "MaskedRMSRescale", "masked_rms_rescale"]
 
 _MIN_TOTAL = 1e-6  # sum(m) is clamped here (all channels masked to ~0)
 
@@ -101,3 +101,60 @@ def masked_layer_norm(x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | N
                       bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """:class:`MaskedLayerNorm` as a function (autograd-aware); see the module docs."""
     return MaskedLayerNorm.apply(x, m, weight, bias, eps)
+
+
+class MaskedRMSRescale(torch.autograd.Function):
+    """An RMS norm's output rescaled to the kept channels' mean square:
+    ``y = out * sqrt((mean_c x_c^2 + eps) / (sum_c p_c x_c^2 + eps))``, p = m / sum(m), over
+    the last dim; ``out`` (..., C) is what the norm computed with all channels (so whatever
+    gain it applies, ``weight`` or ``1 + weight``, is kept), x (..., C) its input.
+
+    Saves the input, the output y (the next layer keeps it anyway) and two per-position
+    numbers; the backward, with s = y / out per position, G = sum_j dL/dy_j y_j / s:
+
+        dL/dout = s dL/dy
+        dL/dx_k = G s x_k (1 / (C (ms_all + eps)) - p_k / (ms_kept + eps))
+        dL/dm_k = (1/S) sum_positions -G s (x_k^2 - ms_kept) / (2 (ms_kept + eps))
+    """
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+            xf = x.to(dt)
+            total = m.to(dt).sum().clamp_min(_MIN_TOTAL)
+            p = m.to(dt) / total
+            x2 = xf * xf
+            ms_all = x2.mean(-1)  # (...)
+            ms_kept = (x2 * p).sum(-1)  # (...)
+            s = torch.sqrt((ms_all + eps) / (ms_kept + eps))  # (...)
+            y = (out.to(dt) * s.unsqueeze(-1)).to(out.dtype)
+            ctx.save_for_backward(x, y, s, ms_all, ms_kept, p, total)
+            ctx.eps, ctx.dt = eps, dt
+            return y
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        with torch.autocast(gy.device.type, enabled=False):
+            x, y, s, ms_all, ms_kept, p, total = ctx.saved_tensors
+            dt, eps, c = ctx.dt, ctx.eps, x.shape[-1]
+            gyf = gy.to(dt)
+            s1 = s.unsqueeze(-1)
+            d_out = (gyf * s1).to(y.dtype) if ctx.needs_input_grad[0] else None
+            big_g = torch.linalg.vecdot(gyf, y.to(dt)) / s  # sum_j dL/dy_j out_j, (...)
+            gs = (big_g * s).unsqueeze(-1)  # (..., 1)
+            kept = (ms_kept + eps).unsqueeze(-1)
+            dx = dm = None
+            xf = x.to(dt)
+            if ctx.needs_input_grad[1]:
+                dx = (gs * xf * (1.0 / (c * (ms_all + eps)).unsqueeze(-1) - p / kept)).to(x.dtype)
+            if ctx.needs_input_grad[2]:
+                w = (-0.5 * gs / kept).reshape(-1)  # (N,)
+                dp = (xf * xf).reshape(-1, c).T @ w  # sum_n w_n x_nk^2, (C,)
+                dm = ((dp - torch.dot(w, ms_kept.reshape(-1))) / total).to(p.dtype)
+            return d_out, dx, dm, None
+
+
+def masked_rms_rescale(out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float) -> torch.Tensor:
+    """:class:`MaskedRMSRescale` as a function (autograd-aware)."""
+    return MaskedRMSRescale.apply(out, x, m, eps)

@@ -36,7 +36,7 @@ from .distributed import is_distributed
 from .importance import PendingImportance
 from .gate_bank import GateBank, batchable
 from .hook_base import DMSHook, first_input
-from .masked_norm import masked_layer_norm
+from .masked_norm import masked_layer_norm, masked_rms_rescale
 from .weight_masks import FoldDepth, FoldMask, Unfold, depth_foldable, fold_plan
 from .topk import DifferentiableTopK, GateFactory, StructuralGate
 
@@ -146,12 +146,8 @@ class _MaskedNorm(DMSHook):
         x = found[1]
         m = self.gates.channel_mask(self.key).to(torch.float32)  # (C,)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # nn.RMSNorm(eps=None)
-        if self.kind == "rms":
-            xf = x.to(torch.float32)
-            x2 = xf * xf  # (..., C)
-            ms_kept = (x2 * m).sum(-1, keepdim=True) / m.sum().clamp_min(1e-6)  # float32 (no matmul: autocast)
-            ms_all = x2.mean(-1, keepdim=True)
-            return (out.to(torch.float32) * torch.rsqrt(ms_kept + eps) / torch.rsqrt(ms_all + eps)).to(out.dtype)
+        if self.kind == "rms":  # one autograd node: the output rescaled to the kept mean square
+            return masked_rms_rescale(out, x, m, eps)
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         bias = bias if isinstance(bias, torch.Tensor) else None
         return masked_layer_norm(x, m, weight, bias, eps).to(out.dtype)  # one autograd node
@@ -301,7 +297,7 @@ class Gates(nn.Module):
             plan = fold_plan(modules[name], dim, side) if fold_masks else None
             if plan is None:
                 return False
-            modules[name].register_forward_pre_hook(FoldMask(gates, key, plan))
+            modules[name].register_forward_pre_hook(FoldMask(gates, key, plan, dim), with_kwargs=True)
             if name not in folded:
                 modules[name].register_forward_hook(Unfold(), always_call=True)
                 folded.add(name)

@@ -40,18 +40,53 @@ __all__ = ["count", "CostModel", "DeviceCache", "RESOURCES"]
 RESOURCES = ("macs", "params", "latency")
 
 
+def _gqa_shapes(query_shape: Any, key_shape: Any, value_shape: Any) -> tuple[Any, Any]:
+    """Key and value shapes with their heads repeated to the query's (grouped-query attention:
+    each query head attends to its key/value group, the same work as with as many heads)."""
+    if len(query_shape) == 4 and len(key_shape) == 4 and len(value_shape) == 4:
+        hq, hkv = query_shape[1], key_shape[1]
+        if hkv and hq != hkv and hq % hkv == 0:
+            key_shape = (key_shape[0], hq, *key_shape[2:])
+            value_shape = (value_shape[0], hq, *value_shape[2:])
+    return key_shape, value_shape
+
+
+def _gqa_safe(formula: Any) -> Any:
+    """``formula`` of an attention op, counting grouped-query attention as its expanded
+    form (torch before 2.13 asserts equal head counts in ``sdpa_flop_count``)."""
+    if getattr(formula, "_dmscale_gqa", False):
+        return formula
+
+    def wrapped(query, key, value, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        # the registry's formulas take the op's tensors (or shapes) and read their shapes
+        q, k, v = (tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in (query, key, value))
+        k, v = _gqa_shapes(q, k, v)
+        return formula(q, k, v, *args, **kwargs)
+    wrapped._dmscale_gqa = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+_SDPA_OPS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+
+
 def _register_cpu_sdpa_formula() -> None:
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if op is None:
-        return
+    """A flop formula for the CPU attention kernel (torch has none before some version), and
+    grouped-query attention counted by every forward attention formula."""
+    from torch.utils.flop_counter import flop_registry
 
-    def formula(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):  # noqa: ANN001
-        return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-    try:
-        register_flop_formula(op)(formula)
-    except (RuntimeError, ValueError):  # already registered (a newer torch has one)
-        pass
+    cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if cpu is not None and cpu not in flop_registry:
+        def formula(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):  # noqa: ANN001
+            return sdpa_flop_count(query_shape, key_shape, value_shape)
+        try:
+            register_flop_formula(cpu)(formula)
+        except (RuntimeError, ValueError):  # already registered
+            pass
+    for name in _SDPA_OPS:
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None and op in flop_registry:
+            flop_registry[op] = _gqa_safe(flop_registry[op])
 
 
 _register_cpu_sdpa_formula()

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hook_base import DMSHook
+from .hook_base import DMSHook, first_input
 
 __all__ = ["WeightFold", "fold_plan", "depth_foldable", "FoldMask", "FoldDepth", "Unfold"]
 
@@ -133,24 +133,38 @@ def fold_plan(module: nn.Module, dim: int, side: str) -> WeightFold | None:
 
 
 class FoldMask(DMSHook):
-    """Forward pre-hook: shadow the module's ``weight`` (and on the output side ``bias``)
-    with the masked one for this call. Stacks: an input and an output fold of one layer
-    multiply the same shadowed weight."""
+    """Forward pre-hook (with kwargs): shadow the module's ``weight`` (and on the output side
+    ``bias``) with the masked one for this call. Stacks: an input and an output fold of one
+    layer multiply the same shadowed weight.
 
-    def __init__(self, gates: Any, key: str, plan: WeightFold) -> None:
-        self.gates, self.key, self.plan = gates, key, plan
+    On the input side the smaller of the two multiplies is taken, call by call: a layer whose
+    input is smaller than its weight (a language model's head over a large vocabulary, any
+    layer at batch 1) gets ``X * m`` instead, the same function (``dim``: the input's channel
+    dim)."""
 
-    def __call__(self, module: nn.Module, args: tuple) -> None:
+    def __init__(self, gates: Any, key: str, plan: WeightFold, dim: int = 1) -> None:
+        self.gates, self.key, self.plan, self.dim = gates, key, plan, dim
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if not self.gates.enabled:
-            return
+            return None
         m = self.gates.channel_mask(self.key)  # (C,)
         shadow = module.__dict__
         weight = shadow.get("weight", module._parameters["weight"])
+        if self.plan.side == "in":
+            found = first_input(args, kwargs)
+            if found is not None and found[1].numel() < weight.numel():
+                where, x = found
+                shape = [1] * x.dim()
+                shape[self.dim % x.dim()] = m.numel()
+                masked = x * m.view(shape).to(x.dtype)
+                return ((masked,) + tuple(args[1:]), kwargs) if where == 0 else (args, {**kwargs, where: masked})
         shadow["weight"] = self.plan.fold(weight, m)
         if self.plan.side == "out":
             bias = shadow.get("bias", module._parameters.get("bias"))
             if bias is not None:
                 shadow["bias"] = bias * m.to(bias.dtype)
+        return None
 
 
 class FoldDepth(DMSHook):

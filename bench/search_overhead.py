@@ -281,10 +281,30 @@ def write_table(cache: dict[str, Any], args: argparse.Namespace) -> Path:
         "| settle-phase step ratio |",
         "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [_row(r["name"], args.batch, r["time"], r["mem"]) for r in rows]
+    lines += ["", "These rows were measured at the commits named above, before the batched masks and the",
+              "masks folded into weights of issue 29; the section below measures that change.", ""]
+    lines += _proxies_section()
     lines += ["", "## Reading", "", READING]
     out = RESULTS / "search_overhead.md"
     out.write_text("\n".join(lines) + "\n")
     return out
+
+
+def _proxies_section() -> list[str]:
+    """The device-independent proxies of bench/search_proxies.py (operators per step, bytes
+    held for the backward pass, host synchronisations), before and after, and where the GPU
+    measurements are."""
+    path = RESULTS / "search_proxies.json"
+    if not path.exists():
+        return []
+    from search_proxies import render
+    table = render(json.loads(path.read_text())).splitlines()
+    start = next(i for i, line in enumerate(table) if line.startswith("| model"))
+    return ["## What a step adds, device-independent, before and after (issue 29)", "",
+            "From `bench/results/search_proxies.md` (its method and command): operators per training",
+            "step and bytes held for the backward pass at the real batch (bf16 autocast), DMS over plain,",
+            "and host synchronisations per step; 'before' is the package at 340ec91. The same change",
+            "measured on an NVIDIA H200: `bench/results/gpu_check.md`.", ""] + table[start:]
 
 
 READING = ("See bench/RESULTS.md (table 8) for the reading of these numbers next to the deployment "
@@ -302,6 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--memory-only", action="store_true",
                     help="re-measure only the memory of models already in the cache (keeps their step times)")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    ap.add_argument("--table-only", action="store_true", help="only rewrite the md from the json cache")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: small_cnn (or --models), batch 4, 4 rounds, 1 memory step, under WORKDIR/quick")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "search_overhead",
@@ -320,6 +341,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     cache_path = RESULTS / "search_overhead.json"
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    if args.table_only:  # the protocol of the cached rows, not of these arguments
+        saved = argparse.Namespace(**{**vars(args), **cache.get("args", {})})
+        print(f"wrote {write_table(cache, saved)}")
+        return
     if cache.get("args") != _protocol(args):  # another protocol: start a new table
         cache = {"args": _protocol(args), "rows": {}}
     for name in args.models:

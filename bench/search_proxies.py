@@ -133,10 +133,10 @@ PROXY_MODELS: dict[str, ProxyModel] = {m.name: m for m in [
     ProxyModel("llama_135m", _llama(30, 576, 1536, 9, 3, 49152), _tokens(512, 49152), _lm, 16, target=0.8,
                shape="SmolLM2-135M's shape, random init, 16 x 512 tokens"),
     ProxyModel("small_cnn", _small_cnn, _images(28, 1), _ce, 64, shape="dmscale SmallCNN, 28 px, batch 64"),
-    ProxyModel("vit_small_32", _timm("vit_small_patch16_224", img_size=32, num_classes=10), _images(32), _ce, 64,
-               shape="timm ViT-S/16 at 32 px, batch 64"),
+    ProxyModel("vit_s16", _timm("vit_small_patch16_224", num_classes=10), _images(224), _ce, 64,
+               shape="timm ViT-S/16, 224 px, batch 64"),
 ]}
-QUICK = ["small_cnn", "vit_small_32"]
+QUICK = ["small_cnn", "vit_s16"]
 
 
 def _call(model: nn.Module, x: Any) -> Any:
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     out_dir = ROOT / "bench" / "runs" / "search_proxies" if args.quick else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
-    models = args.models or (QUICK if args.quick else ["resnet50", "vit_b16", "llama_135m", "small_cnn", "vit_small_32"])
+    models = args.models or (QUICK if args.quick else list(PROXY_MODELS))
     path = out_dir / "search_proxies.json"
     cache = json.loads(path.read_text()) if path.exists() else {"rows": {}}
     cache["command"] = "PYTHONPATH=src:tests python bench/search_proxies.py " + " ".join(argv if argv is not None else sys.argv[1:])

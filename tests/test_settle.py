@@ -191,11 +191,13 @@ def test_settle_hold_stops_the_ratios_inside_the_band():
     assert off.in_band() and off.structure_lr_scale(0.9) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("seed", [4, 7])
+@pytest.mark.parametrize("seed", [3, 7])
 def test_settle_hold_lands_runs_the_anneal_alone_left_outside_the_band(seed, tmp_path):
-    """Issue 10, table 6 at width 8 and 0.25 x MACs: with the anneal alone these two seeds
-    ended at 1.0004 and 0.970 x target (bench/results/budget.md); holding the structure once
-    inside the band lands them."""
+    """Issue 10, table 6 at width 8 and 0.25 x MACs: with the anneal alone these two seeds end
+    at 1.0034 and 0.979 x target; holding the structure once inside the band lands them. (The
+    batched masks of issue 29 compute the same masks to the last bit or one rounding step; seed
+    4, which bench/results/budget.md recorded at 1.0004 x with the anneal alone, now ends at
+    0.993 x there: seeds 0-7 were run again and 3 and 7 are the ones it leaves outside.)"""
     end, exported = _search_end(0.4, seed, tmp_path, target=0.25)
     assert 0.98 <= end <= 1.0, f"settle_hold: the search ended at {end:.4f} x target"
     assert exported == pytest.approx(end)

@@ -100,11 +100,6 @@ class GateBank:
                 and all(g is h and g.a is a and g.importance._base is self.matrix
                         for g, h, a in zip(gates, self.gates, self._ratios)))
 
-    def versions(self) -> tuple[int, ...]:
-        """The in-place versions of every ``a`` and of the importances: equal versions mean
-        equal masks."""
-        return tuple(a._version for a in self._ratios) + (self.matrix._version,)
-
     # ------------------------------------------------------------------ Eq. 2 and 3
     def ratios(self) -> torch.Tensor:
         """The pruning ratios (G, 1), each first projected into [0, 1 - n_min/N] in place

@@ -57,11 +57,13 @@ class MaskedLayerNorm(torch.autograd.Function):
         xc = xf - mu.unsqueeze(-1)
         var = (xc * xc) @ p  # (...)
         r = torch.rsqrt(var + eps)  # (...)
-        y = xc * r.unsqueeze(-1)
-        if weight is not None:
-            y = y * weight.to(dt)
-        if bias is not None:
-            y = y + bias.to(dt)
+        y = xc.mul_(r.unsqueeze(-1))  # x̂, in place (xc is ours and no longer needed)
+        if weight is not None and bias is not None:
+            y = torch.addcmul(bias.to(dt), y, weight.to(dt))  # one pass for w x̂ + b
+        elif weight is not None:
+            y = y.mul_(weight.to(dt))
+        elif bias is not None:
+            y = y.add_(bias.to(dt))
         ctx.save_for_backward(x, p, mu, r, total, weight)
         ctx.eps, ctx.has_bias, ctx.dt = eps, bias is not None, dt
         return y.to(x.dtype)

@@ -225,7 +225,6 @@ class Gates(nn.Module):
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
         state.pop("_channels", None)
-        state.pop("_soft_cache", None)
         state.pop("_rows_cache", None)
         return state
 
@@ -387,7 +386,7 @@ class Gates(nn.Module):
         soft = hard = None
         if bank is not None:
             frozen = [i for i in which if i >= n and self.depth_frozen]
-            soft = self._bank_soft(bank, track)  # (G, N_max)
+            soft = bank.unit_soft_masks()  # (G, N_max)
             if track and soft.requires_grad:  # rows of frozen depth gates get no update
                 rows = tuple(i not in frozen and gates[i].a.requires_grad for i in which)
                 soft.register_hook(self._importance_hook(_Rows(bank, self._rows_on(rows, soft.device)),
@@ -423,20 +422,6 @@ class Gates(nn.Module):
             unit.register_hook(self._importance_hook(topk, unit.detach(), defer, index))
         return topk.expand(unit)
 
-    def _bank_soft(self, bank: GateBank, track: bool) -> torch.Tensor:
-        """The bank's soft masks (G, N_max). A training forward's evaluation is kept and reused
-        by the resource loss of the same step (the same ``a`` and importance: their versions
-        are unchanged; the same grad mode); the forward's masks are then a view of it that
-        carries the importance hook, so the hook sees the task loss's gradient only, as Eq. 4
-        asks, and the resource loss's gradient reaches ``a`` without a second evaluation."""
-        grad = torch.is_grad_enabled()
-        cached = self.__dict__.get("_soft_cache")
-        if not track and cached is not None and cached[0] == (bank.versions(), grad):
-            return cached[1]
-        base = bank.unit_soft_masks()
-        self._soft_cache = ((bank.versions(), grad), base) if track else None
-        return base.view_as(base) if track and base.requires_grad else base
-
     def _rows_on(self, rows: tuple[bool, ...], device: torch.device) -> torch.Tensor:
         """The (G,) bool tensor of ``rows`` on ``device``, copied there once per value."""
         cache = self.__dict__.setdefault("_rows_cache", {})
@@ -452,7 +437,6 @@ class Gates(nn.Module):
         inv, key = self._inv_scale, (self._forwards, index)
 
         def hook(g: torch.Tensor) -> None:
-            self._soft_cache = None  # this forward's graph is being freed: never reused again
             g = g * inv if inv != 1.0 else g
             if defer:
                 self.pending.add(key, topk, value, g)

@@ -103,14 +103,15 @@ def models(deploy_sizes: bool = False) -> dict[str, tuple[Builder, int]]:
     }
 
 
-def prune_half(build: Builder, x: torch.Tensor) -> tuple[nn.Module, nn.Module, tuple[int, int]]:
-    """The model at init, its export at half the MACs (same weights) and both MACs counts."""
+def prune_half(build: Builder, x: torch.Tensor, align: int | None = None) -> tuple[nn.Module, nn.Module, tuple[int, int]]:
+    """The model at init, its export at half the MACs (same weights) and both MACs counts;
+    ``align``: ``SearchConfig.align`` (None: its default for the CPU the search runs on, 1)."""
     torch.manual_seed(0)
     original = build().eval()
     source = build().eval()
     source.load_state_dict(original.state_dict())
     # untrained: keep channels by position (only the pruned shapes matter for the timings)
-    searcher = dms.prepare(source, x, dms.SearchConfig(resource="macs", target=0.5, importance="index"))
+    searcher = dms.prepare(source, x, dms.SearchConfig(resource="macs", target=0.5, importance="index", align=align))
     searcher.meet_target()
     pruned = searcher.export().eval()
     dms.detach(source)
@@ -327,11 +328,13 @@ def _working(fns: dict[str, Callable[[], float]], errors: list[str], batch: int)
 
 def bench_one_device(build: Builder, size: int, device: torch.device, rounds: dict[int, int], tmp: Path,
                      compile_: bool = True) -> dict[str, Any]:
-    """One model's entry of the device table: pruned on the CPU as in :func:`bench_one`, then
-    both models in bfloat16 on ``device``, timed per batch size in eager mode, compiled and in
-    onnxruntime's CUDA provider (what is not available is left out: n/a in the table)."""
+    """One model's entry of the device table: pruned on the CPU as in :func:`bench_one` but
+    with widths in multiples of 8 on a GPU (``align=8``, what a search on the GPU would use:
+    free widths miss the tensor-core tiles), then both models in bfloat16 on ``device``, timed
+    per batch size in eager mode, compiled and in onnxruntime's CUDA provider (what is not
+    available is left out: n/a in the table)."""
     x1 = torch.randn(1, 3, size, size)
-    original, pruned, macs = prune_half(build, x1)
+    original, pruned, macs = prune_half(build, x1, align=8 if device.type == "cuda" else None)
     nets = {"orig": original, "pruned": pruned}
     entry: dict[str, Any] = {"size": size, "macs": list(macs), "macs_ratio": round(macs[1] / macs[0], 4),
                              "dtype": "bfloat16", "compiled": compile_, "errors": [], "batches": {},

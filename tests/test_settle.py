@@ -140,9 +140,11 @@ def _search_end(settle: float, seed: int, tmp_path, target: float = 0.5,
     return end["hard"] / end["target"], final["hard"] / final["target"]
 
 
-@pytest.mark.parametrize("seed", [0, 4])
+@pytest.mark.parametrize("seed", [1, 4])
 def test_the_loss_alone_lands_in_the_band_where_eq10_to_the_last_step_does_not(seed, tmp_path):
-    """Issue 10, table 6: measured in bench/results/budget.md over 5 seeds x 2 targets."""
+    """Issue 10, table 6: measured in bench/results/budget.md over 5 seeds x 2 targets. Which
+    seeds end outside the band with settle=0 depends on the last bits of the masks: with the
+    batched masks of issue 29 seed 0 ends inside it (0.988 x), seeds 1 and 4 at 0.957 and 0.962 x."""
     end, exported = _search_end(0.4, seed, tmp_path)
     assert 0.98 <= end <= 1.0, f"settle: the search ended at {end:.4f} x target"
     assert exported == pytest.approx(end)  # nothing post-hoc changed the structure
@@ -191,13 +193,13 @@ def test_settle_hold_stops_the_ratios_inside_the_band():
     assert off.in_band() and off.structure_lr_scale(0.9) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("seed", [3, 7])
+@pytest.mark.parametrize("seed", [1, 5])
 def test_settle_hold_lands_runs_the_anneal_alone_left_outside_the_band(seed, tmp_path):
     """Issue 10, table 6 at width 8 and 0.25 x MACs: with the anneal alone these two seeds end
-    at 1.0034 and 0.979 x target; holding the structure once inside the band lands them. (The
-    batched masks of issue 29 compute the same masks to the last bit or one rounding step; seed
-    4, which bench/results/budget.md recorded at 1.0004 x with the anneal alone, now ends at
-    0.993 x there: seeds 0-7 were run again and 3 and 7 are the ones it leaves outside.)"""
+    at 1.062 and 0.975 x target; holding the structure once inside the band lands them. (The
+    batched masks of issue 29 compute the same masks to the last bit or one rounding step, and
+    which seeds the anneal alone leaves outside changes with that: seeds 4 and 7, recorded in
+    bench/results/budget.md, now end inside; seeds 0-9 were run again and 1 and 5 are outside.)"""
     end, exported = _search_end(0.4, seed, tmp_path, target=0.25)
     assert 0.98 <= end <= 1.0, f"settle_hold: the search ended at {end:.4f} x target"
     assert exported == pytest.approx(end)

@@ -82,6 +82,7 @@ class _ComputeMasks(DMSHook):
         self.gates = gates
         self.no_fastpath = no_fastpath
 
+    @torch.compiler.disable  # eager under torch.compile(model): a gradient hook per forward
     def __call__(self, module: nn.Module, args: tuple) -> None:
         self.gates.compute()
         if self.no_fastpath:  # the fused MHA/encoder kernel would bypass the layer hooks

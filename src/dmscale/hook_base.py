@@ -9,9 +9,24 @@ Example:
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
-__all__ = ["DMSHook", "first_input"]
+__all__ = ["DMSHook", "MaskSource", "first_input"]
+
+
+class MaskSource(Protocol):
+    """What a hook reads from the gates of a search (:class:`dmscale.masks.Gates`): kept here,
+    below both, so the hooks know the gates only by this protocol."""
+
+    enabled: bool
+
+    def compute(self) -> None: ...
+
+    def channel_mask(self, key: str) -> torch.Tensor: ...
+
+    def depth_mask(self, j: int) -> torch.Tensor: ...
 
 
 class DMSHook:

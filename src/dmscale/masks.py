@@ -36,7 +36,7 @@ from .distributed import is_distributed
 from .importance import PendingImportance
 from .gate_bank import GateBank, batchable
 from .hook_base import DMSHook, first_input
-from .masked_norm import masked_layer_norm, masked_rms_rescale
+from .mask_hooks import ComputeMasks, MaskBranch, MaskedNorm, MaskInput, MaskOutput, RestoreFastpath
 from .weight_masks import FoldDepth, FoldMask, Unfold, depth_foldable, fold_plan
 from .topk import DifferentiableTopK, GateFactory, StructuralGate
 
@@ -60,114 +60,6 @@ def assemble_width_mask(parts: list[torch.Tensor], derived_a: torch.Tensor, deri
         b = torch.where(derived_b < 0, n, derived_b)
         return torch.cat([base, ext[a] * ext[b], one])
     return torch.cat([base, one])
-
-
-class _MaskOutput(DMSHook):
-    """Forward hook: multiply a layer's output by its channels' masks (Q' = Q m_qk m_head)."""
-
-    def __init__(self, gates: "Gates", key: str, dim: int) -> None:
-        self.gates, self.key, self.dim = gates, key, dim
-
-    def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
-        if not self.gates.enabled:
-            return None
-        m = self.gates.channel_mask(self.key)
-        shape = [1] * out.dim()
-        shape[self.dim % out.dim()] = m.numel()
-        return out * m.view(shape).to(out.dtype)
-
-
-class _ComputeMasks(DMSHook):
-    def __init__(self, gates: "Gates", no_fastpath: bool = False) -> None:
-        self.gates = gates
-        self.no_fastpath = no_fastpath
-
-    @torch.compiler.disable  # eager under torch.compile(model): a gradient hook per forward
-    def __call__(self, module: nn.Module, args: tuple) -> None:
-        self.gates.compute()
-        if self.no_fastpath:  # the fused MHA/encoder kernel would bypass the layer hooks
-            self.gates._fastpath = torch.backends.mha.get_fastpath_enabled()
-            torch.backends.mha.set_fastpath_enabled(False)
-
-
-class _RestoreFastpath(DMSHook):
-    """Forward hook registered with ``always_call=True``: the global fast-path switch is
-    restored even when the forward raises."""
-
-    def __init__(self, gates: "Gates") -> None:
-        self.gates = gates
-
-    def __call__(self, module: nn.Module, args: tuple, out: Any) -> None:
-        prev = getattr(self.gates, "_fastpath", None)
-        if prev is not None:
-            torch.backends.mha.set_fastpath_enabled(prev)
-            self.gates._fastpath = None
-
-
-class _MaskInput(DMSHook):
-    """Pre-hook (with kwargs): multiply the layer's input by the masks of its channels,
-    ``X * m`` with m shaped 1xCx1x1 (conv) or C (linear), A.1.1."""
-
-    def __init__(self, gates: "Gates", key: str, dim: int) -> None:
-        self.gates, self.key, self.dim = gates, key, dim
-
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        found = first_input(args, kwargs)
-        if found is None or not self.gates.enabled:
-            return None
-        where, x = found
-        m = self.gates.channel_mask(self.key)  # (C,)
-        shape = [1] * x.dim()
-        shape[self.dim % x.dim()] = m.numel()
-        masked = x * m.view(shape).to(x.dtype)
-        if where == 0:
-            return (masked,) + tuple(args[1:]), kwargs
-        return args, {**kwargs, where: masked}
-
-
-class _MaskedNorm(DMSHook):
-    """Forward hook (with kwargs) on a norm over the last dim: the output as if mean and
-    variance were taken over the kept channels only (weighted by their masks), so hard masks
-    give exactly the norm of the pruned model.
-
-    The handler has checked what the layer computes (:mod:`dmscale.norms`): ``kind`` is
-    ``"layernorm"`` (``F.layer_norm`` with the module's weight, bias and eps) or ``"rms"``
-    (``y = g * x * rsqrt(mean(x^2) + eps)`` for some per-channel g, e.g. ``weight`` or
-    ``1 + weight``): an RMS output is rescaled by ``rsqrt(mean_kept + eps) / rsqrt(mean + eps)``,
-    which keeps whatever g the layer applies.
-    """
-
-    def __init__(self, gates: "Gates", key: str, kind: str, eps: float | None) -> None:
-        self.gates, self.key, self.kind, self.eps = gates, key, kind, eps
-
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> torch.Tensor | None:
-        found = first_input(args, kwargs)
-        if found is None or not self.gates.enabled:
-            return None
-        x = found[1]
-        m = self.gates.channel_mask(self.key).to(torch.float32)  # (C,)
-        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # nn.RMSNorm(eps=None)
-        if self.kind == "rms":  # one autograd node: the output rescaled to the kept mean square
-            return masked_rms_rescale(out, x, m, eps)
-        weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
-        bias = bias if isinstance(bias, torch.Tensor) else None
-        return masked_layer_norm(x, m, weight, bias, eps).to(out.dtype)  # one autograd node
-
-
-class _MaskBranch(DMSHook):
-    """Forward hook: multiply a residual branch's output by its block's depth mask."""
-
-    def __init__(self, gates: "Gates", dim: int, block: int) -> None:
-        self.gates, self.dim, self.block = gates, dim, block
-
-    def __call__(self, module: nn.Module, args: tuple, out: Any) -> Any:
-        if not self.gates.enabled:
-            return None
-        m = self.gates.depth_mask(self.dim)[self.block]
-        if isinstance(out, torch.Tensor):
-            return out * m.to(out.dtype)
-        first = out[0]  # (output, attention weights, ...) as Hugging Face attention returns
-        return (first * m.to(first.dtype),) + tuple(out[1:])
 
 
 class _Rows:
@@ -276,9 +168,9 @@ class Gates(nn.Module):
         model.add_module(GATES_NAME, gates)
         modules = dict(model.named_modules())
         has_mha = any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
-        model.register_forward_pre_hook(_ComputeMasks(gates, no_fastpath=has_mha))
+        model.register_forward_pre_hook(ComputeMasks(gates, no_fastpath=has_mha))
         if has_mha:
-            model.register_forward_hook(_RestoreFastpath(gates), always_call=True)
+            model.register_forward_hook(RestoreFastpath(gates), always_call=True)
         keys: dict[bytes, str] = {}
 
         def slot_key(prefix: str, name: str, slots: Any) -> str:
@@ -306,14 +198,14 @@ class Gates(nn.Module):
         for name, (dim, slots) in consumers.items():
             key = slot_key("idx_", name, slots)
             if not fold(name, dim, "in", key):
-                modules[name].register_forward_pre_hook(_MaskInput(gates, key, dim), with_kwargs=True)
+                modules[name].register_forward_pre_hook(MaskInput(gates, key, dim), with_kwargs=True)
         for name, (slots, kind, eps) in (norms or {}).items():
             key = slot_key("idx_", name, slots)
-            modules[name].register_forward_hook(_MaskedNorm(gates, key, kind, eps), with_kwargs=True)
+            modules[name].register_forward_hook(MaskedNorm(gates, key, kind, eps), with_kwargs=True)
         for name, (dim, slots) in (outputs or {}).items():
             key = slot_key("out_", name, slots)
             if not fold(name, dim, "out", key):
-                modules[name].register_forward_hook(_MaskOutput(gates, key, dim))
+                modules[name].register_forward_hook(MaskOutput(gates, key, dim))
         listed = gates.__dict__.get("_keys", [])
         gates.register_buffer("channel_index", torch.cat([getattr(gates, k) for k in listed]) if listed
                               else torch.zeros(0, dtype=torch.long), persistent=False)
@@ -325,7 +217,7 @@ class Gates(nn.Module):
                     modules[name].register_forward_hook(Unfold(), always_call=True)
                     folded.add(name)
             else:
-                modules[name].register_forward_hook(_MaskBranch(gates, j, i))
+                modules[name].register_forward_hook(MaskBranch(gates, j, i))
         return gates
 
     # ------------------------------------------------------------------ masks

@@ -2,7 +2,7 @@
 
 A norm's statistics mix all channels, so when channels are removed the pruned norm computes
 something other than the masked supernet, unless the search recomputes the statistics over
-the kept channels only (``masked_norm``, see :class:`dmscale.masks._MaskedNorm`). That hook
+the kept channels only (``masked_norm``, see :class:`dmscale.mask_hooks.MaskedNorm`). That hook
 must reproduce the layer's own formula, and a class name says nothing about the formula:
 Gemma's ``GemmaRMSNorm`` computes ``norm(x) * (1 + weight)`` where Llama's computes
 ``norm(x) * weight``. So a layer is handled here only after :func:`norm_formula` has run it

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hook_base import DMSHook, first_input
+from .hook_base import DMSHook, MaskSource, first_input
 
 __all__ = ["WeightFold", "fold_plan", "depth_foldable", "FoldMask", "FoldDepth", "Unfold"]
 
@@ -142,7 +142,7 @@ class FoldMask(DMSHook):
     layer at batch 1) gets ``X * m`` instead, the same function (``dim``: the input's channel
     dim)."""
 
-    def __init__(self, gates: Any, key: str, plan: WeightFold, dim: int = 1) -> None:
+    def __init__(self, gates: MaskSource, key: str, plan: WeightFold, dim: int = 1) -> None:
         self.gates, self.key, self.plan, self.dim = gates, key, plan, dim
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
@@ -172,7 +172,7 @@ class FoldDepth(DMSHook):
     the block's depth mask m_i, so the branch computes ``f(x) * m_i`` (Sec. 3.2) without a
     multiply of (and a saved copy of) the branch's output activation."""
 
-    def __init__(self, gates: Any, dim: int, block: int) -> None:
+    def __init__(self, gates: MaskSource, dim: int, block: int) -> None:
         self.gates, self.dim, self.block = gates, dim, block
 
     def __call__(self, module: nn.Module, args: tuple) -> None:

@@ -25,7 +25,7 @@ def _entry(name: str):
     return ZOO[name].build(), torch.randn((4,) + tuple(ZOO[name].input_shape[1:]), generator=g)
 
 
-@pytest.mark.parametrize("name", ["small_cnn", "timm_vit_small", "hf_llama_gqa"])
+@pytest.mark.parametrize("name", ["small_cnn", "hf_bert", "hf_llama_gqa"])
 def test_compiled_model_searches_exactly_as_the_eager_one(name):
     base, x = _entry(name)
     base.eval()  # no dropout; the gates train (importance is tracked)

@@ -3,7 +3,7 @@
 The operator ratio of a DMS training step over a plain one (top-level ``aten::`` operators:
 launches on a GPU), the bytes held for the backward pass at the real batch (bf16 autocast,
 FakeTensorMode) and the host synchronisations per step must stay within these budgets; the
-code of 340ec91 measured 5.7x / 5.5x operators, 1.66x / 1.94x bytes and 10 / 39 syncs on the
+code of 340ec91 measured 6.36x / 5.85x operators, 1.66x / 2.65x bytes and 1 sync on the
 same two models (bench/results/search_proxies.md).
 """
 
@@ -17,8 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import search_proxies  # noqa: E402
 
-# (operators, bytes) DMS over plain; measured 3.29 / 1.018 and 3.49 / 1.156 when set
-BUDGETS = {"small_cnn": (3.6, 1.10), "vit_s16": (3.8, 1.25)}
+# (operators, bytes) DMS over plain; measured 3.58 / 1.018 and 3.56 / 1.156 when set
+BUDGETS = {"small_cnn": (4.0, 1.10), "vit_s16": (4.0, 1.25)}
 
 
 @pytest.mark.parametrize("name", sorted(BUDGETS))

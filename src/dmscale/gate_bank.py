@@ -85,6 +85,7 @@ class GateBank:
         self.shift = torch.tensor(shift, dtype=torch.float64, device=device).float()[:, None]
         # element e of gate g reads unit unit_of_element[e] of row g: flat (g * N_max + unit)
         self.element_index = [g.unit_of_element.to(device) + i * self.n_max for i, g in enumerate(self.gates)]
+        self._index_cache: dict[tuple[int, ...], torch.Tensor] = {}
         self.matrix = torch.zeros(len(self.gates), self.n_max, dtype=torch.float32, device=device)
         for i, g in enumerate(self.gates):  # each gate's importance becomes a view of its row
             self.matrix[i, :g.n_units].copy_(g.importance.detach().to(torch.float32))
@@ -136,7 +137,11 @@ class GateBank:
 
     def elements(self, units: torch.Tensor, which: Sequence[int]) -> torch.Tensor:
         """The element masks of gates ``which`` concatenated, from a (G, N_max) unit mask."""
-        index = torch.cat([self.element_index[i] for i in which]) if len(which) != 1 else self.element_index[which[0]]
+        key = tuple(which)
+        index = self._index_cache.get(key)
+        if index is None:  # built once per set of gates (the same every forward)
+            index = torch.cat([self.element_index[i] for i in which]) if len(which) != 1 else self.element_index[which[0]]
+            self._index_cache[key] = index
         return units.reshape(-1)[index]
 
     # ------------------------------------------------------------------ Eq. 4

@@ -3,14 +3,19 @@
 A :class:`Gates` submodule (registered on the model as ``dms_gates``) holds one
 :class:`~dmscale.topk.DifferentiableTopK` per width and depth dimension. Hooks:
 
-* a forward pre-hook on the model computes every dimension's mask once per forward;
-* a forward pre-hook on each layer that consumes searchable channels multiplies its input by
-  the channels' masks, ``X * m`` with m shaped 1xCx1x1 (conv) or C (linear) (paper A.1.1);
-* a forward hook on each removable block's branch multiplies the branch output by the
-  block's depth mask, so the block computes ``post(x + f(x) * m_i)`` (Sec. 3.2).
+* a forward pre-hook on the model computes every dimension's mask once per forward, all
+  batchable gates in one :class:`~dmscale.gate_bank.GateBank` evaluation, and every layer's
+  channel mask in one gather;
+* on each layer that consumes searchable channels, ``X * m`` with m shaped 1xCx1x1 (conv) or C
+  (linear) (paper A.1.1): for a standard convolution or linear layer as ``W * m`` on its
+  weight for the call (:mod:`dmscale.weight_masks`, the same function, or on the input when that
+  is the smaller tensor), otherwise on the input (:mod:`dmscale.mask_hooks`);
+* on each removable block's branch, the branch output times the block's depth mask, so the
+  block computes ``post(x + f(x) * m_i)`` (Sec. 3.2): in the weight and bias of the branch's
+  last layer where it is a standard linear, convolution or affine batch norm, else on its output.
 
-Masks act on activations only: no weight is changed and no class is swapped. All hooks are
-instances of :class:`DMSHook`, found again by type in :func:`detach`.
+The user's parameters are never changed and no class is swapped. All hooks are instances of
+:class:`DMSHook`, found again by type in :func:`detach`.
 
 Example:
     >>> import torch

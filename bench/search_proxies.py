@@ -52,6 +52,9 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import git_commit  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 
 __all__ = ["ProxyModel", "PROXY_MODELS", "top_level_operators", "saved_bytes", "measure", "main"]
@@ -263,14 +266,6 @@ def _snapshot_commit(src: Path) -> str:
     return f.read_text().strip()[:7] if f.exists() else "?"
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def _in_subprocess(name: str, src: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT / "tests")])}
     done = subprocess.run([sys.executable, __file__, "--child", name], env=env, capture_output=True, text=True)
@@ -323,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     cache = json.loads(path.read_text()) if path.exists() else {"rows": {}}
     cache["command"] = "PYTHONPATH=src:tests python bench/search_proxies.py " + " ".join(argv if argv is not None else sys.argv[1:])
     cache["machine"] = f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
-    impls = [(f"now ({_git_commit()})", ROOT / "src")]
+    impls = [(f"now ({git_commit(ROOT)})", ROOT / "src")]
     if args.baseline_src is not None:
         impls.insert(0, (f"before ({_snapshot_commit(args.baseline_src)})", args.baseline_src))
     for name in models:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hook_base import DMSHook, MaskSource, first_input
+from .hook_base import DMSHook, MaskSource, along, first_input, masked_input
 from .masked_norm import masked_layer_norm, masked_rms_rescale
 
 __all__ = ["ComputeMasks", "RestoreFastpath", "MaskInput", "MaskOutput", "MaskedNorm", "MaskBranch"]
@@ -43,10 +43,7 @@ class MaskOutput(DMSHook):
     def __call__(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
         if not self.gates.enabled:
             return None
-        m = self.gates.channel_mask(self.key)
-        shape = [1] * out.dim()
-        shape[self.dim % out.dim()] = m.numel()
-        return out * m.view(shape).to(out.dtype)
+        return along(out, self.gates.channel_mask(self.key), self.dim)
 
 
 class ComputeMasks(DMSHook):
@@ -87,14 +84,7 @@ class MaskInput(DMSHook):
         found = first_input(args, kwargs)
         if found is None or not self.gates.enabled:
             return None
-        where, x = found
-        m = self.gates.channel_mask(self.key)  # (C,)
-        shape = [1] * x.dim()
-        shape[self.dim % x.dim()] = m.numel()
-        masked = x * m.view(shape).to(x.dtype)
-        if where == 0:
-            return (masked,) + tuple(args[1:]), kwargs
-        return args, {**kwargs, where: masked}
+        return masked_input(args, kwargs, found, self.gates.channel_mask(self.key), self.dim)
 
 
 class MaskedNorm(DMSHook):

@@ -98,6 +98,10 @@ class Gates(nn.Module):
         self._forwards = 0  # training forwards so far: orders pending updates across ranks
         self._masks: torch.Tensor | None = None
         self._depth_masks: list[torch.Tensor] | None = None
+        # every layer's channel mask of this forward, by its slot buffer's name (compute)
+        self._channels: dict[str, torch.Tensor] | None = None
+        self._keys: list[str] = []  # the slot buffers, in the order of channel_index
+        self._key_sizes: list[int] = []
 
     def _apply(self, fn: Any, recurse: bool = True) -> "Gates":
         """``model.to(device)`` moves the gates; ``model.half()`` / ``.to(bfloat16)`` does
@@ -119,10 +123,9 @@ class Gates(nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
         state = self.__dict__.copy()
-        state["_masks"] = state["_depth_masks"] = None
+        state["_masks"] = state["_depth_masks"] = state["_channels"] = None
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
-        state.pop("_channels", None)
         state.pop("_rows_cache", None)
         return state
 
@@ -185,19 +188,23 @@ class Gates(nn.Module):
             if content not in keys:
                 keys[content] = prefix + name.replace(".", "__")
                 gates.register_buffer(keys[content], idx, persistent=False)
-                gates.__dict__.setdefault("_keys", []).append(keys[content])
+                gates._keys.append(keys[content])
             return keys[content]
 
         folded: set[str] = set()
+
+        def unfold_after(name: str) -> None:
+            """One Unfold per layer, however many folds shadow its weight."""
+            if name not in folded:
+                modules[name].register_forward_hook(Unfold(), always_call=True)
+                folded.add(name)
 
         def fold(name: str, dim: int, side: str, key: str) -> bool:
             plan = fold_plan(modules[name], dim, side) if fold_masks else None
             if plan is None:
                 return False
             modules[name].register_forward_pre_hook(FoldMask(gates, key, plan, dim), with_kwargs=True)
-            if name not in folded:
-                modules[name].register_forward_hook(Unfold(), always_call=True)
-                folded.add(name)
+            unfold_after(name)
             return True
 
         for name, (dim, slots) in consumers.items():
@@ -211,16 +218,14 @@ class Gates(nn.Module):
             key = slot_key("out_", name, slots)
             if not fold(name, dim, "out", key):
                 modules[name].register_forward_hook(MaskOutput(gates, key, dim))
-        listed = gates.__dict__.get("_keys", [])
-        gates.register_buffer("channel_index", torch.cat([getattr(gates, k) for k in listed]) if listed
-                              else torch.zeros(0, dtype=torch.long), persistent=False)
-        gates._key_sizes = [getattr(gates, k).numel() for k in listed]
+        slots = [getattr(gates, k) for k in gates._keys]
+        gates.register_buffer("channel_index", torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long),
+                              persistent=False)
+        gates._key_sizes = [t.numel() for t in slots]
         for name, (j, i) in branches.items():
             if fold_masks and depth_foldable(modules[name]):
                 modules[name].register_forward_pre_hook(FoldDepth(gates, j, i))
-                if name not in folded:
-                    modules[name].register_forward_hook(Unfold(), always_call=True)
-                    folded.add(name)
+                unfold_after(name)
             else:
                 modules[name].register_forward_hook(MaskBranch(gates, j, i))
         return gates
@@ -245,10 +250,10 @@ class Gates(nn.Module):
         defer = track and is_distributed(self.process_group)
         if track:
             self._forwards += 1
-        width, depth = self.masks("soft" if self.mode == "soft" else self.mode, track, defer)
+        width, depth = self.masks(self.mode, track, defer)
         self._masks, self._depth_masks = width, depth
-        keys = self.__dict__.get("_keys", [])
-        self._channels = dict(zip(keys, width[self.channel_index].split(self._key_sizes))) if keys else {}
+        self._channels = dict(zip(self._keys, width[self.channel_index].split(self._key_sizes))) \
+            if self._keys else {}
 
     # ------------------------------------------------------------------ batched masks
     def _bank_for(self) -> tuple[GateBank | None, list[int]]:
@@ -351,11 +356,9 @@ class Gates(nn.Module):
         """The mask of the channels behind buffer ``key``, (C,): every key's channels are
         gathered at once when the masks are computed (one index operation and one index
         backward per forward, not one per layer)."""
-        if self._masks is None:
+        if self._channels is None:
             self.compute()
-        channels = self.__dict__.get("_channels") or {}
-        found = channels.get(key)
-        return found if found is not None else self._masks[getattr(self, key)]
+        return self._channels[key]
 
     def depth_mask(self, j: int) -> torch.Tensor:
         if self._depth_masks is None:

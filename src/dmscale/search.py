@@ -153,9 +153,16 @@ class Searcher(ImportanceMixin):
         ``cache`` (hard masks only): each dim's last two hard masks by the value of its ``a``,
         for the budget solver, which changes one dim at a time (the importances stay fixed).
         """
+        g = self.gates
+
+        def flat(parts: list[torch.Tensor]) -> torch.Tensor:
+            return torch.cat(parts) if parts else torch.zeros(0, device=g._device())
+
+        if kind == "soft":  # every gate in one batched evaluation (no importance hook)
+            width, depth_parts = g.masks("soft")
+            return width, flat(depth_parts)
+
         def pick(t: Any) -> torch.Tensor:
-            if kind == "soft":
-                return t.soft_mask()
             if kind == "hard":
                 return t.hard_mask() if cache is None else _cached_hard_mask(t, cache)
             if kind == "min":  # the smallest units: the short last one and the first full ones
@@ -166,16 +173,9 @@ class Searcher(ImportanceMixin):
                 return t.expand(unit)
             return torch.ones(t.size, dtype=torch.float32, device=t.a.device)
 
-        g = self.gates
-        if kind == "soft":  # every gate in one batched evaluation (no importance hook)
-            width, depth_parts = g.masks("soft")
-            return width, torch.cat(depth_parts) if depth_parts else torch.zeros(0, device=g._device())
         width = assemble_width_mask([pick(t) for t in g.width], g.derived_a, g.derived_b,
                                     like=torch.ones(1, device=g._device()))
-        depth_frozen = g.depth_frozen and kind == "soft"
-        depth_parts = [t.hard_mask() if depth_frozen else pick(t) for t in g.depth]
-        depth = torch.cat(depth_parts) if depth_parts else torch.zeros(0, device=g._device())
-        return width, depth
+        return width, flat([pick(t) for t in g.depth])
 
     def _exact_cost(self, hard: str | None, resource: str | None = None,
                     cache: dict[int, list[Any]] | None = None) -> float:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hook_base import DMSHook, MaskSource, first_input
+from .hook_base import DMSHook, MaskSource, first_input, masked_input
 
 __all__ = ["WeightFold", "fold_plan", "depth_foldable", "FoldMask", "FoldDepth", "Unfold"]
 
@@ -132,6 +132,12 @@ def fold_plan(module: nn.Module, dim: int, side: str) -> WeightFold | None:
     return WeightFold("in", (c_out, c_in_g) + rest, index)
 
 
+def _current(module: nn.Module, name: str) -> torch.Tensor | None:
+    """The tensor the module's forward would read as ``name`` now: an earlier fold's shadow
+    of this call (folds of one layer stack), else the parameter itself."""
+    return module.__dict__.get(name, module._parameters.get(name))
+
+
 class FoldMask(DMSHook):
     """Forward pre-hook (with kwargs): shadow the module's ``weight`` (and on the output side
     ``bias``) with the masked one for this call. Stacks: an input and an output fold of one
@@ -149,21 +155,16 @@ class FoldMask(DMSHook):
         if not self.gates.enabled:
             return None
         m = self.gates.channel_mask(self.key)  # (C,)
-        shadow = module.__dict__
-        weight = shadow.get("weight", module._parameters["weight"])
+        weight = _current(module, "weight")
         if self.plan.side == "in":
             found = first_input(args, kwargs)
             if found is not None and found[1].numel() < weight.numel():
-                where, x = found
-                shape = [1] * x.dim()
-                shape[self.dim % x.dim()] = m.numel()
-                masked = x * m.view(shape).to(x.dtype)
-                return ((masked,) + tuple(args[1:]), kwargs) if where == 0 else (args, {**kwargs, where: masked})
-        shadow["weight"] = self.plan.fold(weight, m)
+                return masked_input(args, kwargs, found, m, self.dim)
+        module.__dict__["weight"] = self.plan.fold(weight, m)
         if self.plan.side == "out":
-            bias = shadow.get("bias", module._parameters.get("bias"))
+            bias = _current(module, "bias")
             if bias is not None:
-                shadow["bias"] = bias * m.to(bias.dtype)
+                module.__dict__["bias"] = bias * m.to(bias.dtype)
         return None
 
 
@@ -179,11 +180,10 @@ class FoldDepth(DMSHook):
         if not self.gates.enabled:
             return
         m = self.gates.depth_mask(self.dim)[self.block]  # () scalar
-        shadow = module.__dict__
         for name in ("weight", "bias"):
-            value = shadow.get(name, module._parameters.get(name))
+            value = _current(module, name)
             if value is not None:
-                shadow[name] = value * m.to(value.dtype)
+                module.__dict__[name] = value * m.to(value.dtype)
 
 
 class Unfold(DMSHook):

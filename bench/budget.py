@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from benchlib import git_commit, spread  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
-from dmscale.config import RunConfig  # noqa: E402
-from dmscale.pipeline import Pipeline  # noqa: E402
+from dmscale.config.run_config import RunConfig  # noqa: E402
+from dmscale.run.pipeline import Pipeline  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "budget.json"

@@ -12,9 +12,9 @@ depth dimension, then single units given back greedily; no training: latency dep
 shapes, not on the weights; ``importance="index"`` keeps channels by position). The four
 variants (PyTorch / onnxruntime x original / pruned) run interleaved round by round on the
 same input, and medians with the interquartile range are reported. ONNX files come from
-:func:`dmscale.deploy.to_onnx` with a dynamic batch dimension; a model that cannot be
+:func:`dmscale.export.deploy.to_onnx` with a dynamic batch dimension; a model that cannot be
 exported so is exported once per batch size (``dynamic_batch=False``) and its row says
-"fixed". Every file is checked against PyTorch with :func:`dmscale.deploy.check_onnx` at the
+"fixed". Every file is checked against PyTorch with :func:`dmscale.export.deploy.check_onnx` at the
 batch sizes it is timed at. Small image sizes keep the run to a few minutes on 2 cores.
 
 Results are cached per model in ``bench/results/deploy_latency.json`` (each entry with the
@@ -61,7 +61,7 @@ from torch import nn
 
 import dmscale as dms
 from dmscale import deploy
-from dmscale.deploy import with_batch
+from dmscale.export.deploy import with_batch
 
 __all__ = ["RESULTS", "CACHE", "DEPLOY_SIZES", "Builder", "models", "prune_half", "onnx_files", "measure", "bench_one",
            "render", "DEVICE_VARIANTS", "bench_one_device", "render_device", "main"]
@@ -246,10 +246,10 @@ def render(cache: dict[str, Any]) -> str:
               "variants interleaved round by round after one warm-up call each. Pruned: `searcher.meet_target()` "
               "on the model at initialisation (one common pruning ratio for all width and depth dimensions, down "
               "to half the MACs; `importance=\"index\"`; no search training, random weights: latency depends on "
-              "shapes only). Small inputs (size column) to keep the run short. ONNX via `dmscale.deploy.to_onnx` "
+              "shapes only). Small inputs (size column) to keep the run short. ONNX via `dmscale.export.deploy.to_onnx` "
               "(`torch.onnx.export(dynamo=True)`): `dynamic` = one file with a dynamic batch dimension, `fixed` = "
               "the dynamic export failed and one file per batch size was exported; every file is checked "
-              "against PyTorch with `dmscale.deploy.check_onnx` at the batch sizes it is timed at.", "",
+              "against PyTorch with `dmscale.export.deploy.check_onnx` at the batch sizes it is timed at.", "",
               "| model | size | batch | MACs ratio | torch orig | torch pruned | torch ratio | ort orig | ort pruned "
               "| ort ratio | ONNX batch | rounds | run |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -48,10 +48,10 @@ import evolution_lib as el  # noqa: E402
 from benchlib import (command_line, git_commit, invocations_text, load_cache, locked, mean_std, pyplot,  # noqa: E402
                       record_invocation, save_cache, save_figure, shared_machine, widths)
 import dmscale as dms  # noqa: E402
-from dmscale.config import RunConfig  # noqa: E402
-from dmscale.io import load_weights  # noqa: E402
-from dmscale.pipeline import Pipeline, recalibrate_batchnorm  # noqa: E402
-from dmscale.runs import make_searcher, new_supernet  # noqa: E402
+from dmscale.config.run_config import RunConfig  # noqa: E402
+from dmscale.export.files import load_weights  # noqa: E402
+from dmscale.run.pipeline import Pipeline, recalibrate_batchnorm  # noqa: E402
+from dmscale.run.saved_runs import make_searcher, new_supernet  # noqa: E402
 from dmscale.tasks.image import ClassificationTask  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 

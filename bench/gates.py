@@ -45,8 +45,8 @@ from benchlib import (ci_text, command_line, git_commit, invocations_text, load_
                       record_invocation, save_figure, save_merged,
                       shared_machine, widths)
 import dmscale as dms  # noqa: E402
-from dmscale.config import RunConfig  # noqa: E402
-from dmscale.pipeline import Pipeline, load_run_model, recalibrate_batchnorm  # noqa: E402
+from dmscale.config.run_config import RunConfig  # noqa: E402
+from dmscale.run.pipeline import Pipeline, load_run_model, recalibrate_batchnorm  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 
 __all__ = ["METHODS", "GatePipeline", "run_seed", "write_table", "plot", "main"]

@@ -1,11 +1,11 @@
 """The paper's gradient-based alternatives to DMS's top-k, as baseline gates (issue 10, table 1).
 
 Paper Table 2 compares DMS_p- with three other ways of making a structure differentiable;
-each is implemented here behind dmscale's :class:`~dmscale.topk.StructuralGate` protocol and
+each is implemented here behind dmscale's :class:`~dmscale.core.topk.StructuralGate` protocol and
 plugged into a search with ``dms.SearchConfig(gate_factory=...)``, so the masks act where
 DMS's act, and the cost model, the budget solver, the export and the export check are the
 same for every gate. Every gate keeps the units it ranks highest with
-:func:`dmscale.topk.top_units` (at least ``min_units``, one per required group).
+:func:`dmscale.core.topk.top_units` (at least ``min_units``, one per required group).
 
 * :class:`MESGate` -- multiple element selection (Herrmann et al., 2020): one learnable logit
   per unit. During the search the forward multiplies a Gumbel-sigmoid sample, hard in the
@@ -21,7 +21,7 @@ same for every gate. Every gate keeps the units it ranks highest with
   straight-through estimate, d m_i / d a = -1 for every unit (the mask of a random subset of
   (1 - a) N units has mean 1 - a). The cost r_c is then the export's exact cost.
 * :func:`no_normalization` -- DMS without importance normalisation (paper Table 12,
-  ``c'_i = c_i``): :class:`~dmscale.topk.DifferentiableTopK` with ``normalize=False``.
+  ``c'_i = c_i``): :class:`~dmscale.core.topk.DifferentiableTopK` with ``normalize=False``.
 
 Example:
     >>> import torch
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dmscale.topk import DifferentiableTopK, GateFactory, integer_rank, top_units
+from dmscale.core.topk import DifferentiableTopK, GateFactory, integer_rank, top_units
 
 __all__ = ["MESGate", "SNSGate", "GETGate", "no_normalization", "GATES", "gate_factory", "n_structure_params"]
 

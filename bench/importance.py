@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 import np_uniform  # noqa: E402
 from benchlib import git_commit, locked, paired_ci, pyplot, save_cache, save_figure  # noqa: E402
-from dmscale.topk import DifferentiableTopK  # noqa: E402
+from dmscale.core.topk import DifferentiableTopK  # noqa: E402
 
 __all__ = ["METRICS", "search_overrides", "run", "write_table", "main"]
 

@@ -44,7 +44,7 @@ for sub in ("src", "tests"):
         sys.path.insert(0, str(ROOT / sub))
 
 import dmscale as dms  # noqa: E402
-from dmscale.latency import measure_latency  # noqa: E402
+from dmscale.cost.latency import measure_latency  # noqa: E402
 from zoo import ZOO  # noqa: E402
 
 
@@ -136,7 +136,7 @@ def to_markdown(results: list[dict], args: argparse.Namespace, load_before: tupl
     lines = [
         "# Latency constraint: predicted vs measured",
         "",
-        "Written by `bench/latency_fit.py`. The fitted latency model of `dmscale.latency` "
+        "Written by `bench/latency_fit.py`. The fitted latency model of `dmscale.cost.latency` "
         f"(paper App. A.1.2, Eq. 9) predicts the latency of {len(args.seeds)} random hard structures per model; "
         "each is exported and timed. `predicted` is the cost model as a search uses it "
         "(`searcher._exact_cost(\"hard\")`, calibrated so the parts add up to the timed "

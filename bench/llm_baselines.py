@@ -75,8 +75,8 @@ CALIB_SEED = 97  # train batches for calibration; the finetune uses seed * 10 + 
 
 def make_pipeline(args: argparse.Namespace, out: Path) -> Any:
     """A pipeline configured exactly as the DMS run's (its retrain settings are what matter)."""
-    from dmscale.config import RunConfig
-    from dmscale.pipeline import Pipeline
+    from dmscale.config.run_config import RunConfig
+    from dmscale.run.pipeline import Pipeline
 
     cfg = RunConfig(command="search", task="text", model=f"hf:{smollm2_path()}", pipeline="p",
                     resource="params", target=args.target, exclude=["lm.model.embed_tokens"],
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import dmscale as dms
-    from dmscale.runs import load_teacher
+    from dmscale.run.saved_runs import load_teacher
 
     t0 = time.perf_counter()
     pipe = make_pipeline(args, Path(args.out or tempfile.mkdtemp(prefix="llmb-")) / f"{args.method}{args.target}")
@@ -212,7 +212,7 @@ def probe_tp(seconds: int) -> dict[str, Any]:
 
 
 def _probe_case(attn: str, use_cache: bool, ratio: float, seconds: int) -> dict[str, Any]:
-    from dmscale._compat import ensure_torchvision
+    from dmscale.core._compat import ensure_torchvision
 
     ensure_torchvision()
     import torch

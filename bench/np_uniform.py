@@ -46,9 +46,9 @@ sys.path.insert(0, str(ROOT / "src"))
 import np_uniform_lib as nl  # noqa: E402
 import peers_lib as pl  # noqa: E402
 from benchlib import git_commit, locked, save_cache  # noqa: E402
-from dmscale.config import RunConfig, save_config  # noqa: E402
-from dmscale.pipeline import Pipeline  # noqa: E402
-from dmscale.runs import new_supernet  # noqa: E402
+from dmscale.config.run_config import RunConfig, save_config  # noqa: E402
+from dmscale.run.pipeline import Pipeline  # noqa: E402
+from dmscale.run.saved_runs import new_supernet  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 
 __all__ = ["ARMS", "run_key", "run_arm", "baseline", "use_width", "dataset_note", "main"]

@@ -1,7 +1,7 @@
 """Instruments for the DMS_np vs uniform-width table (issue 10, table 3): what the search
 learned, when, and what the post-hoc steps changed.
 
-* :class:`TracedPipeline` -- the project's :class:`dmscale.pipeline.Pipeline`, unchanged in
+* :class:`TracedPipeline` -- the project's :class:`dmscale.run.pipeline.Pipeline`, unchanged in
   what it computes, that also records snapshots of the structure (kept fraction of every
   gate, from its hard count) and of the importance buffers during the search (at every tenth
   of it), at the search's end, after the finish phase and after the budget solver.
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from dmscale.pipeline import Pipeline
+from dmscale.run.pipeline import Pipeline
 
 __all__ = ["TracedPipeline", "snapshot", "effective_kept", "spearman", "topk_agreement", "structure_shift", "stability",
            "SNAPSHOTS"]

@@ -40,8 +40,8 @@ from benchlib import (ci_text, command_line, git_commit, invocations_text, load_
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import peers_lib as pl  # noqa: E402
-from dmscale.config import RunConfig  # noqa: E402
-from dmscale.pipeline import Pipeline, load_run_model  # noqa: E402
+from dmscale.config.run_config import RunConfig  # noqa: E402
+from dmscale.run.pipeline import Pipeline, load_run_model  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 
 __all__ = ["METHODS", "run_seed", "write_table", "main"]

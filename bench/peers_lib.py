@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.io import save_weights
+from dmscale.export.files import save_weights
 
 __all__ = ["macs", "fast_macs", "apply", "template_structure", "structure_from_shapes", "uniform_structure",
            "tp_prune", "write_source_run"]

@@ -43,8 +43,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "bench"))
     from smollm2_prune import smollm2_path
 
-    from dmscale.config import RunConfig
-    from dmscale.pipeline import Pipeline
+    from dmscale.config.run_config import RunConfig
+    from dmscale.run.pipeline import Pipeline
 
     out = Path(args.run_dir or tempfile.mkdtemp(prefix="smollm2-mem-")) / name
     probe = RunConfig(command="search", task="text", model=f"hf:{smollm2_path()}", pipeline="p",

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import np_uniform as nu  # noqa: E402
 import np_uniform_lib as nl  # noqa: E402
 from benchlib import command_line, git_commit, pyplot, save_figure, shared_machine  # noqa: E402
-from dmscale.config import RunConfig  # noqa: E402
+from dmscale.config.run_config import RunConfig  # noqa: E402
 
 __all__ = ["REACHED", "run_key", "run_cell", "write_table", "main"]
 

@@ -60,10 +60,10 @@ from typing import Any
 import torch
 
 import dmscale as dms
-from dmscale.config import RunConfig
-from dmscale.config_values import kv_dict
+from dmscale.config.run_config import RunConfig
+from dmscale.config.values import kv_dict
 from dmscale.data import MnistDetectConfig, make_mnist_detect
-from dmscale.pipeline import Pipeline
+from dmscale.run.pipeline import Pipeline
 from dmscale.tasks.detect import DetectTask
 from dmscale.tasks.registry import build_model
 

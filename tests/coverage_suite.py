@@ -8,7 +8,7 @@ Registries (:func:`entries`):
 * ``torchvision``: every classification model of ``torchvision.models.list_models``, at the
   smallest input it accepts (same file, ``--regen torchvision``), plus three segmentation
   models. Detection models are left out: their post-processing needs the compiled
-  ``torchvision::nms``, which the pinned CPU build cannot load (see ``dmscale._compat``).
+  ``torchvision::nms``, which the pinned CPU build cannot load (see ``dmscale.core._compat``).
 * ``hf``: Hugging Face transformers built from tiny configs (2 layers, hidden 64, 4 heads,
   2 KV heads where the model has them, vocab 128, intermediate 128, sdpa attention), input
   ``{"input_ids": (2, 12)}`` (images: ``pixel_values`` (2, 3, 32, 32)).

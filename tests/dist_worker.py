@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dmscale as dms
-from dmscale.distributed import shard
+from dmscale.core.distributed import shard
 
 STEPS, BATCH, CLASSES = 4, 8, 4
 

@@ -220,7 +220,7 @@ def mlp_nets(draw: Any) -> NetCase:
 @st.composite
 def llama_nets(draw: Any) -> NetCase:
     """A tiny Hugging Face Llama: pre-norm blocks, GQA attention, optional tied embeddings."""
-    from dmscale._compat import ensure_torchvision
+    from dmscale.core._compat import ensure_torchvision
 
     ensure_torchvision()
     from transformers import LlamaConfig, LlamaForCausalLM

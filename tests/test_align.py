@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.errors import ConfigError
-from dmscale.search_config import resolve_align
+from dmscale.core.errors import ConfigError
+from dmscale.search.config import resolve_align
 
 dms.ensure_torchvision()
 

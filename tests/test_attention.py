@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dmscale as dms
-from dmscale.export import export_model
+from dmscale.export.shrink import export_model
 
 
 def _tiny(name: str):
@@ -138,7 +138,7 @@ def test_timm_scale_fold_of_an_explicit_supernet_uses_its_stored_scale():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_timm_scale_fold_scales_only_the_q_rows_in_the_weight_dtype(dtype):
-    from dmscale.attention import _update_timm
+    from dmscale.trace.handlers.attention import _update_timm
 
     _, Attention = _timm_attention_cls()
     torch.manual_seed(0)

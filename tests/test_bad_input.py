@@ -1,7 +1,7 @@
 """Bad input gets a clear dmscale error and changes nothing (issue 12).
 
 Library cases (:data:`LIBRARY_CASES`): each call must raise a
-:class:`dmscale.errors.DMScaleError` whose message contains the given fragments (what is
+:class:`dmscale.core.errors.DMScaleError` whose message contains the given fragments (what is
 wrong and the fix), and the user's model must be exactly as it was
 (:class:`model_state.ModelSnapshot`: state_dict, outputs, train/eval flags, hooks,
 submodules). Command-line cases (:data:`CLI_CASES`): ``dmscale ARGS``
@@ -27,7 +27,7 @@ from model_state import ModelSnapshot
 from torch import nn
 
 import dmscale as dms
-from dmscale.errors import DMScaleError
+from dmscale.core.errors import DMScaleError
 
 __all__ = ["LIBRARY_CASES", "CLI_CASES", "library_message", "markdown_table"]
 
@@ -250,7 +250,7 @@ def test_library_bad_input(name: str, tmp_path: Path) -> None:
 
 
 def test_config_error_is_a_dmscale_error() -> None:
-    from dmscale.config import ConfigError
+    from dmscale.config.run_config import ConfigError
 
     assert issubclass(ConfigError, DMScaleError) and issubclass(ConfigError, ValueError)
 
@@ -477,7 +477,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint(monkeypatch: pytest.MonkeyPat
     still the first one (which ``--resume`` then continues from)."""
     import errno
 
-    import dmscale.pipeline as pipeline
+    import dmscale.run.pipeline as pipeline
 
     real_save, calls = torch.save, {"n": 0}
 
@@ -627,7 +627,7 @@ def test_export_before_training_raises_changes_nothing_and_one_step_fixes_it() -
     change nothing; ``hardened()`` and ``meet_target()`` stay usable; one training step with
     the task loss is enough to export, and so is a checkpoint with importance restored by
     ``load_state_dict``; ``importance="index"`` exports by position on purpose."""
-    from dmscale.errors import NoImportanceError
+    from dmscale.core.errors import NoImportanceError
 
     net = small_net()
     y = torch.tensor([0, 1])

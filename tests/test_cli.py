@@ -22,8 +22,8 @@ from safetensors.torch import load_file, load_model
 
 import dmscale as dms
 from dmscale.cli import build_parser, main
-from dmscale.config import OPTIONS, RunConfig, load_run_config
-from dmscale.report import format_summary
+from dmscale.config.run_config import OPTIONS, RunConfig, load_run_config
+from dmscale.run.report import format_summary
 from dmscale.tasks.models import SmallCNN
 
 # digits, a 4-channel SmallCNN, 4 steps per epoch

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from dmscale.cli import main
-from dmscale.errors import ConfigError
+from dmscale.core.errors import ConfigError
 
 __all__: list[str] = []
 

@@ -17,8 +17,8 @@ from torch import nn
 
 import dmscale as dms
 from dmscale import deploy
-from dmscale.errors import ExportCheckError, MissingDependencyError, StandaloneError
-from dmscale.export import SkipBlock
+from dmscale.core.errors import ExportCheckError, MissingDependencyError, StandaloneError
+from dmscale.export.shrink import SkipBlock
 
 HAS_ONNX = all(importlib.util.find_spec(p) for p in ("onnx", "onnxscript", "onnxruntime"))
 needs_onnx = pytest.mark.skipif(not HAS_ONNX, reason="onnx/onnxscript/onnxruntime not installed "
@@ -123,13 +123,13 @@ def test_removed_blocks_become_torch_modules():
 
 def test_a_block_that_still_needs_dmscale_says_so(tmp_path):
     net = nn.Sequential(nn.Linear(2, 2), SkipBlock(nn.ReLU()))
-    assert deploy.dmscale_classes(net) == ["dmscale.export.SkipBlock"]
-    assert deploy.dmscale_modules(net) == {"1": "dmscale.export.SkipBlock"}
+    assert deploy.dmscale_classes(net) == ["dmscale.export.shrink.SkipBlock"]
+    assert deploy.dmscale_modules(net) == {"1": "dmscale.export.shrink.SkipBlock"}
     with pytest.raises(StandaloneError, match=r"SkipBlock.*at 1 \(SkipBlock\)"):
         deploy.save_pickled(net, tmp_path / "m.pt")
     assert not (tmp_path / "m.pt").exists()
     with pytest.warns(UserWarning, match="needs dmscale"):
-        assert deploy.save_pickled(net, tmp_path / "m.pt", allow_dmscale=True) == ["dmscale.export.SkipBlock"]
+        assert deploy.save_pickled(net, tmp_path / "m.pt", allow_dmscale=True) == ["dmscale.export.shrink.SkipBlock"]
     # and an old structure file (no "inputs"/"mutated" keys) still gets the SkipBlock it had
     structure = {"format": "dmscale.structure/1", "layers": {}, "removed_blocks": [{"name": "1"}]}
     old = dms.apply_structure(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), structure)

@@ -10,9 +10,9 @@ pytest.importorskip("dmscale.integrations.ultralytics", reason="the detection ta
 
 import dmscale as dms  # noqa: E402
 from dmscale.cli import main  # noqa: E402
-from dmscale.config import ConfigError, RunConfig  # noqa: E402
+from dmscale.config.run_config import ConfigError, RunConfig  # noqa: E402
 from dmscale.data import MnistDetectConfig, make_mnist_detect  # noqa: E402
-from dmscale.pipeline import Pipeline, Stopped, searcher_from_checkpoint  # noqa: E402
+from dmscale.run.pipeline import Pipeline, Stopped, searcher_from_checkpoint  # noqa: E402
 from dmscale.tasks.detect import DetectTask  # noqa: E402
 
 # a steep budget path so that two search steps nearly reach it and the finish phase is short

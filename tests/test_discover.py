@@ -10,7 +10,7 @@ from torch import nn
 from zoo import ZOO
 
 import dmscale as dms
-from dmscale.topk import DifferentiableTopK
+from dmscale.core.topk import DifferentiableTopK
 
 
 def _prelu_net() -> nn.Module:
@@ -87,7 +87,7 @@ def test_hard_coded_channel_slice_fixes_the_channels():
 def test_each_mask_is_computed_once_per_forward(monkeypatch):
     """Every dim's soft mask comes from one batched evaluation per forward (GateBank), never
     gate by gate, however many layers read it (the residual stream has 5 consumers)."""
-    from dmscale.gate_bank import GateBank
+    from dmscale.core.gate_bank import GateBank
 
     entry = ZOO["tv_resnet18"]
     model = entry.build()

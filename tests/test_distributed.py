@@ -1,5 +1,5 @@
 """torch.distributed: importance from the global batch (one all-reduce), identical structures
-on every rank, and the helpers of :mod:`dmscale.distributed`.
+on every rank, and the helpers of :mod:`dmscale.core.distributed`.
 
 The two-rank tests spawn two CPU processes on gloo (``dist_worker.worker``); they share one
 spawn (module fixture) and compare with :func:`dist_worker.search` in this process on the
@@ -19,9 +19,9 @@ from torch import nn
 
 import dist_worker
 import dmscale as dms
-from dmscale.distributed import all_reduce_mean, is_distributed, is_main_process, rank, shard, world_size
-from dmscale.errors import PendingImportanceError
-from dmscale.topk import integer_rank
+from dmscale.core.distributed import all_reduce_mean, is_distributed, is_main_process, rank, shard, world_size
+from dmscale.core.errors import PendingImportanceError
+from dmscale.core.topk import integer_rank
 
 WORLD, DEADLINE_S = 2, 240.0
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.export import SkipBlock
+from dmscale.export.shrink import SkipBlock
 
 
 class TupleBlock(nn.Module):

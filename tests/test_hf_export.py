@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.uniform import layer_pattern, uniform_groups
+from dmscale.export.hf import hf_layer_sizes
+from dmscale.search.uniform import layer_pattern, uniform_groups
 from hf_fresh import load_fresh
 
 dms.ensure_torchvision()
@@ -134,7 +135,7 @@ def _saved(tmp_path, uniform: bool) -> tuple[nn.Module, dict]:
     # Llama's config wants the hidden size divisible by the heads: uniform keeps it fixed
     searcher = _search(model, x, uniform=uniform, exclude=["model.embed_tokens"] if uniform else [])
     small = searcher.export().eval()
-    sizes = dms.hf_export.hf_layer_sizes(small)
+    sizes = hf_layer_sizes(small)
     assert sizes["uniform"] == uniform
     if not uniform:
         assert len({tuple(s) for s in sizes["layers"]}) > 1, "the search should give unequal layers"
@@ -205,7 +206,7 @@ def test_save_pretrained_refuses_what_it_cannot_state(tmp_path):
 
 def test_cli_layer_uniform_search_exports_hf(tmp_path):
     from dmscale.cli import main
-    from dmscale.pipeline import load_run_model
+    from dmscale.run.pipeline import load_run_model
 
     run, out = tmp_path / "run", tmp_path / "hf"
     assert main(["search", "--task", "shakespeare", "--model", "llama", "--model-args",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmscale.importance import IMPORTANCE_METRICS, update_importance
-from dmscale.topk import DifferentiableTopK
+from dmscale.core.importance import IMPORTANCE_METRICS, update_importance
+from dmscale.core.topk import DifferentiableTopK
 
 SCORES = {
     "taylor": lambda m, g: (m * g) ** 2,

@@ -1,4 +1,4 @@
-"""The latency constraint (paper App. A.1.2, Eq. 9): dmscale.latency.LatencyCostModel.
+"""The latency constraint (paper App. A.1.2, Eq. 9): dmscale.cost.latency.LatencyCostModel.
 
 Timing on a shared 2-core machine is noisy, so no test compares two measured times. What is
 checked instead:
@@ -23,10 +23,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import dmscale as dms
-import dmscale.latency_profile as latency_profile
-import dmscale.polyfit as polyfit
-from dmscale.discover import discover
-from dmscale.latency import LatencyCostModel, fit_monotone_poly, measure_latency
+import dmscale.cost.latency_profile as latency_profile
+import dmscale.cost.polyfit as polyfit
+from dmscale.trace.discover import discover
+from dmscale.cost.latency import LatencyCostModel, fit_monotone_poly, measure_latency
 from zoo import ZOO
 
 
@@ -157,7 +157,7 @@ def test_prediction_is_exact_when_latency_is_proportional_to_flops(name: str, mo
 
 
 def test_a_layer_that_cannot_run_alone_is_skipped_and_its_time_kept(monkeypatch) -> None:
-    from dmscale.handlers import HANDLERS_BY_NAME
+    from dmscale.trace.handlers.base import HANDLERS_BY_NAME
 
     def refuse(m, in_keep, out_keep):  # noqa: ANN001
         raise RuntimeError("cannot slice this layer")

@@ -20,7 +20,7 @@ import torch
 
 import dmscale as dms
 from dmscale.cli import main
-from dmscale.config import ConfigError, RunConfig
+from dmscale.config.run_config import ConfigError, RunConfig
 
 TEXT_CHARS = 40_000
 
@@ -76,7 +76,7 @@ def test_search_hf_text_p_writes_hf_dir_that_from_pretrained_loads(tiny_hf, tmp_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import dmscale.tasks.hf_model as hf_model
-    from dmscale.pipeline import load_run_model
+    from dmscale.run.pipeline import load_run_model
 
     model_dir, data = tiny_hf
     run = tmp_path / "run"
@@ -175,8 +175,8 @@ def test_distill_hidden_finetunes_an_export_whose_hidden_size_was_pruned(tiny_hf
     hand from teacher[..., kept]."""
     import torch.nn.functional as F
 
-    from dmscale.config import load_run_config
-    from dmscale.pipeline import PHASE_SEED, load_run_model
+    from dmscale.config.run_config import load_run_config
+    from dmscale.run.pipeline import PHASE_SEED, load_run_model
     from dmscale.tasks.hf_model import load_hf_model
     from dmscale.tasks.registry import build_task
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import dmscale as dms
+from dmscale.export.hf import hf_layer_sizes
 from hf_fresh import load_fresh
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -85,7 +86,7 @@ def _check_both_formats(base, tokenizer, tmp_path, layers: int) -> None:
     exports, jobs = [], []
     for uniform in (True, False):
         small = _search_export(_truncated(base, layers), tokenizer, uniform)
-        sizes = dms.hf_export.hf_layer_sizes(small)
+        sizes = hf_layer_sizes(small)
         assert sizes["uniform"] == uniform or not uniform
         out = tmp_path / ("uniform" if uniform else "per_layer")
         dms.save_pretrained(small, out, tokenizer=tokenizer, mode="standard" if uniform else "per_layer")

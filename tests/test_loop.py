@@ -22,10 +22,10 @@ import pytest
 import torch
 
 import dmscale.engine.device as device_mod
-from dmscale.config import ConfigError, RunConfig
+from dmscale.config.run_config import ConfigError, RunConfig
 from dmscale.engine import Precision, StepLoop
-from dmscale.pipeline import Pipeline, searcher_from_checkpoint
-from dmscale.runs import new_supernet
+from dmscale.run.pipeline import Pipeline, searcher_from_checkpoint
+from dmscale.run.saved_runs import new_supernet
 
 TINY = dict(task="digits", model="smallcnn", model_args={"width": 4, "blocks": 2}, train_limit=128,
             test_limit=64, batch_size=64, threads=1, quiet=True, structure_lr=0.05)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmscale.masked_norm import masked_layer_norm
+from dmscale.core.masked_norm import masked_layer_norm
 
 
 def _definition(x, m, w, b, eps):
@@ -70,7 +70,7 @@ def _rms_definition(out, x, m, eps):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_masked_rms_rescale_matches_its_definition_forward_and_backward(dtype):
-    from dmscale.masked_norm import masked_rms_rescale
+    from dmscale.core.masked_norm import masked_rms_rescale
     g = torch.Generator().manual_seed(3)
     x = (torch.randn(3, 5, 24, generator=g) + 0.3).requires_grad_()
     gain = torch.randn(24, generator=g)
@@ -88,7 +88,7 @@ def test_masked_rms_rescale_matches_its_definition_forward_and_backward(dtype):
 
 
 def test_masked_rms_rescale_gradcheck_in_float64():
-    from dmscale.masked_norm import masked_rms_rescale
+    from dmscale.core.masked_norm import masked_rms_rescale
     g = torch.Generator().manual_seed(4)
     x = torch.randn(2, 3, 6, generator=g, dtype=torch.float64).requires_grad_()
     out = torch.randn(2, 3, 6, generator=g, dtype=torch.float64).requires_grad_()

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.norms import norm_formula
+from dmscale.trace.handlers.norms import norm_formula
 
 
 class OffsetRMSNorm(nn.Module):

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import np_uniform_lib as nl  # noqa: E402
 from np_uniform_table import paired_gap  # noqa: E402
-from dmscale.config import RunConfig  # noqa: E402
-from dmscale.pipeline import Pipeline  # noqa: E402
+from dmscale.config.run_config import RunConfig  # noqa: E402
+from dmscale.run.pipeline import Pipeline  # noqa: E402
 
 
 def test_spearman_matches_pearson_of_ranks_with_ties() -> None:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from dmscale.config import ConfigError, RunConfig, load_config_file, parse_mapping
-from dmscale.pipeline import (
+from dmscale.config.run_config import ConfigError, RunConfig, load_config_file, parse_mapping
+from dmscale.run.pipeline import (
     Pipeline,
     RunDir,
     example_from_info,

@@ -67,7 +67,7 @@ def test_attention_flop_formulas_count_grouped_query_attention_as_expanded():
     every forward attention formula now counts GQA as its expanded form."""
     from torch.utils.flop_counter import flop_registry, sdpa_flop_count
 
-    from dmscale.resources import _SDPA_OPS, _gqa_safe
+    from dmscale.cost.resources import _SDPA_OPS, _gqa_safe
 
     q, kv, full = (2, 9, 16, 64), (2, 3, 16, 64), (2, 9, 16, 64)
     want = sdpa_flop_count(q, full, full)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from dmscale.report import format_summary, read_metrics, write_report
+from dmscale.run.report import format_summary, read_metrics, write_report
 
 
 def fake_run(path: Path, with_structure: bool = True) -> Path:

@@ -111,9 +111,9 @@ def _llama_with_a_removed_block(monkeypatch, one_by_one: bool) -> tuple[list[int
             t.importance.copy_(torch.rand(t.n_units))
         t.set_count(1 if i == 5 else t.n_units // 2)  # index 5: the removed block's FFN
     if one_by_one:  # the greedy before free units were given back together
-        import dmscale.solver
+        import dmscale.search.solver
 
-        monkeypatch.setattr(dmscale.solver, "_last_free_count", lambda t, k, current, hard_cost: k)
+        monkeypatch.setattr(dmscale.search.solver, "_last_free_count", lambda t, k, current, hard_cost: k)
     calls = []
     real = type(searcher)._exact_cost
     monkeypatch.setattr(type(searcher), "_exact_cost",

@@ -1,4 +1,4 @@
-"""The rule table (dmscale.rules): how torch functions carry channel labels."""
+"""The rule table (dmscale.trace.rules): how torch functions carry channel labels."""
 
 from __future__ import annotations
 

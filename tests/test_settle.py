@@ -15,8 +15,8 @@ import torch
 from zoo import ZOO
 
 import dmscale as dms
-from dmscale.config import RunConfig, load_run_config
-from dmscale.pipeline import Pipeline
+from dmscale.config.run_config import RunConfig, load_run_config
+from dmscale.run.pipeline import Pipeline
 
 
 def _prepared(**kwargs):

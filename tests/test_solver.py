@@ -1,4 +1,4 @@
-"""The budget solver (dmscale.solver): what it leaves of the structure the search learned."""
+"""The budget solver (dmscale.search.solver): what it leaves of the structure the search learned."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import statistics
 import torch
 
 import dmscale as dms
-from dmscale.solver import solve_budget
+from dmscale.search.solver import solve_budget
 from dmscale.tasks.models import ResNetCifar
-from dmscale.topk import DifferentiableTopK
+from dmscale.core.topk import DifferentiableTopK
 
 
 def _learned() -> tuple[list[DifferentiableTopK], DifferentiableTopK]:

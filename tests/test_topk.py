@@ -3,7 +3,7 @@
 Every test checks a property the paper states (or that the module documents) against an
 independent brute-force or closed-form computation, so each one can fail.
 
-The ``regression`` tests pin down bugs found (and fixed) in ``src/dmscale/topk.py``.
+The ``regression`` tests pin down bugs found (and fixed) in ``src/dmscale/core/topk.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from dmscale.topk import DifferentiableTopK, normalized_rank
+from dmscale.core.topk import DifferentiableTopK, normalized_rank
 
 def _sizes(*ns: int) -> list:
     return list(ns)
@@ -525,6 +525,6 @@ def test_centered_soft_count_equals_hard_count(n: int) -> None:
 
 
 def test_differentiable_topk_satisfies_the_gate_protocol() -> None:
-    from dmscale.topk import StructuralGate
+    from dmscale.core.topk import StructuralGate
 
     assert isinstance(DifferentiableTopK(4), StructuralGate)

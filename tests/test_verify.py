@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.handlers import HANDLERS_BY_NAME, Handler, _REGISTRY
+from dmscale.trace.handlers.base import HANDLERS_BY_NAME, Handler, _REGISTRY
 
 
 class Drift(nn.Module):

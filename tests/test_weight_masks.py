@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.weight_masks import FoldMask, fold_plan
+from dmscale.core.weight_masks import FoldMask, fold_plan
 from transformer_zoo import TZOO, output_tensor, task_loss
 from zoo import ZOO
 

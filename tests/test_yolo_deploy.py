@@ -14,7 +14,7 @@ pytest.importorskip("dmscale.integrations.ultralytics", reason="the YOLO integra
 
 import dmscale as dms  # noqa: E402
 from dmscale.data import MnistDetectConfig, make_mnist_detect  # noqa: E402
-from dmscale.errors import DMScaleError  # noqa: E402
+from dmscale.core.errors import DMScaleError  # noqa: E402
 from dmscale.integrations.ultralytics import (  # noqa: E402
     PrunedDetectionTrainer,
     build_yolo,

@@ -119,7 +119,7 @@ def _seeded_eval(fn: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
 
 def _timm_vit(name: str) -> Callable[[], nn.Module]:
     def make() -> nn.Module:
-        from dmscale._compat import ensure_torchvision
+        from dmscale.core._compat import ensure_torchvision
 
         ensure_torchvision()
         import timm
@@ -131,7 +131,7 @@ def _timm_vit(name: str) -> Callable[[], nn.Module]:
 
 
 def _hf_llama() -> nn.Module:
-    from dmscale._compat import ensure_torchvision
+    from dmscale.core._compat import ensure_torchvision
 
     ensure_torchvision()
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -146,7 +146,7 @@ def _hf_llama() -> nn.Module:
 
 
 def _hf_gpt2() -> nn.Module:
-    from dmscale._compat import ensure_torchvision
+    from dmscale.core._compat import ensure_torchvision
 
     ensure_torchvision()
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -160,7 +160,7 @@ def _hf_gpt2() -> nn.Module:
 
 
 def _hf_bert() -> nn.Module:
-    from dmscale._compat import ensure_torchvision
+    from dmscale.core._compat import ensure_torchvision
 
     ensure_torchvision()
     from transformers import BertConfig, BertModel

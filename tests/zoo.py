@@ -148,7 +148,7 @@ def _seeded(fn: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
 
 def _torchvision(name: str) -> Callable[[], nn.Module]:
     def make() -> nn.Module:
-        from dmscale._compat import ensure_torchvision
+        from dmscale.core._compat import ensure_torchvision
 
         ensure_torchvision()
         import torchvision
@@ -160,7 +160,7 @@ def _torchvision(name: str) -> Callable[[], nn.Module]:
 
 def _timm(name: str) -> Callable[[], nn.Module]:
     def make() -> nn.Module:
-        from dmscale._compat import ensure_torchvision
+        from dmscale.core._compat import ensure_torchvision
 
         ensure_torchvision()
         import timm

@@ -18,20 +18,20 @@ Example:
     >>> _ = dms.detach(net)
 """
 
-from . import attention, norms  # noqa: F401  (layer handlers register themselves)
-from . import deploy, distributed
-from ._compat import ensure_torchvision
-from .calibrate import recalibrate_batchnorm
-from .discover import discover
-from .errors import DMScaleError, NoImportanceError, StructureError, UnsupportedLayerError, VerificationError
-from .export import apply_structure
-from .hf_export import save_pretrained
-from .handlers import Handler, register_handler
-from .io import load, save
-from .masks import detach
-from .resources import count
-from .search import SearchConfig, Searcher, prepare
-from .topk import DifferentiableTopK
+from dmscale import deploy, distributed
+from dmscale.core._compat import ensure_torchvision
+from dmscale.core.errors import DMScaleError, NoImportanceError, StructureError, UnsupportedLayerError, VerificationError
+from dmscale.core.masks import detach
+from dmscale.core.topk import DifferentiableTopK
+from dmscale.cost.resources import count
+from dmscale.export.calibrate import recalibrate_batchnorm
+from dmscale.export.files import load, save
+from dmscale.export.hf import save_pretrained
+from dmscale.export.shrink import apply_structure
+from dmscale.search.searcher import SearchConfig, Searcher, prepare
+from dmscale.trace.discover import discover
+from dmscale.trace.handlers import attention, norms  # noqa: F401  (layer handlers register themselves)
+from dmscale.trace.handlers.base import Handler, register_handler
 
 __all__ = [
     "prepare",

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .config import (
+from dmscale.config.run_config import (
     OPTIONS,
     OPTIONS_BY_NAME,
     RESUME_MUTABLE,
@@ -171,7 +171,7 @@ def _add_option(group: argparse._ArgumentGroup, opt: Option, command: str) -> No
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``dmscale`` command."""
-    from . import __version__
+    from dmscale import __version__
 
     parser = _Parser(prog=PROG, description=_DESCRIPTION, epilog=_EPILOG, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -230,7 +230,7 @@ def _add_data_parser(sub: Any) -> None:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from .data.mnist_detect import MnistDetectConfig, make_mnist_detect
+    from dmscale.data.mnist_detect import MnistDetectConfig, make_mnist_detect
 
     try:
         cfg = MnistDetectConfig(train=args.train, val=args.val, imgsz=args.imgsz,
@@ -280,9 +280,9 @@ TASK_FIELDS = ("task", "data", "train_limit", "test_limit", "image_size", "imgsz
 
 
 def _cmd_train(args: argparse.Namespace, command: str) -> int:
-    from .engine.ddp import from_rank0, main_rank_env, on_all_ranks, process_group
-    from .pipeline import Pipeline
-    from .report import format_summary
+    from dmscale.engine.ddp import from_rank0, main_rank_env, on_all_ranks, process_group
+    from dmscale.run.pipeline import Pipeline
+    from dmscale.run.report import format_summary
 
     options = _options(args, command)
     resume = _resume_dir(args, options)
@@ -318,7 +318,7 @@ def _cmd_train(args: argparse.Namespace, command: str) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .pipeline import export_run
+    from dmscale.run.pipeline import export_run
 
     out = vars(args).get("out") or str(Path(args.run) / "export")
     info = export_run(args.run, out, fmt=args.format)
@@ -328,7 +328,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from .pipeline import evaluate_run
+    from dmscale.run.pipeline import evaluate_run
 
     overrides = {k: v for k, v in vars(args).items()
                  if k in ("data", "test_limit", "batch_size", "device", "threads")}
@@ -341,7 +341,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from dmscale.run.report import write_report
 
     load_run_config(args.run)  # a clear error when RUN is not a run directory
     path = write_report(args.run, vars(args).get("out"))
@@ -357,9 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from .engine.ddp import main_rank_env
-    from .errors import DMScaleError
-    from .pipeline import Stopped
+    from dmscale.engine.ddp import main_rank_env
+    from dmscale.core.errors import DMScaleError
+    from dmscale.run.pipeline import Stopped
 
     def say(message: str) -> None:  # under torchrun every rank meets the same error: rank 0 says it
         if main_rank_env():

@@ -19,7 +19,7 @@ class Block(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Block())
 from dmscale.integrations import hf_trainer, lightning
-from dmscale.errors import MissingDependencyError
+from dmscale.core.errors import MissingDependencyError
 for module, name, extra in ((hf_trainer, "DMSTrainer", "hf"), (lightning, "DMSCallback", "lightning")):
     try:
         getattr(module, name)

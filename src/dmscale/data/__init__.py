@@ -12,8 +12,8 @@ Example:
     ((2, 1, 28, 28), [5, 0])
 """
 
-from .digits import DIGITS_CLASSES, digits_tensors
-from .idx import (
+from dmscale.data.digits import DIGITS_CLASSES, digits_tensors
+from dmscale.data.idx import (
     MNIST_FILES,
     MNIST_MEAN,
     MNIST_STD,
@@ -23,8 +23,8 @@ from .idx import (
     read_idx,
     write_idx,
 )
-from .mnist_detect import MnistDetectConfig, make_mnist_detect
-from .shakespeare import CharVocab, shakespeare_files, shakespeare_text
+from dmscale.data.mnist_detect import MnistDetectConfig, make_mnist_detect
+from dmscale.data.shakespeare import CharVocab, shakespeare_files, shakespeare_text
 
 __all__ = [
     "CharVocab",

@@ -33,7 +33,7 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from ..errors import DataError, MissingFileError
+from dmscale.core.errors import DataError, MissingFileError
 
 __all__ = [
     "MNIST_MEAN",

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .idx import bundled_mnist_dir, load_mnist_dir
+from dmscale.data.idx import bundled_mnist_dir, load_mnist_dir
 
 __all__ = ["MnistDetectConfig", "make_mnist_detect"]
 

@@ -3,12 +3,12 @@
 directory with its checkpoint, RNG state, stop signals and progress (:mod:`.rundir`).
 
 The engine imports neither the command line, the tasks nor the reports; the pipelines
-(:mod:`dmscale.pipeline`) build on it.
+(:mod:`dmscale.run.pipeline`) build on it.
 """
 
-from .device import COMPILE_BACKEND, PRECISIONS, Precision, compiled_forward, resolve_device, set_threads
-from .loop import MAX_NON_FINITE_STEPS, LoopHost, StepLoop, StepOutput, calibrated_resource_loss
-from .rundir import (
+from dmscale.engine.device import COMPILE_BACKEND, PRECISIONS, Precision, compiled_forward, resolve_device, set_threads
+from dmscale.engine.loop import MAX_NON_FINITE_STEPS, LoopHost, StepLoop, StepOutput, calibrated_resource_loss
+from dmscale.engine.rundir import (
     CHECKPOINT_VERSION,
     Progress,
     RunDir,

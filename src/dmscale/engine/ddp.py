@@ -36,9 +36,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..distributed import is_distributed, rank, world_size
-from ..errors import ConfigError, DMScaleError
-from .device import resolve_device
+from dmscale.core.distributed import is_distributed, rank, world_size
+from dmscale.core.errors import ConfigError, DMScaleError
+from dmscale.engine.device import resolve_device
 
 __all__ = ["agreed_signal", "any_rank", "barrier", "check_task_for_ranks", "from_rank0", "launched", "local_rank",
            "main_rank_env", "mean_over_ranks", "on_all_ranks", "process_group", "shard_of_this_rank",
@@ -201,7 +201,7 @@ def on_all_ranks(fn: Callable[[], T]) -> T:
 
 def shard_of_this_rank(batch: T) -> T:
     """This rank's equal share of a global batch (the whole batch in one process)."""
-    from ..distributed import shard
+    from dmscale.core.distributed import shard
 
     return shard(batch, rank(), world_size()) if is_distributed() else batch
 

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from dmscale.core.errors import ConfigError
 
 __all__ = ["PRECISIONS", "COMPILE_BACKEND", "Precision", "compiled_forward", "resolve_device",
            "set_threads"]

@@ -24,14 +24,14 @@ process), :meth:`backward_and_step` calls ``searcher.sync_importance()`` after e
 signals are decided by all ranks together, and only rank 0 writes files or prints
 (:attr:`writes_files`). Every rank holds the same model, structure and RNG state.
 
-The loop talks to its run through :class:`LoopHost` (what :class:`dmscale.pipeline.Pipeline`
+The loop talks to its run through :class:`LoopHost` (what :class:`dmscale.run.pipeline.Pipeline`
 provides): configuration, task, device, precision, run directory, the run's state and step
 counter.
 
 Example:
     >>> import tempfile, torch
-    >>> from dmscale.config import RunConfig
-    >>> from dmscale.pipeline import Pipeline
+    >>> from dmscale.config.run_config import RunConfig
+    >>> from dmscale.run.pipeline import Pipeline
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     cfg = RunConfig(command="pretrain", task="digits", train_limit=64, test_limit=32,
     ...                     model="smallcnn", model_args={"width": 4, "blocks": 1},
@@ -54,10 +54,10 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
-from ..errors import NonFiniteLossError
-from .ddp import agreed_signal, any_rank, mean_over_ranks, shard_of_this_rank, wrap_model
-from .device import Precision, compiled_forward
-from .rundir import CHECKPOINT_VERSION, Progress, RunDir, StopOnSignals, Stopped, fmt_count, rng_state, \
+from dmscale.core.errors import NonFiniteLossError
+from dmscale.engine.ddp import agreed_signal, any_rank, mean_over_ranks, shard_of_this_rank, wrap_model
+from dmscale.engine.device import Precision, compiled_forward
+from dmscale.engine.rundir import CHECKPOINT_VERSION, Progress, RunDir, StopOnSignals, Stopped, fmt_count, rng_state, \
     set_rng_state
 
 __all__ = ["LoopHost", "MAX_NON_FINITE_STEPS", "StepLoop", "StepOutput", "calibrated_resource_loss"]
@@ -66,7 +66,7 @@ MAX_NON_FINITE_STEPS = 3  # a run stops after this many consecutive non-finite l
 
 
 class LoopHost(Protocol):
-    """What a :class:`StepLoop` needs from its run (a :class:`dmscale.pipeline.Pipeline`)."""
+    """What a :class:`StepLoop` needs from its run (a :class:`dmscale.run.pipeline.Pipeline`)."""
 
     cfg: Any  # RunConfig: batch_size, seed, stop_after, checkpoint_every, compile, quiet
     task: Any  # Task: train_batch, forward, task_loss, batch_metric, steps_per_epoch

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError, WriteError
+from dmscale.core.errors import ConfigError, WriteError
 
 __all__ = [
     "CHECKPOINT_VERSION",

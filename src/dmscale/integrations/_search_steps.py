@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..errors import MissingDependencyError
+from dmscale.core.errors import MissingDependencyError
 
 __all__ = ["STRUCTURE_GROUP_KEY", "add_structure_group", "pin_structure_lr", "structure_group",
            "lazy_class", "export_and_save", "require", "resource_backward", "ADAM_LIKE",
@@ -139,13 +139,13 @@ def export_and_save(searcher: Any, export_dir: str | os.PathLike[str] | None, *,
     """Export the found model; write it to ``export_dir`` when given and ``save``.
 
     ``meet_target``: first bring the hard structure to the largest cost not above the target
-    (:meth:`~dmscale.search.Searcher.meet_target`; a search of a few hundred steps ends near,
+    (:meth:`~dmscale.search.searcher.Searcher.meet_target`; a search of a few hundred steps ends near,
     not at, its target). Hugging Face causal LMs are written with
     :func:`dmscale.save_pretrained` (loads with ``from_pretrained``), other models with
     :func:`dmscale.save` (``structure.json`` + ``model.safetensors``, loads with
     ``dmscale.load``).
     """
-    from ..io import save as save_files
+    from dmscale.export.files import save as save_files
 
     if meet_target:
         searcher.meet_target()
@@ -153,7 +153,7 @@ def export_and_save(searcher: Any, export_dir: str | os.PathLike[str] | None, *,
     if export_dir is not None and save:
         out = Path(export_dir)
         if _is_hf(small):
-            from ..hf_export import save_pretrained
+            from dmscale.export.hf import save_pretrained
 
             save_pretrained(small, out, tokenizer=tokenizer)
         else:

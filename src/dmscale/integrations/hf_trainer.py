@@ -21,7 +21,7 @@ Why a small ``Trainer`` subclass, not a ``TrainerCallback`` or ``compute_loss_fu
 * **Checkpoints** hold the weights without the gates (layer-uniform dims share one ratio,
   which ``save_pretrained`` refuses as untied shared tensors) and ``dms_search.pt`` (the
   searcher's ``state_dict``), loaded back by ``resume_from_checkpoint``.
-* **Export** after ``train()``: :meth:`~dmscale.search.Searcher.meet_target`, ``export()``,
+* **Export** after ``train()``: :meth:`~dmscale.search.searcher.Searcher.meet_target`, ``export()``,
   and (rank 0) :func:`dmscale.save_pretrained` into ``export_dir`` (``from_pretrained``
   loads it), or :func:`dmscale.save` for a model that is not a Hugging Face causal LM.
 
@@ -66,10 +66,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._compat import ensure_torchvision
-from ..masks import GATES_NAME, detach
-from ..search import SearchConfig, Searcher, prepare
-from ._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
+from dmscale.core._compat import ensure_torchvision
+from dmscale.core.masks import GATES_NAME, detach
+from dmscale.search.searcher import SearchConfig, Searcher, prepare
+from dmscale.integrations._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
                             frozen_depth_error, lazy_class, pin_structure_lr, require, static_graph_error)
 
 __all__ = ["DMSTrainerMixin", "DMSTrainer", "SEARCH_STATE"]
@@ -82,7 +82,7 @@ class DMSTrainerMixin:
     """Adds a DMS search to a ``transformers.Trainer`` (subclass); see the module docs.
 
     Keyword arguments (all others go to the Trainer):
-        searcher: a :class:`~dmscale.search.Searcher` already attached to the model (or to
+        searcher: a :class:`~dmscale.search.searcher.Searcher` already attached to the model (or to
             one of its submodules) with :func:`dmscale.prepare`; or
         search_config, example_inputs: attach one here (``dms.prepare(model, ...)``).
         structure_lr: the structural parameters' learning rate (kept constant; the Trainer's

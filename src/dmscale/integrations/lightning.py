@@ -21,7 +21,7 @@ What the callback does, and at which hook:
   ranks (``Searcher.sync_importance``). Under DDP this backward
   runs after the gradient all-reduce, so it only adds locally; it is the same on every rank
   (a function of the replicated ``a`` alone).
-* ``on_fit_end``: :meth:`~dmscale.search.Searcher.meet_target`, ``export()``, and (rank 0)
+* ``on_fit_end``: :meth:`~dmscale.search.searcher.Searcher.meet_target`, ``export()``, and (rank 0)
   save to ``export_dir`` (:func:`dmscale.save`; :func:`dmscale.save_pretrained` for a
   Hugging Face causal LM). ``callback.found_model`` holds the export.
 
@@ -47,11 +47,11 @@ from typing import Any
 
 from torch import nn
 
-from .._compat import ensure_torchvision
-from ..masks import detach
-from ..errors import MissingDependencyError
-from ..search import SearchConfig, Searcher, prepare
-from ._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
+from dmscale.core._compat import ensure_torchvision
+from dmscale.core.masks import detach
+from dmscale.core.errors import MissingDependencyError
+from dmscale.search.searcher import SearchConfig, Searcher, prepare
+from dmscale.integrations._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
                             frozen_depth_error, lazy_class, pin_structure_lr, resource_backward,
                             static_graph_error, structure_group)
 
@@ -71,7 +71,7 @@ class DMSCallbackLogic:
     """The hooks of :class:`DMSCallback` (a Lightning ``Callback``); see the module docs.
 
     Args:
-        searcher: a :class:`~dmscale.search.Searcher` already attached to the module (or one
+        searcher: a :class:`~dmscale.search.searcher.Searcher` already attached to the module (or one
             of its submodules); or
         search_config, example_inputs: attach one in ``setup``, on ``pl_module`` or on
             ``pl_module.get_submodule(submodule)``.

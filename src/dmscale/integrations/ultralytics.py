@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._compat import ensure_torchvision
-from ..errors import DMScaleError
+from dmscale.core._compat import ensure_torchvision
+from dmscale.core.errors import DMScaleError
 
 __all__ = [
     "build_yolo",
@@ -204,7 +204,7 @@ def to_ultralytics_module(model: nn.Module) -> nn.Module:
     Raises:
         DMScaleError: a dmscale module with no torch equivalent, naming it.
     """
-    from ..export import SkipBlock
+    from dmscale.export.shrink import SkipBlock
 
     for name, child in list(model.named_modules()):
         for attr, sub in list(child.named_children()):

@@ -1,6 +1,17 @@
-"""Reference tasks for dmscale: plain PyTorch models used in examples and tests.
+"""The built-in tasks of the ``dmscale`` command and their models.
 
-The models live in :mod:`dmscale.tasks.models`; import them from there.
+:mod:`.registry` holds the :class:`~dmscale.tasks.registry.Task` base class and the tables
+``--task`` and ``--model`` are looked up in; it imports no task. Each task module registers
+itself (``@register_task``, ``@register_models``) and this package imports them all, so
+``import dmscale.tasks`` is what makes the built-ins available: image classification
+(:mod:`.image`), detection (:mod:`.detect`), character-level language modelling
+(:mod:`.language`), text files with a Hugging Face model (:mod:`.text`, :mod:`.hf_model`);
+plain reference models live in :mod:`.models`, distillation terms in :mod:`.distill`.
+
+Layer rule: ``tasks`` imports :mod:`dmscale.config`, :mod:`dmscale.integrations`,
+:mod:`dmscale.data` and the layers below; only :mod:`dmscale.run` and the CLI import it.
 """
+
+from dmscale.tasks import detect, hf_model, image, language, text  # noqa: F401  (they register themselves)
 
 __all__: list[str] = []

@@ -3,7 +3,7 @@
 Why dmscale's own loop rather than a subclass of Ultralytics' ``DetectionTrainer``: the
 pipelines np / p / p- (pretrain, search, finish, retrain phases), resumable checkpoints,
 the budget schedule and its finish phase, batch-norm recalibration and the report already
-live in :mod:`dmscale.pipeline`; a trainer subclass would have to re-create each of them
+live in :mod:`dmscale.run.pipeline`; a trainer subclass would have to re-create each of them
 inside Ultralytics' epoch loop. So this task plugs Ultralytics' *pieces* into that loop:
 
 * data: Ultralytics' ``YOLODataset`` with its training augmentation (mosaic, HSV, flips;
@@ -20,7 +20,7 @@ one ``N x 6`` tensor ``(image, class, x, y, w, h)``.
 
 Example:
     >>> import tempfile
-    >>> from dmscale.config import RunConfig
+    >>> from dmscale.config.run_config import RunConfig
     >>> from dmscale.data import MnistDetectConfig, make_mnist_detect
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     data = make_mnist_detect(tmp, MnistDetectConfig(train=4, val=2))["yaml"]
@@ -41,8 +41,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import ConfigError, RunConfig
-from .registry import Task, _epoch_permutation
+from dmscale.config.run_config import ConfigError, RunConfig
+from dmscale.tasks.registry import Task, _epoch_permutation, register_models, register_task
 
 __all__ = ["DetectTask", "build_detect_model", "DEFAULT_IMGSZ", "AUGMENT_KEYS"]
 
@@ -55,13 +55,14 @@ VAL_BATCH = 32  # the val set's rectangular batches are laid out for this batch 
 
 def _ultralytics() -> None:
     try:
-        from ..integrations.ultralytics import ensure_nms
+        from dmscale.integrations.ultralytics import ensure_nms
     except ModuleNotFoundError as err:
         raise ConfigError(f"--task detect needs Ultralytics ({err}): pip install -c constraints.txt "
                           "ultralytics") from None
     ensure_nms()
 
 
+@register_task("detect")
 class DetectTask(Task):
     """YOLO detection on an Ultralytics dataset YAML (``--data``); metric mAP50-95."""
 
@@ -86,7 +87,7 @@ class DetectTask(Task):
         path = Path(cfg.data)
         if not path.is_file():
             raise ConfigError(f"--data {path}: no such dataset YAML")
-        from ..integrations.ultralytics import quiet
+        from dmscale.integrations.ultralytics import quiet
 
         try:
             with quiet():
@@ -229,7 +230,7 @@ class DetectTask(Task):
     def save_artifacts(self, model: nn.Module, run_dir: str | Path) -> list[str]:
         """Write ``yolo.pt``, the Ultralytics checkpoint of ``model`` (see
         :func:`dmscale.integrations.ultralytics.save_yolo_checkpoint`)."""
-        from ..integrations.ultralytics import save_yolo_checkpoint
+        from dmscale.integrations.ultralytics import save_yolo_checkpoint
 
         train_args = {k: v for k, v in vars(self.args).items() if isinstance(v, (int, float, str, bool, type(None)))}
         save_yolo_checkpoint(model, Path(run_dir) / "yolo.pt", train_args=train_args)
@@ -282,11 +283,12 @@ def _draw_partners_from_all(transform: Any) -> None:
         _draw_partners_from_all(transform.pre_transform)
 
 
+@register_models("detection")
 def build_detect_model(name: str, expand: dict[str, float], info: dict[str, Any]) -> nn.Module:
     """The YOLO supernet of ``--model yolo:SPEC`` (a yaml or a ``.pt``) for a task's ``info``."""
     _ultralytics()
-    from ..errors import DMScaleError
-    from ..integrations.ultralytics import build_yolo
+    from dmscale.core.errors import DMScaleError
+    from dmscale.integrations.ultralytics import build_yolo
 
     spec = name.split(":", 1)[1]
     try:

@@ -6,7 +6,7 @@ teacher's. The export keeps a subset of the supernet's hidden channels -- record
 structure as the ``"out"`` of the input embedding (:func:`kept_hidden_channels`) -- and
 computes exactly what the hardened supernet computes on those channels (every block output
 ``h[l]`` and the final normalised state ``h[L]``: the search's norms take their statistics
-over the kept channels only, :class:`dmscale.masks._MaskedNorm`). So the student's hidden
+over the kept channels only, :class:`dmscale.core.masks._MaskedNorm`). So the student's hidden
 states are compared with the teacher's at those channels, ``h_t[..., kept]``
 (:func:`hidden_distill_loss` with ``teacher_channels``).
 
@@ -21,19 +21,26 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
-    from .registry import Task
+    from dmscale.config.run_config import RunConfig
 
 __all__ = ["distill_loss", "hidden_distill_loss", "kept_hidden_channels", "Distillation", "DistillTerm"]
 
 DistillTerm = tuple[str, float, torch.Tensor]  # (metrics name, weight, unweighted loss)
+
+
+class _RunsModels(Protocol):
+    """What distillation needs of a task (:class:`dmscale.tasks.registry.Task` has both)."""
+
+    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor: ...
+
+    def forward_hidden(self, model: nn.Module, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def distill_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -194,7 +201,7 @@ class Distillation:
         return cls(teacher, float(cfg.distill_weight), float(cfg.distill_temperature),
                    float(getattr(cfg, "distill_hidden", 0.0) or 0.0), teacher_channels)
 
-    def __call__(self, task: "Task", model: nn.Module, inputs: torch.Tensor) -> tuple[torch.Tensor, list[DistillTerm]]:
+    def __call__(self, task: _RunsModels, model: nn.Module, inputs: torch.Tensor) -> tuple[torch.Tensor, list[DistillTerm]]:
         """``(student logits, terms)`` on ``inputs``; the teacher runs without gradients."""
         hidden = self.hidden_weight > 0
         if hidden:

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import ConfigError
+from dmscale.config.run_config import ConfigError
+from dmscale.tasks.registry import register_models
 
 __all__ = ["HF_PREFIX", "parse_hf_spec", "is_hf_model", "hf_source", "load_hf_model",
            "load_hf_tokenizer", "save_hf_dir", "HF_DIR"]
@@ -84,7 +85,7 @@ def _need(package: str, path: str) -> None:
 
 
 def _import_transformers() -> Any:
-    from .._compat import ensure_torchvision
+    from dmscale.core._compat import ensure_torchvision
 
     ensure_torchvision()  # transformers imports torchvision when it is installed
     import transformers
@@ -107,6 +108,7 @@ def load_hf_tokenizer(path: str) -> Any:
                           "save the tokenizer beside the model (tokenizer.save_pretrained(DIR))") from None
 
 
+@register_models("hf")
 def load_hf_model(path: str, args: dict[str, Any] | None = None) -> nn.Module:
     """The causal LM at ``path`` in float32, wrapped so that ``model(ids)`` returns logits.
 
@@ -116,7 +118,7 @@ def load_hf_model(path: str, args: dict[str, Any] | None = None) -> nn.Module:
     Raises:
         ConfigError: missing path or package, or the checkpoint is not a causal LM.
     """
-    from .language import CausalLM
+    from dmscale.tasks.language import CausalLM
 
     directory, extra = hf_source(path)
     transformers = _import_transformers()
@@ -143,7 +145,7 @@ def save_hf_dir(model: nn.Module, out: str | Path, spec: str, tokenizer: Any = N
     format written (``"standard"`` or ``"per_layer"``)."""
     import json
 
-    from ..hf_export import save_pretrained
+    from dmscale.export.hf import save_pretrained
 
     path = parse_hf_spec(spec)
     if path is None:

@@ -14,7 +14,7 @@ Models (``--model``):
 * ``timm:NAME``: ``timm.create_model(NAME, pretrained=False, num_classes=..., in_chans=...)``.
 
 Example:
-    >>> from dmscale.config import RunConfig
+    >>> from dmscale.config.run_config import RunConfig
     >>> task = build_image_task(RunConfig(task="mnist", train_limit=8, test_limit=4))
     >>> task.describe()
     'mnist: 8 training / 4 test images of 1x28x28, 10 classes'
@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigError, RunConfig
-from ..errors import DataError
-from .registry import Task, _epoch_permutation, scaled
+from dmscale.config.run_config import ConfigError, RunConfig
+from dmscale.core.errors import DataError
+from dmscale.tasks.registry import Task, _epoch_permutation, register_models, register_task, scaled
 
 __all__ = ["ClassificationTask", "build_image_task", "build_image_model"]
 
@@ -113,7 +113,7 @@ def _imagefolder(cfg: RunConfig) -> ClassificationTask:
     root = Path(cfg.data)
     if not root.is_dir():
         raise ConfigError(f"--data {root}: not a directory")
-    from .._compat import ensure_torchvision
+    from dmscale.core._compat import ensure_torchvision
 
     if not ensure_torchvision():
         raise ConfigError("task imagefolder needs torchvision: pip install -e .[vision]")
@@ -168,17 +168,18 @@ def _imagefolder(cfg: RunConfig) -> ClassificationTask:
                               len(ds.classes), ds.classes)
 
 
+@register_task("mnist", "digits", "imagefolder")
 def build_image_task(cfg: RunConfig) -> ClassificationTask:
     """MNIST (bundled or ``--data``), digits or an ImageFolder, as ``cfg`` says."""
     if cfg.task == "mnist":
-        from ..data import mnist_tensors
+        from dmscale.data import mnist_tensors
 
         if cfg.data is not None and not Path(cfg.data).is_dir():
             raise ConfigError(f"--data {cfg.data}: not a directory of MNIST IDX files")
         x, y, xt, yt = mnist_tensors(cfg.data, train_limit=cfg.train_limit, test_limit=cfg.test_limit)
         return ClassificationTask("mnist", x, y, xt, yt, 10)
     if cfg.task == "digits":
-        from ..data import digits_tensors
+        from dmscale.data import digits_tensors
 
         x, y, xt, yt = digits_tensors(seed=0)
         x, y = _limit(x, y, cfg.train_limit, "train")
@@ -203,13 +204,14 @@ def _replace_first_conv(model: nn.Module, in_channels: int) -> None:
             return
 
 
+@register_models("image")
 def build_image_model(name: str, args: dict[str, Any], expand: dict[str, float],
                       info: dict[str, Any]) -> nn.Module:
     """The image model ``name`` for ``info`` (classes, channels), enlarged by ``expand``."""
     n_cls, c_in = int(info["num_classes"]), int(info["in_channels"])
     enlarged = expand.get("width", 1.0) != 1.0 or expand.get("depth", 1.0) != 1.0
     if name == "resnet":
-        from .models import ResNetCifar
+        from dmscale.tasks.models import ResNetCifar
 
         kw = {"depth": 20, "width": 16, **args}
         kw["width_mult"] = float(kw.get("width_mult", 1.0)) * expand["width"]
@@ -219,7 +221,7 @@ def build_image_model(name: str, args: dict[str, Any], expand: dict[str, float],
         except ValueError as err:
             raise ConfigError(f"--model-args for resnet: {err}") from None
     if name == "smallcnn":
-        from .models import SmallCNN
+        from dmscale.tasks.models import SmallCNN
 
         kw = {"width": 32, "blocks": 2, **args}
         kw["width"] = scaled(int(kw["width"]), expand["width"])
@@ -229,7 +231,7 @@ def build_image_model(name: str, args: dict[str, Any], expand: dict[str, float],
         raise ConfigError(f"--expand works on the built-in models (resnet, smallcnn, charcnn, llama), "
                           f"not on {name}: pick a larger {name.split(':')[0]} model instead")
     if name.startswith("tv:"):
-        from .._compat import ensure_torchvision
+        from dmscale.core._compat import ensure_torchvision
 
         if not ensure_torchvision():
             raise ConfigError("--model tv:... needs torchvision: pip install -e .[vision]")
@@ -242,7 +244,7 @@ def build_image_model(name: str, args: dict[str, Any], expand: dict[str, float],
         _replace_first_conv(model, c_in)
         return model
     if name.startswith("timm:"):
-        from .._compat import ensure_torchvision
+        from dmscale.core._compat import ensure_torchvision
 
         ensure_torchvision()
         try:

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigError, RunConfig
-from .registry import Task, scaled
+from dmscale.config.run_config import ConfigError, RunConfig
+from dmscale.tasks.registry import Task, register_models, register_task, scaled
 
 __all__ = ["ShakespeareTask", "CharCNN", "CausalConvBlock", "CausalLM", "build_language_model",
            "LLAMA_DEFAULTS"]
@@ -45,6 +45,7 @@ LLAMA_DEFAULTS: dict[str, Any] = {
 
 
 
+@register_task("shakespeare")
 class ShakespeareTask(Task):
     """Next-character prediction on Shakespeare's plays."""
 
@@ -54,7 +55,7 @@ class ShakespeareTask(Task):
     higher_is_better = False
 
     def __init__(self, cfg: RunConfig) -> None:
-        from ..data import CharVocab, shakespeare_text
+        from dmscale.data import CharVocab, shakespeare_text
 
         text = shakespeare_text()
         vocab_chars = (cfg.task_info or {}).get("vocab")
@@ -184,7 +185,7 @@ class CausalLM(nn.Module):
 
 
 def _build_llama(args: dict[str, Any], expand: dict[str, float], info: dict[str, Any]) -> tuple[nn.Module, list[str]]:
-    from .._compat import ensure_torchvision
+    from dmscale.core._compat import ensure_torchvision
 
     ensure_torchvision()  # transformers imports torchvision when it is installed
     try:
@@ -207,6 +208,7 @@ def _build_llama(args: dict[str, Any], expand: dict[str, float], info: dict[str,
     return model, []
 
 
+@register_models("language")
 def build_language_model(name: str, args: dict[str, Any], expand: dict[str, float],
                          info: dict[str, Any]) -> tuple[nn.Module, list[str]]:
     """``(model, exclude)`` for ``charcnn`` or ``llama`` on a vocabulary of ``info['vocab']``."""

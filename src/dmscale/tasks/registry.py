@@ -8,7 +8,7 @@ task's ``info`` alone (classes, channels, vocabulary), so a run directory can re
 model without loading any data.
 
 Example:
-    >>> from dmscale.config import RunConfig
+    >>> from dmscale.config.run_config import RunConfig
     >>> cfg = RunConfig(task="digits").resolved()
     >>> task = build_task(cfg)
     >>> model, exclude = build_model(cfg, task.info)
@@ -20,20 +20,60 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigError, RunConfig
-from .distill import DistillTerm, Distillation, distill_loss, hidden_distill_loss, kept_hidden_channels
+from dmscale.config.run_config import ConfigError, RunConfig
+from dmscale.tasks.distill import DistillTerm, Distillation, distill_loss, hidden_distill_loss, kept_hidden_channels
 
 # the distillation helpers live in .distill; re-exported here, where they were first
-__all__ = ["Task", "build_task", "build_model", "MODEL_NAMES", "distill_loss", "hidden_distill_loss",
-           "kept_hidden_channels", "Distillation", "DistillTerm"]
+__all__ = ["Task", "build_task", "build_model", "register_task", "register_models", "MODEL_NAMES",
+           "distill_loss", "hidden_distill_loss", "kept_hidden_channels", "Distillation", "DistillTerm"]
 
 MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama", "yolo:YAML", "hf:PATH")
+# the families build_model dispatches to, each registered by the module that builds it
+MODEL_FAMILIES = ("image", "language", "detection", "hf")
+
+_TASKS: dict[str, Callable[[RunConfig], "Task"]] = {}
+_MODELS: dict[str, Callable[..., Any]] = {}
+
+
+def register_task(*names: str) -> Callable[[Callable[[RunConfig], "Task"]], Callable[[RunConfig], "Task"]]:
+    """Decorator: ``build(cfg) -> Task`` is the task of ``--task NAME`` for each name.
+
+    The built-in tasks register themselves when :mod:`dmscale.tasks` is imported; this
+    module imports none of them.
+    """
+    def add(build: Callable[[RunConfig], "Task"]) -> Callable[[RunConfig], "Task"]:
+        for name in names:
+            if name in _TASKS and _TASKS[name] is not build:
+                raise ValueError(f"task {name!r} is registered twice: {_TASKS[name]} and {build}")
+            _TASKS[name] = build
+        return build
+    return add
+
+
+def register_models(family: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: the builder of one model family of :func:`build_model` (one of
+    :data:`MODEL_FAMILIES`; the builder's arguments are the family's, see build_model)."""
+    if family not in MODEL_FAMILIES:
+        raise ValueError(f"unknown model family {family!r}: expected one of {MODEL_FAMILIES}")
+
+    def add(build: Callable[..., Any]) -> Callable[..., Any]:
+        _MODELS[family] = build
+        return build
+    return add
+
+
+def _models(family: str) -> Callable[..., Any]:
+    try:
+        return _MODELS[family]
+    except KeyError:
+        raise ConfigError(f"no builder for {family} models is registered: import dmscale.tasks "
+                          "(it registers the built-in ones)") from None
 
 
 class Task:
@@ -119,28 +159,15 @@ def build_task(cfg: RunConfig) -> Task:
     Raises:
         ConfigError: the data cannot be found or read, or a limit is too large.
     """
+    build = _TASKS.get(cfg.task)
+    if build is None:
+        raise ConfigError(f"unknown task {cfg.task!r}: expected one of {', '.join(sorted(_TASKS))}")
     try:
-        if cfg.task in ("mnist", "digits", "imagefolder"):
-            from .image import build_image_task
-
-            return build_image_task(cfg)
-        if cfg.task == "detect":
-            from .detect import DetectTask
-
-            return DetectTask(cfg)
-        if cfg.task == "shakespeare":
-            from .language import ShakespeareTask
-
-            return ShakespeareTask(cfg)
-        if cfg.task == "text":
-            from .text import TextTask
-
-            return TextTask(cfg)
+        return build(cfg)
     except (FileNotFoundError, NotADirectoryError, ModuleNotFoundError, ValueError) as err:
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"task {cfg.task}: {err}") from None
-    raise ConfigError(f"unknown task {cfg.task!r}")
 
 
 def build_model(cfg: RunConfig, info: dict[str, Any]) -> tuple[nn.Module, list[str]]:
@@ -162,9 +189,7 @@ def build_model(cfg: RunConfig, info: dict[str, Any]) -> tuple[nn.Module, list[s
         want = "yolo:YAML or yolo:FILE.pt" if kind == "detection" else "a model of this task, not yolo:"
         raise ConfigError(f"--model {name} does not fit task {cfg.task!r}: use {want}")
     if kind == "detection":
-        from .detect import build_detect_model
-
-        return build_detect_model(name, expand, info), []
+        return _models("detection")(name, expand, info), []
     hf = name.startswith("hf:")
     language = name in ("charcnn", "llama") or hf
     if language != (kind == "language"):
@@ -178,18 +203,12 @@ def build_model(cfg: RunConfig, info: dict[str, Any]) -> tuple[nn.Module, list[s
         if cfg.expand:
             raise ConfigError(f"--expand enlarges the built-in models only, not the pretrained "
                               f"--model {name}")
-        from .hf_model import load_hf_model
-
-        return load_hf_model(name[3:], args), []
+        return _models("hf")(name[3:], args), []
     try:
         if name in ("resnet", "smallcnn") or name.startswith(("tv:", "timm:")):
-            from .image import build_image_model
-
-            return build_image_model(name, args, expand, info), []
+            return _models("image")(name, args, expand, info), []
         if name in ("charcnn", "llama"):
-            from .language import build_language_model
-
-            return build_language_model(name, args, expand, info)
+            return _models("language")(name, args, expand, info)
     except TypeError as err:  # a constructor rejected --model-args
         raise ConfigError(f"--model-args for {name}: {err}") from None
     raise ConfigError(f"unknown --model {name!r}: expected one of {', '.join(MODEL_NAMES)}")

@@ -48,10 +48,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigError, RunConfig
-from ..errors import DataError
-from .hf_model import load_hf_tokenizer, parse_hf_spec
-from .registry import Task
+from dmscale.config.run_config import ConfigError, RunConfig
+from dmscale.core.errors import DataError
+from dmscale.tasks.hf_model import load_hf_tokenizer, parse_hf_spec
+from dmscale.tasks.registry import Task, register_task
 
 __all__ = ["TextTask", "text_files", "split_stream", "token_cache", "cache_is_complete", "first_non_utf8",
            "HELD_OUT", "CACHE_ENV"]
@@ -69,7 +69,7 @@ def text_files(data: str | None) -> list[Path]:
         ConfigError: the path does not exist or holds no non-empty file.
     """
     if data is None:
-        from ..data import shakespeare_files
+        from dmscale.data import shakespeare_files
 
         return shakespeare_files()
     p = Path(data).expanduser()
@@ -238,6 +238,7 @@ def _memmap(path: Path, count: int) -> np.ndarray:
     return np.memmap(path, dtype=np.uint32, mode="r", shape=(count,))
 
 
+@register_task("text")
 class TextTask(Task):
     """Next-token prediction on plain text with the tokenizer of ``--model hf:PATH``."""
 

@@ -1,0 +1,297 @@
+"""The one table of the ``dmscale`` command's options (:data:`OPTIONS`).
+
+Every option is declared once here (flag, value converter, default, help, the subcommands
+that take it, its help group). The table drives ``argparse`` (:mod:`dmscale.cli`), the keys a
+``--config`` file may set (:func:`dmscale.config.run_config.parse_mapping`) and the validation of
+:class:`dmscale.config.run_config.RunConfig`; all of these names are importable from
+:mod:`dmscale.config.run_config` too.
+
+Example:
+    >>> OPTIONS_BY_NAME["structure_lr"].flag, OPTIONS_BY_NAME["task"].choices[:2]
+    ('--structure-lr', ('mnist', 'digits'))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from dmscale.config.values import (
+    align_value,
+    band,
+    boolean,
+    choice,
+    expand_factors,
+    fraction,
+    integer,
+    kv_dict,
+    nonneg_float,
+    open_fraction,
+    unit_fraction,
+    positive_float,
+    positive_int,
+    nonempty_str,
+    str_list,
+)
+
+__all__ = [
+    "Option",
+    "OPTIONS",
+    "OPTIONS_BY_NAME",
+    "RESUME_MUTABLE",
+    "TASKS",
+    "PIPELINES",
+    "COMMANDS",
+]
+
+TASKS = ("mnist", "digits", "imagefolder", "shakespeare", "detect", "text")
+PIPELINES = ("np", "p", "p-")
+COMMANDS = ("pretrain", "search", "retrain", "export", "eval", "report")
+
+
+_ALL_TRAIN = ("pretrain", "search", "retrain")
+_SEARCHING = ("search",)
+_RUN_DIR = ("retrain", "export", "eval", "report")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: ``--flag`` on the command line and ``name`` in a config file."""
+
+    name: str
+    convert: Callable[[Any], Any]
+    default: Any
+    help: str
+    commands: tuple[str, ...]
+    group: str
+    metavar: str | None = None
+    flag_kind: str = "value"  # "value" | "flag" (store_true) | "append"
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        return getattr(self.convert, "choices", None)
+
+
+def _o(name: str, convert: Callable[[Any], Any], default: Any, help: str,
+       commands: tuple[str, ...], group: str, **kw: Any) -> Option:
+    return Option(name, convert, default, help, commands, group, **kw)
+
+
+OPTIONS: tuple[Option, ...] = (
+    # ---- data
+    _o("task", choice(*TASKS), "mnist",
+       "built-in task: mnist (bundled MNIST, or a directory of MNIST IDX files with --data), "
+       "digits (scikit-learn 8x8 digits), imagefolder (a torchvision ImageFolder directory, "
+       "--data DIR), shakespeare (character-level language modelling on the bundled plays), "
+       "detect (object detection with Ultralytics YOLO, --data DATA.yaml), "
+       "text (plain text files of --data, or the bundled plays, tokenised with the tokenizer "
+       "of --model hf:PATH; perplexity and bits per byte)",
+       ("pretrain", "search"), "data"),
+    _o("data", nonempty_str, None,
+       "data location: for mnist a directory with the four MNIST IDX files (raw or .gz; "
+       "default: the bundled copy); for imagefolder a directory of class folders (with "
+       "train/ and val/ or test/ subfolders, or one folder split 90/10); for detect an "
+       "Ultralytics dataset YAML (`dmscale data mnist-detect` writes one); for text a text "
+       "file or a directory of them (last 10 %% of the bytes held out)",
+       ("pretrain", "search", "retrain", "eval"), "data", metavar="PATH"),
+    _o("train_limit", positive_int, None,
+       "use only the first N training examples (characters for shakespeare, tokens for text)",
+       ("pretrain", "search", "retrain"), "data", metavar="N"),
+    _o("test_limit", positive_int, None,
+       "use only the first N test examples (characters for shakespeare, tokens for text)",
+       ("pretrain", "search", "retrain", "eval"), "data", metavar="N"),
+    _o("image_size", positive_int, 32,
+       "imagefolder: images are resized to SIZE x SIZE", ("pretrain", "search"), "data",
+       metavar="SIZE"),
+    _o("imgsz", positive_int, None,
+       "detect: training and validation image size, a multiple of 32 (Ultralytics' imgsz; "
+       "default 64)", ("pretrain", "search"), "data", metavar="SIZE"),
+    _o("augment", kv_dict, None,
+       "detect: Ultralytics' training augmentation hyperparameters, e.g. mosaic=0,fliplr=0 "
+       "(keys of its default.yaml: hsv_h, hsv_s, hsv_v, degrees, translate, scale, shear, "
+       "perspective, flipud, fliplr, bgr, mosaic, mixup, cutmix, copy_paste; default: "
+       "Ultralytics' values)", ("pretrain", "search"), "data", metavar="K=V,..."),
+    _o("seq_len", positive_int, 64,
+       "shakespeare / text: characters / tokens per sequence", ("pretrain", "search"), "data",
+       metavar="N"),
+    # ---- model
+    _o("model", nonempty_str, None,
+       "the supernet: resnet (CIFAR-style ResNet-20; default for images, with width=8 for "
+       "mnist and digits), smallcnn, "
+       "tv:NAME (a torchvision model, e.g. tv:resnet18), timm:NAME (e.g. timm:resnet18), "
+       "charcnn (causal convolutional char LM, default for shakespeare), llama (a small "
+       "Llama-style causal LM, transformers' LlamaForCausalLM), yolo:YAML or yolo:FILE.pt "
+       "(Ultralytics YOLO for --task detect, e.g. yolo:yolo11n.yaml; default yolo:yolov8n.yaml), "
+       "hf:PATH (a local pretrained Hugging Face causal LM directory or .gguf file, for --task "
+       "text with --pipeline p/p-)",
+       ("pretrain", "search"), "model", metavar="NAME"),
+    _o("model_args", kv_dict, None,
+       "constructor arguments of the model, e.g. depth=20,width=16 for resnet, "
+       "hidden_size=128,num_hidden_layers=4 for llama",
+       ("pretrain", "search"), "model", metavar="K=V,..."),
+    _o("expand", expand_factors, None,
+       "enlarge the baseline model into the supernet (DMS_np, paper A.4): multiply every "
+       "width by W and the blocks per stage by D (built-in models only)",
+       ("pretrain", "search"), "model", metavar="width=W,depth=D"),
+    _o("init", nonempty_str, None,
+       "pipeline p / p-: start from these pretrained weights (a run directory of "
+       "`dmscale pretrain`, or its model.safetensors) instead of pretraining",
+       ("search",), "model", metavar="RUN"),
+    # ---- search
+    _o("pipeline", choice(*PIPELINES), "np",
+       "np: search a randomly initialised supernet, then retrain the found model; "
+       "p: pretrain (or --init), search, retrain; p-: pretrain (or --init), then train only "
+       "the structural parameters (weights frozen), no retrain",
+       _SEARCHING, "search"),
+    _o("resource", choice("macs", "params", "latency"), "macs",
+       "the budgeted resource", _SEARCHING, "search"),
+    _o("target", positive_float, 0.5,
+       "the budget: <= 1 is a fraction of the supernet's cost, > 1 an absolute count",
+       _SEARCHING, "search", metavar="T"),
+    _o("resource_weight", nonneg_float, 1.0,
+       "lambda_resource: weight of the resource loss log(r_c / r_t)", _SEARCHING, "search",
+       metavar="W"),
+    _o("structure_lr", positive_float, 0.01,
+       "learning rate of the structural parameters (Adam, no weight decay)", _SEARCHING,
+       "search", metavar="LR"),
+    _o("importance", choice("taylor", "snip", "fisher", "index"), "taylor",
+       "element importance: taylor (moving average of (m g)^2), snip, fisher, index",
+       _SEARCHING, "search"),
+    _o("schedule", choice("exp", "constant"), "exp",
+       "target schedule: exp decays r_t from the supernet's cost to the target over the "
+       "search; constant uses the target from the start", _SEARCHING, "search"),
+    _o("schedule_end", open_fraction, 1.0,
+       "fraction of the search, in (0, 1], over which the exp schedule decays r_t; after it "
+       "r_t holds at the target (1 = the whole search, Eq. 10 as written)", _SEARCHING,
+       "search", metavar="F"),
+    _o("cost_forward", choice("soft", "exact"), "soft",
+       "the value of r_c in the resource loss: soft (the soft masks' cost, Eq. 6) or exact "
+       "(the hard masks' cost, i.e. the export's, with the soft cost's gradient)",
+       _SEARCHING, "search"),
+    _o("settle", unit_fraction, 0.4,
+       "last fraction of the search, in [0, 1), that lands on the budget: r_t held at the "
+       "target and a two-sided loss keeping the exact cost in the --budget-band; once there, "
+       "depth is frozen and the structure lr anneals to 0 (0 = the paper's loss to the end)",
+       _SEARCHING, "search", metavar="F"),
+    _o("settle_hold", boolean, True,
+       "in the settle phase, once landed, hold the structure (structure lr 0) while the exact "
+       "cost is inside the --budget-band, so it ends in the band once it entered it (off: the "
+       "anneal alone, as before this option)", _SEARCHING, "search", metavar="BOOL"),
+    _o("budget_band", band, (0.98, 1.0),
+       "LOW,HIGH: fractions of the target the settle phase lands the exact cost between, and "
+       "under LOW the budget solver gives a found model its unused budget back (a wider band, "
+       "e.g. 0.95,1.0, lands coarse search spaces whose steps jump over 2 %%)", _SEARCHING,
+       "search", metavar="LOW,HIGH"),
+    _o("search_dims", choice("both", "width", "depth"), "both",
+       "what to search: widths, depths (residual blocks per stage) or both", _SEARCHING,
+       "search"),
+    _o("min_width", positive_int, 1, "the smallest width any dimension may keep",
+       _SEARCHING, "search", metavar="N"),
+    _o("width_step", positive_int, 1,
+       "channels per search unit (a coarse search space; 1 = every channel)", _SEARCHING,
+       "search", metavar="N"),
+    _o("align", align_value, None,
+       "hardware-aligned widths: keep every searched width (channels, FFN units, per-head "
+       "dims) a multiple of N, searched in units of lcm(--width-step, N); head counts and "
+       "blocks are counts and stay free; a width whose size is not a multiple of N is "
+       "searched unaligned and named in the summary. auto (default): 8 when the search runs "
+       "on CUDA (tensor-core tiles), 1 (off) on CPU", _SEARCHING, "search", metavar="N|auto"),
+    _o("exclude", str_list, None,
+       "module names or glob patterns (e.g. 'model.layers.*.mlp') whose widths stay fixed; "
+       "comma-separated or repeated", _SEARCHING, "search", metavar="PATTERN",
+       flag_kind="append"),
+    _o("layer_uniform", boolean, False,
+       "every repeated layer keeps the same count per kind (heads, FFN width, ...), each its "
+       "own most important elements; a Hugging Face model then exports with a standard config "
+       "(export --format hf loads with plain from_pretrained)", _SEARCHING, "search",
+       flag_kind="flag"),
+    _o("width_only_from", fraction, None,
+       "from this fraction of the search on, freeze depth and search widths only",
+       _SEARCHING, "search", metavar="P"),
+    # ---- distillation
+    _o("teacher", nonempty_str, None,
+       "distil from a teacher (KL divergence on the logits) during search and retraining: "
+       "a run directory, a model.safetensors inside one, a torch.save'd nn.Module (.pt), or "
+       "'supernet' for the pretrained supernet itself (pipelines p / p-)",
+       ("search", "retrain"), "distillation", metavar="RUN|FILE|supernet"),
+    _o("distill_weight", nonneg_float, 1.0,
+       "weight of the distillation loss (added to the task loss)", ("search", "retrain"),
+       "distillation", metavar="W"),
+    _o("distill_temperature", positive_float, 1.0,
+       "softmax temperature of the distillation loss", ("search", "retrain"), "distillation",
+       metavar="T"),
+    _o("distill_hidden", nonneg_float, 0.0,
+       "weight of hidden-state distillation: W x the mean over layers of the MSE between the "
+       "model's and the teacher's hidden states (same-index layers; only the final state when "
+       "the depths differ; the teacher's kept channels when the search pruned the hidden "
+       "size), added to the loss; Hugging Face causal LMs (hf:PATH, llama) only; "
+       "0 = off", ("search", "retrain"), "distillation", metavar="W"),
+    # ---- training
+    _o("epochs", positive_float, 1.0,
+       "epochs of the main phase: the search (search), pretraining (pretrain) or "
+       "retraining (retrain); fractions allowed", _ALL_TRAIN, "training", metavar="E"),
+    _o("pretrain_epochs", nonneg_float, None,
+       "pipelines p / p-: epochs of pretraining (default: --epochs)", _SEARCHING,
+       "training", metavar="E"),
+    _o("retrain_epochs", nonneg_float, None,
+       "pipelines np / p: epochs of retraining the found model (default: --epochs; 0 skips "
+       "it, run `dmscale retrain RUN` later)", _SEARCHING, "training", metavar="E"),
+    _o("retrain_init", choice("inherit", "scratch"), "inherit",
+       "retrain the found model from the searched weights (inherit) or from a random "
+       "initialisation (scratch)", ("search", "retrain"), "training"),
+    _o("batch_size", positive_int, 128, "examples (sequences) per step", _ALL_TRAIN + ("eval",),
+       "training", metavar="N"),
+    _o("optimizer", choice("sgd", "adamw"), "sgd",
+       "optimizer of the weights: sgd (momentum, nesterov) or adamw", _ALL_TRAIN, "training"),
+    _o("lr", positive_float, None,
+       "peak learning rate of the weights, cosine-decayed over each phase "
+       "(default: 0.05 for sgd, 0.002 for adamw)", _ALL_TRAIN, "training", metavar="LR"),
+    _o("weight_decay", nonneg_float, None,
+       "weight decay of the weights (default: 5e-4 for sgd, 0.01 for adamw)", _ALL_TRAIN,
+       "training", metavar="WD"),
+    _o("warmup", fraction, 0.02,
+       "fraction of each phase with a linear learning-rate warm-up", _ALL_TRAIN, "training",
+       metavar="P"),
+    # ---- run
+    _o("seed", integer, 0, "random seed (initialisation, data order)", _ALL_TRAIN, "run",
+       metavar="N"),
+    _o("out", nonempty_str, None,
+       "where to write: the run directory (pretrain, search, retrain), the exported model "
+       "(export), a JSON file of the metrics (eval), the report (report)",
+       COMMANDS, "run", metavar="DIR"),
+    _o("name", nonempty_str, None, "name of the run directory under runs/ (instead of a timestamp)",
+       _ALL_TRAIN, "run", metavar="NAME"),
+    _o("checkpoint_every", positive_int, 100,
+       "write the resumable checkpoint every N steps (atomically)", _ALL_TRAIN, "run",
+       metavar="N"),
+    _o("stop_after", positive_int, None,
+       "stop (with a checkpoint) once the run has taken N optimizer steps in total; "
+       "continue it later with --resume", _ALL_TRAIN, "run", metavar="N"),
+    _o("device", choice("auto", "cpu", "cuda"), "auto",
+       "where to train: auto picks cuda when available", COMMANDS[:5], "run"),
+    _o("threads", positive_int, None,
+       "CPU threads for torch (default: the cores not busy with other work, by the load "
+       "average; at least 1)",
+       COMMANDS[:5], "run", metavar="N"),
+    _o("precision", choice("32", "bf16", "fp16"), "32",
+       "arithmetic of the training steps: 32 (float32), bf16 (autocast to bfloat16, CPU and "
+       "GPU) or fp16 (autocast to float16 with a GradScaler; an overflowing step is skipped). "
+       "Parameters, structural parameters and importance stay float32",
+       _ALL_TRAIN, "run"),
+    _o("compile", boolean, False,
+       "run the model's forward under torch.compile during training (the masks are computed "
+       "eagerly; the first steps are slow while it compiles)",
+       _ALL_TRAIN, "run", flag_kind="flag"),
+    _o("quiet", boolean, False, "no progress bars or summaries, only errors", COMMANDS, "run",
+       flag_kind="flag"),
+)
+
+OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+# options that may differ from the saved config when a run is resumed (--precision and
+# --compile may not: a resumed run must compute what the uninterrupted one would)
+RESUME_MUTABLE = frozenset({"stop_after", "checkpoint_every", "device", "threads", "quiet", "out"})

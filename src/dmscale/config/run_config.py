@@ -1,0 +1,315 @@
+"""The run configuration of the ``dmscale`` command: one dataclass, one table of options.
+
+Every option of the command line is declared once in :data:`OPTIONS` (flag, type, default,
+help, the subcommands that take it; the table lives in :mod:`dmscale.config.options`). The
+same table drives ``argparse`` (see :mod:`dmscale.cli`), the keys a ``--config`` YAML/JSON
+file may set, and the validation of :class:`RunConfig`. Precedence: built-in defaults < ``--config`` file < explicit flags.
+
+Example:
+    >>> cfg = RunConfig(task="digits", target=0.4, epochs=2)
+    >>> cfg.resolved().model, cfg.resolved().model_args, cfg.resolved().lr
+    ('resnet', {'depth': 20, 'width': 8}, 0.05)
+    >>> parse_mapping({"structure-lr": "0.01", "expand": "width=1.5,depth=2"})["expand"]
+    {'width': 1.5, 'depth': 2.0}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dmscale.config.options import (
+    COMMANDS,
+    OPTIONS,
+    OPTIONS_BY_NAME,
+    PIPELINES,
+    RESUME_MUTABLE,
+    TASKS,
+    Option,
+)
+from dmscale.core.errors import ConfigError
+from dmscale.search.config import BEFORE_OPTION
+
+__all__ = [
+    "ConfigError",
+    "Option",
+    "OPTIONS",
+    "RunConfig",
+    "TASKS",
+    "PIPELINES",
+    "load_config_file",
+    "parse_mapping",
+    "save_config",
+    "load_run_config",
+    # the option table's other names, re-exported from dmscale.config.options
+    "COMMANDS",
+    "OPTIONS_BY_NAME",
+    "RESUME_MUTABLE",
+]
+
+
+# the model of a task when --model is not given: (name, --model-args). ResNet-20 at half
+# width (8-16-32 channels) keeps the default MNIST search within a few minutes on 2 CPU cores.
+DEFAULT_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mnist": ("resnet", {"depth": 20, "width": 8}),
+    "digits": ("resnet", {"depth": 20, "width": 8}),
+    "imagefolder": ("resnet", {"depth": 20, "width": 16}),
+    "shakespeare": ("charcnn", {}),
+    "detect": ("yolo:yolov8n.yaml", {}),
+}  # --task text has no default: it needs --model hf:PATH (the tokenizer comes with it)
+
+
+# ConfigError lives in errors.py (a DMScaleError); re-exported here for the command line.
+
+
+# ----------------------------------------------------------------------------- run config
+@dataclass
+class RunConfig:
+    """Everything a run needs; saved resolved (``config.yaml``) in the run directory.
+
+    ``None`` means "the default that depends on other fields" (see :meth:`resolved`).
+    """
+
+    command: str = "search"
+    source: str | None = None  # the run a retrain / export / eval / report reads
+    task: str = "mnist"
+    data: str | None = None
+    train_limit: int | None = None
+    test_limit: int | None = None
+    image_size: int = 32
+    imgsz: int | None = None
+    augment: dict[str, Any] | None = None
+    seq_len: int = 64
+    model: str | None = None
+    model_args: dict[str, Any] | None = None
+    expand: dict[str, float] | None = None
+    init: str | None = None
+    pipeline: str = "np"
+    resource: str = "macs"
+    target: float = 0.5
+    resource_weight: float = 1.0
+    structure_lr: float = 0.01
+    importance: str = "taylor"
+    schedule: str = "exp"
+    schedule_end: float = 1.0
+    cost_forward: str = "soft"
+    settle: float = 0.4
+    settle_hold: bool = True
+    budget_band: tuple[float, float] = (0.98, 1.0)
+    search_dims: str = "both"
+    min_width: int = 1
+    width_step: int = 1
+    align: int | None = None  # None: auto, resolved on the run's device (Pipeline)
+    exclude: list[str] | None = None
+    width_only_from: float | None = None
+    layer_uniform: bool = False
+    teacher: str | None = None
+    distill_weight: float = 1.0
+    distill_temperature: float = 1.0
+    distill_hidden: float = 0.0
+    epochs: float = 1.0
+    pretrain_epochs: float | None = None
+    retrain_epochs: float | None = None
+    retrain_init: str = "inherit"
+    batch_size: int = 128
+    optimizer: str = "sgd"
+    lr: float | None = None
+    weight_decay: float | None = None
+    warmup: float = 0.02
+    seed: int = 0
+    out: str | None = None
+    name: str | None = None
+    checkpoint_every: int = 100
+    stop_after: int | None = None
+    device: str = "auto"
+    threads: int | None = None
+    precision: str = "32"
+    compile: bool = False
+    quiet: bool = False
+    task_info: dict[str, Any] = field(default_factory=dict)  # filled by the task (classes, vocab)
+
+    def __post_init__(self) -> None:
+        if self.command not in COMMANDS:
+            raise ConfigError(f"command must be one of {COMMANDS}, got {self.command!r}")
+        for opt in OPTIONS:
+            value = getattr(self, opt.name)
+            if value is None and opt.default is None:
+                continue
+            try:
+                setattr(self, opt.name, opt.convert(value))
+            except ConfigError as err:
+                raise ConfigError(f"{opt.flag}: {err}") from None
+        if self.teacher == "supernet" and self.command == "search" and self.pipeline == "np":
+            raise ConfigError("--teacher supernet needs a pretrained supernet: use --pipeline p "
+                              "or p-, or give a teacher run directory")
+        if self.init is not None and self.command == "search" and self.pipeline == "np":
+            raise ConfigError("--init loads pretrained weights, which pipeline np does not use: "
+                              "use --pipeline p or p-")
+        hf = str(self.model or "").startswith("hf:")
+        if hf and self.command == "search" and self.pipeline == "np":
+            raise ConfigError(f"--model {self.model} is pretrained, and pipeline np would search "
+                              "it from random weights: use --pipeline p (search, then finetune) "
+                              "or p- (search the structure only)")
+        if self.task == "text" and self.model is not None and not hf:
+            raise ConfigError(f"--task text needs a pretrained model with its tokenizer: "
+                              f"--model hf:PATH, not --model {self.model} (the char-level "
+                              "models go with --task shakespeare)")
+
+    # ------------------------------------------------------------------ resolution
+    def resolved(self) -> RunConfig:
+        """A copy with every ``None`` default that depends on other fields filled in."""
+        cfg = replace(self)
+        if cfg.model is None and cfg.task == "text":
+            raise ConfigError("--task text needs --model hf:PATH (a local Hugging Face model "
+                              "directory or .gguf file): the text is tokenised with its tokenizer")
+        hf = str(cfg.model).startswith("hf:")
+        if hf:  # a pretrained LM: no pretraining, small steps, distil from the original
+            if cfg.pretrain_epochs is None:
+                cfg.pretrain_epochs = 0.0
+            if cfg.lr is None:
+                cfg.lr = 1e-4 if cfg.optimizer == "adamw" else 1e-3
+            if cfg.weight_decay is None:
+                cfg.weight_decay = 0.0
+            if cfg.teacher is None and cfg.command == "search":
+                cfg.teacher = "supernet"
+        if cfg.model is None:
+            cfg.model, default_args = DEFAULT_MODELS[cfg.task]
+            if cfg.model_args is None:
+                cfg.model_args = dict(default_args)
+        if cfg.model_args is None:
+            cfg.model_args = {}
+        if cfg.lr is None:
+            cfg.lr = 0.05 if cfg.optimizer == "sgd" else 0.002
+        if cfg.weight_decay is None:
+            cfg.weight_decay = 5e-4 if cfg.optimizer == "sgd" else 0.01
+        if cfg.exclude is None:
+            cfg.exclude = []
+        if cfg.augment and cfg.task != "detect":
+            raise ConfigError(f"--augment sets Ultralytics' detection augmentation; --task {cfg.task} "
+                              "does not use it (use --task detect, or leave --augment out)")
+        if cfg.pretrain_epochs is None:
+            cfg.pretrain_epochs = cfg.epochs
+        if cfg.retrain_epochs is None:
+            cfg.retrain_epochs = cfg.epochs
+        cfg._check_distill_hidden()
+        return cfg
+
+    def _check_distill_hidden(self) -> None:
+        if not self.distill_hidden or self.command not in ("search", "retrain"):
+            return
+        if self.task not in ("text", "shakespeare"):
+            raise ConfigError(f"--distill-hidden compares transformer hidden states, which the "
+                              f"models of --task {self.task} do not return: use it with a "
+                              "language model (--task text --model hf:PATH), or --distill-hidden 0")
+        if not self.teacher:
+            raise ConfigError("--distill-hidden compares the model's hidden states with a "
+                              "teacher's, and this run has no teacher: give --teacher "
+                              "RUN|FILE|supernet (hf: models distil from the original by "
+                              "default), or --distill-hidden 0")
+
+    @property
+    def distills(self) -> bool:
+        """Whether a run with a ``--teacher`` computes any distillation term."""
+        return self.distill_weight > 0 or self.distill_hidden > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {unknown}")
+        return cls(**data)
+
+
+# ----------------------------------------------------------------------------- files
+def parse_mapping(data: dict[str, Any], command: str | None = None, origin: str = "config") -> dict[str, Any]:
+    """Validate a mapping of option names (``structure-lr`` or ``structure_lr``) to values.
+
+    Raises:
+        ConfigError: an unknown key, a key the command does not take, or a bad value.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: expected a mapping of option names to values, got "
+                          f"{type(data).__name__}")
+    out: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        opt = OPTIONS_BY_NAME.get(key)
+        if opt is None:
+            valid = ", ".join(o.name.replace("_", "-") for o in OPTIONS
+                              if command is None or command in o.commands)
+            raise ConfigError(f"{origin}: unknown option {raw_key!r}; valid: {valid}")
+        if command is not None and command not in opt.commands:
+            raise ConfigError(f"{origin}: option {raw_key!r} does not apply to `dmscale {command}`")
+        if value is None:
+            out[key] = None
+            continue
+        try:
+            out[key] = opt.convert(value)
+        except ConfigError as err:
+            raise ConfigError(f"{origin}: {raw_key}: {err}") from None
+    return out
+
+
+def load_config_file(path: str | Path, command: str | None = None) -> dict[str, Any]:
+    """Read a YAML or JSON file of options (see :func:`parse_mapping`).
+
+    Raises:
+        ConfigError: the file is missing, not valid YAML/JSON, or holds a bad option.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config: no such file: {p}")
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"--config {p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {first}") from None
+    if data is None:
+        return {}
+    return parse_mapping(data, command, origin=f"--config {p}")
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write ``cfg`` as YAML (atomically)."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text("# dmscale run configuration (resolved)\n"
+                   + yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+    tmp.replace(p)
+
+
+def load_run_config(run_dir: str | Path) -> RunConfig:
+    """The resolved :class:`RunConfig` saved in ``run_dir/config.yaml``.
+
+    Raises:
+        ConfigError: ``run_dir`` is not a dmscale run directory.
+    """
+    p = Path(run_dir)
+    f = p / "config.yaml"
+    if not f.is_file():
+        what = "does not exist" if not p.exists() else "has no config.yaml"
+        raise ConfigError(f"{p} is not a dmscale run directory: it {what}; pass the --out "
+                          "directory of a dmscale run")
+    try:
+        data = yaml.safe_load(f.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{f} is not valid YAML ({type(err).__name__}); is {p} a dmscale run "
+                          "directory?") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{f} does not hold a run configuration (got a {type(data).__name__}); "
+                          f"is {p} a dmscale run directory?")
+    for name, value in BEFORE_OPTION.items():  # a run saved before the option: its old behaviour
+        data.setdefault(name, value)
+    try:
+        return RunConfig.from_dict(data)
+    except TypeError as err:
+        raise ConfigError(f"{f}: {err}") from None

@@ -1,0 +1,163 @@
+"""Every gate of a search in one tensor: the masks of all dimensions in a few operations.
+
+A search has one :class:`~dmscale.core.topk.DifferentiableTopK` per structural dimension (a
+ViT-B has about 40, a ResNet-50 about 50). Computed gate by gate, Eq. 2-4 launch a dozen tiny
+kernels per gate per forward and as many again per backward, which on a GPU costs more than
+the model's own step. :class:`GateBank` holds the importances of G gates as one padded
+matrix ``C`` (G, N_max) whose rows are the gates' own ``importance`` buffers (each gate's
+buffer is a view of its row, so the gate, its ``state_dict`` and the bank always agree), and
+computes per forward:
+
+* the ranks of every dimension at once (Eq. 2): one ``argsort`` over the rows, padding
+  sorted last (+inf), ties broken by index as :func:`~dmscale.core.topk.integer_rank` does;
+* the soft masks of every dimension (Eq. 3): ``sigmoid(lam_g * (c'_gi - a_g))``, (G, N_max);
+* the hard masks on the device (k = round((1 - a) N), no host synchronisation);
+* the importance update of every dimension from one gradient (Eq. 4), on the device.
+
+Gates with anything the batched formulas do not cover (another gate class, required groups
+for hard masks, the unnormalised ablation) stay on the per-gate path of
+:class:`~dmscale.core.masks.Gates`; the results are the same either way (tests compare them).
+
+Example:
+    >>> import torch
+    >>> from dmscale.core.topk import DifferentiableTopK
+    >>> gates = [DifferentiableTopK(4), DifferentiableTopK(2, temperature=4.0)]
+    >>> bank = GateBank(gates)
+    >>> soft = bank.unit_soft_masks()          # (2, 4): one row per gate, padding at 0
+    >>> torch.allclose(soft[0], gates[0].unit_soft_mask()), torch.allclose(soft[1, :2], gates[1].unit_soft_mask())
+    (True, True)
+    >>> bank.update_importance(soft.detach(), torch.ones(2, 4))
+    >>> gates[1].importance.tolist() == bank.matrix[1, :2].tolist()
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from dmscale.core.importance import IMPORTANCE_METRICS
+from dmscale.core.topk import DifferentiableTopK
+
+__all__ = ["GateBank", "batchable"]
+
+
+def batchable(gate: Any) -> bool:
+    """Whether ``gate`` follows exactly the formulas :class:`GateBank` batches: the paper's
+    :class:`~dmscale.core.topk.DifferentiableTopK` (not a subclass, which may change them) with
+    rank-normalised importance."""
+    return type(gate) is DifferentiableTopK and gate.normalize
+
+
+class GateBank:
+    """Batched Eq. 2-4 over gates that share a metric, a decay and centring.
+
+    Args:
+        gates: :class:`~dmscale.core.topk.DifferentiableTopK` gates with ``normalize=True`` and
+            the same ``metric``, ``decay`` and ``centered`` (see :func:`batchable`).
+    """
+
+    def __init__(self, gates: Sequence[DifferentiableTopK]) -> None:
+        if not gates:
+            raise ValueError("GateBank needs at least one gate, got none")
+        first = gates[0]
+        for g in gates:
+            if not batchable(g):
+                raise ValueError(f"GateBank batches DifferentiableTopK gates with normalize=True, got {g!r}")
+            if (g.metric, g.decay, g.centered) != (first.metric, first.decay, first.centered):
+                raise ValueError(
+                    "GateBank gates must share metric, decay and centring: expected "
+                    f"{(first.metric, first.decay, first.centered)}, got {(g.metric, g.decay, g.centered)}")
+        self.gates = list(gates)
+        self.metric, self.decay, self.centered = first.metric, first.decay, first.centered
+        device = first.a.device
+        n = [g.n_units for g in self.gates]
+        self.n_max = max(n)
+        units = torch.tensor(n, dtype=torch.float32, device=device)
+        self.n_units = units[:, None]  # (G, 1)
+        self.lam = torch.tensor([g.lam for g in self.gates], device=device)[:, None]  # (G, 1)
+        self.max_ratio = [g.max_ratio for g in self.gates]
+        self.min_units = torch.tensor([g.min_units for g in self.gates], device=device)[:, None]
+        self.pad = torch.arange(self.n_max, device=device)[None, :] >= units[:, None]  # (G, N_max)
+        # 1/(2N) rounded from double, as the per-gate path adds the Python float 0.5 / N
+        shift = [0.5 / k if self.centered else 0.0 for k in n]
+        self.shift = torch.tensor(shift, dtype=torch.float64, device=device).float()[:, None]
+        # element e of gate g reads unit unit_of_element[e] of row g: flat (g * N_max + unit)
+        self.element_index = [g.unit_of_element.to(device) + i * self.n_max for i, g in enumerate(self.gates)]
+        self._index_cache: dict[tuple[int, ...], torch.Tensor] = {}
+        self.matrix = torch.zeros(len(self.gates), self.n_max, dtype=torch.float32, device=device)
+        for i, g in enumerate(self.gates):  # each gate's importance becomes a view of its row
+            self.matrix[i, :g.n_units].copy_(g.importance.detach().to(torch.float32))
+            g.importance = self.matrix[i, :g.n_units]
+        self._ratios = [g.a for g in self.gates]
+
+    # ------------------------------------------------------------------ bookkeeping
+    def valid_for(self, gates: Sequence[Any]) -> bool:
+        """Whether the bank still describes ``gates``: the same gate objects and ``a``
+        parameters, and every importance buffer still a view of the bank's matrix (a
+        ``model.to(device)``, ``load_state_dict(assign=True)`` or an assignment replaces it)."""
+        return (len(gates) == len(self.gates)
+                and all(g is h and g.a is a and g.importance._base is self.matrix
+                        for g, h, a in zip(gates, self.gates, self._ratios)))
+
+    # ------------------------------------------------------------------ Eq. 2 and 3
+    def ratios(self) -> torch.Tensor:
+        """The pruning ratios (G, 1), each first projected into [0, 1 - n_min/N] in place
+        (what :meth:`~dmscale.core.topk.DifferentiableTopK.clamp_` does, for all gates at once)."""
+        with torch.no_grad():
+            torch._foreach_clamp_min_(self._ratios, 0.0)
+            torch._foreach_clamp_max_(self._ratios, self.max_ratio)
+        return torch.stack(self._ratios)[:, None]
+
+    def integer_ranks(self) -> torch.Tensor:
+        """``#{j : c_gi > c_gj}`` per row (G, N_max), ties broken by index (lower index ranks
+        higher), padding ranked above every unit (it never counts)."""
+        c = self.matrix.detach().masked_fill(self.pad, float("inf")).flip(1)
+        order = torch.argsort(c, dim=1, stable=True)  # flipped: among ties the higher index first
+        rank = torch.empty_like(order)
+        steps = torch.arange(self.n_max, device=order.device).expand_as(order)
+        return rank.scatter_(1, (self.n_max - 1) - order, steps)
+
+    def unit_soft_masks(self) -> torch.Tensor:
+        """Eq. 3 for every gate, (G, N_max): ``sigmoid(lam (c' - a))``, c' = rank / N
+        (+ 1/(2N) centred); padding columns hold values that no element reads."""
+        c = self.integer_ranks().to(torch.float32) / self.n_units + self.shift
+        return torch.sigmoid(self.lam * (c - self.ratios()))
+
+    def unit_hard_masks(self) -> torch.Tensor:
+        """0/1 per unit (G, N_max): the k = round((1 - a) N) highest-ranked units, k clamped
+        to [n_min, N], computed on the device (required groups are not applied here: gates
+        that have them use their own :meth:`~dmscale.core.topk.DifferentiableTopK.hard_mask`)."""
+        with torch.no_grad():
+            a = self.ratios()
+            k = torch.round((1.0 - a) * self.n_units)
+            k = torch.minimum(torch.maximum(k, self.min_units.to(k.dtype)), self.n_units)
+            return (self.integer_ranks() >= self.n_units - k).to(torch.float32)
+
+    def elements(self, units: torch.Tensor, which: Sequence[int]) -> torch.Tensor:
+        """The element masks of gates ``which`` concatenated, from a (G, N_max) unit mask."""
+        key = tuple(which)
+        index = self._index_cache.get(key)
+        if index is None:  # built once per set of gates (the same every forward)
+            index = torch.cat([self.element_index[i] for i in which]) if len(which) != 1 else self.element_index[which[0]]
+            self._index_cache[key] = index
+        return units.reshape(-1)[index]
+
+    # ------------------------------------------------------------------ Eq. 4
+    @torch.no_grad()
+    def update_importance(self, unit_mask: torch.Tensor, grad: torch.Tensor,
+                          rows: torch.Tensor | None = None) -> None:
+        """Eq. 4 for every gate from the gradient of the (G, N_max) unit mask: each row is
+        updated as :func:`~dmscale.core.importance.update_importance` updates one gate (a row
+        with a non-finite score is left unchanged), on the device. ``rows`` ((G,) bool):
+        only these rows are updated (the others' masks were not used this step)."""
+        score_fn = IMPORTANCE_METRICS[self.metric]
+        if score_fn is None:
+            return
+        score = score_fn(unit_mask.detach().float(), grad.detach().float()).masked_fill(self.pad, 0.0)
+        ok = torch.isfinite(score).all(dim=1, keepdim=True)  # (G, 1)
+        if rows is not None:
+            ok = ok & rows[:, None]
+        updated = self.matrix * self.decay + score * (1.0 - self.decay)
+        self.matrix.copy_(torch.where(ok, updated, self.matrix))

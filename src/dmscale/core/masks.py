@@ -1,0 +1,405 @@
+"""Attach masks to a user's model with hooks, and remove them again.
+
+A :class:`Gates` submodule (registered on the model as ``dms_gates``) holds one
+:class:`~dmscale.core.topk.DifferentiableTopK` per width and depth dimension. Hooks:
+
+* a forward pre-hook on the model computes every dimension's mask once per forward, all
+  batchable gates in one :class:`~dmscale.core.gate_bank.GateBank` evaluation, and every layer's
+  channel mask in one gather;
+* on each layer that consumes searchable channels, ``X * m`` with m shaped 1xCx1x1 (conv) or C
+  (linear) (paper A.1.1): for a standard convolution or linear layer as ``W * m`` on its
+  weight for the call (:mod:`dmscale.core.weight_masks`, the same function, or on the input when that
+  is the smaller tensor), otherwise on the input (:mod:`dmscale.core.mask_hooks`);
+* on each removable block's branch, the branch output times the block's depth mask, so the
+  block computes ``post(x + f(x) * m_i)`` (Sec. 3.2): in the weight and bias of the branch's
+  last layer where it is a standard linear, convolution or affine batch norm, else on its output.
+
+The user's parameters are never changed and no class is swapped. All hooks are instances of
+:class:`DMSHook`, found again by type in :func:`detach`.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> gates = Gates.attach(net, dims=[(8, 1, 1, 1.0)], depth=[], consumers={"2": (-1, torch.arange(8))}, branches={})
+    >>> isinstance(net.dms_gates, Gates)
+    True
+    >>> _ = detach(net)
+    >>> hasattr(net, "dms_gates")
+    False
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from dmscale.core.distributed import is_distributed
+from dmscale.core.importance import PendingImportance
+from dmscale.core.gate_bank import GateBank, batchable
+from dmscale.core.hook_base import DMSHook, first_input
+from dmscale.core.mask_hooks import ComputeMasks, MaskBranch, MaskedNorm, MaskInput, MaskOutput, RestoreFastpath
+from dmscale.core.weight_masks import FoldDepth, FoldMask, Unfold, depth_foldable, fold_plan
+from dmscale.core.topk import DifferentiableTopK, GateFactory, StructuralGate
+
+__all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
+
+GATES_NAME = "dms_gates"
+
+
+def assemble_width_mask(parts: list[torch.Tensor], derived_a: torch.Tensor, derived_b: torch.Tensor,
+                        like: torch.Tensor | None = None) -> torch.Tensor:
+    """The global width mask: every dim's element mask, then the derived (product) slots
+    ``m[a] * m[b]`` (a or b = -1: factor 1), then a trailing 1 for fixed channels."""
+    ref = parts[0] if parts else like
+    one = torch.ones(1, device=ref.device if ref is not None else None,
+                     dtype=ref.dtype if ref is not None else torch.float32)
+    base = torch.cat(parts) if parts else one[:0]
+    if len(derived_a):
+        ext = torch.cat([base, one])
+        n = base.numel()
+        a = torch.where(derived_a < 0, n, derived_a)
+        b = torch.where(derived_b < 0, n, derived_b)
+        return torch.cat([base, ext[a] * ext[b], one])
+    return torch.cat([base, one])
+
+
+class _Rows:
+    """A :class:`~dmscale.core.gate_bank.GateBank` update restricted to the rows of the gates
+    whose mask this forward used with a gradient (``active``, (G,) bool): what the pending
+    all-reduce and the gradient hook call as ``update_importance``."""
+
+    def __init__(self, bank: GateBank, active: torch.Tensor) -> None:
+        self.bank, self.active = bank, active
+
+    def update_importance(self, unit_mask: torch.Tensor, grad: torch.Tensor) -> None:
+        self.bank.update_importance(unit_mask, grad, rows=self.active)
+
+
+class Gates(nn.Module):
+    """The structural parameters of one search and the masks they produce."""
+
+    def __init__(self, width: list[StructuralGate], depth: list[StructuralGate]) -> None:
+        super().__init__()
+        self.width = nn.ModuleList(width)
+        self.depth = nn.ModuleList(depth)
+        self.mode = "soft"  # "soft" | "hard" | "open" (all ones: the self-check of prepare)
+        self.enabled = True
+        self.grad_scaler: Any = None  # a GradScaler: importance from unscaled gradients
+        self._inv_scale = 1.0
+        self.depth_frozen = False  # width-only phase: depth masks hard
+        # torch.distributed: None = the default group (when its world size is > 1), False =
+        # never synchronise, or a ProcessGroup (the data-parallel ranks)
+        self.process_group: Any = None
+        self.pending = PendingImportance()  # Eq. 4 updates waiting for the all-reduce
+        self._forwards = 0  # training forwards so far: orders pending updates across ranks
+        self._masks: torch.Tensor | None = None
+        self._depth_masks: list[torch.Tensor] | None = None
+        # every layer's channel mask of this forward, by its slot buffer's name (compute)
+        self._channels: dict[str, torch.Tensor] | None = None
+        self._keys: list[str] = []  # the slot buffers, in the order of channel_index
+        self._key_sizes: list[int] = []
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "Gates":
+        """``model.to(device)`` moves the gates; ``model.half()`` / ``.to(bfloat16)`` does
+        not lower their precision: ``a`` and importance stay float32 (k = round((1-a)N)
+        and the moving average need it; masks are cast to the activations' dtype)."""
+        super()._apply(fn, recurse)
+        for t in list(self.width) + list(self.depth):
+            if t.a.dtype != torch.float32:
+                t.a.data = t.a.data.float()
+            if t.importance.dtype != torch.float32:
+                t.importance = t.importance.float()
+        return self
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        """Identity: when the model is an ``nn.Sequential``, the gates are its last child
+        (until :func:`detach`) and must pass the output through unchanged."""
+        return x
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
+        state = self.__dict__.copy()
+        state["_masks"] = state["_depth_masks"] = state["_channels"] = None
+        state["pending"] = PendingImportance()
+        state.pop("_bank", None)  # rebuilt from the copied gates on first use
+        state.pop("_rows_cache", None)
+        return state
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def attach(
+        cls,
+        model: nn.Module,
+        dims: list[tuple[int, int, int, float]],
+        depth: list[tuple[int, int, int, float]],
+        consumers: dict[str, tuple[int, torch.Tensor]],
+        branches: dict[str, tuple[int, int]],
+        importance: str = "taylor",
+        normalize: bool = True,
+        norms: dict[str, Any] | None = None,
+        outputs: dict[str, tuple[int, Any]] | None = None,
+        derived: list[tuple[int, int]] | None = None,
+        gate_factory: GateFactory | None = None,
+        fold_masks: bool = True,
+    ) -> "Gates":
+        """Create the gates, register them on ``model`` and attach every hook.
+
+        Args:
+            dims / depth: per dimension ``(size, step, min_keep, temperature)``.
+            consumers: layer name -> (channel dim of its input, global slot per channel,
+                -1 for a fixed channel).
+            branches: module name -> (depth dim, block index).
+            gate_factory: builds each gate (default :class:`DifferentiableTopK`, DMS's own);
+                a baseline gate implementing :class:`~dmscale.core.topk.StructuralGate`.
+            fold_masks: multiply the masks of convolution and linear layers into their
+                weights where that is the same function (:mod:`dmscale.core.weight_masks`);
+                False keeps every mask on the activations (the paper's formulation).
+        """
+        if hasattr(model, GATES_NAME):
+            raise ValueError(
+                f"model already has a {GATES_NAME!r} submodule: it is prepared for a search "
+                "already; call dmscale.detach(model) first"
+            )
+        factory = DifferentiableTopK if gate_factory is None else gate_factory
+        make = lambda spec: factory(  # noqa: E731
+            spec[0], step=spec[1], min_keep=spec[2], temperature=spec[3],
+            importance=importance, normalize=normalize,
+        )
+        gates = cls([make(s) for s in dims], [make(s) for s in depth])
+        pairs = torch.tensor(derived or [], dtype=torch.long).reshape(-1, 2)
+        gates.register_buffer("derived_a", pairs[:, 0].clone(), persistent=False)
+        gates.register_buffer("derived_b", pairs[:, 1].clone(), persistent=False)
+        model.add_module(GATES_NAME, gates)
+        modules = dict(model.named_modules())
+        has_mha = any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
+        model.register_forward_pre_hook(ComputeMasks(gates, no_fastpath=has_mha))
+        if has_mha:
+            model.register_forward_hook(RestoreFastpath(gates), always_call=True)
+        keys: dict[bytes, str] = {}
+
+        def slot_key(prefix: str, name: str, slots: Any) -> str:
+            """One buffer (and one gather per forward) per distinct slot vector."""
+            idx = torch.as_tensor(slots, dtype=torch.long)
+            content = idx.numpy().tobytes()
+            if content not in keys:
+                keys[content] = prefix + name.replace(".", "__")
+                gates.register_buffer(keys[content], idx, persistent=False)
+                gates._keys.append(keys[content])
+            return keys[content]
+
+        folded: set[str] = set()
+
+        def unfold_after(name: str) -> None:
+            """One Unfold per layer, however many folds shadow its weight."""
+            if name not in folded:
+                modules[name].register_forward_hook(Unfold(), always_call=True)
+                folded.add(name)
+
+        def fold(name: str, dim: int, side: str, key: str) -> bool:
+            plan = fold_plan(modules[name], dim, side) if fold_masks else None
+            if plan is None:
+                return False
+            modules[name].register_forward_pre_hook(FoldMask(gates, key, plan, dim), with_kwargs=True)
+            unfold_after(name)
+            return True
+
+        for name, (dim, slots) in consumers.items():
+            key = slot_key("idx_", name, slots)
+            if not fold(name, dim, "in", key):
+                modules[name].register_forward_pre_hook(MaskInput(gates, key, dim), with_kwargs=True)
+        for name, (slots, kind, eps) in (norms or {}).items():
+            key = slot_key("idx_", name, slots)
+            modules[name].register_forward_hook(MaskedNorm(gates, key, kind, eps), with_kwargs=True)
+        for name, (dim, slots) in (outputs or {}).items():
+            key = slot_key("out_", name, slots)
+            if not fold(name, dim, "out", key):
+                modules[name].register_forward_hook(MaskOutput(gates, key, dim))
+        slots = [getattr(gates, k) for k in gates._keys]
+        gates.register_buffer("channel_index", torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long),
+                              persistent=False)
+        gates._key_sizes = [t.numel() for t in slots]
+        for name, (j, i) in branches.items():
+            if fold_masks and depth_foldable(modules[name]):
+                modules[name].register_forward_pre_hook(FoldDepth(gates, j, i))
+                unfold_after(name)
+            else:
+                modules[name].register_forward_hook(MaskBranch(gates, j, i))
+        return gates
+
+    # ------------------------------------------------------------------ masks
+    def compute(self) -> None:
+        """Compute every mask once for this forward (and hook Taylor importance).
+
+        Under torch.distributed a training forward first applies the updates the previous
+        backward left pending (:meth:`sync_importance`), exactly as one process would have
+        applied them in its backward: every rank runs its training forwards in lockstep
+        under DDP, so this all-reduce is matched on every rank.
+        """
+        track = torch.is_grad_enabled() and self.training and self.mode == "soft"
+        if track and len(self.pending):
+            self.sync_importance()
+        scaler = self.grad_scaler
+        if track and scaler is not None and scaler.is_enabled():
+            self._inv_scale = 1.0 / scaler.get_scale()  # the scale this step's backward uses
+        else:
+            self._inv_scale = 1.0
+        defer = track and is_distributed(self.process_group)
+        if track:
+            self._forwards += 1
+        width, depth = self.masks(self.mode, track, defer)
+        self._masks, self._depth_masks = width, depth
+        self._channels = dict(zip(self._keys, width[self.channel_index].split(self._key_sizes))) \
+            if self._keys else {}
+
+    # ------------------------------------------------------------------ batched masks
+    def _bank_for(self) -> tuple[GateBank | None, list[int]]:
+        """The :class:`~dmscale.core.gate_bank.GateBank` of the batchable gates (built on first
+        use, rebuilt when a gate, its ``a`` or its importance buffer was replaced) and the
+        positions of its gates in ``width + depth``."""
+        gates = list(self.width) + list(self.depth)
+        which = [i for i, t in enumerate(gates) if batchable(t)]
+        members = [gates[i] for i in which]
+        if members and len({(t.metric, t.decay, t.centered) for t in members}) > 1:
+            which, members = [], []  # mixed gate settings: each gate on its own path
+        bank = self.__dict__.get("_bank")
+        if not members:
+            return None, []
+        if bank is None or not bank.valid_for(members):
+            bank = self.__dict__["_bank"] = GateBank(members)
+        return bank, which
+
+    def masks(self, kind: str = "soft", track: bool = False,
+              defer: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(global width mask with its derived slots and trailing 1, per-dim depth masks)
+        of ``kind`` "soft", "hard" or "open", the depth masks hard while depth is frozen.
+
+        Soft masks of every :func:`~dmscale.core.gate_bank.batchable` gate come from one
+        :class:`~dmscale.core.gate_bank.GateBank` evaluation, (G, N_max); with ``track`` one
+        gradient hook on it updates every gate's importance (Eq. 4). Other gates, and hard
+        masks of gates with required groups, are computed gate by gate.
+        """
+        n = len(self.width)
+        gates = list(self.width) + list(self.depth)
+        bank, which = self._bank_for() if kind == "soft" else (None, [])
+        row = {i: r for r, i in enumerate(which)}
+        soft = hard = None
+        if bank is not None:
+            frozen = [i for i in which if i >= n and self.depth_frozen]
+            soft = bank.unit_soft_masks()  # (G, N_max)
+            if track and soft.requires_grad:  # rows of frozen depth gates get no update
+                rows = tuple(i not in frozen and gates[i].a.requires_grad for i in which)
+                soft.register_hook(self._importance_hook(_Rows(bank, self._rows_on(rows, soft.device)),
+                                                         soft.detach(), defer, len(gates)))
+            if frozen and not any(gates[i].required_groups for i in frozen):
+                hard = bank.unit_hard_masks()
+
+        def one(i: int) -> torch.Tensor:
+            t = gates[i]
+            frozen = i >= n and self.depth_frozen and kind != "open"
+            if i in row and (hard if frozen else soft) is not None:
+                return bank.elements(hard if frozen else soft, [row[i]])
+            if frozen:
+                return t.hard_mask()
+            return self._mask(t, kind, track, defer, i)
+
+        if bank is not None and n and all(i in row for i in range(n)):
+            base = bank.elements(soft, [row[i] for i in range(n)])  # (n_slots,) in one gather
+            width = assemble_width_mask([base], self.derived_a, self.derived_b)
+        else:
+            width = assemble_width_mask([one(i) for i in range(n)], self.derived_a, self.derived_b,
+                                        like=torch.ones(1, device=self._device()))
+        return width, [one(n + j) for j in range(len(self.depth))]
+
+    def _mask(self, topk: StructuralGate, kind: str, track: bool, defer: bool = False,
+              index: int = 0) -> torch.Tensor:
+        if kind == "hard":
+            return topk.hard_mask()
+        if kind == "open":
+            return torch.ones(topk.size, device=topk.a.device)
+        unit = topk.unit_soft_mask()
+        if track and unit.requires_grad:
+            unit.register_hook(self._importance_hook(topk, unit.detach(), defer, index))
+        return topk.expand(unit)
+
+    def _rows_on(self, rows: tuple[bool, ...], device: torch.device) -> torch.Tensor:
+        """The (G,) bool tensor of ``rows`` on ``device``, copied there once per value."""
+        cache = self.__dict__.setdefault("_rows_cache", {})
+        key = (rows, str(device))
+        if key not in cache:
+            cache[key] = torch.tensor(rows, device=device)
+        return cache[key]
+
+    def _importance_hook(self, topk: StructuralGate, value: torch.Tensor, defer: bool,
+                         index: int) -> Any:
+        """The mask's gradient hook: Eq. 4 from the unscaled task-loss gradient, now (one
+        process) or after the all-reduce of :meth:`sync_importance` (torch.distributed)."""
+        inv, key = self._inv_scale, (self._forwards, index)
+
+        def hook(g: torch.Tensor) -> None:
+            g = g * inv if inv != 1.0 else g
+            if defer:
+                self.pending.add(key, topk, value, g)
+            else:
+                topk.update_importance(value, g)
+        return hook
+
+    def sync_importance(self) -> int:
+        """Average the pending mask gradients over the ranks (one all-reduce) and apply
+        their Eq. 4 updates; returns how many were applied (0: nothing pending)."""
+        return self.pending.flush(self.process_group)
+
+    def channel_mask(self, key: str) -> torch.Tensor:
+        """The mask of the channels behind buffer ``key``, (C,): every key's channels are
+        gathered at once when the masks are computed (one index operation and one index
+        backward per forward, not one per layer)."""
+        if self._channels is None:
+            self.compute()
+        return self._channels[key]
+
+    def depth_mask(self, j: int) -> torch.Tensor:
+        if self._depth_masks is None:
+            self.compute()
+        return self._depth_masks[j]
+
+    def _device(self) -> torch.device:
+        return self.width[0].a.device if len(self.width) else (
+            self.depth[0].a.device if len(self.depth) else torch.device("cpu"))
+
+    @contextlib.contextmanager
+    def use(self, mode: str | None = None, enabled: bool = True) -> Iterator[None]:
+        """Temporarily switch mask mode ("soft"/"hard") or disable masking."""
+        prev = (self.mode, self.enabled)
+        self.mode = mode or self.mode
+        self.enabled = enabled
+        self._masks = self._depth_masks = self._channels = None
+        try:
+            yield
+        finally:
+            self.mode, self.enabled = prev
+            self._masks = self._depth_masks = self._channels = None
+
+
+def _strip_hooks(module: nn.Module) -> None:
+    for attr in ("_forward_pre_hooks", "_forward_hooks"):
+        hooks: dict[int, Any] = getattr(module, attr)
+        for key in [k for k, fn in hooks.items() if isinstance(fn, DMSHook)]:
+            del hooks[key]
+            for extra in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+                          "_forward_hooks_always_called"):
+                getattr(module, extra, {}).pop(key, None)
+
+
+def detach(model: nn.Module) -> nn.Module:
+    """Remove every dmscale hook and the ``dms_gates`` submodule; returns ``model``.
+
+    The model is back to its original modules, state_dict keys and outputs.
+    """
+    for m in model.modules():
+        _strip_hooks(m)
+    if GATES_NAME in model._modules:
+        del model._modules[GATES_NAME]
+    return model

@@ -1,0 +1,195 @@
+"""Masks multiplied into a layer's weight instead of its activation, where that is the same function.
+
+The paper multiplies a channel mask into the input of every consumer, ``conv(X * m, W)``
+(A.1.1). For a convolution or linear layer that is the same as ``conv(X, W * m)`` with m
+along the weight's input channels: the same output, the same gradient with respect to m (so
+the same Taylor importance, Eq. 4) and the same weight gradient, but the multiply and what
+it saves for the backward pass are the size of the weight (C_out x C_in x k x k), not of the
+activation (B x C_in x H x W), and no masked copy of the activation is kept for the backward
+pass. An output mask (``Q' = Q m``, the per-head dims of timm attention) folds the same way
+into the weight's rows and the bias.
+
+How: a forward pre-hook computes ``W * m`` and puts it in the module's instance ``__dict__``
+under ``weight`` (and ``bias``), where Python's attribute lookup finds it before
+``nn.Module.__getattr__`` reaches ``_parameters``; a forward hook (``always_call``, also on an
+exception) removes it again. The parameters themselves, ``named_parameters``,
+``state_dict`` and optimisers never see anything but the user's weights.
+
+Only layers whose forward is exactly torch's own (``nn.Linear`` and ``nn.Conv1d/2d/3d`` or
+subclasses that override neither ``forward`` nor ``_conv_forward``), with a plain
+``weight`` parameter, are folded: a weight-standardised convolution, a LoRA wrapper or a
+parametrised weight would compute something else from ``W * m``, so they keep the
+activation mask (:func:`fold_plan` returns None).
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> conv = nn.Conv2d(4, 6, 3, groups=2)
+    >>> plan = fold_plan(conv, 1, "in")
+    >>> m, x = torch.rand(4), torch.randn(1, 4, 5, 5)
+    >>> torch.allclose(conv(x * m.view(1, 4, 1, 1)), nn.functional.conv2d(x, plan.fold(conv.weight, m), conv.bias, groups=2), atol=1e-6)
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dmscale.core.hook_base import DMSHook, MaskSource, first_input, masked_input
+
+__all__ = ["WeightFold", "fold_plan", "depth_foldable", "FoldMask", "FoldDepth", "Unfold"]
+
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+@dataclass(frozen=True)
+class WeightFold:
+    """How a (C,) channel mask folds into a layer's weight (and, on the output side, bias).
+
+    Attributes:
+        side: "in" (the mask of the layer's input channels) or "out" (of its output channels).
+        shape: the view of the mask that broadcasts against the weight.
+        index: grouped convolutions, input side: (C_out, C_in / groups) global input channel
+            of every weight entry (None otherwise).
+    """
+
+    side: str
+    shape: tuple[int, ...]
+    index: torch.Tensor | None = None
+
+    def _index_on(self, device: torch.device) -> torch.Tensor:
+        """``index`` on ``device``, copied there once (not once per forward)."""
+        cached = self.__dict__.get("_index_cache")
+        if cached is None or cached.device != device:
+            cached = self.index.to(device)
+            object.__setattr__(self, "_index_cache", cached)
+        return cached
+
+    def fold(self, weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``weight * m`` along the folded side (m: (C,))."""
+        m = mask if self.index is None else mask[self._index_on(mask.device)]
+        m = m.reshape(self.shape)
+        return weight * (m if m.dtype == weight.dtype else m.to(weight.dtype))
+
+
+def _standard_forward(module: nn.Module) -> type | None:
+    """The torch class whose forward ``module`` runs unchanged, or None."""
+    cls = type(module)
+    if isinstance(module, nn.Linear) and cls.forward is nn.Linear.forward:
+        return nn.Linear
+    for base in _CONVS:
+        if isinstance(module, base) and cls.forward is base.forward \
+                and cls._conv_forward is base._conv_forward:
+            return base
+    return None
+
+
+def depth_foldable(module: nn.Module) -> bool:
+    """Whether a residual branch that ends in ``module`` can take its depth mask in the
+    weights: ``f(x) * m`` is ``module`` with weight and bias times m (Sec. 3.2) when it is a
+    standard linear, convolution or affine batch norm layer (torch's own forward) whose
+    weight and bias are plain parameters."""
+    params = module._parameters
+    if not isinstance(params.get("weight"), nn.Parameter):
+        return False
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return type(module).forward is nn.modules.batchnorm._BatchNorm.forward \
+            and isinstance(params.get("bias"), nn.Parameter)
+    return _standard_forward(module) is not None and (params.get("bias") is None or
+                                                      isinstance(params.get("bias"), nn.Parameter))
+
+
+def fold_plan(module: nn.Module, dim: int, side: str) -> WeightFold | None:
+    """How to fold a mask over channel ``dim`` of the layer's input (``side="in"``) or
+    output (``"out"``) into its weight, or None where that would not be the same function
+    (see the module docs)."""
+    base = _standard_forward(module)
+    weight = module._parameters.get("weight")
+    if base is None or not isinstance(weight, nn.Parameter):
+        return None
+    if side == "out" and module._parameters.get("bias") is None and getattr(module, "bias", None) is not None:
+        return None  # a bias that is not a plain parameter
+    nd = weight.dim()
+    if base is nn.Linear:
+        if dim not in (-1, 1):  # Linear reads channels from the last dim only
+            return None
+        return WeightFold("in", (1, weight.shape[1])) if side == "in" else WeightFold("out", (weight.shape[0], 1))
+    if dim != 1:  # (B, C, ...) activations
+        return None
+    c_out, c_in_g = weight.shape[0], weight.shape[1]
+    rest = (1,) * (nd - 2)
+    if side == "out":
+        return WeightFold("out", (c_out, 1) + rest)
+    groups = module.groups
+    if groups == 1:
+        return WeightFold("in", (1, c_in_g) + rest)
+    group_of_out = torch.arange(c_out) // (c_out // groups)  # (C_out,)
+    index = group_of_out[:, None] * c_in_g + torch.arange(c_in_g)[None, :]  # (C_out, C_in/g)
+    return WeightFold("in", (c_out, c_in_g) + rest, index)
+
+
+def _current(module: nn.Module, name: str) -> torch.Tensor | None:
+    """The tensor the module's forward would read as ``name`` now: an earlier fold's shadow
+    of this call (folds of one layer stack), else the parameter itself."""
+    return module.__dict__.get(name, module._parameters.get(name))
+
+
+class FoldMask(DMSHook):
+    """Forward pre-hook (with kwargs): shadow the module's ``weight`` (and on the output side
+    ``bias``) with the masked one for this call. Stacks: an input and an output fold of one
+    layer multiply the same shadowed weight.
+
+    On the input side the smaller of the two multiplies is taken, call by call: a layer whose
+    input is smaller than its weight (a language model's head over a large vocabulary, any
+    layer at batch 1) gets ``X * m`` instead, the same function (``dim``: the input's channel
+    dim)."""
+
+    def __init__(self, gates: MaskSource, key: str, plan: WeightFold, dim: int = 1) -> None:
+        self.gates, self.key, self.plan, self.dim = gates, key, plan, dim
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        if not self.gates.enabled:
+            return None
+        m = self.gates.channel_mask(self.key)  # (C,)
+        weight = _current(module, "weight")
+        if self.plan.side == "in":
+            found = first_input(args, kwargs)
+            if found is not None and found[1].numel() < weight.numel():
+                return masked_input(args, kwargs, found, m, self.dim)
+        module.__dict__["weight"] = self.plan.fold(weight, m)
+        if self.plan.side == "out":
+            bias = _current(module, "bias")
+            if bias is not None:
+                module.__dict__["bias"] = bias * m.to(bias.dtype)
+        return None
+
+
+class FoldDepth(DMSHook):
+    """Forward pre-hook on the last layer of a residual branch: its weight and bias times
+    the block's depth mask m_i, so the branch computes ``f(x) * m_i`` (Sec. 3.2) without a
+    multiply of (and a saved copy of) the branch's output activation."""
+
+    def __init__(self, gates: MaskSource, dim: int, block: int) -> None:
+        self.gates, self.dim, self.block = gates, dim, block
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        if not self.gates.enabled:
+            return
+        m = self.gates.depth_mask(self.dim)[self.block]  # () scalar
+        for name in ("weight", "bias"):
+            value = _current(module, name)
+            if value is not None:
+                module.__dict__[name] = value * m.to(value.dtype)
+
+
+class Unfold(DMSHook):
+    """Forward hook registered with ``always_call=True``: the module's own parameters are
+    visible again after the call, also when the forward raised."""
+
+    def __call__(self, module: nn.Module, args: tuple, out: Any) -> None:
+        module.__dict__.pop("weight", None)
+        module.__dict__.pop("bias", None)

@@ -1,0 +1,252 @@
+"""Exact resource counts and the differentiable cost of a search (paper Eq. 6-8).
+
+:func:`count` runs ``torch.utils.flop_counter.FlopCounterMode`` (its forward-only variant
+:class:`dmscale.trace.flops.ForwardFlopCounter`) and returns exact MACs
+(= FLOPs / 2) and parameters. Convention: MACs are those of convolutions, linear layers,
+matrix products and attention (``scaled_dot_product_attention``, whose CPU kernel has no
+formula in torch and gets one registered here); element-wise ops, norms, activations,
+pooling and bias adds are not counted. Parameters are the model's unique parameters (tied
+weights once); buffers are not counted.
+
+:class:`CostModel` is the differentiable ``r_c`` of Eq. 6: a sum of terms
+``base x keep_in x keep_out x m_depth`` where ``keep`` is the mean mask of the channels a
+layer reads or writes. At hard (0/1) masks it equals the exact count of the exported model.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> count(nn.Linear(8, 4), torch.randn(2, 8))
+    {'macs': 64, 'params': 36}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import register_flop_formula, sdpa_flop_count
+
+from dmscale.trace.discover import SearchSpace
+from dmscale.trace.tracer import split_inputs
+from dmscale.trace.flops import ForwardFlopCounter
+from dmscale.trace.handlers.base import handler_for
+from dmscale.core.masks import GATES_NAME
+from dmscale.core.modes import eval_mode
+
+__all__ = ["count", "CostModel", "DeviceCache", "RESOURCES"]
+
+RESOURCES = ("macs", "params", "latency")
+
+
+def _gqa_shapes(query_shape: Any, key_shape: Any, value_shape: Any) -> tuple[Any, Any]:
+    """Key and value shapes with their heads repeated to the query's (grouped-query attention:
+    each query head attends to its key/value group, the same work as with as many heads)."""
+    if len(query_shape) == 4 and len(key_shape) == 4 and len(value_shape) == 4:
+        hq, hkv = query_shape[1], key_shape[1]
+        if hkv and hq != hkv and hq % hkv == 0:
+            key_shape = (key_shape[0], hq, *key_shape[2:])
+            value_shape = (value_shape[0], hq, *value_shape[2:])
+    return key_shape, value_shape
+
+
+def _gqa_safe(formula: Any) -> Any:
+    """``formula`` of an attention op, counting grouped-query attention as its expanded
+    form (torch before 2.13 asserts equal head counts in ``sdpa_flop_count``)."""
+    if getattr(formula, "_dmscale_gqa", False):
+        return formula
+
+    def wrapped(query, key, value, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        # the registry's formulas take the op's tensors (or shapes) and read their shapes
+        q, k, v = (tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in (query, key, value))
+        k, v = _gqa_shapes(q, k, v)
+        return formula(q, k, v, *args, **kwargs)
+    wrapped._dmscale_gqa = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+_SDPA_OPS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+
+
+def _register_cpu_sdpa_formula() -> None:
+    """A flop formula for the CPU attention kernel (torch has none before some version), and
+    grouped-query attention counted by every forward attention formula."""
+    from torch.utils.flop_counter import flop_registry
+
+    cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if cpu is not None and cpu not in flop_registry:
+        def formula(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):  # noqa: ANN001
+            return sdpa_flop_count(query_shape, key_shape, value_shape)
+        try:
+            register_flop_formula(cpu)(formula)
+        except (RuntimeError, ValueError):  # already registered
+            pass
+    for name in _SDPA_OPS:
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None and op in flop_registry:
+            flop_registry[op] = _gqa_safe(flop_registry[op])
+
+
+_register_cpu_sdpa_formula()
+
+
+def count(model: nn.Module, example_inputs: Any) -> dict[str, int]:
+    """Exact ``{"macs", "params"}`` of ``model`` on ``example_inputs`` (eval mode, no grad)."""
+    args, kwargs = split_inputs(example_inputs)
+    counter = ForwardFlopCounter(model)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    # the fused encoder kernel has no flop formula: count the unfused (same) computation
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad(), eval_mode(model), counter:
+            model(*args, **kwargs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(GATES_NAME + "."))
+    return {"macs": int(counter.get_total_flops()) // 2, "params": int(params)}
+
+
+class DeviceCache:
+    """Constant tensors of a cost model, moved to a device once and then reused: the step loop
+    evaluates the cost every step, and a host-to-device copy per index tensor per step would
+    cost more than the arithmetic on a GPU. A tensor that is replaced (not changed in place)
+    is moved again."""
+
+    def on(self, device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """``[t.to(device) for t in tensors]``, each copy made once per (tensor, device)."""
+        cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = \
+            self.__dict__.setdefault("_device_cache", {})
+        out = []
+        for t in tensors:
+            hit = cache.get((id(t), device))
+            if hit is None or hit[0] is not t:
+                hit = cache[(id(t), device)] = (t, t.to(device))
+            out.append(hit[1])
+        return out
+
+
+@dataclass
+class _Terms:
+    base: torch.Tensor  # (T,) float64
+    f_in: torch.Tensor  # (T,) group index, G = no factor
+    f_out: torch.Tensor  # (T,)
+    depth: torch.Tensor  # (T,) flat block index, B = no factor
+
+
+class CostModel(DeviceCache):
+    """Differentiable cost ``r_c`` of one resource from the gates' masks.
+
+    Built once from a :class:`SearchSpace`; :meth:`__call__` takes the concatenated width
+    mask (n_slots + 1, last entry 1 for fixed channels) and the flat depth mask (n_blocks)
+    and returns a float64 scalar.
+    """
+
+    def __init__(self, model: nn.Module, space: SearchSpace, resource: str) -> None:
+        if resource not in ("macs", "params"):
+            raise ValueError(f"CostModel resource must be 'macs' or 'params', got {resource!r}")
+        self.resource = resource
+        self.space = space
+        self._groups: list[torch.Tensor] = []
+        self._group_key: dict[bytes, int] = {}
+        self._block_index = self._flat_blocks(space)
+        rows = self._macs_rows(model, space) if resource == "macs" else self._params_rows(model, space)
+        kept = [r for r in rows if not (r[1] < 0 and r[2] < 0 and r[3] < 0)]
+        self.constant = float(sum(r[0] for r in rows if r[1] < 0 and r[2] < 0 and r[3] < 0))
+        g, b = len(self._groups), len(self._block_index)
+        self.terms = _Terms(
+            torch.tensor([r[0] for r in kept], dtype=torch.float64),
+            torch.tensor([r[1] if r[1] >= 0 else g for r in kept], dtype=torch.long),
+            torch.tensor([r[2] if r[2] >= 0 else g for r in kept], dtype=torch.long),
+            torch.tensor([r[3] if r[3] >= 0 else b for r in kept], dtype=torch.long),
+        )
+        lengths = [len(x) for x in self._groups]
+        self._flat = torch.cat(self._groups) if self._groups else torch.zeros(0, dtype=torch.long)
+        self._seg = torch.repeat_interleave(torch.arange(g), torch.tensor(lengths, dtype=torch.long)) if g else torch.zeros(0, dtype=torch.long)
+        self._len = torch.tensor(lengths, dtype=torch.float64)
+
+    # ------------------------------------------------------------------ building
+    @staticmethod
+    def _flat_blocks(space: SearchSpace) -> dict[tuple[int, int], int]:
+        out, k = {}, 0
+        for j, d in enumerate(space.depth):
+            for i, _ in enumerate(d.blocks):
+                out[(j, i)] = k
+                k += 1
+        return out
+
+    def _group(self, slots: Any) -> int:
+        """Index of the keep-ratio group of a channel->slot vector (-1: no factor)."""
+        if slots is None or (slots < 0).all():
+            return -1
+        idx = torch.as_tensor(slots, dtype=torch.long).clone()
+        idx[idx < 0] = self.space.n_slots
+        key = idx.numpy().tobytes()
+        if key not in self._group_key:
+            self._group_key[key] = len(self._groups)
+            self._groups.append(idx)
+        return self._group_key[key]
+
+    def _block(self, name: str) -> int:
+        jb = self.space.block_of(name)
+        return -1 if jb is None else self._block_index[jb]
+
+    def _macs_rows(self, model: nn.Module, space: SearchSpace) -> list[tuple[float, int, int, int]]:
+        rows = []
+        attributed = 0
+        for name, layer in space.layers.items():
+            if layer.macs == 0:
+                continue
+            attributed += layer.macs
+            sides = layer.macs_sides
+            f_in = self._group(layer.in_slots) if "in" in sides else -1
+            f_out = self._group(layer.out_slots) if "out" in sides else -1
+            rows.append((float(layer.macs), f_in, f_out, self._block(name)))
+        rest = space.total_macs - attributed
+        for j, d in enumerate(space.depth):  # MACs outside handled layers but inside a block
+            for i, b in enumerate(d.blocks):
+                inner = space.module_macs.get(b.name, 0) - sum(
+                    l.macs for n, l in space.layers.items() if n.startswith(b.name + "."))
+                if inner:
+                    rows.append((float(inner), -1, -1, self._block_index[(j, i)]))
+                    rest -= inner
+        rows.append((float(rest), -1, -1, -1))
+        return rows
+
+    def _params_rows(self, model: nn.Module, space: SearchSpace) -> list[tuple[float, int, int, int]]:
+        modules = dict(model.named_modules())
+        covered: dict[str, tuple[int, int]] = {}
+        for name, layer in space.layers.items():
+            if layer.virtual:
+                continue
+            module = modules[name]
+            for pname, dims in handler_for(module).param_dims(module).items():
+                sides = set(dims.values())
+                f_in = self._group(layer.in_slots) if "in" in sides else -1
+                f_out = self._group(layer.out_slots) if "out" in sides else -1
+                covered[f"{name}.{pname}" if name else pname] = (f_in, f_out)
+        for pname, (_, slots) in space.params.items():
+            covered[pname] = (self._group(slots), -1)
+        rows = []
+        for pname, p in model.named_parameters():
+            if pname.startswith(GATES_NAME + "."):
+                continue
+            f_in, f_out = covered.get(pname, (-1, -1))
+            rows.append((float(p.numel()), f_in, f_out, self._block(pname.rpartition(".")[0])))
+        return rows
+
+    # ------------------------------------------------------------------ evaluation
+    def __call__(self, width_mask: torch.Tensor, depth_mask: torch.Tensor) -> torch.Tensor:
+        """r_c from the width mask (n_slots + 1,) and flat depth mask (n_blocks,)."""
+        w = width_mask.to(torch.float64)
+        dev = w.device
+        g = len(self._groups)
+        t = self.terms
+        seg, flat, length, base, f_in, f_out, depth = self.on(
+            dev, self._seg, self._flat, self._len, t.base, t.f_in, t.f_out, t.depth)
+        keep = torch.zeros(g, dtype=torch.float64, device=dev).index_add(0, seg, w[flat]) / length
+        keep = torch.cat([keep, torch.ones(1, dtype=torch.float64, device=dev)])
+        d = torch.cat([depth_mask.to(torch.float64), torch.ones(1, dtype=torch.float64, device=dev)])
+        per_term = base * keep[f_in] * keep[f_out] * d[depth]
+        return per_term.sum() + self.constant

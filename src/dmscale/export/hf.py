@@ -1,0 +1,301 @@
+"""Save an exported Hugging Face causal LM so that ``from_pretrained`` loads it without dmscale.
+
+:func:`save_pretrained` writes a standard Hugging Face directory (``model.safetensors``,
+``config.json``, ``generation_config.json``, the tokenizer) in one of two formats:
+
+* **standard** -- every decoder layer has the same number of heads, key-value heads and FFN
+  width (a search with ``SearchConfig(layer_uniform=True)``): the model's own config class
+  with the new sizes (``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``,
+  ``intermediate_size``, explicit ``head_dim``, ``num_hidden_layers`` after removed layers).
+  ``AutoModelForCausalLM.from_pretrained(dir)`` loads it with plain transformers, and so does
+  every tool that reads a standard config. Families: Llama (incl. SmolLM2), Mistral, Qwen2,
+  Qwen3.
+* **per_layer** -- the layers differ (what DMS finds by default). Hugging Face has no
+  standard config for heterogeneous layers, so the directory carries its own modeling code:
+  ``config.json`` has ``model_type: "dmscale_llama"``, one ``[heads, kv_heads, intermediate]``
+  per layer in ``layer_sizes``, and an ``auto_map`` pointing at
+  ``modeling_dmscale_llama.py``, a 90-line file (torch + transformers only) that builds
+  transformers' own ``LlamaForCausalLM`` with each layer's projections at its own size.
+  ``from_pretrained(dir, trust_remote_code=True)`` loads it without dmscale. Limits: Llama
+  family only (SmolLM2, Llama 2/3); tools that need a standard architecture (vLLM,
+  llama.cpp's converter) do not know ``dmscale_llama`` -- search with ``layer_uniform=True``
+  for those.
+
+Before returning, the saved directory is loaded back (in this process) and its logits are
+compared with the model's on a probe sequence; a mismatch raises :class:`VerificationError`
+instead of leaving a silently different checkpoint (``verify=False`` skips it and the second
+copy of the model it costs).
+
+Example:
+    >>> import tempfile, torch, dmscale as dms
+    >>> _ = dms.ensure_torchvision()
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                   num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    >>> lm = LlamaForCausalLM(cfg).eval()
+    >>> ids = {"input_ids": torch.randint(0, 32, (1, 6))}
+    >>> searcher = dms.prepare(lm, ids, dms.SearchConfig("params", 0.6, layer_uniform=True))
+    >>> _ = lm.train()  # one task-loss backward: importance (Eq. 4); a search trains many
+    >>> lm(**ids, labels=ids["input_ids"]).loss.backward()
+    >>> _ = searcher.meet_target()
+    >>> small = searcher.export()
+    >>> out = dms.save_pretrained(small, tempfile.mkdtemp())
+    >>> hf_layer_sizes(small)["uniform"]
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.resources
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from dmscale.core.errors import StructureError, UnsupportedLayerError, VerificationError
+from dmscale.core.masks import GATES_NAME
+
+__all__ = ["save_pretrained", "hf_layer_sizes", "find_hf_model", "STANDARD_FAMILIES",
+           "PER_LAYER_FAMILIES", "REMOTE_FILE"]
+
+STANDARD_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+PER_LAYER_FAMILIES = ("llama",)
+REMOTE_FILE = "modeling_dmscale_llama.py"
+_REMOTE_CLASSES = {
+    "AutoConfig": "DMScaleLlamaConfig",
+    "AutoModel": "DMScaleLlamaModel",
+    "AutoModelForCausalLM": "DMScaleLlamaForCausalLM",
+}
+
+
+def find_hf_model(model: nn.Module) -> Any:
+    """``model`` when it is a ``transformers.PreTrainedModel``, else its only top-level child
+    that is one (a wrapper such as the text task's ``CausalLM``)."""
+    from transformers import PreTrainedModel
+
+    if isinstance(model, PreTrainedModel):
+        return model
+    found = [m for m in model.children() if isinstance(m, PreTrainedModel)]
+    if len(found) != 1:
+        raise UnsupportedLayerError(
+            f"save_pretrained needs a Hugging Face PreTrainedModel, got {type(model).__name__} "
+            f"with {len(found)} PreTrainedModel children; pass the Hugging Face model itself, or "
+            "save with dmscale.save (loads with dmscale.load)")
+    return found[0]
+
+
+def hf_layer_sizes(model: nn.Module) -> dict[str, Any]:
+    """The sizes a config must state for ``model`` (an exported Llama-family causal LM).
+
+    Returns ``{"hidden_size", "head_dim", "layers": [[heads, kv_heads, intermediate], ...],
+    "uniform"}``. Raises :class:`UnsupportedLayerError` naming the layer when the model is
+    not a Llama-family decoder (q/k/v/o_proj attention, gate/up/down_proj MLP) or when it is
+    still prepared for a search.
+    """
+    lm = find_hf_model(model)
+    if hasattr(lm, GATES_NAME) or hasattr(model, GATES_NAME):
+        raise StructureError("the model is still prepared for a search (it has dms_gates): save "
+                             "searcher.export(), the physically smaller copy")
+    config = lm.config
+    stack = getattr(getattr(lm, "model", None), "layers", None)
+    if not isinstance(stack, nn.ModuleList):
+        raise UnsupportedLayerError(
+            f"{type(lm).__name__} ({config.model_type}): no decoder stack at model.layers; "
+            f"save_pretrained supports {', '.join(STANDARD_FAMILIES)}. Save with dmscale.save "
+            "(loads with dmscale.load) instead")
+    hidden = lm.get_input_embeddings().embedding_dim
+    head_dims, layers = set(), []
+    for i, layer in enumerate(stack):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
+                [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if not all(isinstance(p, nn.Linear) for p in parts) or not hasattr(attn, "head_dim"):
+            raise UnsupportedLayerError(
+                f"model.layers.{i} ({type(layer).__name__}) is not a Llama-family decoder layer "
+                "(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj); save with dmscale.save instead")
+        q, k, v, o, gate, up, down = parts
+        d = int(attn.head_dim)
+        head_dims.add(d)
+        heads, kv, ffn = q.out_features // d, k.out_features // d, gate.out_features
+        if (q.out_features % d or k.out_features % d or v.out_features != k.out_features
+                or o.in_features != q.out_features or up.out_features != ffn or down.in_features != ffn
+                or heads % kv or any(p.in_features != hidden for p in (q, k, v, gate, up))
+                or o.out_features != hidden or down.out_features != hidden):
+            raise StructureError(
+                f"model.layers.{i}: inconsistent projection shapes (q {tuple(q.weight.shape)}, k "
+                f"{tuple(k.weight.shape)}, v {tuple(v.weight.shape)}, o {tuple(o.weight.shape)}, "
+                f"head_dim {d}, hidden {hidden}); this model was not produced by a dmscale export")
+        layers.append([heads, kv, ffn])
+    if len(head_dims) > 1:
+        raise StructureError(f"head_dim differs between layers ({sorted(head_dims)}); no config "
+                             "format states that")
+    return {"hidden_size": hidden, "head_dim": head_dims.pop() if head_dims else None,
+            "layers": layers, "uniform": all(s == layers[0] for s in layers)}
+
+
+def _standard_config(lm: Any, sizes: dict[str, Any]) -> Any:
+    config = copy.deepcopy(lm.config)
+    if config.model_type not in STANDARD_FAMILIES:
+        raise UnsupportedLayerError(
+            f"save_pretrained writes standard configs for {', '.join(STANDARD_FAMILIES)}, this "
+            f"model is {config.model_type!r}; save with dmscale.save (loads with dmscale.load)")
+    heads, kv, ffn = sizes["layers"][0] if sizes["layers"] else (
+        config.num_attention_heads, config.num_key_value_heads, config.intermediate_size)
+    values = {"hidden_size": sizes["hidden_size"], "num_hidden_layers": len(sizes["layers"]),
+              "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": ffn,
+              "head_dim": sizes["head_dim"] or config.head_dim}
+    try:
+        return type(config).from_dict({**_plain_dict(config), **values})
+    except Exception as err:  # transformers' strict validation raises its own classes
+        raise StructureError(
+            f"the pruned sizes {values} do not make a valid {type(config).__name__} "
+            f"({str(err).splitlines()[-1].strip()}); keep the hidden size fixed "
+            "(SearchConfig(exclude=['model.embed_tokens']) on the bare model, --exclude lm.model.embed_tokens "
+            "on the command line), save "
+            "with mode='per_layer' (Llama family) or with dmscale.save") from err
+
+
+def _per_layer_config(lm: Any, sizes: dict[str, Any]) -> Any:
+    config = lm.config
+    if config.model_type not in PER_LAYER_FAMILIES:
+        raise UnsupportedLayerError(
+            f"layers of different widths can be saved for from_pretrained only for "
+            f"{', '.join(PER_LAYER_FAMILIES)} (this model is {config.model_type!r}); search with "
+            "SearchConfig(layer_uniform=True) / --layer-uniform for a standard config, or save "
+            "with dmscale.save (loads with dmscale.load)")
+    from dmscale.export.hf_remote.modeling_dmscale_llama import DMScaleLlamaConfig
+
+    layers = sizes["layers"]
+    d = _plain_dict(config)
+    d.update(model_type=DMScaleLlamaConfig.model_type, hidden_size=sizes["hidden_size"],
+             num_hidden_layers=len(layers), head_dim=sizes["head_dim"] or config.head_dim,
+             num_attention_heads=max(s[0] for s in layers), num_key_value_heads=max(s[1] for s in layers),
+             intermediate_size=max(s[2] for s in layers), layer_sizes=[list(s) for s in layers],
+             architectures=["DMScaleLlamaForCausalLM"],
+             auto_map={k: f"{REMOTE_FILE[:-3]}.{v}" for k, v in _REMOTE_CLASSES.items()})
+    return DMScaleLlamaConfig.from_dict(d)
+
+
+def _plain_dict(config: Any) -> dict[str, Any]:
+    """The config as a dict, without the GGUF 'quantization' of a de-quantised model."""
+    d = config.to_dict()
+    q = d.get("quantization_config")
+    if isinstance(q, dict) and str(q.get("quant_method", "")).lower().endswith("gguf"):
+        del d["quantization_config"]
+    return d
+
+
+def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any = None,
+                    mode: str = "auto", verify: bool = True) -> Path:
+    """Write ``model`` (an export of a Hugging Face causal LM) as a ``from_pretrained`` directory.
+
+    Args:
+        model: ``searcher.export()`` of a Llama-family ``*ForCausalLM`` (or a wrapper holding
+            one as its only PreTrainedModel child).
+        out_dir: the directory (created; files of the same name are replaced).
+        tokenizer: saved beside the weights when given.
+        mode: "standard" (all layers equal; plain ``from_pretrained``), "per_layer" (the
+            config lists each layer's sizes, loads with ``trust_remote_code=True``), or "auto"
+            (standard when the layers are equal and the family's config accepts the sizes --
+            Llama wants the hidden size divisible by the number of heads -- else per_layer,
+            with a warning when the layers were equal).
+        verify: load the directory back and compare logits (raises
+            :class:`VerificationError` on a mismatch).
+
+    Returns the directory. See the module docs for the formats and their limits.
+    """
+    if mode not in ("auto", "standard", "per_layer"):
+        raise ValueError(f"mode must be 'auto', 'standard' or 'per_layer', got {mode!r}")
+    lm = find_hf_model(model)
+    sizes = hf_layer_sizes(lm)
+    config = None
+    if mode == "auto":  # standard when the layers agree and the family's config accepts the sizes
+        mode = "per_layer"
+        if sizes["uniform"] and lm.config.model_type in STANDARD_FAMILIES:
+            try:
+                config, mode = _standard_config(lm, sizes), "standard"
+            except StructureError as err:
+                if lm.config.model_type not in PER_LAYER_FAMILIES:
+                    raise
+                warnings.warn(f"{err}; saving with per-layer sizes and custom code instead "
+                              "(loads with trust_remote_code=True)", stacklevel=2)
+    if mode == "standard" and not sizes["uniform"]:
+        distinct = sorted({tuple(s) for s in sizes["layers"]})
+        raise StructureError(
+            f"mode='standard' needs every layer to keep the same [heads, kv_heads, intermediate], "
+            f"the layers have {len(distinct)} different ones ({distinct[:3]}...); search with "
+            "SearchConfig(layer_uniform=True) / --layer-uniform, or save with mode='per_layer'")
+    if config is None:
+        config = _standard_config(lm, sizes) if mode == "standard" else _per_layer_config(lm, sizes)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("config.json", REMOTE_FILE):
+        if (out / stale).exists():
+            (out / stale).unlink()
+    with _dequantized(lm):
+        lm.save_pretrained(out, safe_serialization=True)
+    config.save_pretrained(out)  # replaces the config.json written with the unpruned sizes
+    if mode == "per_layer":
+        source = importlib.resources.files("dmscale.export.hf_remote").joinpath(REMOTE_FILE)
+        with importlib.resources.as_file(source) as path:
+            shutil.copyfile(path, out / REMOTE_FILE)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    (out / "dmscale.json").write_text(json.dumps({"format": mode, "layer_sizes": sizes["layers"],
+                                                  "hidden_size": sizes["hidden_size"]}, indent=1))
+    if verify:
+        _verify_saved(lm, out, remote=mode == "per_layer")
+    return out
+
+
+@contextlib.contextmanager
+def _dequantized(lm: Any) -> Iterator[None]:
+    """A model loaded from a GGUF file is de-quantised to plain float tensors but keeps its
+    ``hf_quantizer``, which makes transformers refuse to save it: hide it while saving.
+    Other quantizers (bitsandbytes, ...) hold packed weights dmscale never pruned: refused."""
+    quantizer = getattr(lm, "hf_quantizer", None)
+    if quantizer is None:
+        yield
+        return
+    method = getattr(quantizer.quantization_config, "quant_method", None)
+    method = getattr(method, "value", method)
+    if method != "gguf" or any(not p.is_floating_point() for p in lm.parameters()):
+        raise UnsupportedLayerError(
+            f"the model is quantized ({method}); dmscale prunes and saves full-precision models: "
+            "load it unquantized (dtype=torch.float32 or bfloat16) before dms.prepare")
+    lm.hf_quantizer = None
+    try:
+        yield
+    finally:
+        lm.hf_quantizer = quantizer
+
+
+def _verify_saved(lm: Any, out: Path, remote: bool) -> None:
+    from transformers import AutoModelForCausalLM
+
+    param = next(lm.parameters())
+    loaded = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=remote, dtype=param.dtype)
+    n = min(16, int(lm.config.vocab_size))
+    ids = (torch.arange(n, device=param.device) * 7919 % lm.config.vocab_size).view(1, -1)
+    was = lm.training
+    lm.eval()
+    try:
+        with torch.no_grad():
+            want = lm(input_ids=ids).logits.float()
+            got = loaded.to(param.device).eval()(input_ids=ids).logits.float()
+    finally:
+        lm.train(was)
+    diff = float((want - got).abs().max()) if want.shape == got.shape else float("inf")
+    allowed = 1e-4 * max(1.0, float(want.abs().max()))
+    if not diff <= allowed:
+        raise VerificationError(
+            f"the directory {out} does not load back as the same model: logits differ by {diff:.3g} "
+            f"(allowed {allowed:.3g}, shapes {tuple(want.shape)} vs {tuple(got.shape)}). Please "
+            "report it with the model; dmscale.save keeps the exact export")

@@ -1,0 +1,275 @@
+"""The search configuration: what to search and under which budget (:class:`SearchConfig`).
+
+Example:
+    >>> from dmscale.search.config import SearchConfig, config_state
+    >>> cfg = SearchConfig(resource="params", target=0.25)
+    >>> config_state(cfg)["target"], config_state(cfg)["gate_factory"]
+    (0.25, None)
+    >>> SearchConfig(target=-1)
+    Traceback (most recent call last):
+    ...
+    dmscale.core.errors.ConfigError: target must be a finite number > 0, got -1: pass a fraction of the supernet's cost (e.g. 0.5) or an absolute count > 1
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import Any
+
+import torch
+
+from dmscale.core.errors import ConfigError
+from dmscale.core.importance import IMPORTANCE_METRICS
+from dmscale.cost.resources import RESOURCES
+from dmscale.core.topk import GateFactory
+
+__all__ = ["SearchConfig", "COST_FORWARD", "BEFORE_OPTION", "CUDA_ALIGN", "config_state",
+           "config_differences", "resolve_align"]
+
+COST_FORWARD = ("soft", "exact")
+# Options whose default changed what is searched when they were added: the value that
+# reproduces a state (or run) saved before the option existed.
+BEFORE_OPTION: dict[str, Any] = {"settle": 0.0, "settle_hold": False, "align": 1}
+# the width multiple of ``align=None`` on a CUDA device: bf16/fp16 tensor-core tiles
+CUDA_ALIGN = 8
+
+
+@dataclass
+class SearchConfig:
+    """What to search and under which budget.
+
+    Attributes:
+        resource: "macs", "params" or "latency".
+        target: <= 1: a fraction of the supernet's cost; > 1: an absolute count.
+        resource_weight: lambda_resource of Eq. 5.
+        schedule: "exp" (r_t decays from the supernet's cost to the target, Eq. 10) or
+            "constant" (r_t = target from the start).
+        schedule_end: the fraction of the search, in (0, 1], over which the "exp" schedule
+            decays r_t; from there on r_t holds at the final target. 1.0 (default) is Eq. 10
+            as written (the target is reached only at the last step); 0.6 decays over the
+            first 60 % and leaves the last 40 % to settle on the target.
+        importance: "taylor" (Eq. 4), "snip", "fisher" or "index".
+        normalize: rank-normalise importance (Eq. 2); False is the paper's ablation.
+        width_temperature / depth_temperature: lambda = temperature * N (1 and 4, A.1.1).
+        min_width: smallest width a dimension may keep (x_min, A.1.1).
+        width_step: channels per unit in a coarse search space (1 = fine-grained).
+        align: hardware-aligned widths: every searched width (channels, FFN units, per-head
+            dims ``<attn>.head_dim``) is kept at a multiple of ``align`` (GPU tensor cores
+            run multiples of 8 far faster than odd widths). A dim is then searched in units of
+            ``lcm(width_step, align)`` elements and keeps at least one unit. Head counts
+            (``<attn>.heads``) and blocks are counts and stay one at a time. A dim whose size
+            is not a multiple of ``align`` cannot be kept aligned (its full size is not) and
+            is searched as without ``align`` (in units of ``width_step``);
+            :attr:`Searcher.unaligned` lists such dims. None (default, "auto"): 8 when the
+            model's parameters are on a CUDA device at :func:`~dmscale.prepare`, else 1
+            (:func:`resolve_align`; the resolved value is :attr:`Searcher.align`). 1 = off.
+        dim_overrides: per width-dimension name, {"min": int, "step": int}; with ``align``,
+            the step of an aligned dim must be a multiple of it (checked at ``prepare``).
+        search_width: search widths.
+        search_depth: True: every residual stage found; False: none; a list: those stages.
+        exclude: module names (or prefixes) whose widths stay fixed.
+        width_only_from: progress from which depth is frozen at its hard value and only
+            widths are searched (the extra width-only phase of A.1.2); None = never.
+        latency_options: keyword arguments of :class:`dmscale.cost.latency.LatencyCostModel`
+            (ratios, budget_s, quantile, calibrate, profile: a saved profile, e.g. measured
+            on the target device). Latency is in microseconds: a target > 1 is in us.
+        settle: the last fraction of the search, in [0, 1), that lands the structure on the
+            budget (0 = off: the paper's loss to the last step). The exp schedule then decays
+            r_t over the first ``min(schedule_end, 1 - settle)`` of the search; in the settle
+            phase r_t is the final target, r_c is the exact cost of the hard masks with the
+            soft cost's gradient, and the loss is two-sided around ``budget_band`` (zero
+            inside, log of the distance outside, with a weight that grows while the cost is
+            over the band: :mod:`dmscale.search.settle`); once the exact cost has reached the target,
+            depth is frozen at its hard value (the width-only phase of A.1.2) and
+            :meth:`Searcher.structure_lr_scale` anneals the structural learning rate to 0
+            (cosine) over the rest of the search. Default 0.4, as the official code's
+            ``decay_ratio = 0.6``: measured in ``bench/results/budget.md``, the loss alone then
+            ends in [0.98, 1.00] x target where Eq. 10 to the last step does not.
+        settle_hold: in the settle phase, once landed, the structural learning rate is 0
+            while the exact cost is inside ``budget_band`` (:meth:`Searcher.structure_lr_scale`):
+            the ratios move only while the cost is outside the band, so a structure that
+            entered the band stays there (the cost follows the kept counts), where with the
+            anneal alone the ratios kept drifting (the task loss's pull, Adam's momentum) and
+            could leave it one channel at a time.
+            Default True: measured in ``bench/RESULTS.md`` (tables 1, 3, 5, 6), every search
+            long enough to reach its target lands in the band (40 of 40 on table 6, against
+            38 with the anneal alone); the anneal alone keeps trading width between layers a
+            little longer, which on pretrained models without retraining (DMS_p-, SmolLM2)
+            measured 1-2 % better, not resolved.
+        budget_band: (low, high) fractions of the target between which the settle phase's
+            loss is zero; 0 < low <= high <= 1. Default (0.98, 1.0): over the target it is
+            Eq. 6's hinge on the exact cost, under 0.98 x it pulls the cost back up.
+        cost_forward: the value of r_c in the resource loss (Eq. 6) before the settle phase.
+            "soft": the cost of the soft masks, as the paper writes it; it sits below the exported model's cost while
+            the least important kept elements have soft masks under 1, so a search that meets
+            its target in soft terms exports a model over it. "exact": the exact cost of the
+            hard masks (what the export will cost), with the soft cost's gradient
+            (straight-through: r_c = s + (h - s).detach()).
+        layer_uniform: the dims of one kind in repeated layers (every layer's FFN width, every
+            layer's heads) share one pruning ratio, so all layers keep the same count while
+            each keeps its own most important elements (:mod:`dmscale.search.uniform`); the result
+            has a standard config (``dmscale.save_pretrained`` without custom code).
+        gate_factory: builds the gate of every width and depth dimension (None: DMS's
+            :class:`~dmscale.core.topk.DifferentiableTopK`). For baselines and ablations: any
+            callable with DifferentiableTopK's signature returning a
+            :class:`~dmscale.core.topk.StructuralGate` (bench/gates_lib.py has the paper's MES,
+            SNS and GET). Export, exact cost and the export check are the same for every gate.
+        verify: self-checks on the example inputs (one extra forward each, tolerance in
+            :mod:`dmscale.export.verify`): ``prepare`` refuses a model whose output changes with all
+            masks open, ``export`` raises when the export does not compute what the hardened
+            supernet computes. Both name the first layer that diverges.
+        fold_masks: multiply the masks of convolution and linear layers into their weights
+            instead of their input activations where that is the same function (the same
+            output, mask gradient and importance; far less memory and work on a GPU,
+            :mod:`dmscale.core.weight_masks`). False: every mask on the activations, as the paper
+            writes it. Does not change what is searched (a resume may switch it).
+
+    ``min_width`` and ``width_step`` apply to channels; attention heads and blocks are
+    always searched one at a time (``dim_overrides`` can still set a heads dim's step/min).
+
+    Example (every searched width a multiple of 8, in units of 16 channels):
+        >>> SearchConfig(align=8, width_step=16).align
+        8
+        >>> SearchConfig(align=0)
+        Traceback (most recent call last):
+        ...
+        dmscale.core.errors.ConfigError: align must be None (auto: 8 on a CUDA device, 1 elsewhere) or an integer >= 1 (every searched width a multiple of it, e.g. 8), got 0
+    """
+
+    resource: str = "macs"
+    target: float = 0.5
+    resource_weight: float = 1.0
+    schedule: str = "exp"
+    schedule_end: float = 1.0
+    importance: str = "taylor"
+    normalize: bool = True
+    width_temperature: float = 1.0
+    depth_temperature: float = 4.0
+    min_width: int = 1
+    width_step: int = 1
+    align: int | None = None
+    dim_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
+    search_width: bool = True
+    search_depth: bool | list[str] = True
+    exclude: list[str] = field(default_factory=list)
+    width_only_from: float | None = None
+    latency_options: dict[str, Any] = field(default_factory=dict)
+    cost_forward: str = "soft"
+    settle: float = 0.4
+    settle_hold: bool = True
+    budget_band: tuple[float, float] = (0.98, 1.0)
+    verify: bool = True
+    layer_uniform: bool = False
+    gate_factory: GateFactory | None = None
+    fold_masks: bool = True
+
+    def __post_init__(self) -> None:
+        if self.resource not in RESOURCES:
+            raise ConfigError(f"unknown resource {self.resource!r}: expected one of {RESOURCES}")
+        if not (isinstance(self.target, (int, float)) and self.target > 0 and math.isfinite(self.target)):
+            raise ConfigError(f"target must be a finite number > 0, got {self.target!r}: pass a fraction "
+                              "of the supernet's cost (e.g. 0.5) or an absolute count > 1")
+        if self.resource_weight < 0:
+            raise ConfigError(f"resource_weight must be >= 0, got {self.resource_weight}")
+        if self.schedule not in ("exp", "constant"):
+            raise ConfigError(f"schedule must be 'exp' or 'constant', got {self.schedule!r}")
+        if not (isinstance(self.schedule_end, (int, float)) and not isinstance(self.schedule_end, bool)
+                and 0 < self.schedule_end <= 1):
+            raise ConfigError(f"schedule_end must be in (0, 1] (the fraction of the search over which "
+                              f"r_t decays; 1 = the whole search, Eq. 10), got {self.schedule_end!r}")
+        if not (isinstance(self.settle, (int, float)) and not isinstance(self.settle, bool)
+                and 0 <= self.settle < 1):
+            raise ConfigError(f"settle must be in [0, 1) (the last fraction of the search that lands on "
+                              f"the budget; 0 = off), got {self.settle!r}")
+        if not isinstance(self.settle_hold, bool):
+            raise ConfigError(f"settle_hold must be True or False, got {self.settle_hold!r}")
+        band = tuple(self.budget_band) if isinstance(self.budget_band, (list, tuple)) else ()
+        if len(band) != 2 or not all(isinstance(b, (int, float)) for b in band) \
+                or not 0 < band[0] <= band[1] <= 1:
+            raise ConfigError(f"budget_band must be (low, high) with 0 < low <= high <= 1 (fractions of "
+                              f"the target the settle phase aims between), got {self.budget_band!r}")
+        self.budget_band = (float(band[0]), float(band[1]))
+        if self.importance not in IMPORTANCE_METRICS:
+            raise ConfigError(f"unknown importance {self.importance!r}: expected one of {sorted(IMPORTANCE_METRICS)}")
+        if self.min_width < 1:
+            raise ConfigError(f"min_width must be >= 1, got {self.min_width}")
+        if self.width_step < 1:
+            raise ConfigError(f"width_step must be >= 1, got {self.width_step}")
+        if self.align is not None and (isinstance(self.align, bool) or not isinstance(self.align, int)
+                                       or self.align < 1):
+            raise ConfigError(f"align must be None (auto: {CUDA_ALIGN} on a CUDA device, 1 elsewhere) "
+                              "or an integer >= 1 (every searched width a multiple of it, e.g. 8), "
+                              f"got {self.align!r}")
+        if self.width_temperature <= 0 or self.depth_temperature <= 0:
+            raise ConfigError("temperatures must be > 0, got "
+                             f"width={self.width_temperature}, depth={self.depth_temperature}")
+        if self.width_only_from is not None and not 0 <= self.width_only_from <= 1:
+            raise ConfigError(f"width_only_from must be in [0, 1] or None, got {self.width_only_from}")
+        if not (self.search_width or self.search_depth):
+            raise ConfigError("nothing to search: search_width and search_depth are both off")
+        if self.cost_forward not in COST_FORWARD:
+            raise ConfigError(f"cost_forward must be one of {COST_FORWARD}, got {self.cost_forward!r}")
+        if not isinstance(self.verify, bool):
+            raise ConfigError(f"verify must be True or False, got {self.verify!r}")
+        if not isinstance(self.fold_masks, bool):
+            raise ConfigError(f"fold_masks must be True or False, got {self.fold_masks!r}")
+        if not isinstance(self.layer_uniform, bool):
+            raise ConfigError(f"layer_uniform must be True or False, got {self.layer_uniform!r}")
+        if self.gate_factory is not None and not callable(self.gate_factory):
+            raise ConfigError(f"gate_factory must be a callable that builds a StructuralGate (e.g. a gate "
+                              f"class), got {self.gate_factory!r}; None uses DMS's DifferentiableTopK")
+        self.exclude = list(self.exclude)
+
+
+
+
+def resolve_align(align: int | None, device: torch.device | str | None) -> int:
+    """The width multiple a search keeps: ``align`` itself, or for None ("auto") what fits
+    the device the model is on: :data:`CUDA_ALIGN` (8) on CUDA, whose bf16/fp16 tensor cores
+    work in tiles of 8, and 1 (no alignment) anywhere else.
+
+    Example:
+        >>> resolve_align(None, "cpu"), resolve_align(None, "cuda:0"), resolve_align(4, "cpu")
+        (1, 8, 4)
+    """
+    if align is not None:
+        return int(align)
+    kind = torch.device(device).type if device is not None else "cpu"
+    return CUDA_ALIGN if kind == "cuda" else 1
+
+
+def config_state(config: SearchConfig) -> dict[str, Any]:
+    """The config as plain data: the gate factory by its qualified name (checkpoints stay
+    loadable without importing it; a resume with another gate is refused by name)."""
+    factory = config.gate_factory
+    state = asdict(replace(config, gate_factory=None))
+    state["budget_band"] = list(config.budget_band)  # the same in a checkpoint and in JSON
+    state["gate_factory"] = None if factory is None else \
+        f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
+    return state
+
+
+def config_differences(saved: dict[str, Any], config: SearchConfig) -> str:
+    """What differs between a saved :func:`config_state` and ``config``, as
+    ``"name: saved X, now Y, ..."`` ("" when nothing that changes the search differs).
+
+    Options missing from ``saved`` (a state from before they existed) take the value that
+    reproduces that state's behaviour (:data:`BEFORE_OPTION`, else their default);
+    ``latency_options`` and ``verify`` do not change what is searched and are not compared,
+    nor is ``settle_hold`` when neither side has a settle phase.
+
+        >>> config_differences(config_state(SearchConfig()), SearchConfig(target=0.3))
+        'target: saved 0.5, now 0.3'
+    """
+    saved, current = dict(saved), config_state(config)
+    for f in fields(SearchConfig):
+        if f.name not in saved and f.default is not MISSING:
+            saved[f.name] = BEFORE_OPTION.get(f.name, f.default)
+    saved["budget_band"] = list(saved["budget_band"])  # a tuple default, a list in config_state
+    for key in ("latency_options", "verify", "fold_masks"):
+        saved.pop(key, None), current.pop(key, None)
+    if not saved.get("settle") and not current.get("settle"):  # no settle phase: the hold never acts
+        saved.pop("settle_hold", None), current.pop("settle_hold", None)
+    return ", ".join(f"{k}: saved {saved.get(k)!r}, now {current.get(k)!r}"
+                     for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k))

@@ -1,0 +1,461 @@
+"""The Searcher: resource loss and schedule, hard masks, budget solver, export and state
+(the config is :mod:`dmscale.search.config`, the discovery and gates :mod:`dmscale.search.setup`,
+importance and its all-reduce :mod:`dmscale.search.importance_sync`,
+the self-checks :mod:`dmscale.export.selfcheck`, the structure dict :func:`dmscale.export.shrink.structure_of`).
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> import dmscale as dms
+    >>> net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    >>> x = torch.randn(2, 16)
+    >>> searcher = dms.prepare(net, x, dms.SearchConfig(resource="params", target=0.5))
+    >>> loss = net(x).pow(2).mean() + searcher.resource_loss(progress=1.0)
+    >>> loss.backward()
+    >>> small = searcher.export()
+    >>> searcher.resources()["hard"] == dms.count(small, x)["params"]
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import replace
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from dmscale.trace.discover import SearchSpace
+from dmscale.core.errors import ConfigError
+from dmscale.export.shrink import export_model, structure_of
+from dmscale.core.masks import GATES_NAME, Gates, assemble_width_mask
+from dmscale.cost.resources import CostModel
+from dmscale.search.config import COST_FORWARD, SearchConfig, config_differences, config_state, resolve_align
+from dmscale.search.importance_sync import ImportanceMixin
+from dmscale.search.settle import SettleState, cosine_anneal, inside_band
+from dmscale.search.setup import attach_gates, discover_space, model_device, unaligned_dims
+from dmscale.export.selfcheck import run_example, verify_export, verify_open
+from dmscale.search.solver import solve_budget
+
+__all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
+
+
+def _cached_hard_mask(t: Any, cache: dict[int, list[Any]]) -> torch.Tensor:
+    """``t.hard_mask()``, reused while ``t.a`` has a value seen in its last two calls."""
+    a = t.a.detach()
+    key = float(a) if a.numel() == 1 else a.cpu().numpy().tobytes()
+    seen = cache.setdefault(id(t), [])
+    for k, mask in seen:
+        if k == key:
+            return mask
+    mask = t.hard_mask()
+    seen.append((key, mask))
+    del seen[:-2]
+    return mask
+
+
+class Searcher(ImportanceMixin):
+    """A DMS search attached to a model. Create it with :func:`prepare`.
+
+    ``align`` is the width multiple the search keeps (``SearchConfig.align``, resolved on the
+    model's device when None) and ``unaligned`` the channel dims it could not align (their
+    size is not a multiple of it; they are searched without alignment).
+
+    Non-finite losses: a backward through a NaN or infinite loss never changes importance
+    (the update is skipped on the device), but it leaves NaN gradients on the weights and on
+    the structural parameters, which an optimiser step would write into them for good. Skip
+    such a step in your loop, as ``dmscale search`` does:
+
+        >>> import torch
+        >>> from torch import nn
+        >>> import dmscale as dms
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+        >>> searcher = dms.prepare(net, x, dms.SearchConfig(resource="params", target=0.5))
+        >>> opt = torch.optim.SGD([{"params": searcher.model_parameters(), "lr": 0.1},
+        ...                        {"params": searcher.structure_parameters(), "lr": 5e-3}])
+        >>> for step in range(3):
+        ...     loss = nn.functional.cross_entropy(net(x), y) + searcher.resource_loss(step / 3)
+        ...     if not torch.isfinite(loss):
+        ...         continue  # no backward, no step: weights, importance and structure untouched
+        ...     opt.zero_grad(); loss.backward(); opt.step()
+        >>> all(bool(torch.isfinite(p).all()) for p in searcher.structure_parameters())
+        True
+    """
+
+    def __init__(self, model: nn.Module, example_inputs: Any, config: SearchConfig) -> None:
+        self.model = model
+        self.config = config
+        self.example_inputs = example_inputs
+        space = discover_space(model, example_inputs, config)
+        self.space = space
+        # the resolved width multiple (config.align, or the device's for "auto")
+        self.align: int = resolve_align(config.align, model_device(model))
+        # channel dims whose size is not a multiple of align: searched without it
+        self.unaligned: list[str] = unaligned_dims(space, self.align)
+        self.gates = self._attach(space)
+        if config.verify:
+            self._verify_open(space.example_output)
+        self._costs: dict[str, Any] = {}
+        self.supernet_cost = float(self._exact_cost(hard=None))
+        self.target_cost = self._resolve_target()
+        self.settle_state = SettleState(weight=float(config.resource_weight))
+        if self.unaligned:
+            warnings.warn(f"align={self.align}: {len(self.unaligned)} width dim(s) have a size that is "
+                          f"not a multiple of {self.align} and are searched without alignment: "
+                          f"{', '.join(self.unaligned[:5])}{' ...' if len(self.unaligned) > 5 else ''} "
+                          "(Searcher.unaligned lists them)", stacklevel=3)
+
+    # ------------------------------------------------------------------ setup
+    def _attach(self, space: SearchSpace) -> Gates:
+        gates, self.uniform_groups = attach_gates(self.model, space, self.config, align=self.align)
+        return gates
+
+    def _cost_model(self, resource: str | None = None) -> Any:
+        resource = resource or self.config.resource
+        if resource not in self._costs:
+            if resource == "latency":
+                from dmscale.cost.latency import LatencyCostModel
+
+                self._costs[resource] = LatencyCostModel(self.model, self.space, self.example_inputs,
+                                                         **self.config.latency_options)
+            else:
+                self._costs[resource] = CostModel(self.model, self.space, resource)
+        return self._costs[resource]
+
+    def _resolve_target(self) -> float:
+        t = float(self.config.target)
+        target = t * self.supernet_cost if t <= 1 else t
+        bounds = self.profile()
+        low, high = bounds["min"], bounds["max"]
+        if not low - 1e-9 <= target <= high + 1e-9:
+            raise ConfigError(
+                f"target {self.config.resource} = {target:,.0f} is outside what this search "
+                f"space can reach: [{low:,.0f} (smallest), {high:,.0f} (supernet)]; pass a target "
+                f"between {low / high:.3g} and 1 (a fraction of the supernet) or between "
+                f"{low:,.0f} and {high:,.0f}" + self._align_hint()
+            )
+        return target
+
+    def _align_hint(self) -> str:
+        if self.align <= 1:
+            return ""
+        how = "align=None (auto) is 8 on CUDA" if self.config.align is None else f"align={self.align}"
+        return (f" (every searched width is kept at a multiple of {self.align}, which bounds the "
+                f"smallest model from below: {how}; align=1, --align 1, searches every width)")
+
+    # ------------------------------------------------------------------ masks
+    def _masks(self, kind: str, cache: dict[int, list[Any]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(width mask with trailing 1, flat depth mask) of kind "soft", "hard", "open", "min".
+
+        ``cache`` (hard masks only): each dim's last two hard masks by the value of its ``a``,
+        for the budget solver, which changes one dim at a time (the importances stay fixed).
+        """
+        g = self.gates
+
+        def flat(parts: list[torch.Tensor]) -> torch.Tensor:
+            return torch.cat(parts) if parts else torch.zeros(0, device=g._device())
+
+        if kind == "soft":  # every gate in one batched evaluation (no importance hook)
+            width, depth_parts = g.masks("soft")
+            return width, flat(depth_parts)
+
+        def pick(t: Any) -> torch.Tensor:
+            if kind == "hard":
+                return t.hard_mask() if cache is None else _cached_hard_mask(t, cache)
+            if kind == "min":  # the smallest units: the short last one and the first full ones
+                unit = torch.zeros(t.n_units, dtype=torch.float32, device=t.a.device)
+                if t.min_units > 0:
+                    unit[t.n_units - 1] = 1.0
+                    unit[:t.min_units - 1] = 1.0
+                return t.expand(unit)
+            return torch.ones(t.size, dtype=torch.float32, device=t.a.device)
+
+        width = assemble_width_mask([pick(t) for t in g.width], g.derived_a, g.derived_b,
+                                    like=torch.ones(1, device=g._device()))
+        return width, flat([pick(t) for t in g.depth])
+
+    def _exact_cost(self, hard: str | None, resource: str | None = None,
+                    cache: dict[int, list[Any]] | None = None) -> float:
+        kind = "open" if hard is None else hard
+        with torch.no_grad():
+            w, d = self._masks(kind, cache)
+            return float(self._cost_model(resource)(w, d))
+
+    # ------------------------------------------------------------------ public API
+    def model_parameters(self) -> Iterator[nn.Parameter]:
+        """The model's own parameters (everything but the structural ones)."""
+        for name, p in self.model.named_parameters():
+            if not name.startswith(GATES_NAME + "."):
+                yield p
+
+    def structure_parameters(self) -> Iterator[nn.Parameter]:
+        """The learnable pruning ratios ``a``, one per dimension."""
+        return iter([t.a for t in _distinct(list(self.gates.width) + list(self.gates.depth))])
+
+    def target_at(self, progress: float) -> float:
+        """r_t at ``progress`` in [0, 1]: Eq. 10 with e / e_max = progress / d, held at the
+        final target once that reaches 1, where d = ``schedule_end``, or ``1 - settle`` when
+        that is smaller (the settle phase runs at the final target); or constant."""
+        if self.config.schedule == "constant":
+            return self.target_cost
+        decay = min(self.config.schedule_end, 1.0 - self.config.settle)
+        p = min(max(float(progress) / decay, 0.0), 1.0)
+        ratio = self.target_cost / self.supernet_cost
+        return ratio**p * self.supernet_cost
+
+    @property
+    def settled_at(self) -> float | None:
+        """Progress at which the settle phase's exact cost first reached the target, or None."""
+        return self.settle_state.settled_at
+
+    def settling(self, progress: float) -> bool:
+        """Whether ``progress`` lies in the settle phase (the last ``config.settle`` of the
+        search, where the loss lands the structure on the budget)."""
+        return self.config.settle > 0 and float(progress) >= 1.0 - self.config.settle
+
+    def structure_lr_scale(self, progress: float) -> float:
+        """Factor for the structural parameters' learning rate at ``progress``: 1 until the
+        settle phase has brought the exact cost to the target (:attr:`settled_at`), then a
+        cosine from 1 to 0 over the rest of the search, so the ratios stop moving where the
+        band loss put them; with ``config.settle_hold`` (default) 0 while the exact cost is
+        inside the band, so a structure that entered it stays (the cost follows the kept
+        counts, which the ratios set and which do not move at lr 0; with uneven units, a
+        ``width_step`` whose last unit is short, it can still change with which units are kept,
+        and the factor is decided again every step). A search too short to reach its target keeps
+        its full lr (the finish phase and budget solver then land it). Multiply the structure
+        group's base ``lr`` by it before each step (``dmscale search`` and the trainer
+        integrations do).
+
+            >>> import torch, dmscale as dms
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(target=0.9, settle=0.5))
+            >>> _ = s.resource_loss(0.5)  # all open: over the target, full lr
+            >>> s.settled_at, s.structure_lr_scale(0.75)
+            (None, 1.0)
+            >>> with torch.no_grad():
+            ...     _ = [p.fill_(0.5) for p in s.structure_parameters()]  # half of every width
+            >>> _ = s.resource_loss(0.5)  # at or under the target: landed, depth frozen
+            >>> s.settled_at, [round(s.structure_lr_scale(p), 2) for p in (0.5, 0.75, 1.0)]
+            (0.5, [1.0, 0.5, 0.0])
+        """
+        if not self.settling(progress):
+            return 1.0
+        if self.config.settle_hold and self.settled_at is not None and self.in_band():
+            return 0.0  # landed and inside the band: hold the ratios where they are
+        return cosine_anneal(progress, self.settled_at)
+
+    def in_band(self) -> bool:
+        """Whether the exact (export's) cost is inside ``config.budget_band`` x target: where
+        the settle phase's band loss is zero (the same comparisons, so the hold and the band
+        loss's weight growth never act on the same step)."""
+        return inside_band(self._exact_cost("hard"), self.target_cost, self.config.budget_band)
+
+    def soft_cost(self) -> torch.Tensor:
+        """r_c from the current soft masks (differentiable in every ``a``)."""
+        w, d = self._masks("soft")
+        return self._cost_model()(w, d)
+
+    def resource_loss(self, progress: float = 1.0) -> torch.Tensor:
+        """``resource_weight * log(r_c / r_t)`` when r_c > r_t, else 0 (Eq. 6); in the settle
+        phase (:meth:`settling`) the band loss of :func:`dmscale.search.settle.band_loss` instead.
+
+        From ``width_only_from`` on, and in the settle phase once the exact cost has reached
+        the target (:attr:`settled_at`), depth masks are frozen at their hard values. In the
+        settle phase a step whose cost is over the band raises the band loss's weight
+        (``settle_state.weight``, kept in :meth:`state_dict`) once per distinct ``progress``, so
+        micro-batches of one accumulated step count once.
+        """
+        cfg, settling = self.config, self.settling(progress)
+        self.advance(progress)
+        r_c = self.soft_cost()
+        if cfg.cost_forward == "exact" or settling:  # forward: the export's cost; backward: soft
+            r_c = r_c + (self._exact_cost("hard") - r_c.detach())
+        if settling:  # zero inside budget_band x target, log of the distance outside
+            return self.settle_state.loss(r_c, progress, self.target_cost, cfg.budget_band)
+        r_t = self.target_at(progress)
+        # Eq. 6 as max(log(r_c / r_t), 0): zero at or under the target, on the device (no
+        # host synchronisation to compare r_c with r_t)
+        return (cfg.resource_weight * torch.relu(torch.log(r_c / r_t))).float()
+
+    def advance(self, progress: float) -> None:
+        """The step at ``progress``'s phase: whether the settle phase has landed (the exact
+        cost at or under the target) and so whether depth is frozen. :meth:`resource_loss` calls
+        it; a loop that must know before the forward (DDP leaves frozen depth out) calls it first.
+
+            >>> import torch, dmscale as dms
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(target=0.9, width_only_from=0.8))
+            >>> s.advance(0.5); s.gates.depth_frozen  # before the width-only phase
+            False
+            >>> s.advance(0.8); s.gates.depth_frozen
+            True
+        """
+        settling, wo = self.settling(progress), self.config.width_only_from
+        if settling and self.settled_at is None:  # once landed, the exact cost is not needed here
+            self.settle_state.reach(progress, self._exact_cost("hard"), self.target_cost)
+        self.freeze_depth((settling and self.settled_at is not None) or (wo is not None and progress >= wo))
+
+    def freeze_depth(self, frozen: bool = True) -> None:
+        """Fix depth at its hard value (width-only phase): hard depth masks, no gradient."""
+        self.gates.depth_frozen = frozen
+        for t in self.gates.depth:
+            t.a.requires_grad_(not frozen)
+
+    def resources(self) -> dict[str, Any]:
+        """Soft and hard cost now, the final target and the supernet's cost."""
+        with torch.no_grad():
+            soft = float(self.soft_cost())
+        return {
+            "resource": self.config.resource,
+            "soft": soft,
+            "hard": self._exact_cost("hard"),
+            "target": self.target_cost,
+            "supernet": self.supernet_cost,
+        }
+
+    def latency_fit(self) -> dict[str, Any]:
+        """The latency model's fit report (per-layer and pooled relative RMSE, calibration,
+        how the parts add up to the timed model); see ``LatencyCostModel.fit_report``."""
+        if self.config.resource != "latency":
+            raise ValueError(f"latency_fit() needs resource='latency', this search uses {self.config.resource!r}")
+        return self._cost_model("latency").fit_report()
+
+    def profile(self) -> dict[str, float]:
+        """Smallest and largest cost this search space can reach."""
+        return {"min": self._exact_cost("min"), "max": self._exact_cost(None)}
+
+    def meet_target(self, iterations: int = 40) -> dict[str, float]:
+        """Budget solver: bring the hard structure to the largest cost not above the target.
+
+        The search ends near, not exactly at, r_t. First one common offset is added to every
+        ``a`` (binary search; the hard cost is non-increasing in it), then, when depth is
+        searched, a second one to the widths alone (depth fixed: fills the budget a dropped
+        block left free in the learned width ratios), then single units are given back
+        greedily, in the order a falling common offset would add them, while the hard cost
+        stays under the target. Returns :meth:`resources` afterwards.
+        """
+        self._require_synced("meet_target()")
+        depth = [] if self.gates.depth_frozen else list(self.gates.depth)
+        widths = _distinct(list(self.gates.width))
+        solve_budget(_distinct(widths + depth),
+                     lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
+                     iterations, refill=widths if depth and widths else None)
+        return self.resources()
+
+    @contextlib.contextmanager
+    def hardened(self) -> Iterator[nn.Module]:
+        """Run the model with 0/1 masks: exactly the function :meth:`export` computes."""
+        self._require_synced("hardened()")
+        with self.gates.use("hard"):
+            yield self.model
+
+    def structure(self) -> dict[str, Any]:
+        """The found structure as a JSON-able dict (input of :func:`dmscale.apply_structure`).
+
+        ``structure["align"]`` records the width multiple of the search (:attr:`align`) and
+        the dims left unaligned (:attr:`unaligned`).
+
+        Raises :class:`~dmscale.core.errors.NoImportanceError` before any importance exists
+        (see :meth:`has_importance`).
+        """
+        self._require_synced("structure()")
+        self._require_importance("structure()")
+        with torch.no_grad():
+            width_mask, depth_mask = self._masks("hard")
+        structure = structure_of(self.model, self.space, width_mask.cpu().numpy() > 0.5,
+                                 depth_mask.cpu().numpy() > 0.5, self.resources())
+        # what the widths were aligned to (informative: apply_structure does not read it)
+        structure["align"] = {"multiple": self.align, "unaligned": list(self.unaligned)}
+        return structure
+
+    def export(self, verify: bool | None = None) -> nn.Module:
+        """A new, physically smaller model computing what :meth:`hardened` computes.
+
+        With ``verify`` (default: ``config.verify``) the export is run on the example inputs
+        against the hardened supernet (eval mode) and a :class:`VerificationError` naming
+        the first diverging layer is raised when they differ; ``self.model`` is untouched.
+
+        Raises :class:`~dmscale.core.errors.NoImportanceError` (and changes nothing) when no
+        importance exists yet: train at least one step with the task loss first, or search
+        with ``SearchConfig(importance="index")`` to keep elements by position on purpose.
+        """
+        self._require_synced("export()")
+        self._require_importance("export()")
+        small = export_model(self.model, self.structure())
+        if self.config.verify if verify is None else verify:
+            self._verify_export(small)
+        return small
+
+    # ------------------------------------------------------------------ self-checks
+    def _run_example(self, model: nn.Module) -> Any:
+        return run_example(model, self.example_inputs)
+
+    def _verify_open(self, reference: Any) -> None:
+        verify_open(self, reference)
+
+    def _verify_export(self, small: nn.Module) -> None:
+        verify_export(self, small)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: structural parameters, importance, config, target."""
+        self._require_synced("state_dict()")
+        state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
+                 "config": self._config_state(), "target_cost": self.target_cost,
+                 "supernet_cost": self.supernet_cost, "depth_frozen": self.gates.depth_frozen,
+                 "settled_at": self.settled_at, "settle_weight": self.settle_state.weight}
+        if "latency" in self._costs:  # a resumed search keeps the measured cost scale
+            state["latency_profile"] = self._costs["latency"].state_dict()
+        return state
+
+    def _config_state(self) -> dict[str, Any]:
+        """:func:`config_state` with the resolved ``align`` (an auto align on another device
+        would search another space: a resume compares the value searched with)."""
+        return {**config_state(self.config), "align": self.align}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (same model architecture and config)."""
+        diff = config_differences(state["config"], replace(self.config, align=self.align))
+        if diff:
+            raise ValueError(f"searcher config differs from the saved one ({diff}); build the "
+                             "searcher with the saved config to load this state")
+        self.gates.load_state_dict(state["gates"])
+        if "latency_profile" in state:
+            from dmscale.cost.latency import LatencyCostModel
+
+            options = {**self.config.latency_options, "profile": state["latency_profile"]}
+            self._costs["latency"] = LatencyCostModel(self.model, self.space, self.example_inputs, **options)
+        self.target_cost = float(state["target_cost"])
+        self.supernet_cost = float(state["supernet_cost"])
+        self.freeze_depth(bool(state.get("depth_frozen", False)))
+        self.settle_state = SettleState(weight=float(state.get("settle_weight", self.config.resource_weight)),
+                                        settled_at=state.get("settled_at"))
+
+
+def _distinct(topks: list[Any]) -> list[Any]:
+    """One gate per distinct ``a`` (layer-uniform dims share theirs)."""
+    seen: set[int] = set()
+    out = []
+    for t in topks:
+        if id(t.a) not in seen:
+            seen.add(id(t.a))
+            out.append(t)
+    return out
+
+
+def prepare(model: nn.Module, example_inputs: Any, config: SearchConfig | None = None) -> Searcher:
+    """Attach a DMS search to ``model`` in place (hooks + a ``dms_gates`` submodule).
+
+    On any error the model is left as it was.
+    """
+    config = config or SearchConfig()
+    try:
+        return Searcher(model, example_inputs, config)
+    except BaseException:
+        from dmscale.core.masks import detach
+
+        if GATES_NAME in model._modules:
+            detach(model)
+        raise

@@ -1,0 +1,144 @@
+"""The package's layers hold: ``lint-imports`` keeps every contract of pyproject.toml, the
+contracts name every layer, an upward import is reported, no module imports another in a
+circle, and no module is longer than the house limit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+PACKAGE = SRC / "dmscale"
+MAX_LINES = 400
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` with ``root``'s pyproject.toml and ``root/src`` on the path."""
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    return subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports; "
+                           "raise SystemExit(lint_imports(no_cache=True))"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _contracts() -> dict[str, dict]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return {c["id"]: c for c in config["contracts"]}
+
+
+def test_lint_imports_keeps_every_contract():
+    done = _lint(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def test_layers_contract_names_every_subpackage():
+    layers = _contracts()["layers"]
+    named = {part.strip() for layer in layers["layers"] for part in layer.split("|")}
+    children = {p.stem if p.suffix == ".py" else p.name for p in PACKAGE.iterdir()
+                if p.suffix == ".py" and p.name != "__init__.py" or (p / "__init__.py").exists()}
+    assert layers["exhaustive"] is True
+    assert named | set(layers["exhaustive_ignores"]) == children
+    # the facades re-export, they hold no code of their own
+    for facade in layers["exhaustive_ignores"]:
+        if facade != "__main__":
+            body = (PACKAGE / f"{facade}.py").read_text()
+            assert "def " not in body and "class " not in body, facade
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    """A copy of the package and its pyproject.toml to break on purpose."""
+    root = tmp_path_factory.mktemp("layers")
+    shutil.copytree(PACKAGE, root / "src" / "dmscale", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+@pytest.mark.parametrize("module, line, reported", [
+    # the core reaching for the search: an upward import across four layers
+    ("core/topk.py", "from dmscale.search.searcher import Searcher  # noqa", "dmscale.core.topk -> dmscale.search.searcher"),
+    # an import only for type hints counts too
+    ("cost/polyfit.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dmscale.run.report import write_report",
+     "dmscale.cost.polyfit -> dmscale.run.report"),
+    # siblings of one layer are independent
+    ("export/verify.py", "import dmscale.cost.resources", "dmscale.export.verify -> dmscale.cost.resources"),
+    # a handler importing the tracer that imports it
+    ("trace/handlers/norms.py", "from dmscale.trace.tracer import Tracer", "dmscale.trace.handlers.norms -> dmscale.trace.tracer"),
+    # the registry importing a task
+    ("tasks/registry.py", "import dmscale.tasks.image", "dmscale.tasks.registry -> dmscale.tasks.image"),
+])
+def test_a_forbidden_import_is_reported(scratch: Path, module: str, line: str, reported: str):
+    path = scratch / "src" / "dmscale" / module
+    original = path.read_text()
+    path.write_text(original + "\n" + line + "\n")
+    try:
+        done = _lint(scratch)
+    finally:
+        path.write_text(original)
+    assert done.returncode != 0
+    assert reported in done.stdout, done.stdout
+
+
+def _cycles(graph: grimp.ImportGraph, modules: set[str]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(modules):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.find_modules_directly_imported_by(start) & modules)))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.find_modules_directly_imported_by(nxt) & modules))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        m = stack.pop()
+                        on_stack.discard(m)
+                        comp.append(m)
+                        if m == node:
+                            break
+                    if len(comp) > 1:
+                        found.append(sorted(comp))
+    return found
+
+
+def test_no_import_cycles():
+    sys.path.insert(0, str(SRC))
+    try:
+        graph = grimp.build_graph("dmscale", cache_dir=None)
+    finally:
+        sys.path.remove(str(SRC))
+    modules = set(graph.modules)
+    assert len(modules) > 60
+    assert _cycles(graph, modules) == []
+    # the check itself: a circle is found
+    graph.add_import(importer="dmscale.core.errors", imported="dmscale.trace.tracer")
+    assert any("dmscale.core.errors" in c for c in _cycles(graph, modules))
+

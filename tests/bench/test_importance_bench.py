@@ -13,7 +13,7 @@ import torch
 
 import dmscale as dms
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import importance  # noqa: E402
 

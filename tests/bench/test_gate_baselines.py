@@ -18,7 +18,7 @@ import torch
 import dmscale as dms
 from dmscale.tasks.models import ResNetCifar
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import gates_lib as gl  # noqa: E402
 

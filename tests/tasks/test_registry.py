@@ -40,3 +40,34 @@ def test_forward_hidden_through_a_ddp_wrapped_model(tmp_path) -> None:
         assert all(torch.equal(a, b) for a, b in zip(hidden, ref_hidden))
     finally:
         dist.destroy_process_group()
+
+
+def test_every_task_of_the_cli_is_registered_and_the_registry_knows_no_task():
+    """``--task`` choices (config.options.TASKS) are exactly the tasks that registered
+    themselves when dmscale.tasks was imported; the registry imports none of them."""
+    import ast
+    from pathlib import Path
+
+    import dmscale.tasks  # noqa: F401  (registers the built-ins)
+    from dmscale.config.options import TASKS
+    from dmscale.tasks import registry
+
+    assert sorted(registry._TASKS) == sorted(TASKS)
+    assert sorted(registry._MODELS) == sorted(registry.MODEL_FAMILIES)
+    tree = ast.parse(Path(registry.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not {m for m in imported if m and m.startswith("dmscale.tasks.") and m != "dmscale.tasks.distill"}
+
+
+def test_registering_a_task_twice_is_refused_and_unknown_tasks_name_the_choices():
+    from dmscale.config.run_config import ConfigError, RunConfig
+    from dmscale.tasks.image import build_image_task
+    from dmscale.tasks.registry import build_task, register_task
+
+    with pytest.raises(ValueError, match="registered twice"):
+        register_task("digits")(lambda cfg: None)
+    register_task("digits")(build_image_task)  # the same builder again is fine
+    cfg = RunConfig(task="digits").resolved()
+    cfg.task = "nope"  # past RunConfig's own validation, as a task removed from the registry would be
+    with pytest.raises(ConfigError, match=r"unknown task 'nope'.*digits.*mnist"):
+        build_task(cfg)

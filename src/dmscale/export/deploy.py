@@ -334,7 +334,7 @@ def dmscale_classes(model: Any) -> list[str]:
         >>> from torch import nn
         >>> from dmscale.export.shrink import SkipBlock
         >>> dmscale_classes(nn.Sequential(nn.Linear(2, 2), SkipBlock()))
-        ['dmscale.export.shrink.SkipBlock']
+        ['dmscale.export.SkipBlock']
     """
     finder = _Finder()
     finder.dump(model)

@@ -75,6 +75,11 @@ class SkipBlock(nn.Module):
         return tuple(items) if self.output["type"] == "tuple" else items
 
 
+# Pickles (``torch.save`` of an export, YOLO checkpoints) name the class by this stable path,
+# the one they had before the package was split into layers; dmscale.export re-exports it.
+SkipBlock.__module__ = "dmscale.export"
+
+
 def _validate(model: nn.Module, structure: dict[str, Any]) -> None:
     try:
         _check_fits(model, structure)

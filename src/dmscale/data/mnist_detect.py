@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from dmscale.data.idx import bundled_mnist_dir, load_mnist_dir
+from dmscale.data.idx import load_mnist_dir
+from dmscale.data.mnist import mnist_dir
 
 __all__ = ["MnistDetectConfig", "make_mnist_detect"]
 
@@ -136,7 +137,7 @@ def make_mnist_detect(out: str | Path, cfg: MnistDetectConfig | None = None) -> 
     root = Path(out).resolve()
     if (root / "images").exists() and any((root / "images").rglob("*.png")):
         raise ValueError(f"{root} already holds images: choose an empty --out directory")
-    mnist = load_mnist_dir(Path(cfg.mnist) if cfg.mnist else bundled_mnist_dir())
+    mnist = load_mnist_dir(Path(cfg.mnist) if cfg.mnist else mnist_dir())
     counts = {"images": {}, "objects": {}}
     for split, n, source, offset in (("train", cfg.train, "train", 0), ("val", cfg.val, "test", 1)):
         rng = np.random.default_rng([cfg.seed, offset])

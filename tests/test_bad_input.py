@@ -8,7 +8,7 @@ submodules). Command-line cases (:data:`CLI_CASES`): ``dmscale ARGS``
 (run in-process through ``dmscale.cli.main``, which ``python -m dmscale`` calls) exits
 non-zero with exactly one line on stderr, no traceback, and the fragments.
 
-``python tests/test_bad_input.py`` prints the README table "Bad input and what you get"
+``python tests/test_bad_input.py`` prints the table "Bad input and what you get" of docs/errors.md
 from the messages the cases actually get.
 """
 
@@ -740,7 +740,7 @@ def _cli_rows(tmp: Path) -> list[str]:
 
 
 def markdown_table(tmp_path: Path) -> str:
-    """The README table, from the messages every case gets today (library calls, data files,
+    """The table of docs/errors.md, from the messages every case gets today (library calls, data files,
     then the command line)."""
     rows = ["| Bad input | Error and message |", "| --- | --- |"]
     return "\n".join(rows + _library_rows(tmp_path) + _data_rows(tmp_path) + _cli_rows(tmp_path))
@@ -750,7 +750,7 @@ def test_every_library_case_has_a_table_row(tmp_path: Path) -> None:
     assert len(_library_rows(tmp_path)) == len(LIBRARY_CASES)
 
 
-if __name__ == "__main__":  # print the README table
+if __name__ == "__main__":  # print the table of docs/errors.md
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -676,7 +676,7 @@ def test_export_before_training_raises_changes_nothing_and_one_step_fixes_it() -
     assert dms.count(s_index.export(), X)["macs"] == round(s_index.resources()["hard"])
 
 
-# ----------------------------------------------------------------------------- the README table
+# ----------------------------------------------------------------------------- the table of docs/errors.md
 def _row(what: str, err: BaseException | str, tmp: Path) -> str:
     msg = (err if isinstance(err, str) else f"`{type(err).__name__}`: {err}").strip()
     msg = msg.replace(str(tmp), "DIR").replace("|", "\\|")

@@ -18,8 +18,7 @@ from torch import nn
 import dmscale as dms
 from dmscale.data.digits import digits_tensors
 
-dms.ensure_torchvision()
-import torchvision  # noqa: E402
+import torchvision  # noqa: E402  (after dmscale: see dmscale.core._compat)
 
 
 def build() -> nn.Module:

@@ -19,7 +19,7 @@ Example:
 """
 
 from dmscale import deploy, distributed
-from dmscale.core._compat import ensure_torchvision
+from dmscale.core._compat import ensure_torchvision, install_torchvision_fix
 from dmscale.core.errors import DMScaleError, NoImportanceError, StructureError, UnsupportedLayerError, VerificationError
 from dmscale.core.masks import detach
 from dmscale.core.topk import DifferentiableTopK
@@ -53,8 +53,9 @@ __all__ = [
     "DMScaleError",
     "VerificationError",
     "NoImportanceError",
-    "ensure_torchvision",
     "deploy",
     "distributed",
 ]
 __version__ = "0.1.0"
+
+install_torchvision_fix()  # `import torchvision` after `import dmscale` works even where its extension cannot load

@@ -7,6 +7,11 @@ when it can and otherwise declares the schemas of the two operators that torchvi
 registers fake kernels for at import, so models, transforms and datasets import and work
 (only the C++ detection ops such as ``nms`` stay unavailable).
 
+``import dmscale`` installs :func:`install_torchvision_fix`: an import hook that runs
+:func:`ensure_torchvision` once, right before torchvision is first imported. On an install
+whose torchvision loads, that only loads its extension a moment earlier than torchvision
+would; nothing here is public API.
+
 Example:
     >>> from dmscale.core._compat import ensure_torchvision
     >>> ensure_torchvision()
@@ -16,12 +21,14 @@ Example:
 from __future__ import annotations
 
 import glob
+import importlib.abc
 import importlib.util
 import os
+import sys
 
 import torch
 
-__all__ = ["ensure_torchvision"]
+__all__ = ["ensure_torchvision", "install_torchvision_fix"]
 
 _DONE: bool | None = None
 _LIB: torch.library.Library | None = None
@@ -61,3 +68,23 @@ def ensure_torchvision() -> bool:
         _declare_schemas()
     _DONE = True
     return True
+
+
+class _BeforeTorchvision(importlib.abc.MetaPathFinder):
+    """Runs :func:`ensure_torchvision` when ``torchvision`` is about to be imported, then
+    steps aside (it finds nothing itself; the normal finders import the package)."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname == "torchvision":
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            ensure_torchvision()
+        return None
+
+
+def install_torchvision_fix() -> None:
+    """Make the next ``import torchvision`` work in an environment whose extension cannot
+    load (see the module docstring); nothing when torchvision is imported already."""
+    if "torchvision" in sys.modules or any(isinstance(f, _BeforeTorchvision) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _BeforeTorchvision())

@@ -89,6 +89,14 @@ _COMMAND_HELP = {
              "Rebuild the model of RUN (supernet from config.yaml, dmscale.apply_structure with "
              "structure.json, weights from model.safetensors), evaluate it and print accuracy "
              "(or bits per character), MACs and parameters."),
+    "inspect": ("show a model's search space before any training",
+                "Build the model of --model for --task as `dmscale search` would (same options) and "
+                "print what a search could change: every width and depth dimension, what is fixed "
+                "and why, and the cost range the search space reaches against --target. Nothing "
+                "is trained or written (--out FILE also writes it as JSON)."),
+    "show": ("print the summary of a finished run again",
+             "Print the end-of-run summary of RUN (its summary.json): the cost against the "
+             "target, the structure found, the evaluations."),
     "report": ("(re)write report.md and the plots of a run",
                "Write report.md and plots/*.png (kept width per layer, blocks per stage, cost "
                "against the target, loss and accuracy) for RUN."),
@@ -144,6 +152,7 @@ def _add_option(group: argparse._ArgumentGroup, opt: Option, command: str) -> No
             "eval": "also write the metrics as JSON to this file",
             "report": "where to write report.md and plots/ (default: RUN)",
             "retrain": "run directory of the retraining (default: runs/retrain-<task>-<time>)",
+            "inspect": "also write the search space as JSON to this file",
         }.get(command, f"run directory (default: runs/{command}-<task>-<time>)")
     if opt.name == "epochs":
         help_text = {
@@ -179,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     for command, (short, long) in _COMMAND_HELP.items():
         p = sub.add_parser(command, help=short, description=textwrap.fill(long, 96),
                            formatter_class=_Formatter)
-        if command in ("retrain", "export", "eval", "report"):
+        if command in ("retrain", "export", "eval", "report", "show"):
             p.add_argument("run", metavar="RUN", nargs="?" if command == "retrain" else None,
                            help="a run directory written by `dmscale "
                                 f"{'search' if command == 'retrain' else 'search/pretrain/retrain'}`")
@@ -203,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(default: safetensors)")
         groups: dict[str, argparse._ArgumentGroup] = {}
         for opt in OPTIONS:
-            if command not in opt.commands:
+            if command not in opt.commands and not (command == "inspect" and opt.name in INSPECT_OPTIONS):
                 continue
             if opt.group not in groups:
                 groups[opt.group] = p.add_argument_group(_GROUP_TITLES[opt.group])
@@ -275,6 +284,12 @@ def _resume_dir(args: argparse.Namespace, options: dict[str, Any]) -> str | None
     return str(options["out"])
 
 
+# the options of `dmscale search` that decide its model and search space (`dmscale inspect`)
+INSPECT_OPTIONS = ("task", "data", "train_limit", "test_limit", "image_size", "imgsz", "seq_len",
+                   "model", "model_args", "expand", "resource", "target", "search_dims", "min_width",
+                   "width_step", "align", "exclude", "layer_uniform", "seed", "device", "threads", "out",
+                   "quiet")
+
 TASK_FIELDS = ("task", "data", "train_limit", "test_limit", "image_size", "imgsz", "augment", "seq_len",
                "model", "model_args", "expand", "task_info", "seed")
 
@@ -340,6 +355,26 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from dmscale.run.inspect import format_space, inspect_space
+
+    options = {k: v for k, v in vars(args).items() if k in OPTIONS_BY_NAME}
+    out = options.pop("out", None)
+    space = inspect_space(RunConfig(command="search", **options))
+    if out:
+        Path(out).write_text(json.dumps(space, indent=1) + "\n", encoding="utf-8")
+    if not options.get("quiet"):
+        print(format_space(space))
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from dmscale.run.inspect import show_run
+
+    print(show_run(args.run))
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from dmscale.run.report import write_report
 
@@ -368,8 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in ("pretrain", "search", "retrain"):
             return _cmd_train(args, args.command)
-        return {"export": _cmd_export, "eval": _cmd_eval, "report": _cmd_report,
-                "data": _cmd_data}[args.command](args)
+        return {"export": _cmd_export, "eval": _cmd_eval, "report": _cmd_report, "inspect": _cmd_inspect,
+                "show": _cmd_show, "data": _cmd_data}[args.command](args)
     except ConfigError as err:
         say(f"{PROG} {args.command}: error: {err}")
         return 2

@@ -35,7 +35,6 @@ Example:
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 import math
@@ -49,122 +48,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmscale.config.run_config import ConfigError, RunConfig
-from dmscale.core.errors import DataError
+from dmscale.data.text_files import (
+    HELD_OUT,
+    first_non_utf8,
+    not_text_error,
+    split_stream,
+    split_text_chunks,
+    text_files,
+)
 from dmscale.tasks.hf_model import load_hf_tokenizer, parse_hf_spec
 from dmscale.tasks.registry import Task, register_task
 
 __all__ = ["TextTask", "text_files", "split_stream", "token_cache", "cache_is_complete", "first_non_utf8",
            "HELD_OUT", "CACHE_ENV"]
 
-HELD_OUT = 0.1  # fraction of the bytes (at a line break) held out for evaluation
 CACHE_ENV = "DMSCALE_CACHE"
-CHUNK_BYTES = 1 << 20  # tokenised at a time (line-aligned)
 CACHE_VERSION = 1
-
-
-def text_files(data: str | None) -> list[Path]:
-    """The text files of ``--data`` (a file or a directory), or the bundled Shakespeare.
-
-    Raises:
-        ConfigError: the path does not exist or holds no non-empty file.
-    """
-    if data is None:
-        from dmscale.data import shakespeare_files
-
-        return shakespeare_files()
-    p = Path(data).expanduser()
-    if p.is_file():
-        files = [p]
-    elif p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file()
-                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
-    else:
-        raise ConfigError(f"--data {data}: no such file or directory (give a text file or a "
-                          "directory of text files)")
-    files = [f for f in files if f.stat().st_size > 0]
-    if not files:
-        raise ConfigError(f"--data {data}: no non-empty files (empty files and hidden files are skipped); "
-                          "give a UTF-8 text file or a directory that holds some")
-    return files
-
-
-def first_non_utf8(files: list[Path]) -> tuple[Path, int, str] | None:
-    """``(file, byte offset, reason)`` of the first byte that is not UTF-8 text, or None."""
-    for f in files:
-        decoder = codecs.getincrementaldecoder("utf-8")()
-        offset = 0
-        with open(f, "rb") as fh:
-            while block := fh.read(CHUNK_BYTES):
-                try:
-                    decoder.decode(block)
-                except UnicodeDecodeError as err:
-                    return f, offset + err.start, err.reason
-                offset += len(block)
-            pending = len(decoder.getstate()[0])  # the bytes of a character cut off at the end
-            try:
-                decoder.decode(b"", final=True)
-            except UnicodeDecodeError as err:
-                return f, offset - pending + err.start, err.reason
-    return None
-
-
-def _not_text_error(files: list[Path]) -> DataError:
-    found = first_non_utf8(files)
-    if found is None:  # cannot happen: a chunk failed to decode, so some file does
-        return DataError("the --data files are not UTF-8 text: convert them to UTF-8")
-    f, offset, reason = found
-    head = f.read_bytes()[:4]
-    kind = (" (it is gzip-compressed: decompress it)" if head[:2] == b"\x1f\x8b" else
-            " (it is a zip archive: extract it)" if head[:2] == b"PK" else "")
-    return DataError(f"{f} is not UTF-8 text: byte {offset} ({reason}){kind}; give plain UTF-8 text "
-                     "files (convert it, e.g. iconv -t utf-8, or remove it from --data)")
-
-
-def _chunks(files: list[Path]) -> Iterator[bytes]:
-    """Line-aligned chunks of about CHUNK_BYTES of the concatenated files."""
-    for f in files:
-        with open(f, "rb") as fh:
-            rest = b""
-            while True:
-                block = fh.read(CHUNK_BYTES)
-                if not block:
-                    break
-                block = rest + block
-                cut = block.rfind(b"\n") + 1
-                if cut == 0:
-                    rest = block
-                    continue
-                rest = block[cut:]
-                yield block[:cut]
-            if rest:
-                yield rest
-
-
-def split_stream(files: list[Path], held_out: float = HELD_OUT) -> tuple[list[bytes], list[bytes]]:
-    """Split the files' byte stream into (train, test) chunks at the first line break after
-    ``1 - held_out`` of the bytes (kept in memory: for tests and small data)."""
-    train, test = [], []
-    for part, chunk in _split_chunks(files, held_out):
-        (train if part == "train" else test).append(chunk)
-    return train, test
-
-
-def _split_chunks(files: list[Path], held_out: float) -> Iterator[tuple[str, bytes]]:
-    total = sum(f.stat().st_size for f in files)
-    split_at = int(total * (1.0 - held_out))
-    seen = 0
-    for chunk in _chunks(files):
-        if seen >= split_at:
-            yield "test", chunk
-        elif seen + len(chunk) <= split_at:
-            yield "train", chunk
-        else:  # the split falls inside this chunk: cut after the next line break
-            nl = chunk.find(b"\n", split_at - seen)
-            cut = len(chunk) if nl < 0 else nl + 1
-            yield "train", chunk[:cut]
-            if chunk[cut:]:
-                yield "test", chunk[cut:]
-        seen += len(chunk)
 
 
 def _tokenizer_key(tokenizer: Any) -> str:
@@ -195,11 +94,11 @@ def token_cache(files: list[Path], tokenizer: Any, held_out: float = HELD_OUT) -
     tmp = {k: out / f"{k}.bin.{os.getpid()}.tmp" for k in counts}  # concurrent runs: own files
     handles = {k: open(p, "wb") for k, p in tmp.items()}
     try:
-        for part, chunk in _split_chunks(files, held_out):
+        for part, chunk in split_text_chunks(files, held_out):
             try:
                 text = chunk.decode("utf-8")
             except UnicodeDecodeError:
-                raise _not_text_error(files) from None
+                raise not_text_error(files) from None
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             handles[part].write(np.asarray(ids, dtype=np.uint32).tobytes())
             counts[part][0] += len(ids)

@@ -196,3 +196,27 @@ def test_without_pyarrow_parquet_names_the_extra(tmp_path, monkeypatch):
         count_documents(resolve_source(str(path)))
     # JSON Lines need no pyarrow
     assert count_documents(resolve_source(str(write_jsonl(tmp_path / "d.jsonl", DOCS)))) == 20
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_memory_does_not_grow_with_the_file(tmp_path, fmt):
+    import tracemalloc
+
+    docs = [f"{i:06d} " + "word " * 80 for i in range(20_000)]  # 8 MB of text
+    path = (write_jsonl(tmp_path / "big.jsonl", docs) if fmt == "jsonl"
+            else write_parquet(tmp_path / "big.parquet", docs, row_group_size=2_000))
+    src = resolve_source(str(path))
+    arrow = []  # what Arrow holds (its own allocator, not seen by tracemalloc), per batch
+    tracemalloc.start()
+    try:
+        n = 0
+        for _, batch in split_documents(src, max_chars=1 << 18):
+            n += len(batch)
+            arrow.append(pa.total_allocated_bytes())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    size = sum(map(len, docs)) / 2**20
+    assert n == len(docs) and size > 7.5
+    assert peak < 3 << 20, f"Python peak {peak / 2**20:.1f} MiB while reading {size:.0f} MiB of text"
+    assert max(arrow) < 3 << 20, f"Arrow holds {max(arrow) / 2**20:.1f} MiB of {size:.0f} MiB of text"

@@ -285,13 +285,13 @@ def _resume_dir(args: argparse.Namespace, options: dict[str, Any]) -> str | None
 
 
 # the options of `dmscale search` that decide its model and search space (`dmscale inspect`)
-INSPECT_OPTIONS = ("task", "data", "train_limit", "test_limit", "image_size", "imgsz", "seq_len",
-                   "model", "model_args", "expand", "resource", "target", "search_dims", "min_width",
-                   "width_step", "align", "exclude", "layer_uniform", "seed", "device", "threads", "out",
-                   "quiet")
+INSPECT_OPTIONS = ("task", "data", "text_field", "train_limit", "test_limit", "image_size", "imgsz",
+                   "seq_len", "model", "model_args", "expand", "resource", "target", "search_dims",
+                   "min_width", "width_step", "align", "exclude", "layer_uniform", "seed", "device",
+                   "threads", "out", "quiet")
 
-TASK_FIELDS = ("task", "data", "train_limit", "test_limit", "image_size", "imgsz", "augment", "seq_len",
-               "model", "model_args", "expand", "task_info", "seed")
+TASK_FIELDS = ("task", "data", "text_field", "train_limit", "test_limit", "image_size", "imgsz",
+               "augment", "seq_len", "model", "model_args", "expand", "task_info", "seed")
 
 
 def _cmd_train(args: argparse.Namespace, command: str) -> int:
@@ -313,7 +313,7 @@ def _cmd_train(args: argparse.Namespace, command: str) -> int:
         if not (Path(args.run) / "structure.json").is_file():
             raise ConfigError(f"{args.run} has no structure.json: retrain needs a search run")
         base = {k: getattr(source, k) for k in TASK_FIELDS}
-        for k in ("data", "train_limit", "test_limit", "seed"):
+        for k in ("data", "text_field", "train_limit", "test_limit", "seed"):
             if k in options:
                 base[k] = options[k]
         merged = {**base, **options, "command": "retrain", "source": str(args.run),
@@ -346,7 +346,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from dmscale.run.pipeline import evaluate_run
 
     overrides = {k: v for k, v in vars(args).items()
-                 if k in ("data", "test_limit", "batch_size", "device", "threads")}
+                 if k in ("data", "text_field", "test_limit", "batch_size", "device", "threads")}
     result, text = evaluate_run(args.run, **overrides)
     if vars(args).get("out"):
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

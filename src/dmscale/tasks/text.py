@@ -1,41 +1,52 @@
-"""``--task text``: language modelling on plain text files with a pretrained model's tokenizer.
+"""``--task text``: language modelling on your text with a pretrained model's tokenizer.
 
-Data (``--data FILE_OR_DIR``): one text file, or every file under a directory (recursively,
-sorted by path, hidden files skipped); without ``--data`` the bundled Shakespeare plays. The
-files are read as one stream of UTF-8 text (a file that is not UTF-8, e.g. compressed or in
-another encoding, is refused with its name and the offending byte); the last 10 % of its
-bytes (from the next line break on) is the held-out split, the rest trains.
+Data (``--data PATH``, read by :mod:`dmscale.data.text_sources`): plain UTF-8 text files (a
+file, or every file under a directory), JSON Lines (``.jsonl``) or Parquet (``.parquet``)
+files, or a directory written by a Hugging Face dataset's ``save_to_disk`` (its ``train``
+split); without ``--data`` the bundled Shakespeare plays. Text files are read as one byte
+stream (concatenated as they are; a file that is not UTF-8 is refused with its name and the
+offending byte), and the last 10 % of its bytes (from the next line break on) is the
+held-out split. Every record of the other formats is a document (its ``--text-field``,
+default ``text``): each document is tokenised on its own, the tokenizer's EOS token goes
+between two documents (none after the last), and the last 10 % of the documents (at least
+one) are held out.
 
-Token cache: the stream is tokenised once per (data, tokenizer) with the model's own
-tokenizer, line-aligned chunk by chunk, and written as ``uint32`` token ids to
-``train.bin`` / ``test.bin`` in a cache directory (``$DMSCALE_CACHE``, default
-``~/.cache/dmscale/tokens/<key>``) that later runs memory-map: a corpus larger than memory
-works, and only the windows drawn are read. The key hashes the files (path, size, mtime) and
-the tokenizer's vocabulary and settings. Chunks are tokenised separately, so a token never
-spans a line break that ends a chunk (a negligible difference from tokenising the whole text
-at once).
+Token cache: the data is tokenised once per (data, tokenizer) with the model's own
+tokenizer, chunk by chunk (text: line-aligned chunks of 1 MiB; documents: batches of about
+1 MiB of text), and written as ``uint32`` token ids to ``train.bin`` / ``test.bin`` in a
+cache directory (``$DMSCALE_CACHE``, default ``~/.cache/dmscale/tokens/<key>``) that later
+runs memory-map: a corpus larger than memory works, and only the windows drawn are read. The
+key hashes the files (path, size, mtime), for documents also the format, the text field,
+the split and the EOS id, and the tokenizer's vocabulary and settings. Text chunks are
+tokenised separately, so a token never spans a line break that ends a chunk (a negligible
+difference from tokenising the whole text at once).
 
 Training batches: ``--batch-size`` windows of ``--seq-len + 1`` tokens at offsets drawn from
 ``(seed, step)``. Evaluation: the held-out stream (a BOS token first, when the tokenizer has
 one, so that every text token is predicted) in consecutive windows; reports ``loss`` (mean
 NLL per token, nats), ``ppl = exp(loss)``, next-token accuracy and ``bpb``, bits per UTF-8
 byte: the total NLL in bits over the bytes of the evaluated text, comparable across
-tokenizers (with ``--test-limit N`` tokens, the bytes of those tokens' decoded text).
+tokenizers (with ``--test-limit N`` tokens, the bytes of those tokens' decoded text). For
+documents the EOS tokens between them are predicted too, and have no bytes.
 
-Example:
-    >>> import tempfile, pathlib
+Example (a stand-in tokenizer, one token per UTF-8 byte, EOS 0):
+    >>> import json, os, tempfile, pathlib
+    >>> class Bytes:
+    ...     eos_token_id = 0
+    ...     def get_vocab(self): return {}
+    ...     def __call__(self, texts, add_special_tokens=False):
+    ...         return {"input_ids": [list(t.encode()) for t in texts]}
     >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> _ = (d / "a.txt").write_text("one line\\n" * 10 + "the end\\n")
-    >>> [p.name for p in text_files(str(d))]
-    ['a.txt']
-    >>> train, test = split_stream(text_files(str(d)))
-    >>> len(b"".join(train)) + len(b"".join(test)) == (d / "a.txt").stat().st_size
-    True
+    >>> _ = (d / "docs.jsonl").write_text("".join(json.dumps({"text": w}) + "\\n" for w in ("ab", "cd", "ef")))
+    >>> old, os.environ[CACHE_ENV] = os.environ.get(CACHE_ENV), str(d / "cache")
+    >>> cache = token_cache(resolve_source(str(d / "docs.jsonl")), Bytes())
+    >>> [np.fromfile(cache / f"{part}.bin", dtype=np.uint32).tolist() for part in ("train", "test")]
+    [[97, 98, 0, 99, 100], [101, 102]]
+    >>> _ = os.environ.pop(CACHE_ENV) if old is None else os.environ.update({CACHE_ENV: old})
 """
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 import math
@@ -49,122 +60,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmscale.config.run_config import ConfigError, RunConfig
-from dmscale.core.errors import DataError
+from dmscale.data.text_files import (
+    HELD_OUT,
+    first_non_utf8,
+    not_text_error,
+    split_stream,
+    split_text_chunks,
+    text_files,
+)
+from dmscale.data.text_sources import TextSource, resolve_source, split_documents
 from dmscale.tasks.hf_model import load_hf_tokenizer, parse_hf_spec
 from dmscale.tasks.registry import Task, register_task
 
 __all__ = ["TextTask", "text_files", "split_stream", "token_cache", "cache_is_complete", "first_non_utf8",
-           "HELD_OUT", "CACHE_ENV"]
+           "document_separator", "resolve_source", "TextSource", "HELD_OUT", "CACHE_ENV"]
 
-HELD_OUT = 0.1  # fraction of the bytes (at a line break) held out for evaluation
 CACHE_ENV = "DMSCALE_CACHE"
-CHUNK_BYTES = 1 << 20  # tokenised at a time (line-aligned)
 CACHE_VERSION = 1
-
-
-def text_files(data: str | None) -> list[Path]:
-    """The text files of ``--data`` (a file or a directory), or the bundled Shakespeare.
-
-    Raises:
-        ConfigError: the path does not exist or holds no non-empty file.
-    """
-    if data is None:
-        from dmscale.data import shakespeare_files
-
-        return shakespeare_files()
-    p = Path(data).expanduser()
-    if p.is_file():
-        files = [p]
-    elif p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file()
-                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
-    else:
-        raise ConfigError(f"--data {data}: no such file or directory (give a text file or a "
-                          "directory of text files)")
-    files = [f for f in files if f.stat().st_size > 0]
-    if not files:
-        raise ConfigError(f"--data {data}: no non-empty files (empty files and hidden files are skipped); "
-                          "give a UTF-8 text file or a directory that holds some")
-    return files
-
-
-def first_non_utf8(files: list[Path]) -> tuple[Path, int, str] | None:
-    """``(file, byte offset, reason)`` of the first byte that is not UTF-8 text, or None."""
-    for f in files:
-        decoder = codecs.getincrementaldecoder("utf-8")()
-        offset = 0
-        with open(f, "rb") as fh:
-            while block := fh.read(CHUNK_BYTES):
-                try:
-                    decoder.decode(block)
-                except UnicodeDecodeError as err:
-                    return f, offset + err.start, err.reason
-                offset += len(block)
-            pending = len(decoder.getstate()[0])  # the bytes of a character cut off at the end
-            try:
-                decoder.decode(b"", final=True)
-            except UnicodeDecodeError as err:
-                return f, offset - pending + err.start, err.reason
-    return None
-
-
-def _not_text_error(files: list[Path]) -> DataError:
-    found = first_non_utf8(files)
-    if found is None:  # cannot happen: a chunk failed to decode, so some file does
-        return DataError("the --data files are not UTF-8 text: convert them to UTF-8")
-    f, offset, reason = found
-    head = f.read_bytes()[:4]
-    kind = (" (it is gzip-compressed: decompress it)" if head[:2] == b"\x1f\x8b" else
-            " (it is a zip archive: extract it)" if head[:2] == b"PK" else "")
-    return DataError(f"{f} is not UTF-8 text: byte {offset} ({reason}){kind}; give plain UTF-8 text "
-                     "files (convert it, e.g. iconv -t utf-8, or remove it from --data)")
-
-
-def _chunks(files: list[Path]) -> Iterator[bytes]:
-    """Line-aligned chunks of about CHUNK_BYTES of the concatenated files."""
-    for f in files:
-        with open(f, "rb") as fh:
-            rest = b""
-            while True:
-                block = fh.read(CHUNK_BYTES)
-                if not block:
-                    break
-                block = rest + block
-                cut = block.rfind(b"\n") + 1
-                if cut == 0:
-                    rest = block
-                    continue
-                rest = block[cut:]
-                yield block[:cut]
-            if rest:
-                yield rest
-
-
-def split_stream(files: list[Path], held_out: float = HELD_OUT) -> tuple[list[bytes], list[bytes]]:
-    """Split the files' byte stream into (train, test) chunks at the first line break after
-    ``1 - held_out`` of the bytes (kept in memory: for tests and small data)."""
-    train, test = [], []
-    for part, chunk in _split_chunks(files, held_out):
-        (train if part == "train" else test).append(chunk)
-    return train, test
-
-
-def _split_chunks(files: list[Path], held_out: float) -> Iterator[tuple[str, bytes]]:
-    total = sum(f.stat().st_size for f in files)
-    split_at = int(total * (1.0 - held_out))
-    seen = 0
-    for chunk in _chunks(files):
-        if seen >= split_at:
-            yield "test", chunk
-        elif seen + len(chunk) <= split_at:
-            yield "train", chunk
-        else:  # the split falls inside this chunk: cut after the next line break
-            nl = chunk.find(b"\n", split_at - seen)
-            cut = len(chunk) if nl < 0 else nl + 1
-            yield "train", chunk[:cut]
-            if chunk[cut:]:
-                yield "test", chunk[cut:]
-        seen += len(chunk)
 
 
 def _tokenizer_key(tokenizer: Any) -> str:
@@ -179,31 +91,69 @@ def _cache_root() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "dmscale" / "tokens"
 
 
-def token_cache(files: list[Path], tokenizer: Any, held_out: float = HELD_OUT) -> Path:
-    """The cache directory of ``files`` tokenised with ``tokenizer`` (written when missing):
-    ``train.bin``, ``test.bin`` (uint32 token ids) and ``meta.json`` (token and byte counts)."""
+def _pieces(source: TextSource, tokenizer: Any, held_out: float,
+            eos: int | None) -> Iterator[tuple[str, list[int], int, int]]:
+    """``(part, token ids, text bytes, documents)`` in stream order: text files chunk by
+    chunk; documents batch by batch, ``eos`` between two documents of one part."""
+    if not source.documents:
+        for part, chunk in split_text_chunks(list(source.files), held_out):
+            try:
+                text = chunk.decode("utf-8")
+            except UnicodeDecodeError:
+                raise not_text_error(list(source.files)) from None
+            yield part, tokenizer(text, add_special_tokens=False)["input_ids"], len(chunk), 0
+        return
+    started = {"train": False, "test": False}
+    for part, docs in split_documents(source, held_out):
+        ids: list[int] = []
+        for doc_ids in tokenizer(docs, add_special_tokens=False)["input_ids"]:
+            if started[part]:
+                ids.append(eos)
+            ids.extend(doc_ids)
+            started[part] = True
+        yield part, ids, sum(len(d.encode("utf-8")) for d in docs), len(docs)
+
+
+def document_separator(source: TextSource, tokenizer: Any) -> int | None:
+    """The token put between two documents: the tokenizer's EOS (None for text files).
+
+    Raises:
+        ConfigError: documents, and the tokenizer has no EOS token.
+    """
+    if not source.documents:
+        return None
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise ConfigError(f"--data {source.data}: the documents of {source.format} data are joined with the "
+                          "tokenizer's EOS token, and this tokenizer has none: set one (tokenizer.eos_token"
+                          " = ..., then save_pretrained) or give the text as a plain text file")
+    return int(eos)
+
+
+def token_cache(source: TextSource | list[Path], tokenizer: Any, held_out: float = HELD_OUT) -> Path:
+    """The cache directory of ``source`` (a :class:`TextSource`, or a list of text files)
+    tokenised with ``tokenizer`` (written when missing): ``train.bin``, ``test.bin`` (uint32
+    token ids) and ``meta.json`` (token, byte and document counts)."""
+    if not isinstance(source, TextSource):
+        source = TextSource("text", tuple(source))
+    eos = document_separator(source, tokenizer)
     h = hashlib.sha256(f"v{CACHE_VERSION} {held_out}\n".encode())
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.resolve()}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+    h.update(source.key().encode())  # text files: their paths, sizes and mtimes alone
+    if eos is not None:
+        h.update(f"eos {eos}\n".encode())
     h.update(_tokenizer_key(tokenizer).encode())
     out = _cache_root() / h.hexdigest()[:24]
     if cache_is_complete(out):
         return out  # (a truncated or damaged cache is written again)
     out.mkdir(parents=True, exist_ok=True)
-    counts = {"train": [0, 0], "test": [0, 0]}  # tokens, bytes
+    counts = {"train": [0, 0, 0], "test": [0, 0, 0]}  # tokens, bytes, documents
     tmp = {k: out / f"{k}.bin.{os.getpid()}.tmp" for k in counts}  # concurrent runs: own files
     handles = {k: open(p, "wb") for k, p in tmp.items()}
     try:
-        for part, chunk in _split_chunks(files, held_out):
-            try:
-                text = chunk.decode("utf-8")
-            except UnicodeDecodeError:
-                raise _not_text_error(files) from None
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for part, ids, n_bytes, n_docs in _pieces(source, tokenizer, held_out, eos):
             handles[part].write(np.asarray(ids, dtype=np.uint32).tobytes())
-            counts[part][0] += len(ids)
-            counts[part][1] += len(chunk)
+            for i, n in enumerate((len(ids), n_bytes, n_docs)):
+                counts[part][i] += n
     except BaseException:
         for fh in handles.values():
             fh.close()
@@ -214,9 +164,12 @@ def token_cache(files: list[Path], tokenizer: Any, held_out: float = HELD_OUT) -
         fh.close()
     for k, p in tmp.items():
         os.replace(p, out / f"{k}.bin")
-    meta = {"files": [str(f) for f in files], "held_out": held_out,
+    meta = {"files": [str(f) for f in source.files], "held_out": held_out, "format": source.format,
             **{f"{k}_tokens": v[0] for k, v in counts.items()},
             **{f"{k}_bytes": v[1] for k, v in counts.items()}}
+    if source.documents:
+        meta.update(text_field=source.text_field, split=source.split, eos=eos,
+                    **{f"{k}_documents": v[2] for k, v in counts.items()})
     meta_tmp = out / f"meta.json.{os.getpid()}.tmp"
     meta_tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     os.replace(meta_tmp, out / "meta.json")  # written last: its presence marks a complete cache
@@ -255,11 +208,13 @@ class TextTask(Task):
                               "models go with --task shakespeare")
         self.tokenizer = load_hf_tokenizer(path)
         self.data = cfg.data
-        self.files = text_files(cfg.data)
+        self.source = resolve_source(cfg.data, cfg.text_field)
+        self.files = list(self.source.files)
         self.seq_len = int(cfg.seq_len)
-        self.cache = token_cache(self.files, self.tokenizer)
+        self.cache = token_cache(self.source, self.tokenizer)
         meta = json.loads((self.cache / "meta.json").read_text(encoding="utf-8"))
         self.meta = meta
+        self.separator = meta.get("eos")  # between documents; None for text files
         train = _memmap(self.cache / "train.bin", meta["train_tokens"])
         test = _memmap(self.cache / "test.bin", meta["test_tokens"])
         for what, limit, part in (("train", cfg.train_limit, train), ("test", cfg.test_limit, test)):
@@ -281,7 +236,10 @@ class TextTask(Task):
                      "vocab_size": len(self.tokenizer), "tokenizer": path}
 
     def _bytes_of(self, ids: np.ndarray) -> int:
-        text = self.tokenizer.decode(np.asarray(ids).tolist(), clean_up_tokenization_spaces=False)
+        ids = np.asarray(ids)
+        if self.separator is not None:  # the documents' bytes: the separators have none
+            ids = ids[ids != self.separator]
+        text = self.tokenizer.decode(ids.tolist(), clean_up_tokenization_spaces=False)
         return len(text.encode("utf-8"))
 
     def example_inputs(self) -> torch.Tensor:
@@ -349,8 +307,10 @@ class TextTask(Task):
         return np.concatenate(parts)
 
     def describe(self) -> str:
-        src = "the bundled Shakespeare" if self.data is None \
-            else (str(self.files[0]) if len(self.files) == 1 else f"{len(self.files)} files in {self.data}")
+        src = self.source.describe()
+        if self.source.documents:
+            src += (f"; {self.meta['train_documents'] + self.meta['test_documents']:,} documents "
+                    f"({self.meta['test_documents']:,} held out) joined by EOS")
         return (f"text ({src}): {len(self.train_ids):,} training / {len(self.test_ids):,} test "
                 f"tokens ({self.test_bytes:,} test bytes), vocabulary of {self.info['vocab_size']:,}, "
                 f"sequences of {self.seq_len}")

@@ -459,3 +459,25 @@ def test_a_dmscale_error_is_one_line_on_stderr_and_exit_1(monkeypatch, capsys):
     assert cli.main(["export", "RUN", "--out", "x"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error: with all masks open" in err and "Traceback" not in err
+
+
+def test_print_config_prints_yaml_that_config_takes_back(tmp_path, capsys):
+    """--print-config: the resolved options as YAML, nothing trained or written; fed back with
+    --config it resolves to the same configuration."""
+    import yaml
+
+    from dmscale.config.run_config import RunConfig, load_config_file
+
+    assert main(["search", "--task", "digits", "--target", "0.4", "--structure-lr", "0.02",
+                 "--budget-band", "0.95,1.0", "--out", str(tmp_path / "run"), "--print-config"]) == 0
+    text = capsys.readouterr().out
+    assert not (tmp_path / "run").exists()
+    data = yaml.safe_load(text)
+    assert data["target"] == 0.4 and data["structure-lr"] == 0.02 and data["budget-band"] == [0.95, 1.0]
+    (tmp_path / "c.yaml").write_text(text)
+    again = RunConfig(command="search", **load_config_file(tmp_path / "c.yaml", "search")).resolved()
+    first = RunConfig(command="search", task="digits", target=0.4, structure_lr=0.02,
+                      budget_band=(0.95, 1.0)).resolved()
+    assert again.to_dict() == first.to_dict()
+    assert main(["search", "--config", str(tmp_path / "c.yaml"), "--print-config"]) == 0
+    assert capsys.readouterr().out == text

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dmscale.config.run_config import (
+    config_yaml,
     OPTIONS,
     OPTIONS_BY_NAME,
     RESUME_MUTABLE,
@@ -196,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
                            help="YAML or JSON file of options (keys as the long flags, e.g. "
                                 "'structure-lr: 0.01'); flags given here win over it")
+            p.add_argument("--print-config", action="store_true", default=argparse.SUPPRESS,
+                           help="print the resolved options as YAML (reusable with --config) and exit")
             p.add_argument("--resume", metavar="RUN", nargs="?", const=True, default=argparse.SUPPRESS,
                            help="continue an interrupted run from its checkpoint: the run "
                                 "directory (or the one given by --out); other options come "
@@ -322,7 +325,10 @@ def _cmd_train(args: argparse.Namespace, command: str) -> int:
         cfg = RunConfig(**merged)
     else:
         cfg = RunConfig(command=command, **options)
-        cfg.out = cfg.out or _default_out(command, cfg.task, cfg.name)
+    if getattr(args, "print_config", False):
+        print(config_yaml(cfg), end="")
+        return 0
+    cfg.out = cfg.out or _default_out(command, cfg.task, cfg.name)
     with process_group(cfg.device):  # torchrun: one process per rank, rank 0 writes and prints
         cfg.out = from_rank0(cfg.out)
         pipe = on_all_ranks(lambda: Pipeline(cfg, resume=resume is not None, explicit=set(options)))

@@ -39,6 +39,7 @@ __all__ = [
     "Option",
     "OPTIONS",
     "RunConfig",
+    "config_yaml",
     "TASKS",
     "PIPELINES",
     "load_config_file",
@@ -277,6 +278,30 @@ def load_config_file(path: str | Path, command: str | None = None) -> dict[str, 
     if data is None:
         return {}
     return parse_mapping(data, command, origin=f"--config {p}")
+
+
+def config_yaml(cfg: RunConfig) -> str:
+    """The options of ``cfg``'s command, resolved, as YAML a ``--config`` file takes back.
+
+    Keys are the long flags without dashes (``structure-lr``); options left at None and the
+    run directory (``out``, given per run) are left out.
+
+    Example:
+        >>> text = config_yaml(RunConfig(command="search", task="digits", target=0.4))
+        >>> "target: 0.4" in text, "structure-lr: 0.01" in text
+        (True, True)
+    """
+    resolved = cfg.resolved()
+    values = {}
+    for opt in OPTIONS:
+        if cfg.command not in opt.commands or opt.name in ("out", "quiet"):
+            continue
+        value = getattr(resolved, opt.name, None)
+        if value is None:
+            continue
+        values[opt.name.replace("_", "-")] = list(value) if isinstance(value, tuple) else value
+    return (f"# dmscale {cfg.command}: resolved options (dmscale {cfg.command} --config FILE)\n"
+            + yaml.safe_dump(values, sort_keys=False))
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:

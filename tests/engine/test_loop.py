@@ -208,3 +208,24 @@ def test_autocast_and_scaler_follow_the_device() -> None:
     with p.autocast():
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
     assert Precision("32", torch.device("cpu")).state_dict() is None
+
+
+def test_device_cuda_n_is_accepted_and_checked():
+    from dmscale.config.values import device_value
+
+    assert device_value("cuda:3") == "cuda:3"
+    with pytest.raises(ConfigError, match=r"cuda:N"):
+        device_value("gpu1")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"--device cuda:1: no CUDA device"):
+            device_mod.resolve_device("cuda:1")
+
+
+def test_export_takes_no_device_or_thread_options(capsys):
+    """export ran on the CPU whatever --device said: the options are gone, not ignored."""
+    from dmscale.cli import main
+
+    for flag in ("--device", "--threads"):
+        with pytest.raises(SystemExit):
+            main(["export", "runs/x", flag, "1"])
+        assert f"unrecognized arguments: {flag}" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from dmscale.config.values import (
     band,
     boolean,
     choice,
+    device_value,
     expand_factors,
     fraction,
     integer,
@@ -279,12 +280,13 @@ OPTIONS: tuple[Option, ...] = (
     _o("stop_after", positive_int, None,
        "stop (with a checkpoint) once the run has taken N optimizer steps in total; "
        "continue it later with --resume", _ALL_TRAIN, "run", metavar="N"),
-    _o("device", choice("auto", "cpu", "cuda"), "auto",
-       "where to train: auto picks cuda when available", COMMANDS[:5], "run"),
+    _o("device", device_value, "auto",
+       "where to train: auto picks cuda when available; cuda:N one GPU of several",
+       ("pretrain", "search", "retrain", "eval"), "run", metavar="DEVICE"),
     _o("threads", positive_int, None,
        "CPU threads for torch (default: the cores not busy with other work, by the load "
        "average; at least 1)",
-       COMMANDS[:5], "run", metavar="N"),
+       ("pretrain", "search", "retrain", "eval"), "run", metavar="N"),
     _o("precision", choice("32", "bf16", "fp16"), "32",
        "arithmetic of the training steps: 32 (float32), bf16 (autocast to bfloat16, CPU and "
        "GPU) or fp16 (autocast to float16 with a GradScaler; an overflowing step is skipped). "

@@ -21,6 +21,7 @@ from dmscale.core.errors import ConfigError
 
 __all__ = [
     "positive_int",
+    "device_value",
     "align_value",
     "integer",
     "real",
@@ -161,6 +162,19 @@ def choice(*choices: str) -> Callable[[Any], str]:
 
     convert.choices = choices  # type: ignore[attr-defined]
     return convert
+
+
+def device_value(value: Any) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (one GPU of several).
+
+    Example:
+        >>> device_value("cuda:1"), device_value("auto")
+        ('cuda:1', 'auto')
+    """
+    text = str(value).strip()
+    if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise ConfigError(f"expected auto, cpu, cuda or cuda:N (a GPU index); got {value!r}")
 
 
 def scalar(text: str) -> Any:

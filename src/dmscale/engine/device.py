@@ -49,9 +49,15 @@ def resolve_device(name: str) -> torch.device:
     Under torchrun (``WORLD_SIZE > 1``) ``cuda`` means ``cuda:LOCAL_RANK``, and a node with
     fewer GPUs than processes is a ConfigError.
     """
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available (torch "
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: no CUDA device is available (torch "
                           f"{torch.__version__} sees none); use --device cpu or auto")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ConfigError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s), "
+                          f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    if name.startswith("cuda:") and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(f"--device {name} under torchrun: every process would use the same GPU; "
+                          "use --device cuda (each process takes cuda:LOCAL_RANK)")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)

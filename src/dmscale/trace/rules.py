@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from dmscale.trace.graph import PIN, Label
+from dmscale.trace.values import tensors_in
 
 if TYPE_CHECKING:
     from dmscale.trace.protocol import TraceRecorder
@@ -70,16 +71,6 @@ def _arg(args: tuple, kwargs: dict, pos: int, name: str, default: Any = None) ->
     return args[pos] if len(args) > pos else default
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
-    return []
-
-
 def _norm_dim(d: int, n: int) -> int:
     return d + n if d < 0 else d
 
@@ -96,7 +87,7 @@ def _data_operands(name: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     if name in _DTYPE_DONOR_OPS:
         first = args[0] if args else kwargs.get("input", kwargs.get("self"))
         return [first] if isinstance(first, torch.Tensor) else []
-    return _tensors(args) + _tensors(kwargs)
+    return tensors_in(args) + tensors_in(kwargs)
 
 
 def _broadcast_dim(t: torch.Tensor, dim: int, out_ndim: int) -> int | None:
@@ -115,7 +106,7 @@ def elementwise(tr: "TraceRecorder", name: str, args: tuple, kwargs: dict, out: 
     channel dim is either a parameter (layer scale, position embedding: sliced with the
     channels) or pins them.
     """
-    outs = _tensors(out)
+    outs = tensors_in(out)
     if len(outs) != 1:
         return unknown(tr, name, args, kwargs, out)
     y = outs[0]
@@ -155,9 +146,9 @@ def elementwise(tr: "TraceRecorder", name: str, args: tuple, kwargs: dict, out: 
 
 def spatial(tr: "TraceRecorder", name: str, args: tuple, kwargs: dict, out: Any) -> None:
     """Pooling / resizing over dims >= 2 of an (N, C, ...) tensor."""
-    x = args[0] if args else _tensors(kwargs)[0]
+    x = args[0] if args else tensors_in(kwargs)[0]
     lab = tr.label_of(x)
-    outs = _tensors(out)
+    outs = tensors_in(out)
     if lab is None:
         return
     if lab.dim == 1 and all(o.dim() > 1 and o.shape[1] == len(lab.ids) for o in outs):
@@ -362,7 +353,7 @@ def split(tr: "TraceRecorder", name: str, args: tuple, kwargs: dict, out: Any) -
     lab = tr.label_of(x)
     if lab is None:
         return
-    outs = _tensors(out)
+    outs = tensors_in(out)
     pos = {"chunk": 2, "split": 2, "tensor_split": 2, "split_with_sizes": 2, "unbind": 1,
            "narrow": 1}[name]
     dim = _norm_dim(int(_arg(args, kwargs, pos, "dim", 0)), x.dim())
@@ -435,7 +426,7 @@ def reduction(tr: "TraceRecorder", name: str, args: tuple, kwargs: dict, out: An
     if lab.dim in dims:
         return unknown(tr, name, args, kwargs, out)
     d = lab.dim if keepdim else lab.dim - sum(1 for i in dims if i < lab.dim)
-    for o in _tensors(out):
+    for o in tensors_in(out):
         tr.set_label(o, d, lab.ids)
 
 
@@ -452,7 +443,7 @@ def along_dim(tr: "TraceRecorder", name: str, args: tuple, kwargs: dict, out: An
 
 def unknown(tr: "TraceRecorder", name: str, args: tuple, kwargs: dict, out: Any) -> None:
     """No rule: every labelled channel it touches is pinned; outputs carry no label."""
-    for t in _tensors(args) + _tensors(kwargs):
+    for t in tensors_in(args) + tensors_in(kwargs):
         lab = tr.label_of(t)
         if lab is not None:
             tr.pin_ids(lab.ids, f"function {name!r} has no channel rule")

@@ -4,7 +4,8 @@ torch functions carry channel labels.
 :class:`Tracer` runs the model under a ``TorchFunctionMode`` (every torch function goes through
 :func:`dmscale.trace.rules.apply_rule`) and forward hooks (handled layers are opaque operations that
 produce and consume labels). It knows nothing of blocks or stages: :mod:`dmscale.trace.discover`
-turns its records into a :class:`~dmscale.trace.discover.SearchSpace`.
+turns its records into a :class:`~dmscale.trace.discover.SearchSpace`. The helpers for call
+values (``split_inputs``, ``output_template``, re-exported here) are in :mod:`dmscale.trace.values`.
 
 Example:
     >>> import torch
@@ -25,11 +26,11 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from dmscale.core.errors import InputError
 from dmscale.trace.flops import ForwardFlopCounter
 from dmscale.trace.graph import PIN, Event, Label, LayerRecord, ModuleCall, UnionFind
 from dmscale.trace.handlers.base import handler_for
-from dmscale.trace.rules import _tensors, apply_rule
+from dmscale.trace.rules import apply_rule
+from dmscale.trace.values import is_inplace, model_outputs, output_template, split_inputs, storage_of, tensors_in
 
 __all__ = ["Tracer", "split_inputs", "output_template"]
 
@@ -180,11 +181,11 @@ class Tracer:
 
     # ------------------------------------------------------------------ events
     def on_function(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
-        outs = _tensors(out)
-        ins = _tensors(args) + _tensors(kwargs)
+        outs = tensors_in(out)
+        ins = tensors_in(args) + tensors_in(kwargs)
         self._labelled_now.clear()
-        if _is_inplace(name) and args and isinstance(args[0], torch.Tensor):
-            self.mutations.append((self._next_node, _storage(args[0])))
+        if is_inplace(name) and args and isinstance(args[0], torch.Tensor):
+            self.mutations.append((self._next_node, storage_of(args[0])))
         try:
             if name == "__setitem__":
                 for t in ins:
@@ -279,7 +280,7 @@ class Tracer:
         transforms its weights first, e.g. weight standardisation)."""
         if name in _SHAPE_READS or self.opaque_name is None:
             return
-        for t in _tensors(args) + _tensors(kwargs):
+        for t in tensors_in(args) + tensors_in(kwargs):
             if self._opaque_params.get(id(t)) is t:
                 self.opaque_param_uses[self.opaque_name].add(name)
                 return
@@ -351,10 +352,10 @@ class Tracer:
             if self._is_opaque(name, module):
                 self.opaque_depth += 1
             return
-        ins = _tensors(args) + _tensors(kwargs)
+        ins = tensors_in(args) + tensors_in(kwargs)
         call = ModuleCall(name, len(self.calls), self.node_of(ins[0]) if ins else None,
                           start=self._next_node, n_inputs=len(args) + len(kwargs),
-                          storages=(_storage(ins[0]),) if ins else ())
+                          storages=(storage_of(ins[0]),) if ins else ())
         self.calls.append(call)
         if self._is_opaque(name, module):
             self.opaque_depth += 1
@@ -379,15 +380,15 @@ class Tracer:
             return
         call = next(c for c in reversed(self.calls) if c.name == name and not c.done)
         call.done = True
-        call.output_nodes = [self.node_of(t) for t in _tensors(out)]
+        call.output_nodes = [self.node_of(t) for t in tensors_in(out)]
         call.output_template = output_template(out)
-        outs = _tensors(out)
-        call.storages = call.storages + ((_storage(outs[0]),) if len(outs) == 1 else ())
+        outs = tensors_in(out)
+        call.storages = call.storages + ((storage_of(outs[0]),) if len(outs) == 1 else ())
         call.end = self._next_node
 
     def _opaque_call(self, name: str, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-        ins = _tensors(args) + _tensors(kwargs)
-        outs = [t for t in _tensors(out) if not any(t is i for i in ins)]
+        ins = tensors_in(args) + tensors_in(kwargs)
+        outs = [t for t in tensors_in(out) if not any(t is i for i in ins)]
         in_nodes = [self.node_of(t) for t in ins]
         for t in outs:
             self._info.pop(id(t), None)
@@ -419,76 +420,8 @@ class Tracer:
             out = self.model(*args, **kwargs)
         self.busy = True
         self.pin_shared_params()
-        for t in _tensors(_outputs(out)):
+        for t in tensors_in(model_outputs(out)):
             self.pin_label(self.label_of(t), "model output")
         self.busy = False
         return out, counter
 
-
-def split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
-    """Tensor -> ((t,), {}); tuple/list -> (tuple, {}); dict -> ((), dict)."""
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,), {}
-    if isinstance(example_inputs, (tuple, list)):
-        return tuple(example_inputs), {}
-    if isinstance(example_inputs, dict):
-        return (), dict(example_inputs)
-    raise InputError(
-        "example_inputs must be a tensor, a tuple of positional inputs or a dict of keyword "
-        f"inputs, got {type(example_inputs).__name__}: pass them in one of these forms"
-    )
-
-
-def _outputs(out: Any) -> Any:
-    if isinstance(out, dict):
-        return list(out.values())
-    if hasattr(out, "to_tuple"):
-        return out.to_tuple()
-    return out
-
-
-_CONSTANTS = (type(None), bool, int, float, str)
-
-
-def _is_inplace(name: str) -> bool:
-    """Whether the torch function ``name`` modifies its first argument (``add_``, ``+=``)."""
-    if name.startswith("__"):
-        return name.startswith("__i") and name not in ("__index__", "__init__", "__invert__") \
-            or name == "__setitem__"
-    return name.endswith("_")
-
-
-def _storage(t: torch.Tensor) -> int | None:
-    """Address of ``t``'s memory (views share it); None when it has none to read."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return None
-
-
-def output_template(out: Any) -> Any:
-    """How a module packs its one output tensor, in JSON: None for a bare tensor; for a
-    tuple or list ``{"type": "tuple", "items": [...]}`` with ``{"tensor": True}`` where the
-    tensor goes and the other items as the constants (None, numbers, strings) they were;
-    ``"opaque"`` for anything else (a dict, a cache object, a nested container), which a
-    replacement could not rebuild without running the module.
-
-    Example:
-        >>> import torch
-        >>> output_template((torch.ones(1), None))
-        {'type': 'tuple', 'items': [{'tensor': True}, None]}
-    """
-    if isinstance(out, torch.Tensor):
-        return None
-    if type(out) in (tuple, list):
-        items: list[Any] = []
-        for item in out:
-            if isinstance(item, torch.Tensor):
-                items.append({"tensor": True})
-            elif isinstance(item, _CONSTANTS):
-                items.append(item)
-            else:
-                return "opaque"
-        if sum(1 for i in items if isinstance(i, dict)) == 1:
-            return {"type": type(out).__name__, "items": items}
-    return "opaque"

@@ -81,7 +81,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dmscale.trace.discover import LayerSlots, SearchSpace
+from dmscale.trace.space import LayerSlots, SearchSpace
 from dmscale.cost.latency_profile import LatencyProfiler, _searchable
 from dmscale.cost.polyfit import LayerFit, fit_monotone_poly
 from dmscale.cost.resources import DeviceCache

@@ -27,7 +27,7 @@ from dmscale.trace.handlers.base import Handler, handler_for
 from dmscale.core.masks import detach
 from dmscale.cost.polyfit import LayerFit, _basis, fit_monotone_poly
 from dmscale.cost.timing import _calls_per_block, _device_of, _time_block
-from dmscale.trace.tracer import split_inputs
+from dmscale.trace.values import split_inputs
 
 __all__ = ["LatencyProfiler"]
 

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.flop_counter import register_flop_formula, sdpa_flop_count
 
 from dmscale.trace.discover import SearchSpace
-from dmscale.trace.tracer import split_inputs
+from dmscale.trace.values import split_inputs
 from dmscale.trace.flops import ForwardFlopCounter
 from dmscale.trace.handlers.base import handler_for
 from dmscale.core.masks import GATES_NAME

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dmscale.trace.tracer import split_inputs
+from dmscale.trace.values import split_inputs
 
 __all__ = ["measure_latency"]
 

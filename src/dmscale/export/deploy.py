@@ -45,7 +45,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from dmscale.trace.tracer import split_inputs
+from dmscale.trace.values import split_inputs
 from dmscale.core.errors import ExportCheckError, MissingDependencyError, StandaloneError
 from dmscale.core.modes import eval_mode
 

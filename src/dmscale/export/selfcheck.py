@@ -23,7 +23,7 @@ from dmscale.core.errors import VerificationError
 from dmscale.trace.handlers.base import handler_for
 from dmscale.core.masks import GATES_NAME
 from dmscale.core.modes import eval_mode
-from dmscale.trace.tracer import split_inputs
+from dmscale.trace.values import split_inputs
 from dmscale.export.verify import compare, describe, first_divergence, flat_outputs
 
 __all__ = ["run_example", "verify_open", "verify_export", "describe_inputs", "fails_on"]

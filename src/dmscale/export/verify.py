@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from dmscale.trace.rules import _tensors
+from dmscale.trace.values import tensors_in
 
 __all__ = ["TOLERANCE", "HALF_TOLERANCE", "flat_outputs", "compare", "record_outputs",
            "first_divergence"]
@@ -37,7 +37,7 @@ def flat_outputs(out: Any) -> list[torch.Tensor]:
     """Every floating-point tensor of a model output (tensor, tuple, dict, ModelOutput)."""
     if hasattr(out, "to_tuple"):
         out = out.to_tuple()
-    return [t for t in _tensors(out) if t.is_floating_point()]
+    return [t for t in tensors_in(out) if t.is_floating_point()]
 
 
 def tolerance(t: torch.Tensor) -> float:

@@ -4,7 +4,9 @@ torch functions carry channel labels.
 :class:`Tracer` runs the model under a ``TorchFunctionMode`` (every torch function goes through
 :func:`dmscale.trace.rules.apply_rule`) and forward hooks (handled layers are opaque operations that
 produce and consume labels). It knows nothing of blocks or stages: :mod:`dmscale.trace.discover`
-turns its records into a :class:`~dmscale.trace.discover.SearchSpace`.
+turns its records into a :class:`~dmscale.trace.discover.SearchSpace`. Parameter tracking is in
+:mod:`dmscale.trace.params`, the helpers for call values (``split_inputs``, ``output_template``,
+re-exported here) in :mod:`dmscale.trace.values`.
 
 Example:
     >>> import torch
@@ -25,25 +27,14 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from dmscale.core.errors import InputError
 from dmscale.trace.flops import ForwardFlopCounter
 from dmscale.trace.graph import PIN, Event, Label, LayerRecord, ModuleCall, UnionFind
 from dmscale.trace.handlers.base import handler_for
-from dmscale.trace.rules import _tensors, apply_rule
+from dmscale.trace.params import SHAPE_READS, ParamTracker
+from dmscale.trace.rules import apply_rule
+from dmscale.trace.values import is_inplace, model_outputs, output_template, split_inputs, storage_of, tensors_in
 
 __all__ = ["Tracer", "split_inputs", "output_template"]
-
-
-# functions that read a tensor's metadata, not its values
-_SHAPE_READS = {"__get__", "size", "dim", "ndimension", "numel", "stride", "is_contiguous",
-                "data_ptr", "element_size", "nelement", "__len__", "is_floating_point",
-                "is_complex", "get_device", "storage_offset", "__repr__", "__format__"}
-
-# ops whose output is the parameter's values again, dims right-aligned (expand adds dims)
-_PARAM_VIEWS = {"expand", "expand_as", "to", "type_as", "float", "half", "bfloat16",
-                "contiguous", "clone", "detach", "broadcast_to"}
-# ops that only add or drop size-1 dims of a parameter (gamma.view(1, -1, 1, 1))
-_PARAM_RESHAPES = {"view", "reshape", "unsqueeze", "squeeze", "flatten", "view_as", "reshape_as"}
 
 
 class _Mode(TorchFunctionMode):
@@ -68,8 +59,12 @@ class _Mode(TorchFunctionMode):
         return out
 
 
-class Tracer:
-    """Records channel labels and residual patterns while a model runs once."""
+class Tracer(ParamTracker):
+    """Records channel labels and residual patterns while a model runs once.
+
+    The parameter bookkeeping (which tensors are parameters, which are sliced along channels)
+    is :class:`~dmscale.trace.params.ParamTracker`'s.
+    """
 
     def __init__(self, model: nn.Module, exclude: Iterable[str] = ()) -> None:
         self.model = model
@@ -84,16 +79,9 @@ class Tracer:
         self.produced: list[tuple[str, np.ndarray]] = []
         self.produced_kind: dict[str, str] = {}
         self.products: dict[int, tuple[int, int]] = {}  # product id -> (id a, id b)
-        self.param_labels: dict[str, tuple[int, np.ndarray]] = {}
-        # id(tensor) -> (tensor, param name, {tensor dim: param dim}) for views of parameters
-        self.param_derived: dict[int, tuple[torch.Tensor, str, dict[int, int]]] = {}
-        self.param_seen: set[str] = set()  # parameters some traced function read
-        # parameter -> functions that read it without slicing it along channels
-        self.param_other_uses: dict[str, set[str]] = {}
-        self._labelled_now: set[str] = set()  # parameters labelled by the current function
+        self._init_param_tracking(model)
         # module call (order) -> labels whose size its own code read (x.shape, x.size())
         self.size_reads: dict[int, list[np.ndarray]] = {}
-        self.params = {id(p): n for n, p in model.named_parameters()}
         self.pin_reasons: dict[int, str] = {}
         self.opaque_depth = 0
         self.opaque_name: str | None = None  # the outermost opaque (handled) module running
@@ -180,11 +168,11 @@ class Tracer:
 
     # ------------------------------------------------------------------ events
     def on_function(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
-        outs = _tensors(out)
-        ins = _tensors(args) + _tensors(kwargs)
+        outs = tensors_in(out)
+        ins = tensors_in(args) + tensors_in(kwargs)
         self._labelled_now.clear()
-        if _is_inplace(name) and args and isinstance(args[0], torch.Tensor):
-            self.mutations.append((self._next_node, _storage(args[0])))
+        if is_inplace(name) and args and isinstance(args[0], torch.Tensor):
+            self.mutations.append((self._next_node, storage_of(args[0])))
         try:
             if name == "__setitem__":
                 for t in ins:
@@ -230,56 +218,13 @@ class Tracer:
             if len(read) == len(ids) and not np.array_equal(read, ids):
                 self.uf.union_arrays(read, ids)
 
-    def _derive_param_view(self, name: str, src: torch.Tensor, out: torch.Tensor) -> None:
-        """If ``out`` is a view of a parameter (``gamma.view(1, -1, 1, 1)``, an expand, a
-        dtype cast), remember which of its dims are which of the parameter's."""
-        source = self.param_source(src)
-        if source is None:
-            return
-        pname, mapping = source
-        if name in _PARAM_VIEWS:  # right-aligned; expanded dims were size 1 (unmapped)
-            shift = out.dim() - src.dim()
-            self.param_derived[id(out)] = (out, pname, {d + shift: k for d, k in mapping.items()})
-        elif name in _PARAM_RESHAPES:  # only size-1 dims come or go: the others keep order
-            big_in = [d for d in range(src.dim()) if src.shape[d] > 1]
-            big_out = [d for d in range(out.dim()) if out.shape[d] > 1]
-            if [src.shape[d] for d in big_in] == [out.shape[d] for d in big_out]:
-                moved = {a: b for a, b in zip(big_in, big_out)}
-                self.param_derived[id(out)] = (out, pname, {moved[d]: k for d, k in mapping.items() if d in moved})
-
-    def _note_param_uses(self, name: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        """Record which parameters ``name`` read, and whether it sliced them along channels."""
-        if name in _SHAPE_READS and not outs:
-            return
-        for t in ins:
-            source = self.param_source(t)
-            if source is None:
-                continue
-            pname = source[0]
-            self.param_seen.add(pname)
-            view = len(outs) == 1 and self.param_derived.get(id(outs[0]), (None,))[0] is outs[0]
-            if pname not in self._labelled_now and not view:
-                self.param_other_uses.setdefault(pname, set()).add(name)
-
-    def pin_shared_params(self) -> None:
-        """A parameter sliced along channels must be read only where it is sliced: a
-        parameter also read by another function (``F.linear(x, w)``, ``w.sum()``) or sliced
-        by its layer's handler too keeps its channels (and those it meets) fixed."""
-        for pname, (_, ids) in self.param_labels.items():
-            others = self.param_other_uses.get(pname)
-            owner = pname.rpartition(".")[0]
-            if others:
-                self.pin_ids(ids, f"parameter {pname} is also read by {', '.join(sorted(others))}")
-            elif owner in self.layers:
-                self.pin_ids(ids, f"parameter {pname} belongs to the handled layer {owner}")
-
     def on_opaque_function(self, name: str, args: tuple, kwargs: dict) -> None:
         """A function inside a handled module: note it if it reads one of the module's
         parameters (a handler can then tell ``conv2d(x, self.weight)`` from a layer that
         transforms its weights first, e.g. weight standardisation)."""
-        if name in _SHAPE_READS or self.opaque_name is None:
+        if name in SHAPE_READS or self.opaque_name is None:
             return
-        for t in _tensors(args) + _tensors(kwargs):
+        for t in tensors_in(args) + tensors_in(kwargs):
             if self._opaque_params.get(id(t)) is t:
                 self.opaque_param_uses[self.opaque_name].add(name)
                 return
@@ -290,38 +235,6 @@ class Tracer:
         inner = sum(module_macs.get(n, 0) for n, r in self.layers.items()
                     if not r.virtual and n.startswith(owner + ".") and r.macs_override is None)
         return module_macs.get(owner, 0) - inner
-
-    def param_source(self, t: Any) -> tuple[str, dict[int, int]] | None:
-        """(parameter name, {dim of ``t``: dim of the parameter}) if ``t`` is a model
-        parameter or a view of one; only dims of size > 1 are mapped."""
-        if not isinstance(t, torch.Tensor):
-            return None
-        if id(t) in self.params and isinstance(t, nn.Parameter):
-            return self.params[id(t)], {d: d for d in range(t.dim()) if t.shape[d] > 1}
-        entry = self.param_derived.get(id(t))
-        if entry is None or entry[0] is not t:
-            return None
-        return entry[1], entry[2]
-
-    def label_param(self, t: torch.Tensor, dim: int, ids: np.ndarray) -> bool:
-        """Record that the parameter ``t`` is (or views) carries ``ids`` along ``t``'s ``dim``."""
-        src = self.param_source(t)
-        if src is None:
-            return False
-        pname, mapping = src
-        k = mapping.get(dim)
-        if k is None:
-            return False
-        self._labelled_now.add(pname)
-        if pname in self.param_labels:
-            prev_dim, prev = self.param_labels[pname]
-            if prev_dim != k or len(prev) != len(ids):
-                self.pin_ids(ids, f"parameter {pname} used with two channel layouts")
-                return True
-            self.uf.union_arrays(prev, ids)
-        else:
-            self.param_labels[pname] = (k, ids)
-        return True
 
     def _finish_event(self, name: str, ins: list[torch.Tensor], in_nodes: list[int], outs: list[torch.Tensor], module: str | None) -> None:
         for n in in_nodes:
@@ -351,10 +264,10 @@ class Tracer:
             if self._is_opaque(name, module):
                 self.opaque_depth += 1
             return
-        ins = _tensors(args) + _tensors(kwargs)
+        ins = tensors_in(args) + tensors_in(kwargs)
         call = ModuleCall(name, len(self.calls), self.node_of(ins[0]) if ins else None,
                           start=self._next_node, n_inputs=len(args) + len(kwargs),
-                          storages=(_storage(ins[0]),) if ins else ())
+                          storages=(storage_of(ins[0]),) if ins else ())
         self.calls.append(call)
         if self._is_opaque(name, module):
             self.opaque_depth += 1
@@ -379,15 +292,15 @@ class Tracer:
             return
         call = next(c for c in reversed(self.calls) if c.name == name and not c.done)
         call.done = True
-        call.output_nodes = [self.node_of(t) for t in _tensors(out)]
+        call.output_nodes = [self.node_of(t) for t in tensors_in(out)]
         call.output_template = output_template(out)
-        outs = _tensors(out)
-        call.storages = call.storages + ((_storage(outs[0]),) if len(outs) == 1 else ())
+        outs = tensors_in(out)
+        call.storages = call.storages + ((storage_of(outs[0]),) if len(outs) == 1 else ())
         call.end = self._next_node
 
     def _opaque_call(self, name: str, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-        ins = _tensors(args) + _tensors(kwargs)
-        outs = [t for t in _tensors(out) if not any(t is i for i in ins)]
+        ins = tensors_in(args) + tensors_in(kwargs)
+        outs = [t for t in tensors_in(out) if not any(t is i for i in ins)]
         in_nodes = [self.node_of(t) for t in ins]
         for t in outs:
             self._info.pop(id(t), None)
@@ -419,76 +332,8 @@ class Tracer:
             out = self.model(*args, **kwargs)
         self.busy = True
         self.pin_shared_params()
-        for t in _tensors(_outputs(out)):
+        for t in tensors_in(model_outputs(out)):
             self.pin_label(self.label_of(t), "model output")
         self.busy = False
         return out, counter
 
-
-def split_inputs(example_inputs: Any) -> tuple[tuple, dict]:
-    """Tensor -> ((t,), {}); tuple/list -> (tuple, {}); dict -> ((), dict)."""
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,), {}
-    if isinstance(example_inputs, (tuple, list)):
-        return tuple(example_inputs), {}
-    if isinstance(example_inputs, dict):
-        return (), dict(example_inputs)
-    raise InputError(
-        "example_inputs must be a tensor, a tuple of positional inputs or a dict of keyword "
-        f"inputs, got {type(example_inputs).__name__}: pass them in one of these forms"
-    )
-
-
-def _outputs(out: Any) -> Any:
-    if isinstance(out, dict):
-        return list(out.values())
-    if hasattr(out, "to_tuple"):
-        return out.to_tuple()
-    return out
-
-
-_CONSTANTS = (type(None), bool, int, float, str)
-
-
-def _is_inplace(name: str) -> bool:
-    """Whether the torch function ``name`` modifies its first argument (``add_``, ``+=``)."""
-    if name.startswith("__"):
-        return name.startswith("__i") and name not in ("__index__", "__init__", "__invert__") \
-            or name == "__setitem__"
-    return name.endswith("_")
-
-
-def _storage(t: torch.Tensor) -> int | None:
-    """Address of ``t``'s memory (views share it); None when it has none to read."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return None
-
-
-def output_template(out: Any) -> Any:
-    """How a module packs its one output tensor, in JSON: None for a bare tensor; for a
-    tuple or list ``{"type": "tuple", "items": [...]}`` with ``{"tensor": True}`` where the
-    tensor goes and the other items as the constants (None, numbers, strings) they were;
-    ``"opaque"`` for anything else (a dict, a cache object, a nested container), which a
-    replacement could not rebuild without running the module.
-
-    Example:
-        >>> import torch
-        >>> output_template((torch.ones(1), None))
-        {'type': 'tuple', 'items': [{'tensor': True}, None]}
-    """
-    if isinstance(out, torch.Tensor):
-        return None
-    if type(out) in (tuple, list):
-        items: list[Any] = []
-        for item in out:
-            if isinstance(item, torch.Tensor):
-                items.append({"tensor": True})
-            elif isinstance(item, _CONSTANTS):
-                items.append(item)
-            else:
-                return "opaque"
-        if sum(1 for i in items if isinstance(i, dict)) == 1:
-            return {"type": type(out).__name__, "items": items}
-    return "opaque"

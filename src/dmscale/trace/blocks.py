@@ -1,0 +1,164 @@
+"""Depth: the residual blocks of a traced model and the stages they form.
+
+A block is a module call whose output is ``post(x + f(x))`` for its input ``x`` (a
+transformer block chains two such adds); a stage is a run of sibling blocks, whose branches
+the search may remove. :func:`find_blocks` reads the tracer's records of torch functions and
+module calls; :func:`group_stages` groups the blocks it finds.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from dmscale.trace.tracer import Tracer
+    >>> class Res(nn.Module):
+    ...     def __init__(self) -> None:
+    ...         super().__init__()
+    ...         self.f = nn.Linear(4, 4)
+    ...     def forward(self, x: torch.Tensor) -> torch.Tensor:
+    ...         return x + self.f(x)
+    >>> net = nn.Sequential(nn.Linear(4, 4), Res(), Res())
+    >>> tr = Tracer(net)
+    >>> _ = tr.run(torch.randn(1, 4))
+    >>> blocks = find_blocks(tr)
+    >>> [(parent, b.name, b.branch_modules) for parent, b in blocks]
+    [('', '1', ['1.f']), ('', '2', ['2.f'])]
+    >>> [(d.name, [b.name for b in d.blocks], d.min_keep) for d in group_stages(net, blocks)]
+    [('<root>', ['1', '2'], 0)]
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from dmscale.trace.graph import ModuleCall
+from dmscale.trace.space import Block, DepthDim
+
+if TYPE_CHECKING:
+    from dmscale.trace.tracer import Tracer
+
+__all__ = ["find_blocks", "group_stages"]
+
+
+def _mutated_after(tr: Tracer, call: ModuleCall) -> bool:
+    """Whether the call's input memory was modified in place after the call began, or its
+    output memory after it returned (a caller's ``out += ...``)."""
+    if len(call.storages) != 2 or None in call.storages:
+        return True
+    x, y = call.storages
+    return any(ptr is None or (ptr == x and clock >= call.start) or (ptr == y and clock >= call.end)
+               for clock, ptr in tr.mutations)
+
+
+def find_blocks(tr: Tracer) -> list[tuple[str, Block]]:
+    """Residual blocks: module calls whose output is post(add(input, branch))."""
+    seen_io: set[tuple[int, int]] = set()
+    call_count: dict[str, int] = {}
+    for c in tr.calls:
+        call_count[c.name] = call_count.get(c.name, 0) + 1
+    found: list[tuple[str, Block]] = []
+    modules = dict(tr.model.named_modules())
+    for call in tr.calls:
+        if call.name in ("", "?") or call_count[call.name] != 1 or len(call.output_nodes) != 1:
+            continue
+        if call.output_template == "opaque":  # a removed block could not return the same
+            continue
+        if call.input_node is None or tr._is_opaque(call.name, modules[call.name]):
+            continue
+        y = call.output_nodes[0]
+        if (call.input_node, y) in seen_io:
+            continue
+        block = _match_block(tr, call, y, call_count)
+        if block is not None:
+            block.output = call.output_template
+            block.n_inputs = call.n_inputs
+            block.mutated = _mutated_after(tr, call)
+        if block is not None:
+            seen_io.add((call.input_node, y))
+            parent = call.name.rpartition(".")[0]
+            found.append((parent, block))
+    # a stage of blocks is itself a chain of residual adds: keep the innermost blocks only
+    names = [b.name for _, b in found]
+    return [(p, b) for p, b in found if not any(n.startswith(b.name + ".") for n in names)]
+
+
+_ACTIVATIONS = {"relu", "relu_", "relu6", "silu", "silu_", "gelu", "hardswish", "hardswish_"}
+_ADDS = {"add", "add_", "__add__", "__radd__", "__iadd__"}
+
+
+def _match_block(tr: Tracer, call: ModuleCall, y: int, call_count: dict[str, int]) -> Block | None:
+    inside = lambda c: c.name.startswith(call.name + ".")  # noqa: E731
+    post_module = post_function = None
+    ev = tr.producer.get(y)
+    if ev is None:
+        return None
+    if ev.name not in _ADDS:
+        if ev.name not in _ACTIVATIONS or len(ev.inputs) != 1:
+            return None
+        act_input = ev.inputs[0]
+        post = [c for c in tr.calls if inside(c) and c.output_nodes == [y] and c.done]
+        modules = dict(tr.model.named_modules())
+        post_call = next((c for c in reversed(post) if c.input_node == act_input), None)
+        if post_call is not None and not any(True for _ in modules[post_call.name].parameters()):
+            post_module = post_call.name
+        else:
+            post_function = ev.name.rstrip("_")
+        ev = tr.producer.get(act_input)
+        if ev is None or ev.name not in _ADDS or tr.consumers.get(act_input, 0) != 1:
+            return None
+    branches: list[str] = []
+    for _ in range(4):  # walk back a chain of residual adds to the block's input
+        if ev is None or ev.name not in _ADDS or len(ev.inputs) != 2:
+            return None
+        a, b = ev.inputs
+        if call.input_node in (a, b):
+            z = b if a == call.input_node else a
+            rest = None
+        else:
+            rest_ev = [n for n in (a, b) if tr.producer.get(n) is not None and tr.producer[n].name in _ADDS]
+            if len(rest_ev) != 1:
+                return None
+            rest = rest_ev[0]
+            z = b if a == rest else a
+        if z == call.input_node or tr.consumers.get(z, 0) != 1:
+            return None
+        owner = [c for c in tr.calls if inside(c) and c.output_nodes[:1] == [z] and c.done
+                 and call_count[c.name] == 1]
+        if not owner:
+            return None
+        branches.append(owner[-1].name)
+        if rest is None:
+            return Block(call.name, branches[::-1], post_module, post_function)
+        ev = tr.producer.get(rest)
+    return None
+
+
+def group_stages(model: nn.Module, blocks: list[tuple[str, Block]]) -> list[DepthDim]:
+    """Group blocks into stages: maximal runs of consecutive sibling blocks.
+
+    A sibling that is not a removable block (a strided or widening block) ends a run, so a
+    stage's blocks share one residual stream. A stage keeps at least one block unless a
+    non-removable sibling already keeps the stage alive.
+    """
+    modules = dict(model.named_modules())
+    by_parent: dict[str, list[Block]] = {}
+    for parent, b in blocks:
+        by_parent.setdefault(parent, []).append(b)
+    stages: list[DepthDim] = []
+    for parent, bl in by_parent.items():
+        container = modules[parent] if parent else model
+        children = [parent + "." + n if parent else n for n, _ in container.named_children()]
+        is_block = {b.name: b for b in bl}
+        runs: list[list[Block]] = [[]]
+        for child in children:
+            if child in is_block:
+                runs[-1].append(is_block[child])
+            elif runs[-1]:
+                runs.append([])
+        runs = [r for r in runs if r]
+        whole = len(runs) == 1 and len(runs[0]) == len(children)
+        for r in runs:
+            first, last = r[0].name.rpartition(".")[2], r[-1].name.rpartition(".")[2]
+            name = (parent or "<root>") if len(runs) == 1 else f"{parent}[{first}:{last}]"
+            stages.append(DepthDim(name, r, 1 if whole else 0))
+    return stages

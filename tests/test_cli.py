@@ -481,3 +481,24 @@ def test_print_config_prints_yaml_that_config_takes_back(tmp_path, capsys):
     assert again.to_dict() == first.to_dict()
     assert main(["search", "--config", str(tmp_path / "c.yaml"), "--print-config"]) == 0
     assert capsys.readouterr().out == text
+
+
+def test_on_off_options_take_x_and_no_x_and_the_old_value_spelling(capsys):
+    import yaml
+
+    def resolved(*flags):
+        assert main(["search", "--task", "digits", *flags, "--print-config"]) == 0
+        return yaml.safe_load(capsys.readouterr().out)
+
+    assert resolved("--no-settle-hold")["settle-hold"] is False
+    assert resolved("--settle-hold", "false")["settle-hold"] is False  # the spelling before
+    assert resolved("--settle-hold")["settle-hold"] is True
+    got = resolved("--layer-uniform", "--compile")
+    assert got["layer-uniform"] is True and got["compile"] is True
+    assert resolved("--layer-uniform", "--no-layer-uniform")["layer-uniform"] is False  # the last wins
+    with pytest.raises(SystemExit):
+        main(["search", "--no-compile", "yes"])
+    assert "--no-compile takes no value" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["search", "--help"])
+    assert "--settle-hold, --no-settle-hold" in capsys.readouterr().out

@@ -25,16 +25,17 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dmscale.config.run_config import (
-    config_yaml,
     OPTIONS,
     OPTIONS_BY_NAME,
     RESUME_MUTABLE,
     ConfigError,
     Option,
     RunConfig,
+    config_yaml,
     load_config_file,
     load_run_config,
 )
+from dmscale.config.values import boolean
 
 __all__ = ["main", "build_parser"]
 
@@ -113,6 +114,17 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
     def __init__(self, prog: str) -> None:
         super().__init__(prog, max_help_position=34, width=100)
 
+    def _format_args(self, action: argparse.Action, default_metavar: str) -> str:
+        return "" if isinstance(action, _OnOff) else super()._format_args(action, default_metavar)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, _OnOff):  # --x, --no-x
+            return ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)
+
+    def _format_usage(self, *args: Any, **kwargs: Any) -> str:
+        return super()._format_usage(*args, **kwargs).replace(" ]", "]")
+
 
 def _type(opt: Option) -> Any:
     def convert(text: str) -> Any:
@@ -130,6 +142,29 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+class _OnOff(argparse.Action):
+    """``--x`` (on), ``--no-x`` (off), and for the old spelling ``--x true|false``."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: Any) -> None:
+        on = option_strings[0]
+        super().__init__([on, "--no-" + on[2:]], dest, nargs="?", **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if option_string is not None and option_string.startswith("--no-"):
+            if values is not None:
+                parser.error(f"{option_string} takes no value")
+            setattr(namespace, self.dest, False)
+            return
+        try:
+            setattr(namespace, self.dest, True if values is None else boolean(values))
+        except ConfigError as err:
+            parser.error(f"argument {option_string}: {err}")
+
+    def format_usage(self) -> str:
+        return " | ".join(self.option_strings)
 
 
 class _ExtendList(argparse.Action):
@@ -166,8 +201,8 @@ def _add_option(group: argparse._ArgumentGroup, opt: Option, command: str) -> No
         help_text = "where to evaluate: auto picks cuda when available"
     kw: dict[str, Any] = {"dest": opt.name, "default": argparse.SUPPRESS,
                           "help": help_text + _default_text(opt)}
-    if opt.flag_kind == "flag":
-        group.add_argument(opt.flag, action="store_true", **kw)
+    if opt.flag_kind == "flag" or opt.convert is boolean:  # on/off: --x, --no-x
+        group.add_argument(opt.flag, action=_OnOff, metavar="", **kw)
         return
     if opt.choices:
         kw["choices"] = list(opt.choices)

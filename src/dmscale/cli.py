@@ -106,7 +106,7 @@ _COMMAND_HELP = {
 
 _GROUP_TITLES = {
     "data": "data", "model": "model", "search": "search (DMS)", "distillation": "distillation",
-    "training": "training", "run": "run",
+    "training": "training", "run": "run", "watch": "watching a run",
 }
 
 

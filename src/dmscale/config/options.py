@@ -22,6 +22,7 @@ from dmscale.config.values import (
     boolean,
     choice,
     device_value,
+    eval_every_value,
     expand_factors,
     fraction,
     integer,
@@ -298,6 +299,22 @@ OPTIONS: tuple[Option, ...] = (
        _ALL_TRAIN, "run", flag_kind="flag"),
     _o("quiet", boolean, False, "no progress bars or summaries, only errors", COMMANDS, "run",
        flag_kind="flag"),
+    # ---- watching a run (docs/cli.md, "Watching a run")
+    _o("eval_every", eval_every_value, None,
+       "evaluate on the test (val) split every N steps, or every X epochs with Xe (e.g. 0.5e), "
+       "of each phase (pretrain, search, retrain) and at its end; recorded in metrics.jsonl. "
+       "The retraining (the pretraining of `dmscale pretrain`) keeps its best weights as "
+       "best.safetensors; a search keeps none (its structure changes). Default: off (one "
+       "evaluation per epoch of pretrain / retrain on at most 2000 examples, as before)",
+       _ALL_TRAIN, "watch", metavar="N|Xe"),
+    _o("export_best", boolean, False,
+       "with --eval-every: model.safetensors holds the best evaluated weights of the retraining "
+       "(of `dmscale pretrain`: the pretraining) instead of its last step; the summary names "
+       "which it is", _ALL_TRAIN, "watch", flag_kind="flag"),
+    _o("logger", choice("none", "tensorboard"), "none",
+       "also log losses, evaluations, the search's exact cost against the target and the kept "
+       "widths and depths: tensorboard writes <run>/tensorboard/ (needs `pip install "
+       "dmscale[tensorboard]`); metrics.jsonl is written either way", _ALL_TRAIN, "watch"),
 )
 
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -132,6 +132,9 @@ class RunConfig:
     precision: str = "32"
     compile: bool = False
     quiet: bool = False
+    eval_every: int | str | None = None  # N steps, or "<X>e": X epochs
+    export_best: bool = False
+    logger: str = "none"
     task_info: dict[str, Any] = field(default_factory=dict)  # filled by the task (classes, vocab)
 
     def __post_init__(self) -> None:
@@ -198,7 +201,22 @@ class RunConfig:
         if cfg.retrain_epochs is None:
             cfg.retrain_epochs = cfg.epochs
         cfg._check_distill_hidden()
+        cfg._check_export_best()
         return cfg
+
+    def _check_export_best(self) -> None:
+        if not self.export_best:
+            return
+        if self.eval_every is None:
+            raise ConfigError("--export-best picks the best of the evaluations --eval-every makes, "
+                              "and this run has none: add --eval-every N (steps) or Xe (epochs), "
+                              "or leave --export-best out")
+        if self.command == "search" and (self.pipeline == "p-" or not self.retrain_epochs):
+            raise ConfigError("--export-best picks the best weights of the retraining, and this "
+                              "search has none (pipeline p-, or --retrain-epochs 0): a search keeps "
+                              "no best, its structure changes until its end. Retrain it "
+                              "(--retrain-epochs E, or `dmscale retrain RUN --eval-every N "
+                              "--export-best`), or leave --export-best out")
 
     def _check_distill_hidden(self) -> None:
         if not self.distill_hidden or self.command not in ("search", "retrain"):

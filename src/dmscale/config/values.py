@@ -38,6 +38,7 @@ __all__ = [
     "kv_dict",
     "expand_factors",
     "str_list",
+    "eval_every_value",
 ]
 
 
@@ -226,6 +227,39 @@ def str_list(value: Any) -> list[str]:
         items = nonempty_str(value).split(",")
     items = [i.strip() for i in items if i.strip()]
     return items
+
+
+def eval_every_value(value: Any) -> int | str:
+    """``--eval-every``: N steps (a positive integer) or X epochs (a positive number followed
+    by ``e``); steps come back as an int, epochs as the normalised text ``'<X>e'``.
+
+    Example:
+        >>> eval_every_value("200"), eval_every_value(50), eval_every_value("0.50e"), eval_every_value("2E")
+        (200, 50, '0.5e', '2e')
+        >>> eval_every_value("2.5")
+        Traceback (most recent call last):
+        ...
+        dmscale.core.errors.ConfigError: expected N steps (a positive integer, e.g. 200) or X epochs (a number followed by e, e.g. 1e or 0.5e), got '2.5'
+    """
+    bad = ConfigError("expected N steps (a positive integer, e.g. 200) or X epochs (a number "
+                      f"followed by e, e.g. 1e or 0.5e), got {value!r}")
+    if isinstance(value, bool):
+        raise bad
+    text = str(value).strip().lower()
+    if text.endswith("e"):
+        try:
+            epochs = float(text[:-1])
+        except ValueError:
+            raise bad from None
+        if not math.isfinite(epochs) or epochs <= 0:
+            raise bad
+        return f"{epochs:g}e"
+    if isinstance(value, float) and not value.is_integer():
+        raise bad
+    try:
+        return positive_int(int(value) if isinstance(value, float) else value)
+    except ConfigError:
+        raise bad from None
 
 
 # ----------------------------------------------------------------------------- options

@@ -24,6 +24,9 @@ process), :meth:`backward_and_step` calls ``searcher.sync_importance()`` after e
 signals are decided by all ranks together, and only rank 0 writes files or prints
 (:attr:`writes_files`). Every rank holds the same model, structure and RNG state.
 
+Evaluations during a phase (``--eval-every``, the best weights) are :mod:`dmscale.engine.evaluation`;
+a ``host.logger`` (``--logger``) gets each record's scalars (:mod:`dmscale.engine.loggers`).
+
 The loop talks to its run through :class:`LoopHost` (what :class:`dmscale.run.pipeline.Pipeline`
 provides): configuration, task, device, precision, run directory, the run's state and step
 counter.
@@ -57,6 +60,8 @@ from torch import nn
 from dmscale.core.errors import NonFiniteLossError
 from dmscale.engine.ddp import agreed_signal, any_rank, mean_over_ranks, shard_of_this_rank, wrap_model
 from dmscale.engine.device import Precision, compiled_forward
+from dmscale.engine.evaluation import PhaseWatch
+from dmscale.engine.loggers import log_step
 from dmscale.engine.rundir import CHECKPOINT_VERSION, Progress, RunDir, StopOnSignals, Stopped, fmt_count, rng_state, \
     set_rng_state
 
@@ -83,7 +88,7 @@ class LoopHost(Protocol):
     def checkpoint_for(self, phase: str) -> dict[str, Any] | None: ...
 
     def evaluate(self, phase: str, model: nn.Module, searcher: Any, step: int,
-                 limit: int | None = None) -> dict[str, float]: ...
+                 limit: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, float]: ...
 
 
 @dataclass
@@ -160,7 +165,7 @@ class StepLoop:
         scaler = host.precision.scaler
         if self.searcher is not None and scaler is not None:
             self.searcher.use_grad_scaler(scaler)  # importance from unscaled gradients
-        spe = host.task.steps_per_epoch(cfg.batch_size)
+        watch = PhaseWatch(host, self.phase, self.model, self.searcher, self.total)  # --eval-every
         log_every = max(1, self.total // 300)
         self.model.train()
         bar = Progress(self.phase, self.total, start, cfg.quiet or not self.writes_files)
@@ -179,8 +184,7 @@ class StepLoop:
                     done = step + 1
                     if done % log_every == 0 or done == self.total or step == start:
                         self.log(out, y, done, bar)
-                    if done % spe == 0 and done < self.total and self.searcher is None:
-                        host.evaluate(self.phase, self.model, None, done, limit=2000)
+                    watch.after_step(done)
                     if done % cfg.checkpoint_every == 0 and done < self.total:
                         self.checkpoint(done)
                     if self.until is not None and self.until():
@@ -353,6 +357,7 @@ class StepLoop:
                      f"final {fmt_count(res['target'])})")
         if self.writes_files:
             host.rd.append_metrics(record)
+            log_step(getattr(host, "logger", None), host.global_step, record, self.searcher)
         bar.update(done, text)
 
     # ------------------------------------------------------------------ checkpoints

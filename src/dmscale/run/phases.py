@@ -5,8 +5,8 @@ order, keeps the run's state and checkpoints and owns the step loop; a phase bui
 models, optimisers and teacher, trains through ``self._train`` and writes its outputs. What a
 phase reads from the pipeline: ``cfg``, ``task``, ``device``, ``example``, ``phases``,
 ``state``, ``rd`` (the :class:`~dmscale.engine.rundir.RunDir`), ``checkpoint_for``,
-``_steps``, ``_weight_optimizer``, ``_schedule``, ``_train``, ``evaluate``, ``_save_weights``
-and ``_log``.
+``_steps``, ``_weight_optimizer``, ``_schedule``, ``_train``, ``evaluate``, ``_phase_result``
+(:mod:`dmscale.run.watching`: the best weights), ``_save_weights`` and ``_log``.
 
 After the search, the *finish* (``Phases._finish_search``) runs structure-only steps at the
 final target until the hard cost is under it (at most ``FINISH_STEPS``), then the budget
@@ -79,7 +79,7 @@ class Phases:
         opt = self._weight_optimizer(list(model.parameters()))
         sch = self._schedule(opt, total)
         self._train("pretrain", model, total, [opt], [sch])
-        metrics = self.evaluate("pretrain", model, None, total)
+        metrics = self._phase_result("pretrain", model, total, self.evaluate("pretrain", model, None, total))
         self.state["evals"]["pretrain"] = metrics
         self._save_weights(model, "supernet.safetensors")
         if cfg.command == "pretrain":
@@ -173,7 +173,7 @@ class Phases:
         self.rd.write_json("structure.json", searcher.structure())
         small = searcher.export()
         recalibrate_batchnorm(small, self.task, cfg.batch_size, cfg.seed * 10 + 5, self.device)
-        metrics = self.evaluate("search", small, None, total)
+        metrics = self._phase_result("search", small, total, self.evaluate("search", small, None, total))
         self.state["evals"]["search"] = metrics
         self.state["evals"]["final"] = metrics
         self._save_weights(small, "model.safetensors")
@@ -318,7 +318,7 @@ class Phases:
         opt = self._weight_optimizer(list(model.parameters()))
         sch = self._schedule(opt, total)
         self._train("retrain", model, total, [opt], [sch], teacher=teacher, teacher_channels=channels)
-        metrics = self.evaluate("retrain", model, None, total)
+        metrics = self._phase_result("retrain", model, total, self.evaluate("retrain", model, None, total))
         self.state["evals"]["retrain"] = metrics
         self.state["evals"]["final"] = metrics
         self._save_weights(model, "model.safetensors")

@@ -79,6 +79,7 @@ from dmscale.engine.rundir import (
     read_checkpoint,
 )
 from dmscale.export.files import save_weights
+from dmscale.engine.loggers import eval_scalars
 from dmscale.run.phases import Phases, recalibrate_batchnorm
 from dmscale.run.saved_runs import (
     check_inputs_from_info,
@@ -90,6 +91,7 @@ from dmscale.run.saved_runs import (
     load_weights,
     searcher_from_checkpoint,
 )
+from dmscale.run.watching import Watching
 from dmscale.search.config import resolve_align
 from dmscale.tasks.hf_model import is_hf_model
 from dmscale.tasks.registry import Distillation, Task, build_task
@@ -143,7 +145,7 @@ def phases_of(cfg: RunConfig) -> list[str]:
     return phases
 
 
-class Pipeline(Phases):
+class Pipeline(Phases, Watching):
     """Run (or resume) the phases of ``cfg`` in its run directory.
 
     Args:
@@ -163,6 +165,7 @@ class Pipeline(Phases):
             self.cfg.align = resolve_align(None, self.device)  # saved so a resume searches the same
         self.precision = Precision(self.cfg.precision, self.device)
         self.threads = set_threads(self.cfg.threads)
+        self._init_watch()  # --logger: a missing package fails here, before any file
         self.phases = phases_of(self.cfg)
         self.task: Task = build_task(self.cfg)
         check_task_for_ranks(self.task)
@@ -236,6 +239,8 @@ class Pipeline(Phases):
                     and self.rd.writes:
                 shutil.rmtree(self.rd.path, ignore_errors=True)
             raise
+        finally:
+            self._close_logger()
 
     def _save_weights(self, model: nn.Module, name: str) -> None:
         if self.rd.writes:
@@ -252,6 +257,7 @@ class Pipeline(Phases):
             self.rd_checkpoint = None
             self.rd.truncate_metrics(0)
             self.save_state()
+        self._open_logger()
         self._log(f"dmscale {self.cfg.command}: {self.task.describe()}")
         self._log(f"run directory: {self.rd.path} ({self.device}"
                   + (f", {self.threads} CPU thread{'s' if self.threads > 1 else ''})" if self.device.type == "cpu" else ")"))
@@ -333,9 +339,9 @@ class Pipeline(Phases):
                  seed=self.cfg.seed * 10 + PHASE_SEED[phase]).run()
 
     def evaluate(self, phase: str, model: nn.Module, searcher: dms.Searcher | None, step: int,
-                 limit: int | None = None) -> dict[str, float]:
+                 limit: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, float]:
         """Metrics of ``model`` (hard masks during a search) on the test split, under the
-        run's autocast; recorded in ``metrics.jsonl``."""
+        run's autocast; recorded in ``metrics.jsonl`` (with ``extra``) and the logger."""
         with self.precision.autocast():
             if searcher is not None:
                 with searcher.hardened():
@@ -343,7 +349,8 @@ class Pipeline(Phases):
             else:
                 metrics = self.task.evaluate(model, device=self.device, limit=limit)
         self.rd.append_metrics({"phase": phase, "event": "eval", "step": step,
-                                "global_step": self.global_step, **metrics})
+                                "global_step": self.global_step, **metrics, **(extra or {})})
+        self.logger.log_scalars(self.global_step, eval_scalars(metrics))
         return metrics
 
     # ------------------------------------------------------------------ summary
@@ -360,7 +367,7 @@ class Pipeline(Phases):
             "evals": st["evals"], "steps": self.global_step, "processes": world_size(),
             "elapsed": round(self.elapsed(), 1), "warnings": st["warnings"],
             "structure": _structure_brief(structure) if structure else None,
-            "align": _align_brief(cfg, structure),
+            "align": _align_brief(cfg, structure), **self._watch_summary(),
         }
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from dmscale.run.watching import watch_lines, watch_report_lines
+
 __all__ = ["write_report", "format_summary", "align_line", "read_metrics", "format_count", "posthoc_line", "reach_hint",
            "metric_name", "lm_metrics_text"]
 
@@ -274,6 +276,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
                  else _detect_text(ev) if "map50_95" in ev else f"{100 * ev['acc']:.2f}% accuracy")
         note = " (the exported model, BatchNorm statistics re-estimated, before retraining)" if name == "search" else ""
         lines.append(f"- after {name}{note}: {value}")
+    lines += watch_report_lines(summary)
     for w in state.get("warnings", []):
         lines.append(f"- **warning**: {w}")
     lines.append("")
@@ -420,6 +423,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             value = f"accuracy {100 * ev['acc']:.2f}%"
         note = " (exported, before retraining)" if name == "search" and "retrain" in evals else ""
         out.append(f"  {('after ' + name):14}{value}{note}")
+    out += watch_lines(summary)
     for w in summary.get("warnings", []):
         out.append(f"  warning: {w}")
     out.append("")

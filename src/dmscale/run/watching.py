@@ -1,0 +1,167 @@
+"""Watching a run: its logger (``--logger``), which weights it exports (``--eval-every``,
+``--export-best``) and how the summary says so.
+
+:class:`Watching` is mixed into :class:`dmscale.run.pipeline.Pipeline`. The evaluations
+themselves and the best weights are :mod:`dmscale.engine.evaluation`; the loggers
+:mod:`dmscale.engine.loggers`.
+
+What "best" means: only the run's last training phase of a *fixed* structure keeps a best,
+the retraining (of ``dmscale search`` pipelines np / p, or ``dmscale retrain``) or the
+pretraining of ``dmscale pretrain``. Its periodic evaluations and its final one compete; the
+winner's weights are ``best.safetensors``. A search keeps none: its structure changes every
+step, the hard-masked supernet it evaluates is not yet the export (no finish phase, budget
+solver or re-estimated BatchNorm statistics), and it would have to be under the budget to
+count; the pretraining inside a search pipeline keeps none either, since the search continues
+from its last weights, not its best. Their evaluations are recorded all the same.
+
+``model.safetensors`` holds the last step's weights (as without ``--eval-every``), or with
+``--export-best`` the best ones; ``state["exported"]`` and the summary name which.
+
+Example:
+    >>> metric_text("acc", 0.9375), metric_text("bpc", 2.1234), metric_text("map50_95", 0.5)
+    ('accuracy 93.75%', '2.123 bits/char', 'box mAP50-95 50.00')
+    >>> summary = {"exported": {"checkpoint": "best", "phase": "retrain", "step": 4, "global_step": 10,
+    ...                         "metric": "acc", "value": 0.5, "file": "model.safetensors"},
+    ...            "best": {"phase": "retrain", "step": 4, "global_step": 10, "metric": "acc",
+    ...                     "value": 0.5, "file": "best.safetensors"}}
+    >>> print("\\n".join(watch_lines(summary)))
+      exported      the best weights of retrain (step 4, global step 10): accuracy 50.00%
+      best          retrain step 4 (global step 10): accuracy 50.00%, kept in best.safetensors
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from dmscale.engine.evaluation import BEST_FILE, offer_best
+from dmscale.engine.loggers import JsonlLogger, RunLogger, make_logger, require_logger
+from dmscale.run.saved_runs import load_weights
+
+__all__ = ["Watching", "metric_text", "watch_lines", "watch_report_lines"]
+
+
+class Watching:
+    """The logger and the exported weights of a :class:`~dmscale.run.pipeline.Pipeline` (see
+    the module text); reads ``cfg``, ``task``, ``rd``, ``state``, ``phases``, ``resume`` and
+    ``global_step`` of the pipeline."""
+
+    logger: RunLogger
+
+    def _init_watch(self) -> None:
+        """Before the run directory exists: fail on a logger whose package is missing."""
+        require_logger(self.cfg.logger)
+        self.logger = JsonlLogger()
+
+    def _open_logger(self) -> None:
+        """The run's logger; a resumed run hides what a killed one logged after its checkpoint."""
+        purge = self.global_step + 1 if self.resume else None
+        self.logger = make_logger(self.cfg.logger, self.rd.path, writes=self.rd.writes, purge_step=purge)
+
+    def _close_logger(self) -> None:
+        logger = getattr(self, "logger", None)
+        if logger is not None:
+            logger.close()
+        self.logger = JsonlLogger()
+
+    @property
+    def best_phase(self) -> str | None:
+        """The phase that keeps its best weights (``--eval-every``), or None."""
+        if self.cfg.eval_every is None:
+            return None
+        if self.cfg.command == "pretrain":
+            return "pretrain"
+        return "retrain" if "retrain" in self.phases else None
+
+    def _phase_result(self, phase: str, model: nn.Module, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The end of ``phase``: its last evaluation (``metrics`` of ``model`` after ``step``
+        steps) competes for the best; with ``--export-best`` the best weights are loaded into
+        ``model`` (they become ``model.safetensors``). Records ``state["exported"]`` and
+        returns the metrics of the weights ``model`` now holds."""
+        cfg = self.cfg
+        if cfg.eval_every is None:
+            return metrics
+        kept = self.best_phase == phase
+        if kept:
+            offer_best(self, phase, model, step, metrics, ties=True)
+        best = self.state.get("best") if kept else None
+        chosen = {"checkpoint": "final", "step": step, "global_step": self.global_step, "metrics": metrics}
+        if best is not None and cfg.export_best and best["step"] != step:
+            if self.rd.writes:  # the file is rank 0's; the other ranks save nothing
+                load_weights(model, self.rd / BEST_FILE)
+            chosen = {"checkpoint": "best", "step": best["step"], "global_step": best["global_step"],
+                      "metrics": best["metrics"]}
+        self.state["exported"] = {
+            "checkpoint": chosen["checkpoint"], "phase": phase, "step": chosen["step"],
+            "global_step": chosen["global_step"], "metric": self.task.metric,
+            "value": chosen["metrics"].get(self.task.metric), "file": "model.safetensors",
+            "best_kept": kept,
+        }
+        return chosen["metrics"]
+
+    def _watch_summary(self) -> dict[str, Any]:
+        """``eval_every``, ``best`` and ``exported`` of the summary (nothing without --eval-every)."""
+        if self.cfg.eval_every is None:
+            return {}
+        best = self.state.get("best")
+        return {"eval_every": self.cfg.eval_every, "export_best": self.cfg.export_best,
+                "best": {k: v for k, v in best.items() if k != "metrics"} if best else None,
+                "exported": self.state.get("exported")}
+
+
+def metric_text(metric: str, value: float | None) -> str:
+    """A task metric's value in words (``Task.metric``: acc, map50_95, bpc, bpb)."""
+    if value is None:
+        return f"{metric} -"
+    if metric == "acc":
+        return f"accuracy {100 * value:.2f}%"
+    if metric == "map50_95":
+        return f"box mAP50-95 {100 * value:.2f}"
+    if metric in ("bpc", "bpb"):
+        return f"{value:.3f} bits/{'char' if metric == 'bpc' else 'byte'}"
+    return f"{metric} {value:.4g}"
+
+
+def _exported_text(ex: dict[str, Any]) -> str:
+    where = f"step {ex['step']}, global step {ex['global_step']}"
+    what = (f"the best weights of {ex['phase']} ({where})" if ex["checkpoint"] == "best"
+            else f"the final weights of {ex['phase']} ({where})")
+    if ex["phase"] == "search":
+        what = f"the search's export ({where})"
+    return f"{what}: {metric_text(ex['metric'], ex.get('value'))}"
+
+
+def _best_text(best: dict[str, Any] | None, exported: dict[str, Any] | None) -> str | None:
+    if best:
+        return (f"{best['phase']} step {best['step']} (global step {best['global_step']}): "
+                f"{metric_text(best['metric'], best['value'])}, kept in {best['file']}")
+    if exported and not exported.get("best_kept"):
+        return ("none kept: only the retraining (or `dmscale pretrain`) keeps a best; a search's "
+                "structure changes until its end")
+    return None
+
+
+def watch_lines(summary: dict[str, Any]) -> list[str]:
+    """The printed summary's lines on the exported and the best weights (none without
+    ``--eval-every``)."""
+    ex = summary.get("exported")
+    if not ex:
+        return []
+    out = [f"  {'exported':14}{_exported_text(ex)}"]
+    best = _best_text(summary.get("best"), ex)
+    if best:
+        out.append(f"  {'best':14}{best}")
+    return out
+
+
+def watch_report_lines(summary: dict[str, Any]) -> list[str]:
+    """``report.md``'s lines on the exported and the best weights (none without ``--eval-every``)."""
+    ex = summary.get("exported")
+    if not ex:
+        return []
+    out = [f"- exported (model.safetensors): {_exported_text(ex)}"]
+    best = _best_text(summary.get("best"), ex)
+    if best:
+        out.append(f"- best: {best}")
+    return out + [""]

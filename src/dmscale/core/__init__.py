@@ -1,9 +1,10 @@
 """The method itself, in plain torch: the differentiable top-k (:mod:`.topk`, Eq. 2-4 of
 the paper), the importance update (:mod:`.importance`), every gate of a model batched in one
 matrix (:mod:`.gate_bank`), the masks a search puts into a model (:mod:`.masks` with its
-hooks :mod:`.mask_hooks`, weight folds :mod:`.weight_masks` and masked norms
-:mod:`.masked_norm`), process-group helpers (:mod:`.distributed`), train/eval modes
-(:mod:`.modes`) and the errors every layer raises (:mod:`.errors`).
+hooks :mod:`.mask_hooks`, attached and detached by :mod:`.hook_attach`, weight folds
+:mod:`.weight_masks` and masked norms :mod:`.masked_norm`), process-group helpers
+(:mod:`.distributed`), train/eval modes (:mod:`.modes`) and the errors every layer raises
+(:mod:`.errors`).
 
 Layer rule: ``core`` imports nothing else of dmscale; every other layer may import it.
 """

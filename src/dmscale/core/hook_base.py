@@ -1,5 +1,5 @@
 """What every hook dmscale attaches has in common: its base class (so that
-:func:`dmscale.core.masks.detach` finds it by type), where a layer's input is, and a channel mask
+:func:`dmscale.core.hook_attach.detach` finds it by type), where a layer's input is, and a channel mask
 multiplied along one dim of a tensor or into a layer's input.
 
 Example:

@@ -15,7 +15,8 @@ A :class:`Gates` submodule (registered on the model as ``dms_gates``) holds one
   last layer where it is a standard linear, convolution or affine batch norm, else on its output.
 
 The user's parameters are never changed and no class is swapped. All hooks are instances of
-:class:`DMSHook`, found again by type in :func:`detach`.
+:class:`DMSHook`, found again by type in :func:`detach`; attaching and detaching them is
+:mod:`dmscale.core.hook_attach` (``detach`` and ``GATES_NAME`` are re-exported here).
 
 Example:
     >>> import torch
@@ -40,14 +41,11 @@ from torch import nn
 from dmscale.core.distributed import is_distributed
 from dmscale.core.importance import PendingImportance
 from dmscale.core.gate_bank import GateBank, batchable
+from dmscale.core.hook_attach import GATES_NAME, attach_hooks, detach
 from dmscale.core.hook_base import DMSHook, first_input
-from dmscale.core.mask_hooks import ComputeMasks, MaskBranch, MaskedNorm, MaskInput, MaskOutput, RestoreFastpath
-from dmscale.core.weight_masks import FoldDepth, FoldMask, Unfold, depth_foldable, fold_plan
 from dmscale.core.topk import DifferentiableTopK, GateFactory, StructuralGate
 
 __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
-
-GATES_NAME = "dms_gates"
 
 
 def assemble_width_mask(parts: list[torch.Tensor], derived_a: torch.Tensor, derived_b: torch.Tensor,
@@ -173,61 +171,12 @@ class Gates(nn.Module):
         pairs = torch.tensor(derived or [], dtype=torch.long).reshape(-1, 2)
         gates.register_buffer("derived_a", pairs[:, 0].clone(), persistent=False)
         gates.register_buffer("derived_b", pairs[:, 1].clone(), persistent=False)
-        model.add_module(GATES_NAME, gates)
-        modules = dict(model.named_modules())
-        has_mha = any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
-        model.register_forward_pre_hook(ComputeMasks(gates, no_fastpath=has_mha))
-        if has_mha:
-            model.register_forward_hook(RestoreFastpath(gates), always_call=True)
-        keys: dict[bytes, str] = {}
-
-        def slot_key(prefix: str, name: str, slots: Any) -> str:
-            """One buffer (and one gather per forward) per distinct slot vector."""
-            idx = torch.as_tensor(slots, dtype=torch.long)
-            content = idx.numpy().tobytes()
-            if content not in keys:
-                keys[content] = prefix + name.replace(".", "__")
-                gates.register_buffer(keys[content], idx, persistent=False)
-                gates._keys.append(keys[content])
-            return keys[content]
-
-        folded: set[str] = set()
-
-        def unfold_after(name: str) -> None:
-            """One Unfold per layer, however many folds shadow its weight."""
-            if name not in folded:
-                modules[name].register_forward_hook(Unfold(), always_call=True)
-                folded.add(name)
-
-        def fold(name: str, dim: int, side: str, key: str) -> bool:
-            plan = fold_plan(modules[name], dim, side) if fold_masks else None
-            if plan is None:
-                return False
-            modules[name].register_forward_pre_hook(FoldMask(gates, key, plan, dim), with_kwargs=True)
-            unfold_after(name)
-            return True
-
-        for name, (dim, slots) in consumers.items():
-            key = slot_key("idx_", name, slots)
-            if not fold(name, dim, "in", key):
-                modules[name].register_forward_pre_hook(MaskInput(gates, key, dim), with_kwargs=True)
-        for name, (slots, kind, eps) in (norms or {}).items():
-            key = slot_key("idx_", name, slots)
-            modules[name].register_forward_hook(MaskedNorm(gates, key, kind, eps), with_kwargs=True)
-        for name, (dim, slots) in (outputs or {}).items():
-            key = slot_key("out_", name, slots)
-            if not fold(name, dim, "out", key):
-                modules[name].register_forward_hook(MaskOutput(gates, key, dim))
+        gates._keys = attach_hooks(model, gates, consumers, branches, norms=norms, outputs=outputs,
+                                    fold_masks=fold_masks)
         slots = [getattr(gates, k) for k in gates._keys]
         gates.register_buffer("channel_index", torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long),
                               persistent=False)
         gates._key_sizes = [t.numel() for t in slots]
-        for name, (j, i) in branches.items():
-            if fold_masks and depth_foldable(modules[name]):
-                modules[name].register_forward_pre_hook(FoldDepth(gates, j, i))
-                unfold_after(name)
-            else:
-                modules[name].register_forward_hook(MaskBranch(gates, j, i))
         return gates
 
     # ------------------------------------------------------------------ masks
@@ -381,25 +330,3 @@ class Gates(nn.Module):
         finally:
             self.mode, self.enabled = prev
             self._masks = self._depth_masks = self._channels = None
-
-
-def _strip_hooks(module: nn.Module) -> None:
-    for attr in ("_forward_pre_hooks", "_forward_hooks"):
-        hooks: dict[int, Any] = getattr(module, attr)
-        for key in [k for k, fn in hooks.items() if isinstance(fn, DMSHook)]:
-            del hooks[key]
-            for extra in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
-                          "_forward_hooks_always_called"):
-                getattr(module, extra, {}).pop(key, None)
-
-
-def detach(model: nn.Module) -> nn.Module:
-    """Remove every dmscale hook and the ``dms_gates`` submodule; returns ``model``.
-
-    The model is back to its original modules, state_dict keys and outputs.
-    """
-    for m in model.modules():
-        _strip_hooks(m)
-    if GATES_NAME in model._modules:
-        del model._modules[GATES_NAME]
-    return model

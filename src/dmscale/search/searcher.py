@@ -1,6 +1,8 @@
-"""The Searcher: resource loss and schedule, hard masks, budget solver, export and state
+"""The Searcher: costs, hard masks, budget solver and export
 (the config is :mod:`dmscale.search.config`, the discovery and gates :mod:`dmscale.search.setup`,
+the resource loss and its schedule :mod:`dmscale.search.resource_loss`,
 importance and its all-reduce :mod:`dmscale.search.importance_sync`,
+``state_dict`` and resuming :mod:`dmscale.search.state`,
 the self-checks :mod:`dmscale.export.selfcheck`, the structure dict :func:`dmscale.export.shrink.structure_of`).
 
 Example:
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -32,12 +33,14 @@ from dmscale.core.errors import ConfigError
 from dmscale.export.shrink import export_model, structure_of
 from dmscale.core.masks import GATES_NAME, Gates, assemble_width_mask
 from dmscale.cost.resources import CostModel
-from dmscale.search.config import COST_FORWARD, SearchConfig, config_differences, config_state, resolve_align
+from dmscale.search.config import COST_FORWARD, SearchConfig, resolve_align
 from dmscale.search.importance_sync import ImportanceMixin
-from dmscale.search.settle import SettleState, cosine_anneal, inside_band
+from dmscale.search.resource_loss import ResourceLossMixin
+from dmscale.search.settle import SettleState
 from dmscale.search.setup import attach_gates, discover_space, model_device, unaligned_dims
 from dmscale.export.selfcheck import run_example, verify_export, verify_open
 from dmscale.search.solver import solve_budget
+from dmscale.search.state import SearcherStateMixin
 
 __all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
 
@@ -56,12 +59,17 @@ def _cached_hard_mask(t: Any, cache: dict[int, list[Any]]) -> torch.Tensor:
     return mask
 
 
-class Searcher(ImportanceMixin):
+class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
     """A DMS search attached to a model. Create it with :func:`prepare`.
 
     ``align`` is the width multiple the search keeps (``SearchConfig.align``, resolved on the
     model's device when None) and ``unaligned`` the channel dims it could not align (their
     size is not a multiple of it; they are searched without alignment).
+
+    The resource loss and its schedule come from
+    :class:`~dmscale.search.resource_loss.ResourceLossMixin`, ``state_dict`` and
+    ``load_state_dict`` from :class:`~dmscale.search.state.SearcherStateMixin`, importance from
+    :class:`~dmscale.search.importance_sync.ImportanceMixin`.
 
     Non-finite losses: a backward through a NaN or infinite loss never changes importance
     (the update is skipped on the device), but it leaves NaN gradients on the weights and on
@@ -195,114 +203,10 @@ class Searcher(ImportanceMixin):
         """The learnable pruning ratios ``a``, one per dimension."""
         return iter([t.a for t in _distinct(list(self.gates.width) + list(self.gates.depth))])
 
-    def target_at(self, progress: float) -> float:
-        """r_t at ``progress`` in [0, 1]: Eq. 10 with e / e_max = progress / d, held at the
-        final target once that reaches 1, where d = ``schedule_end``, or ``1 - settle`` when
-        that is smaller (the settle phase runs at the final target); or constant."""
-        if self.config.schedule == "constant":
-            return self.target_cost
-        decay = min(self.config.schedule_end, 1.0 - self.config.settle)
-        p = min(max(float(progress) / decay, 0.0), 1.0)
-        ratio = self.target_cost / self.supernet_cost
-        return ratio**p * self.supernet_cost
-
-    @property
-    def settled_at(self) -> float | None:
-        """Progress at which the settle phase's exact cost first reached the target, or None."""
-        return self.settle_state.settled_at
-
-    def settling(self, progress: float) -> bool:
-        """Whether ``progress`` lies in the settle phase (the last ``config.settle`` of the
-        search, where the loss lands the structure on the budget)."""
-        return self.config.settle > 0 and float(progress) >= 1.0 - self.config.settle
-
-    def structure_lr_scale(self, progress: float) -> float:
-        """Factor for the structural parameters' learning rate at ``progress``: 1 until the
-        settle phase has brought the exact cost to the target (:attr:`settled_at`), then a
-        cosine from 1 to 0 over the rest of the search, so the ratios stop moving where the
-        band loss put them; with ``config.settle_hold`` (default) 0 while the exact cost is
-        inside the band, so a structure that entered it stays (the cost follows the kept
-        counts, which the ratios set and which do not move at lr 0; with uneven units, a
-        ``width_step`` whose last unit is short, it can still change with which units are kept,
-        and the factor is decided again every step). A search too short to reach its target keeps
-        its full lr (the finish phase and budget solver then land it). Multiply the structure
-        group's base ``lr`` by it before each step (``dmscale search`` and the trainer
-        integrations do).
-
-            >>> import torch, dmscale as dms
-            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(target=0.9, settle=0.5))
-            >>> _ = s.resource_loss(0.5)  # all open: over the target, full lr
-            >>> s.settled_at, s.structure_lr_scale(0.75)
-            (None, 1.0)
-            >>> with torch.no_grad():
-            ...     _ = [p.fill_(0.5) for p in s.structure_parameters()]  # half of every width
-            >>> _ = s.resource_loss(0.5)  # at or under the target: landed, depth frozen
-            >>> s.settled_at, [round(s.structure_lr_scale(p), 2) for p in (0.5, 0.75, 1.0)]
-            (0.5, [1.0, 0.5, 0.0])
-        """
-        if not self.settling(progress):
-            return 1.0
-        if self.config.settle_hold and self.settled_at is not None and self.in_band():
-            return 0.0  # landed and inside the band: hold the ratios where they are
-        return cosine_anneal(progress, self.settled_at)
-
-    def in_band(self) -> bool:
-        """Whether the exact (export's) cost is inside ``config.budget_band`` x target: where
-        the settle phase's band loss is zero (the same comparisons, so the hold and the band
-        loss's weight growth never act on the same step)."""
-        return inside_band(self._exact_cost("hard"), self.target_cost, self.config.budget_band)
-
     def soft_cost(self) -> torch.Tensor:
         """r_c from the current soft masks (differentiable in every ``a``)."""
         w, d = self._masks("soft")
         return self._cost_model()(w, d)
-
-    def resource_loss(self, progress: float = 1.0) -> torch.Tensor:
-        """``resource_weight * log(r_c / r_t)`` when r_c > r_t, else 0 (Eq. 6); in the settle
-        phase (:meth:`settling`) the band loss of :func:`dmscale.search.settle.band_loss` instead.
-
-        From ``width_only_from`` on, and in the settle phase once the exact cost has reached
-        the target (:attr:`settled_at`), depth masks are frozen at their hard values. In the
-        settle phase a step whose cost is over the band raises the band loss's weight
-        (``settle_state.weight``, kept in :meth:`state_dict`) once per distinct ``progress``, so
-        micro-batches of one accumulated step count once.
-        """
-        cfg, settling = self.config, self.settling(progress)
-        self.advance(progress)
-        r_c = self.soft_cost()
-        if cfg.cost_forward == "exact" or settling:  # forward: the export's cost; backward: soft
-            r_c = r_c + (self._exact_cost("hard") - r_c.detach())
-        if settling:  # zero inside budget_band x target, log of the distance outside
-            return self.settle_state.loss(r_c, progress, self.target_cost, cfg.budget_band)
-        r_t = self.target_at(progress)
-        # Eq. 6 as max(log(r_c / r_t), 0): zero at or under the target, on the device (no
-        # host synchronisation to compare r_c with r_t)
-        return (cfg.resource_weight * torch.relu(torch.log(r_c / r_t))).float()
-
-    def advance(self, progress: float) -> None:
-        """The step at ``progress``'s phase: whether the settle phase has landed (the exact
-        cost at or under the target) and so whether depth is frozen. :meth:`resource_loss` calls
-        it; a loop that must know before the forward (DDP leaves frozen depth out) calls it first.
-
-            >>> import torch, dmscale as dms
-            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(target=0.9, width_only_from=0.8))
-            >>> s.advance(0.5); s.gates.depth_frozen  # before the width-only phase
-            False
-            >>> s.advance(0.8); s.gates.depth_frozen
-            True
-        """
-        settling, wo = self.settling(progress), self.config.width_only_from
-        if settling and self.settled_at is None:  # once landed, the exact cost is not needed here
-            self.settle_state.reach(progress, self._exact_cost("hard"), self.target_cost)
-        self.freeze_depth((settling and self.settled_at is not None) or (wo is not None and progress >= wo))
-
-    def freeze_depth(self, frozen: bool = True) -> None:
-        """Fix depth at its hard value (width-only phase): hard depth masks, no gradient."""
-        self.gates.depth_frozen = frozen
-        for t in self.gates.depth:
-            t.a.requires_grad_(not frozen)
 
     def resources(self) -> dict[str, Any]:
         """Soft and hard cost now, the final target and the supernet's cost."""
@@ -399,39 +303,6 @@ class Searcher(ImportanceMixin):
     def _verify_export(self, small: nn.Module) -> None:
         verify_export(self, small)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume: structural parameters, importance, config, target."""
-        self._require_synced("state_dict()")
-        state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
-                 "config": self._config_state(), "target_cost": self.target_cost,
-                 "supernet_cost": self.supernet_cost, "depth_frozen": self.gates.depth_frozen,
-                 "settled_at": self.settled_at, "settle_weight": self.settle_state.weight}
-        if "latency" in self._costs:  # a resumed search keeps the measured cost scale
-            state["latency_profile"] = self._costs["latency"].state_dict()
-        return state
-
-    def _config_state(self) -> dict[str, Any]:
-        """:func:`config_state` with the resolved ``align`` (an auto align on another device
-        would search another space: a resume compares the value searched with)."""
-        return {**config_state(self.config), "align": self.align}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` (same model architecture and config)."""
-        diff = config_differences(state["config"], replace(self.config, align=self.align))
-        if diff:
-            raise ValueError(f"searcher config differs from the saved one ({diff}); build the "
-                             "searcher with the saved config to load this state")
-        self.gates.load_state_dict(state["gates"])
-        if "latency_profile" in state:
-            from dmscale.cost.latency import LatencyCostModel
-
-            options = {**self.config.latency_options, "profile": state["latency_profile"]}
-            self._costs["latency"] = LatencyCostModel(self.model, self.space, self.example_inputs, **options)
-        self.target_cost = float(state["target_cost"])
-        self.supernet_cost = float(state["supernet_cost"])
-        self.freeze_depth(bool(state.get("depth_frozen", False)))
-        self.settle_state = SettleState(weight=float(state.get("settle_weight", self.config.resource_weight)),
-                                        settled_at=state.get("settled_at"))
 
 
 def _distinct(topks: list[Any]) -> list[Any]:

@@ -1,0 +1,131 @@
+"""Wire a search's gates into a user's model and take them out again: register the gates
+submodule (``dms_gates``), attach every :class:`~dmscale.core.hook_base.DMSHook` (the mask
+computation, the channel masks on inputs, outputs and norms, or folded into weights, and the
+depth masks on residual branches), and remove them all by type in :func:`detach`.
+
+The gates themselves, and the masks they compute, are :class:`dmscale.core.masks.Gates`
+(whose ``attach`` calls :func:`attach_hooks`).
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from dmscale.core.masks import Gates
+    >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> _ = Gates.attach(net, dims=[(8, 1, 1, 1.0)], depth=[], consumers={"2": (-1, torch.arange(8))}, branches={})
+    >>> sorted(type(h).__name__ for h in net[2]._forward_pre_hooks.values())
+    ['FoldMask']
+    >>> net = detach(net)
+    >>> len(net[2]._forward_pre_hooks), hasattr(net, GATES_NAME)
+    (0, False)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from dmscale.core.hook_base import DMSHook
+from dmscale.core.mask_hooks import ComputeMasks, MaskBranch, MaskedNorm, MaskInput, MaskOutput, RestoreFastpath
+from dmscale.core.weight_masks import FoldDepth, FoldMask, Unfold, depth_foldable, fold_plan
+
+__all__ = ["GATES_NAME", "attach_hooks", "detach"]
+
+GATES_NAME = "dms_gates"
+
+
+def attach_hooks(
+    model: nn.Module,
+    gates: Any,
+    consumers: dict[str, tuple[int, torch.Tensor]],
+    branches: dict[str, tuple[int, int]],
+    norms: dict[str, Any] | None = None,
+    outputs: dict[str, tuple[int, Any]] | None = None,
+    fold_masks: bool = True,
+) -> list[str]:
+    """Register ``gates`` (a :class:`~dmscale.core.masks.Gates`) on ``model`` as
+    :data:`GATES_NAME` and attach every hook; returns the names of the slot buffers registered
+    on the gates (one per distinct slot vector), in the order the gates gather them.
+
+    Args: as :meth:`dmscale.core.masks.Gates.attach` (``consumers``: layer name -> (channel
+    dim of its input, global slot per channel); ``norms``: norm name -> (slots, kind, eps);
+    ``outputs``: layer name -> (channel dim of its output, slots); ``branches``: module name
+    -> (depth dim, block index); ``fold_masks``: fold masks into weights where that is the
+    same function).
+    """
+    model.add_module(GATES_NAME, gates)
+    modules = dict(model.named_modules())
+    has_mha = any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
+    model.register_forward_pre_hook(ComputeMasks(gates, no_fastpath=has_mha))
+    if has_mha:
+        model.register_forward_hook(RestoreFastpath(gates), always_call=True)
+    keys: dict[bytes, str] = {}
+    order: list[str] = []
+
+    def slot_key(prefix: str, name: str, slots: Any) -> str:
+        """One buffer (and one gather per forward) per distinct slot vector."""
+        idx = torch.as_tensor(slots, dtype=torch.long)
+        content = idx.numpy().tobytes()
+        if content not in keys:
+            keys[content] = prefix + name.replace(".", "__")
+            gates.register_buffer(keys[content], idx, persistent=False)
+            order.append(keys[content])
+        return keys[content]
+
+    folded: set[str] = set()
+
+    def unfold_after(name: str) -> None:
+        """One Unfold per layer, however many folds shadow its weight."""
+        if name not in folded:
+            modules[name].register_forward_hook(Unfold(), always_call=True)
+            folded.add(name)
+
+    def fold(name: str, dim: int, side: str, key: str) -> bool:
+        plan = fold_plan(modules[name], dim, side) if fold_masks else None
+        if plan is None:
+            return False
+        modules[name].register_forward_pre_hook(FoldMask(gates, key, plan, dim), with_kwargs=True)
+        unfold_after(name)
+        return True
+
+    for name, (dim, slots) in consumers.items():
+        key = slot_key("idx_", name, slots)
+        if not fold(name, dim, "in", key):
+            modules[name].register_forward_pre_hook(MaskInput(gates, key, dim), with_kwargs=True)
+    for name, (slots, kind, eps) in (norms or {}).items():
+        key = slot_key("idx_", name, slots)
+        modules[name].register_forward_hook(MaskedNorm(gates, key, kind, eps), with_kwargs=True)
+    for name, (dim, slots) in (outputs or {}).items():
+        key = slot_key("out_", name, slots)
+        if not fold(name, dim, "out", key):
+            modules[name].register_forward_hook(MaskOutput(gates, key, dim))
+    for name, (j, i) in branches.items():
+        if fold_masks and depth_foldable(modules[name]):
+            modules[name].register_forward_pre_hook(FoldDepth(gates, j, i))
+            unfold_after(name)
+        else:
+            modules[name].register_forward_hook(MaskBranch(gates, j, i))
+    return order
+
+
+def _strip_hooks(module: nn.Module) -> None:
+    for attr in ("_forward_pre_hooks", "_forward_hooks"):
+        hooks: dict[int, Any] = getattr(module, attr)
+        for key in [k for k, fn in hooks.items() if isinstance(fn, DMSHook)]:
+            del hooks[key]
+            for extra in ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+                          "_forward_hooks_always_called"):
+                getattr(module, extra, {}).pop(key, None)
+
+
+def detach(model: nn.Module) -> nn.Module:
+    """Remove every dmscale hook and the ``dms_gates`` submodule; returns ``model``.
+
+    The model is back to its original modules, state_dict keys and outputs.
+    """
+    for m in model.modules():
+        _strip_hooks(m)
+    if GATES_NAME in model._modules:
+        del model._modules[GATES_NAME]
+    return model

@@ -1,0 +1,142 @@
+"""The resource loss of :class:`~dmscale.search.searcher.Searcher` and its schedule: the
+target r_t at a progress (Eq. 10), the settle phase and its band loss, the structure learning
+rate's factor, and freezing depth (width-only phase).
+
+:class:`ResourceLossMixin` expects ``self.config``, ``self.gates``, ``self.target_cost``,
+``self.supernet_cost``, ``self.settle_state``, ``self.soft_cost()`` and
+``self._exact_cost(kind)``; the Searcher provides them.
+
+Example:
+    >>> import torch, dmscale as dms
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig("params", 0.5, settle=0.2))
+    >>> s.target_at(0.0) == s.supernet_cost, s.settling(0.5), s.settling(0.9)
+    (True, False, True)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from dmscale.search.settle import SettleState, cosine_anneal, inside_band
+
+__all__ = ["ResourceLossMixin"]
+
+
+class ResourceLossMixin:
+    """Resource loss, target schedule and settle phase; mixed into
+    :class:`~dmscale.search.searcher.Searcher`."""
+
+    config: Any
+    gates: Any
+    target_cost: float
+    supernet_cost: float
+    settle_state: SettleState
+    soft_cost: Callable[[], torch.Tensor]
+    _exact_cost: Callable[..., float]
+
+    def target_at(self, progress: float) -> float:
+        """r_t at ``progress`` in [0, 1]: Eq. 10 with e / e_max = progress / d, held at the
+        final target once that reaches 1, where d = ``schedule_end``, or ``1 - settle`` when
+        that is smaller (the settle phase runs at the final target); or constant."""
+        if self.config.schedule == "constant":
+            return self.target_cost
+        decay = min(self.config.schedule_end, 1.0 - self.config.settle)
+        p = min(max(float(progress) / decay, 0.0), 1.0)
+        ratio = self.target_cost / self.supernet_cost
+        return ratio**p * self.supernet_cost
+
+    @property
+    def settled_at(self) -> float | None:
+        """Progress at which the settle phase's exact cost first reached the target, or None."""
+        return self.settle_state.settled_at
+
+    def settling(self, progress: float) -> bool:
+        """Whether ``progress`` lies in the settle phase (the last ``config.settle`` of the
+        search, where the loss lands the structure on the budget)."""
+        return self.config.settle > 0 and float(progress) >= 1.0 - self.config.settle
+
+    def structure_lr_scale(self, progress: float) -> float:
+        """Factor for the structural parameters' learning rate at ``progress``: 1 until the
+        settle phase has brought the exact cost to the target (:attr:`settled_at`), then a
+        cosine from 1 to 0 over the rest of the search, so the ratios stop moving where the
+        band loss put them; with ``config.settle_hold`` (default) 0 while the exact cost is
+        inside the band, so a structure that entered it stays (the cost follows the kept
+        counts, which the ratios set and which do not move at lr 0; with uneven units, a
+        ``width_step`` whose last unit is short, it can still change with which units are kept,
+        and the factor is decided again every step). A search too short to reach its target keeps
+        its full lr (the finish phase and budget solver then land it). Multiply the structure
+        group's base ``lr`` by it before each step (``dmscale search`` and the trainer
+        integrations do).
+
+            >>> import torch, dmscale as dms
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(target=0.9, settle=0.5))
+            >>> _ = s.resource_loss(0.5)  # all open: over the target, full lr
+            >>> s.settled_at, s.structure_lr_scale(0.75)
+            (None, 1.0)
+            >>> with torch.no_grad():
+            ...     _ = [p.fill_(0.5) for p in s.structure_parameters()]  # half of every width
+            >>> _ = s.resource_loss(0.5)  # at or under the target: landed, depth frozen
+            >>> s.settled_at, [round(s.structure_lr_scale(p), 2) for p in (0.5, 0.75, 1.0)]
+            (0.5, [1.0, 0.5, 0.0])
+        """
+        if not self.settling(progress):
+            return 1.0
+        if self.config.settle_hold and self.settled_at is not None and self.in_band():
+            return 0.0  # landed and inside the band: hold the ratios where they are
+        return cosine_anneal(progress, self.settled_at)
+
+    def in_band(self) -> bool:
+        """Whether the exact (export's) cost is inside ``config.budget_band`` x target: where
+        the settle phase's band loss is zero (the same comparisons, so the hold and the band
+        loss's weight growth never act on the same step)."""
+        return inside_band(self._exact_cost("hard"), self.target_cost, self.config.budget_band)
+
+    def resource_loss(self, progress: float = 1.0) -> torch.Tensor:
+        """``resource_weight * log(r_c / r_t)`` when r_c > r_t, else 0 (Eq. 6); in the settle
+        phase (:meth:`settling`) the band loss of :func:`dmscale.search.settle.band_loss` instead.
+
+        From ``width_only_from`` on, and in the settle phase once the exact cost has reached
+        the target (:attr:`settled_at`), depth masks are frozen at their hard values. In the
+        settle phase a step whose cost is over the band raises the band loss's weight
+        (``settle_state.weight``, kept in :meth:`state_dict`) once per distinct ``progress``, so
+        micro-batches of one accumulated step count once.
+        """
+        cfg, settling = self.config, self.settling(progress)
+        self.advance(progress)
+        r_c = self.soft_cost()
+        if cfg.cost_forward == "exact" or settling:  # forward: the export's cost; backward: soft
+            r_c = r_c + (self._exact_cost("hard") - r_c.detach())
+        if settling:  # zero inside budget_band x target, log of the distance outside
+            return self.settle_state.loss(r_c, progress, self.target_cost, cfg.budget_band)
+        r_t = self.target_at(progress)
+        # Eq. 6 as max(log(r_c / r_t), 0): zero at or under the target, on the device (no
+        # host synchronisation to compare r_c with r_t)
+        return (cfg.resource_weight * torch.relu(torch.log(r_c / r_t))).float()
+
+    def advance(self, progress: float) -> None:
+        """The step at ``progress``'s phase: whether the settle phase has landed (the exact
+        cost at or under the target) and so whether depth is frozen. :meth:`resource_loss` calls
+        it; a loop that must know before the forward (DDP leaves frozen depth out) calls it first.
+
+            >>> import torch, dmscale as dms
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(target=0.9, width_only_from=0.8))
+            >>> s.advance(0.5); s.gates.depth_frozen  # before the width-only phase
+            False
+            >>> s.advance(0.8); s.gates.depth_frozen
+            True
+        """
+        settling, wo = self.settling(progress), self.config.width_only_from
+        if settling and self.settled_at is None:  # once landed, the exact cost is not needed here
+            self.settle_state.reach(progress, self._exact_cost("hard"), self.target_cost)
+        self.freeze_depth((settling and self.settled_at is not None) or (wo is not None and progress >= wo))
+
+    def freeze_depth(self, frozen: bool = True) -> None:
+        """Fix depth at its hard value (width-only phase): hard depth masks, no gradient."""
+        self.gates.depth_frozen = frozen
+        for t in self.gates.depth:
+            t.a.requires_grad_(not frozen)

@@ -127,11 +127,14 @@ OPTIONS: tuple[Option, ...] = (
        "Llama-style causal LM, transformers' LlamaForCausalLM), yolo:YAML or yolo:FILE.pt "
        "(Ultralytics YOLO for --task detect, e.g. yolo:yolo11n.yaml; default yolo:yolov8n.yaml), "
        "hf:PATH (a local pretrained Hugging Face causal LM directory or .gguf file, for --task "
-       "text with --pipeline p/p-)",
+       "text with --pipeline p/p-), or package.module:factory (your own nn.Module: an importable "
+       "callable given --model-args and the task facts its signature names, e.g. num_classes; "
+       "the module must be importable for export, eval and retrain of the run too)",
        ("pretrain", "search"), "model", metavar="NAME"),
     _o("model_args", kv_dict, None,
        "constructor arguments of the model, e.g. depth=20,width=16 for resnet, "
-       "hidden_size=128,num_hidden_layers=4 for llama",
+       "hidden_size=128,num_hidden_layers=4 for llama, the keyword arguments of a "
+       "package.module:factory",
        ("pretrain", "search"), "model", metavar="K=V,..."),
     _o("expand", expand_factors, None,
        "enlarge the baseline model into the supernet (DMS_np, paper A.4): multiply every "

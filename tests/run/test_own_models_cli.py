@@ -232,6 +232,19 @@ def test_timm_resnet18_from_a_weights_file_round_trip(tmp_path: Path, capsys: py
     assert rc == 0, err
     assert yaml.safe_load((run / "config.yaml").read_text())["weights"] == str(path)
     rc, text, err = _run(capsys, "export", run, "--out", tmp_path / "export", "--format", "pt")
-    assert rc == 0, err
+    assert rc == 0 and "without dmscale" in text, err
+    # timm imports torchvision; a CPU-only torch may lack torchvision's compiled operators, so
+    # declare the two it registers at import (what dmscale.core._compat does) before loading
+    code = ("import sys; sys.modules['dmscale'] = None\n"
+            "import torch\n"
+            "try:\n    torch.ops.torchvision.nms\n"
+            "except (AttributeError, RuntimeError):\n"
+            "    lib = torch.library.Library('torchvision', 'DEF')\n"
+            "    lib.define('nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')\n"
+            "    lib.define('qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor')\n"
+            f"m = torch.load({str(tmp_path / 'export' / 'model.pt')!r}, weights_only=False).eval()\n"
+            "print(tuple(m(torch.zeros(2, 1, 8, 8)).shape))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "(2, 10)", p.stderr
     rc, text, err = _run(capsys, "eval", tmp_path / "export")
     assert rc == 0 and "timm:resnet18" in text, err

@@ -86,6 +86,9 @@ def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     ["search", "--task", "imagefolder"],
     [*SEARCH, "--model", "nosuchnet"],
     [*SEARCH, "--model", "tv:resnet18", "--expand", "width=2"],
+    [*SEARCH, "--model", "no_such_pkg_xyz.nets:build"],
+    [*SEARCH, "--weights", "/nonexistent/weights.pt"],
+    [*SEARCH, "--pretrained"],  # smallcnn: no library weights
     [*SEARCH, "--exclude", "nosuchlayer"],
     [*SEARCH, "--target", "5"],  # 5 MACs: below the smallest reachable model
     [*SEARCH, "--align", "0"],

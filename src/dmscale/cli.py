@@ -59,6 +59,7 @@ examples:
   dmscale search --target 0.3 --expand width=1.5,depth=2 --epochs 2
   dmscale search --task digits --model smallcnn --resource params --target 0.25
   dmscale search --task shakespeare --target 0.4   # char-level LM, reports bits/char
+  PYTHONPATH=. dmscale search --task digits --model my_pkg.nets:build --weights my.pt  # your own model
   dmscale pretrain --out runs/base && dmscale search --pipeline p- --init runs/base
   dmscale search --stop-after 100 --out runs/a && dmscale search --resume runs/a
   dmscale eval runs/a        dmscale report runs/a        dmscale export runs/a --format pt

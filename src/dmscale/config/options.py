@@ -137,11 +137,14 @@ OPTIONS: tuple[Option, ...] = (
        "Llama-style causal LM, transformers' LlamaForCausalLM), yolo:YAML or yolo:FILE.pt "
        "(Ultralytics YOLO for --task detect, e.g. yolo:yolo11n.yaml; default yolo:yolov8n.yaml), "
        "hf:PATH (a local pretrained Hugging Face causal LM directory or .gguf file, for --task "
-       "text with --pipeline p/p-)",
+       "text with --pipeline p/p-), or package.module:factory (your own nn.Module: an importable "
+       "callable given --model-args and the task facts its signature names, e.g. num_classes; "
+       "the module must be importable for export, eval and retrain of the run too)",
        ("pretrain", "search"), "model", metavar="NAME"),
     _o("model_args", kv_dict, None,
        "constructor arguments of the model, e.g. depth=20,width=16 for resnet, "
-       "hidden_size=128,num_hidden_layers=4 for llama",
+       "hidden_size=128,num_hidden_layers=4 for llama, the keyword arguments of a "
+       "package.module:factory",
        ("pretrain", "search"), "model", metavar="K=V,..."),
     _o("expand", expand_factors, None,
        "enlarge the baseline model into the supernet (DMS_np, paper A.4): multiply every "
@@ -149,8 +152,25 @@ OPTIONS: tuple[Option, ...] = (
        ("pretrain", "search"), "model", metavar="width=W,depth=D"),
     _o("init", nonempty_str, None,
        "pipeline p / p-: start from these pretrained weights (a run directory of "
-       "`dmscale pretrain`, or its model.safetensors) instead of pretraining",
+       "`dmscale pretrain`, or a weights file in a format --weights reads) instead of pretraining",
        ("search",), "model", metavar="RUN"),
+    # ---- model: the weights a run starts from (tasks/start_weights.py)
+    _o("weights", nonempty_str, None,
+       "start the run from the weights in this local file, loaded into the model --model "
+       "builds before its first phase (pretraining, or the search of pipeline np): a "
+       ".safetensors file, a torch.save'd state dict, or a checkpoint dict holding one under "
+       "'state_dict', 'model' or 'model_state_dict'; every key and shape must fit (the error "
+       "names the first that does not). Any --model but hf: and yolo:. With --pretrained: a "
+       "local copy of the library's pretrained weights, adapted like the download. A resumed "
+       "run continues from its own checkpoint; with --pipeline p / p- and --pretrain-epochs 0 "
+       "the weights are the pretrained supernet",
+       ("pretrain", "search"), "model", metavar="PATH"),
+    _o("pretrained", boolean, False,
+       "--model tv:NAME / timm:NAME: start from the library's pretrained weights (torchvision "
+       "weights='DEFAULT', timm pretrained=True), downloaded unless cached; a classifier head "
+       "for another number of classes starts random, a first convolution for another number "
+       "of channels is adapted from the RGB one. Offline, give a local copy with --weights PATH",
+       ("pretrain", "search"), "model", flag_kind="flag"),
     # ---- search
     _o("pipeline", choice(*PIPELINES), "np",
        "np: search a randomly initialised supernet, then retrain the found model; "

@@ -90,6 +90,8 @@ class RunConfig:
     model_args: dict[str, Any] | None = None
     expand: dict[str, float] | None = None
     init: str | None = None
+    weights: str | None = None
+    pretrained: bool = False
     pipeline: str = "np"
     resource: str = "macs"
     target: float = 0.5
@@ -154,6 +156,7 @@ class RunConfig:
         if self.init is not None and self.command == "search" and self.pipeline == "np":
             raise ConfigError("--init loads pretrained weights, which pipeline np does not use: "
                               "use --pipeline p or p-")
+        self._check_start_weights()
         hf = str(self.model or "").startswith("hf:")
         if hf and self.command == "search" and self.pipeline == "np":
             raise ConfigError(f"--model {self.model} is pretrained, and pipeline np would search "
@@ -163,6 +166,25 @@ class RunConfig:
             raise ConfigError(f"--task text needs a pretrained model with its tokenizer: "
                               f"--model hf:PATH, not --model {self.model} (the char-level "
                               "models go with --task shakespeare)")
+
+    def _check_start_weights(self) -> None:
+        """``--weights`` / ``--pretrained`` fit the model and do not compete with ``--init``."""
+        if self.weights is None and not self.pretrained:
+            return
+        given = "--pretrained" if self.weights is None else "--weights"
+        if self.init is not None:
+            raise ConfigError(f"{given} sets the weights a run starts from and --init gives the "
+                              "pretrained supernet: give one of them (--weights FILE with "
+                              "--pretrain-epochs 0 is the pretrained supernet of pipeline p / p-)")
+        default = DEFAULT_MODELS.get(self.task, ("",))[0]
+        model = self.model or f"{default} (the default of --task {self.task})"
+        if model.startswith(("hf:", "yolo:")):
+            raise ConfigError(f"{given} loads weights into a model dmscale builds; --model {model} "
+                              "brings its own (hf:PATH its directory, yolo:FILE.pt its checkpoint)")
+        if self.pretrained and not model.startswith(("tv:", "timm:")):
+            raise ConfigError(f"--pretrained loads the pretrained weights torchvision or timm ship, for "
+                              f"--model tv:NAME or timm:NAME; --model {model} has none: give a weights "
+                              "file with --weights PATH")
 
     # ------------------------------------------------------------------ resolution
     def resolved(self) -> RunConfig:

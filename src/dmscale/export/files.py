@@ -38,7 +38,8 @@ from dmscale.core.errors import MissingFileError, StructureError
 from dmscale.export.shrink import apply_structure
 from dmscale.trace.handlers.norms import share_formula
 
-__all__ = ["save", "load", "save_weights", "load_weights", "check_weights_fit", "STRUCTURE_FILE", "WEIGHTS_FILE"]
+__all__ = ["save", "load", "save_weights", "load_weights", "check_weights_fit", "read_state_dict",
+           "load_state_checked", "STRUCTURE_FILE", "WEIGHTS_FILE", "CHECKPOINT_KEYS", "WRAPPER_PREFIXES"]
 
 STRUCTURE_FILE = "structure.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -130,6 +131,112 @@ def _file_shapes(path: Path) -> dict[str, list[int]]:
                              f"{str(err)[:200]}): save the model again with dmscale.save") from None
 
 
+def _fit_problems(expected: dict[str, list[int]], groups: list[list[str]], stored: dict[str, list[int]],
+                  model_name: str) -> list[str]:
+    """What keeps ``stored`` (``{key: shape}`` of a file) from loading into a model with
+    ``expected`` shapes (tied keys grouped): up to three phrases, each naming its first keys."""
+    shapes = [f"{k!r} is {stored[k]} in the file, {shape} in {model_name}"
+              for k, shape in expected.items() if k in stored and stored[k] != shape]
+    missing = [g[0] for g in groups if not any(k in stored for k in g)]
+    unexpected = [k for k in stored if k not in expected]
+    return [f"{len(items)} tensor{'s' if len(items) > 1 else ''} {what} ({', '.join(map(str, items[:2]))}{', ...' if len(items) > 2 else ''})"
+            for what, items in (("of another shape", shapes), ("missing from the file", [repr(k) for k in missing]),
+                                ("in the file but not in the model", [repr(k) for k in unexpected])) if items]
+
+
+# where a checkpoint dict keeps the model's weights (Lightning, most training scripts)
+CHECKPOINT_KEYS = ("state_dict", "model", "model_state_dict")
+# prefixes a wrapper adds to every key: DDP / DataParallel, a LightningModule's `model`
+# attribute, torch.compile
+WRAPPER_PREFIXES = ("module.", "model.", "_orig_mod.")
+
+
+def _tensor_dict(obj: Any) -> bool:
+    return isinstance(obj, dict) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file: a ``.safetensors`` file, or a ``torch.save``'d state dict
+    or checkpoint dict holding one under ``"state_dict"``, ``"model"`` or ``"model_state_dict"``
+    (read with ``weights_only=True``: no code in the file runs).
+
+    Raises:
+        MissingFileError: no such file.
+        StructureError: the file cannot be read, or holds no state dict.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from torch import nn
+        >>> path = tempfile.mkdtemp() + "/ckpt.pt"
+        >>> torch.save({"epoch": 3, "state_dict": nn.Linear(2, 1).state_dict()}, path)
+        >>> sorted(read_state_dict(path))
+        ['bias', 'weight']
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise MissingFileError(f"no weights file {p}" + (" (it is a directory)" if p.is_dir() else ""))
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(p))
+        except Exception as err:  # safetensors raises its own error types for a damaged header
+            raise StructureError(f"{p} is not a readable safetensors file ({type(err).__name__}: "
+                                 f"{str(err)[:200]})") from None
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - not a torch file, or objects weights_only refuses
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        hint = ("it holds Python objects besides tensors (a pickled module or custom classes), which "
+                "are not loaded: save the weights alone, torch.save(model.state_dict(), PATH)"
+                if "weights_only" in str(err) or "Unsupported global" in str(err) else
+                "expected a .safetensors file or a file written by torch.save")
+        raise StructureError(f"{p} cannot be read as weights ({type(err).__name__}: {first}); {hint}") from None
+    if _tensor_dict(obj):
+        return dict(obj)
+    if isinstance(obj, dict):
+        for key in CHECKPOINT_KEYS:
+            if _tensor_dict(obj.get(key)):
+                return dict(obj[key])
+        keys = ", ".join(repr(k) for k in list(obj)[:6])
+        raise StructureError(f"{p} holds a dict without a state dict (keys {keys}): expected tensors by "
+                             f"parameter name, or a checkpoint with one under {' / '.join(map(repr, CHECKPOINT_KEYS))}")
+    raise StructureError(f"{p} holds a {type(obj).__name__}, not a state dict: save the weights with "
+                         "torch.save(model.state_dict(), PATH) or safetensors")
+
+
+def load_state_checked(model: nn.Module, state: dict[str, torch.Tensor], source: str,
+                       model_name: str = "the model") -> nn.Module:
+    """Load ``state`` into ``model`` when every key and shape fits (tied tensors may be stored
+    once); else raise :class:`StructureError` naming the first keys missing, unexpected or of
+    another shape (with both shapes). A prefix a wrapper put on every key of the file
+    (:data:`WRAPPER_PREFIXES`: DDP's ``module.``, ...) and on none of the model's is dropped.
+
+    Example:
+        >>> from torch import nn
+        >>> net = nn.Linear(2, 3)
+        >>> _ = load_state_checked(net, {"module." + k: v for k, v in nn.Linear(2, 3).state_dict().items()}, "f")
+        >>> try:
+        ...     load_state_checked(net, nn.Linear(2, 4).state_dict(), "other.pt")
+        ... except StructureError as err:
+        ...     print(err)
+        the weights in other.pt do not fit the model: 2 tensors of another shape ('weight' is [4, 2] in the file, [3, 2] in the model, 'bias' is [4] in the file, [3] in the model)
+    """
+    expected, groups = _expected_shapes(model)
+    changed = True
+    while changed and state:
+        changed = False
+        for prefix in WRAPPER_PREFIXES:
+            if all(k.startswith(prefix) for k in state) and not any(k.startswith(prefix) for k in expected):
+                state = {k[len(prefix):]: v for k, v in state.items()}
+                changed = True
+    problems = _fit_problems(expected, groups, {k: list(v.shape) for k, v in state.items()}, model_name)
+    if problems:
+        raise StructureError(f"the weights in {source} do not fit {model_name}: {'; '.join(problems)}")
+    model.load_state_dict(state, strict=False)  # every key checked above; a tied twin may be absent
+    return model
+
+
 def check_weights_fit(model: nn.Module, structure: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Raise :class:`StructureError` unless the weights file at ``path`` fits ``model`` once
     shrunk to ``structure``; ``model`` is not changed (the check shrinks a meta-device copy).
@@ -154,13 +261,7 @@ def check_weights_fit(model: nn.Module, structure: dict[str, Any], path: str | o
     apply_structure(shadow, structure)
     expected, groups = _expected_shapes(shadow)
     stored = _file_shapes(p)
-    shapes = [f"{k!r} is {stored[k]} in the file, {shape} in the shrunk model"
-              for k, shape in expected.items() if k in stored and stored[k] != shape]
-    missing = [g[0] for g in groups if not any(k in stored for k in g)]
-    unexpected = [k for k in stored if k not in expected]
-    problems = [f"{len(items)} tensor{'s' if len(items) > 1 else ''} {what} ({', '.join(map(str, items[:2]))}{', ...' if len(items) > 2 else ''})"
-                for what, items in (("of another shape", shapes), ("missing from the file", [repr(k) for k in missing]),
-                                    ("in the file but not in the model", [repr(k) for k in unexpected])) if items]
+    problems = _fit_problems(expected, groups, stored, "the shrunk model")
     if problems:
         raise StructureError(f"the weights in {p} do not fit the model shrunk to its structure.json: "
                              f"{'; '.join(problems)}; load a directory written by dmscale.save "

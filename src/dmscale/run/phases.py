@@ -40,6 +40,7 @@ from dmscale.run.saved_runs import (
 from dmscale.tasks.hf_model import HF_DIR, is_hf_model, save_hf_dir
 from dmscale.tasks.distill import kept_hidden_channels
 from dmscale.tasks.registry import Task
+from dmscale.tasks.start_weights import load_start_weights, load_weights_file, starts_from_weights
 
 __all__ = ["Phases", "recalibrate_batchnorm", "FINISH_STEPS", "BN_CALIBRATION_BATCHES"]
 
@@ -69,9 +70,19 @@ class Phases:
     """The phases of a run, as methods ``_phase_<name>`` of :class:`dmscale.run.pipeline.Pipeline`
     (see the module docstring for what they read from it)."""
 
+    def _start_weights(self, model: nn.Module) -> None:
+        """Load ``--weights`` / ``--pretrained`` into the supernet a phase starts from (never
+        into one a checkpoint restores), and say so."""
+        text = load_start_weights(model, self.cfg, self.task.info)
+        if text:
+            self._log(text)
+            self.state["start_weights"] = text
+
     def _phase_pretrain(self) -> None:
         cfg = self.cfg
         model, _ = new_supernet(cfg, self.task.info, cfg.seed)
+        if self.checkpoint_for("pretrain") is None:
+            self._start_weights(model)
         model.to(self.device)
         self._record_supernet(model)
         epochs = cfg.epochs if cfg.command == "pretrain" else cfg.pretrain_epochs
@@ -93,12 +104,17 @@ class Phases:
             self.state["counts"]["supernet"] = c
 
     def _pretrained_supernet(self) -> tuple[nn.Module, list[str]]:
-        """The supernet with pretrained weights (pretrain phase output or --init), and the
-        model's own exclusions."""
+        """The supernet with pretrained weights (pretrain phase output, --init, or without a
+        pretraining the weights the run starts from), and the model's own exclusions."""
         cfg = self.cfg
         model, exclude = new_supernet(cfg, self.task.info, cfg.seed)
-        if cfg.init is None and "pretrain" not in self.phases:  # hf:PATH, pretrained as loaded
-            return model, exclude
+        if cfg.init is None and "pretrain" not in self.phases:
+            if not starts_from_weights(cfg):  # hf:PATH, pretrained as loaded
+                return model, exclude
+            if not (self.rd / "supernet.safetensors").is_file():  # loaded once, then the run's own
+                self._start_weights(model)
+                self._save_weights(model, "supernet.safetensors")
+                return model, exclude
         if cfg.init is None:
             return load_weights(model, self.rd / "supernet.safetensors"), exclude
         p = Path(cfg.init)
@@ -107,8 +123,8 @@ class Phases:
             if src.command != "pretrain":
                 raise ConfigError(f"--init {p}: expected a `dmscale pretrain` run, got a "
                                   f"`dmscale {src.command}` run")
-            p = p / "model.safetensors"
-        return load_weights(model, p), exclude
+            return load_weights(model, p / "model.safetensors"), exclude
+        return load_weights_file(model, str(p), "--init", f"--model {cfg.model}"), exclude
 
     def _source_supernet(self, source: RunDir) -> nn.Module | None:
         """``dmscale retrain --teacher supernet``: the pretrained supernet the run at ``source``
@@ -140,6 +156,8 @@ class Phases:
             model, extra_exclude = self._pretrained_supernet()
         else:
             model, extra_exclude = new_supernet(cfg, self.task.info, cfg.seed)
+            if self.checkpoint_for("search") is None and self.checkpoint_for("finish") is None:
+                self._start_weights(model)
         model.to(self.device)
         self._record_supernet(model)
         teacher = None

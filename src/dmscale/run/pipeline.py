@@ -95,6 +95,7 @@ from dmscale.run.watching import Watching
 from dmscale.search.config import resolve_align
 from dmscale.tasks.hf_model import is_hf_model
 from dmscale.tasks.registry import Distillation, Task, build_task
+from dmscale.tasks.start_weights import starts_from_weights
 
 __all__ = [
     "Pipeline",
@@ -133,11 +134,12 @@ def phases_of(cfg: RunConfig) -> list[str]:
     if cfg.command == "retrain":
         return ["retrain"]
     phases: list[str] = []
-    if cfg.pipeline in ("p", "p-") and cfg.init is None and not (
-            is_hf_model(cfg.model) and not cfg.pretrain_epochs):  # hf: already pretrained
+    pretrained = is_hf_model(cfg.model) or starts_from_weights(cfg)  # hf:, --weights, --pretrained
+    if cfg.pipeline in ("p", "p-") and cfg.init is None and not (pretrained and not cfg.pretrain_epochs):
         if not cfg.pretrain_epochs:
             raise ConfigError(f"pipeline {cfg.pipeline} needs a pretrained supernet: "
-                              "--pretrain-epochs > 0 or --init RUN")
+                              "--pretrain-epochs > 0, --init RUN, or --weights PATH / --pretrained "
+                              "with --pretrain-epochs 0")
         phases.append("pretrain")
     phases.append("search")
     if cfg.pipeline in ("np", "p") and cfg.retrain_epochs:

@@ -84,9 +84,20 @@ def _expand_patterns(model: nn.Module, patterns: list[str]) -> list[str]:
 
 # ----------------------------------------------------------------------------- models
 def new_supernet(cfg: RunConfig, info: dict[str, Any], seed: int) -> tuple[nn.Module, list[str]]:
-    """The supernet of ``cfg`` initialised from ``seed``, and the model's own exclusions."""
+    """The supernet of ``cfg`` initialised from ``seed``, and the model's own exclusions
+    (random weights: ``--weights`` / ``--pretrained`` are loaded by the phase that starts)."""
     torch.manual_seed(seed)
     return build_model(cfg, info)
+
+
+def _rebuilt_supernet(rd: RunDir, cfg: RunConfig) -> tuple[nn.Module, list[str]]:
+    """:func:`new_supernet` of a saved run; a failure names the run (e.g. the module of a
+    ``--model module:factory`` that is not importable here)."""
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return new_supernet(cfg, cfg.task_info, cfg.seed)
+    except ConfigError as err:
+        raise ConfigError(f"cannot rebuild the model of {rd.path} from its config.yaml: {err}") from None
 
 
 def load_run_model(run_dir: str | Path, weights: str | Path | None = None,
@@ -100,8 +111,7 @@ def load_run_model(run_dir: str | Path, weights: str | Path | None = None,
     """
     rd = RunDir(run_dir)
     cfg = load_run_config(rd.path)
-    with torch.random.fork_rng(devices=[]):
-        model, _ = new_supernet(cfg, cfg.task_info, cfg.seed)
+    model, _ = _rebuilt_supernet(rd, cfg)
     wpath = Path(weights) if weights is not None else rd / "model.safetensors"
     if wpath.name != "supernet.safetensors" and (rd / "structure.json").is_file():
         structure = json.loads((rd / "structure.json").read_text(encoding="utf-8"))
@@ -207,8 +217,7 @@ def searcher_from_checkpoint(run_dir: str | Path) -> tuple[nn.Module, dms.Search
     ck = read_checkpoint(rd.checkpoint)
     if ck.get("phase") not in ("search", "finish"):
         raise ConfigError(f"{rd.path}: the checkpoint is of phase {ck.get('phase')!r}, not of a search")
-    with torch.random.fork_rng(devices=[]):
-        model, exclude = new_supernet(cfg, cfg.task_info, cfg.seed)
+    model, exclude = _rebuilt_supernet(rd, cfg)
     searcher = make_searcher(cfg, model, example_from_info(cfg.task_info), exclude)
     model.load_state_dict(ck["model"])
     searcher.load_state_dict(ck["searcher"])

@@ -13,6 +13,11 @@ Models (``--model``):
   convolution made for 3 channels is replaced when the images have another count.
 * ``timm:NAME``: ``timm.create_model(NAME, pretrained=False, num_classes=..., in_chans=...)``.
 
+Models are built with random weights; the weights a run starts from (``--weights``, the
+libraries' own with ``--pretrained``) are loaded when it starts (:mod:`dmscale.tasks.start_weights`),
+so a run directory rebuilds its model without a file or the network. The user's own
+``package.module:factory`` models are built by :mod:`dmscale.tasks.user_models`.
+
 Example:
     >>> from dmscale.config.run_config import RunConfig
     >>> task = build_image_task(RunConfig(task="mnist", train_limit=8, test_limit=4))

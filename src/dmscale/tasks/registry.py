@@ -3,8 +3,8 @@
 A :class:`Task` owns its data (in memory), draws training batches deterministically from
 ``(seed, step)`` -- so an interrupted run resumes on exactly the batches it would have seen --
 computes the task loss and evaluates a model. :func:`build_model` makes the supernet from a
-name (``resnet``, ``smallcnn``, ``tv:NAME``, ``timm:NAME``, ``charcnn``, ``llama``) and the
-task's ``info`` alone (classes, channels, vocabulary), so a run directory can rebuild its
+name (``resnet``, ``smallcnn``, ``tv:NAME``, ``timm:NAME``, ``charcnn``, ``llama``, or the
+user's ``package.module:factory``) and the task's ``info`` alone (classes, channels, vocabulary), so a run directory can rebuild its
 model without loading any data.
 
 Example:
@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable
 
 import torch
@@ -31,11 +32,28 @@ from dmscale.tasks.distill import DistillTerm, Distillation, distill_loss, hidde
 
 # the distillation helpers live in .distill; re-exported here, where they were first
 __all__ = ["Task", "build_task", "build_model", "register_task", "register_models", "MODEL_NAMES",
+           "is_import_path",
            "distill_loss", "hidden_distill_loss", "kept_hidden_channels", "Distillation", "DistillTerm"]
 
-MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama", "yolo:YAML", "hf:PATH")
+MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama", "yolo:YAML", "hf:PATH",
+               "MODULE:FACTORY")
 # the families build_model dispatches to, each registered by the module that builds it
-MODEL_FAMILIES = ("image", "language", "detection", "hf")
+MODEL_FAMILIES = ("image", "language", "detection", "hf", "user")
+# the NAME: prefixes of built-in families; any other `module.path:attribute` is the user's factory
+FAMILY_PREFIXES = ("tv", "timm", "yolo", "hf")
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def is_import_path(name: str | None) -> bool:
+    """Whether ``--model name`` is the user's own factory, ``package.module:attribute``
+    (an entry-point style import path whose module is not a built-in family prefix).
+
+    Example:
+        >>> is_import_path("my_pkg.nets:build"), is_import_path("timm:resnet18"), is_import_path("resnet")
+        (True, False, False)
+    """
+    return bool(name) and bool(_IMPORT_PATH.fullmatch(str(name))) \
+        and str(name).partition(":")[0] not in FAMILY_PREFIXES
 
 _TASKS: dict[str, Callable[[RunConfig], "Task"]] = {}
 _MODELS: dict[str, Callable[..., Any]] = {}
@@ -185,6 +203,12 @@ def build_model(cfg: RunConfig, info: dict[str, Any]) -> tuple[nn.Module, list[s
     args = dict(cfg.model_args or {})
     expand = cfg.expand or {"width": 1.0, "depth": 1.0}
     kind = info.get("kind", "classification")
+    if is_import_path(name):  # the user's classifier or character LM (tasks/user_models.py)
+        if kind not in ("classification", "language") or "tokenizer" in info:
+            raise ConfigError(f"--model {name} (your own model) goes with an image task (mnist, digits, "
+                              f"imagefolder) or --task shakespeare, not with task {cfg.task!r}, whose "
+                              "models are " + ("yolo:YAML" if kind == "detection" else "hf:PATH"))
+        return _models("user")(name, args, expand, info), []
     if name.startswith("yolo:") != (kind == "detection"):
         want = "yolo:YAML or yolo:FILE.pt" if kind == "detection" else "a model of this task, not yolo:"
         raise ConfigError(f"--model {name} does not fit task {cfg.task!r}: use {want}")
@@ -193,7 +217,8 @@ def build_model(cfg: RunConfig, info: dict[str, Any]) -> tuple[nn.Module, list[s
     hf = name.startswith("hf:")
     language = name in ("charcnn", "llama") or hf
     if language != (kind == "language"):
-        want = "charcnn or llama" if kind == "language" else "an image model (resnet, smallcnn, tv:, timm:)"
+        want = ("charcnn, llama or MODULE:FACTORY" if kind == "language"
+                else "an image model (resnet, smallcnn, tv:, timm:, MODULE:FACTORY)")
         raise ConfigError(f"--model {name} does not fit task {cfg.task!r}: use {want}")
     if hf != ("tokenizer" in info):
         raise ConfigError(f"--model {name} does not fit task {cfg.task!r}: a pretrained "

@@ -34,18 +34,15 @@ def main(steps: int = 200, target: float = 0.25) -> dict[str, float]:
     model = build()
     example = x_train[:1]
     searcher = dms.prepare(model, example, dms.SearchConfig(resource="macs", target=target))
-    opt = torch.optim.SGD([
-        {"params": list(searcher.model_parameters()), "lr": 0.05, "momentum": 0.9},
-        {"params": list(searcher.structure_parameters()), "lr": 5e-3, "weight_decay": 0.0},
-    ])
+    # SGD for the weights, Adam for the pruning ratios (annealed in the settle phase)
+    opt = searcher.optimizer(torch.optim.SGD(searcher.model_parameters(), lr=0.05, momentum=0.9),
+                             total_steps=steps)
     g = torch.Generator().manual_seed(0)
     model.train()
     for step in range(steps):
         idx = torch.randint(0, len(x_train), (64,), generator=g)
         task = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
-        progress = (step + 1) / steps
-        opt.param_groups[1]["lr"] = 5e-3 * searcher.structure_lr_scale(progress)  # the settle phase's anneal
-        loss = task + searcher.resource_loss(progress=progress)
+        loss = task + searcher.resource_loss(progress=opt.progress)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -35,6 +35,7 @@ from dmscale.core.masks import GATES_NAME, Gates, assemble_width_mask
 from dmscale.cost.resources import CostModel
 from dmscale.search.config import COST_FORWARD, SearchConfig, resolve_align
 from dmscale.search.importance_sync import ImportanceMixin
+from dmscale.search.optimizer import STRUCTURE_LR, SearchOptimizer
 from dmscale.search.resource_loss import ResourceLossMixin
 from dmscale.search.settle import SettleState
 from dmscale.search.setup import attach_gates, discover_space, model_device, unaligned_dims
@@ -202,6 +203,13 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
     def structure_parameters(self) -> Iterator[nn.Parameter]:
         """The learnable pruning ratios ``a``, one per dimension."""
         return iter([t.a for t in _distinct(list(self.gates.width) + list(self.gates.depth))])
+
+    def optimizer(self, weights: torch.optim.Optimizer, total_steps: int,
+                  structure_lr: float = STRUCTURE_LR) -> SearchOptimizer:
+        """``weights`` (an optimizer over :meth:`model_parameters`) and Adam over the structure,
+        stepped together, with the settle phase's learning-rate scale and the search's progress
+        (``opt.progress`` for :meth:`resource_loss`); see :mod:`dmscale.search.optimizer`."""
+        return SearchOptimizer(self, weights, total_steps, structure_lr=structure_lr)
 
     def soft_cost(self) -> torch.Tensor:
         """r_c from the current soft masks (differentiable in every ``a``)."""

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "paired_diff", "paired_ci", "ci_text",
+__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "environment", "command_line", "paired_diff", "paired_ci", "ci_text",
            "record_invocation", "invocations_text",
            "pyplot", "save_figure", "load_cache", "save_cache", "save_merged", "locked"]
 
@@ -69,6 +69,24 @@ def shared_machine(threads: str) -> str:
 
     return (f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs), "
             f"torch {torch.__version__}, {threads}")
+
+
+def environment(threads: int | None = None, device: str = "cpu") -> dict[str, Any]:
+    """Where a row ran, as fields a cache stores beside it: the machine (CPU count and
+    architecture), the device (a CUDA device with its name), the torch version and the CPU
+    threads (``threads``; ``None``: this process's ``torch.get_num_threads()``).
+
+    Example:
+        >>> env = environment(2)
+        >>> sorted(env), env["device"], env["threads"]
+        (['device', 'machine', 'threads', 'torch'], 'cpu', 2)
+    """
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        device = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return {"machine": f"{os.cpu_count()} CPUs ({platform.machine()})", "device": device,
+            "torch": torch.__version__, "threads": threads if threads is not None else torch.get_num_threads()}
 
 
 def command_line(script: str, argv: list[str] | None) -> str:

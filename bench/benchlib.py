@@ -240,9 +240,10 @@ def ci_text(diffs: list[float], level: float = 0.95) -> str:
 def record_invocation(info: dict[str, Any], key: str, command: str, commit: str, seeds: list[int]) -> None:
     """Note one invocation of a benchmark under ``info[key]``, keeping the earlier ones.
 
-    The entry's ``command`` / ``commit`` / ``seeds`` are the latest invocation's; the earlier
+    The entry's ``command`` / ``commit`` / ``seeds`` and ``env`` (:func:`environment`: machine,
+    device, torch version and threads of this process) are the latest invocation's; the earlier
     ones move to its ``earlier`` list (oldest first), so a table built from runs of several
-    invocations can name every command and commit it comes from.
+    invocations can name every command, commit and machine it comes from.
 
     Example:
         >>> info = {}
@@ -250,12 +251,15 @@ def record_invocation(info: dict[str, Any], key: str, command: str, commit: str,
         >>> record_invocation(info, "t0.5", "python b.py --seeds 1", "bbb", [1])
         >>> invocations_text(info["t0.5"])
         '`python b.py --seeds 0` (commit `aaa`), `python b.py --seeds 1` (commit `bbb`)'
+        >>> sorted(info["t0.5"]["env"]) == sorted(info["t0.5"]["earlier"][0]["env"]) == ["device", "machine", "threads", "torch"]
+        True
     """
     old = info.get(key)
     earlier = []
     if old:
-        earlier = old.get("earlier", []) + [{k: old[k] for k in ("command", "commit", "seeds") if k in old}]
-    info[key] = {"command": command, "commit": commit, "seeds": list(seeds), "earlier": earlier}
+        earlier = old.get("earlier", []) + [{k: old[k] for k in ("command", "commit", "seeds", "env") if k in old}]
+    info[key] = {"command": command, "commit": commit, "seeds": list(seeds), "env": environment(),
+                 "earlier": earlier}
 
 
 def invocations_text(entry: dict[str, Any]) -> str:

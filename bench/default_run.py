@@ -98,16 +98,18 @@ def _last_eval(summary: dict[str, Any], phase: str) -> float | None:
     return None
 
 
-def record(wall: float, log: str, summary: dict[str, Any], stages: dict[str, Any], flags: list[str]) -> dict[str, Any]:
-    """The cache entry of one run: the numbers the documents show, and where they were measured."""
+def record(wall: float, log: str, summary: dict[str, Any], stages: dict[str, Any], flags: list[str],
+           commit: str, load: list[float] | None) -> dict[str, Any]:
+    """The cache entry of one run: the numbers the documents show, and where they were measured
+    (``commit`` and ``load``, the load averages, as they were when the run started)."""
     device, threads = _threads(log)
     counts = summary.get("counts") or {}
     res_end = summary.get("resources_search_end") or {}
     return {
         "command": " ".join(["dmscale", "search", *flags]),
         "date": datetime.date.today().isoformat(),
-        "env": {**environment(threads, device), "commit": git_commit(ROOT)},
-        "load_average": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "env": {**environment(threads, device), "commit": commit},
+        "load_average": load,
         "wall_seconds": round(wall, 1),
         "pipeline_seconds": summary.get("elapsed"),
         "seed": 0 if "--seed" not in flags else int(flags[flags.index("--seed") + 1]),
@@ -134,9 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     flags = QUICK_FLAGS if args.quick else []
     out = (args.workdir / "quick" if args.quick else RESULTS) / "default_run.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    commit = git_commit(ROOT)
+    load = [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
     with tempfile.TemporaryDirectory(prefix="dmscale-default-run-") as tmp:
         wall, log, summary, stages = run(flags, Path(tmp))
-    entry = record(wall, log, summary, stages, flags)
+    entry = record(wall, log, summary, stages, flags, commit, load)
     save_cache(out, entry)
     print(f"wrote {out}: {entry['wall_seconds']} s, search {entry['acc_search']}, retrain {entry['acc_retrain']}")
 

@@ -284,6 +284,14 @@ def _peers_w4() -> str:
             f"**{ci(e25.diffs)[1]}** (0.25 x)")
 
 
+@number("peers.budget_use")
+def _peers_budget_use() -> str:
+    c = cache("peers")
+    fr = [r["dms_p"]["macs_frac"] / c["settings"][k]["target"] for k in (f"t0.5-{W8}", f"t0.25-{W8}")
+          for r in c["runs"][k].values()]
+    return f"{100 * min(fr):.1f}-{100 * max(fr):.0f} %"
+
+
 # ---------------------------------------------------------------- table 1: gates
 
 
@@ -669,6 +677,29 @@ def _llm_ffn() -> str:
     _, _, _, rel = _llm_vs(recs, 0.8, method="dms_ffn", base="tp_taylor")
     above = mean(ffn.values()) - mean(dms[s] for s in ffn)
     return f"{mean(ffn.values()):.1f}, {100 * mean(rel):.1f} % below it and {above:.1f} above"
+
+
+@number("llm5.band")
+def _llm_band() -> str:
+    runs = sorted((r for r in _llm() if r["method"] == "dms" and "search_end" in r),
+                  key=lambda r: (-r["target"], r["seed"]))
+    inside = [r for r in runs if 0.98 <= r["search_end"] <= 1.0]
+    under = [r for r in runs if r["search_end"] < 0.98]
+    over = [r for r in runs if r["search_end"] > 1.0]
+    parts = [f"{len(inside)} of {len(runs)} searches ended in [0.98, 1.00] x target by themselves"]
+    for r in under:
+        parts.append(f"{100 * r['target']:.0f} % seed {r['seed']} ended at {r['search_end']:.3f} and the solver "
+                     f"filled it to {r['cost']['hard'] / r['cost']['target']:.3f}")
+    for t in sorted({r["target"] for r in over}, reverse=True):
+        rs = [r for r in over if r["target"] == t]
+        seeds = " and ".join(str(r["seed"]) for r in rs)
+        ends = ", ".join(f"{r['search_end']:.4f}" for r in rs)
+        steps = sorted({r["phase_steps"]["finish"] for r in rs})
+        parts.append(f"{100 * t:.0f} % seed{'s' if len(rs) > 1 else ''} {seeds} ended just over it ({ends} x) "
+                     f"and the finish phase took {'/'.join(map(str, steps))} weight step{'s' if steps != [1] else ''}"
+                     f"{' each' if len(rs) > 1 else ''} to land "
+                     f"({'/'.join(sorted({str(r['weight_steps']) for r in rs}))} weight steps in all)")
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------- table 11: YOLO

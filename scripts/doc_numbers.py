@@ -679,6 +679,20 @@ def _llm_ffn() -> str:
     return f"{mean(ffn.values()):.1f}, {100 * mean(rel):.1f} % below it and {above:.1f} above"
 
 
+@number("llm5.tp_hidden.shape")
+def _llm_tp_hidden_shape() -> str:
+    import ast
+
+    shapes = {(c["hidden"], c["q_heads"]) for c in (ast.literal_eval(r["chosen"]) if isinstance(r["chosen"], str)
+                                                    else r["chosen"] for r in _llm_raw("tp_hidden", 0.8))}
+    return "; ".join(f"{h} with {q} heads" for h, q in sorted(shapes))
+
+
+def _llm_raw(method: str, target: float) -> list[dict[str, Any]]:
+    """The per-arm records of ``bench/results/llm_table5/`` as written (every field)."""
+    return [r for r in _llm() if r["method"] == method and r["target"] == target]
+
+
 @number("llm5.band")
 def _llm_band() -> str:
     runs = sorted((r for r in _llm() if r["method"] == "dms" and "search_end" in r),

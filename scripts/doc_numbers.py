@@ -993,6 +993,8 @@ def check(paths: list[Path] | None = None, root: Path = ROOT) -> list[Disagreeme
     for path in _documents(paths, root):
         for key, line, text in spans(path.read_text(encoding="utf-8")):
             want = _expected(key)
+            if "<!-- num:" in text or "<!-- /num" in text:  # an opening marker left unclosed before this one
+                want = "(a span must not hold another marker: is one of them unclosed?)"
             if not _same(text, want):
                 got = text.strip("\n") if _block(want) else " ".join(text.split())
                 out.append(Disagreement(_name(path, root), line, key, got, want))
@@ -1007,6 +1009,8 @@ def write(paths: list[Path] | None = None, root: Path = ROOT) -> list[Path]:
         text = path.read_text(encoding="utf-8")
 
         def sub(m: re.Match) -> str:
+            if "<!-- num:" in m["text"]:
+                return m.group(0)
             try:
                 want = value(m["key"])
             except Exception:

@@ -85,3 +85,7 @@ def test_an_unknown_key_and_the_command_line(dn, tmp_path: Path, capsys) -> None
     assert dn.main(["--check", str(doc)]) == 1
     assert "no.such.key" in capsys.readouterr().out
     assert dn.write([doc], root=tmp_path) == []  # nothing to write it from: left as it is
+    doc.write_text("a <!-- num:gates.hold -->1.0 b <!-- num:gates.settle -->2.0<!-- /num -->\n", encoding="utf-8")
+    bad = dn.check([doc], root=tmp_path)
+    assert len(bad) == 1 and bad[0].key == "gates.hold" and "unclosed" in bad[0].cache
+    assert dn.write([doc], root=tmp_path) == []

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "command_line", "paired_diff", "paired_ci", "ci_text",
+__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "environment", "command_line", "paired_diff", "paired_ci", "ci_text",
            "record_invocation", "invocations_text",
            "pyplot", "save_figure", "load_cache", "save_cache", "save_merged", "locked"]
 
@@ -69,6 +69,24 @@ def shared_machine(threads: str) -> str:
 
     return (f"{os.cpu_count()} CPUs ({platform.machine()}, shared with other jobs), "
             f"torch {torch.__version__}, {threads}")
+
+
+def environment(threads: int | None = None, device: str = "cpu") -> dict[str, Any]:
+    """Where a row ran, as fields a cache stores beside it: the machine (CPU count and
+    architecture), the device (a CUDA device with its name), the torch version and the CPU
+    threads (``threads``; ``None``: this process's ``torch.get_num_threads()``).
+
+    Example:
+        >>> env = environment(2)
+        >>> sorted(env), env["device"], env["threads"]
+        (['device', 'machine', 'threads', 'torch'], 'cpu', 2)
+    """
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        device = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return {"machine": f"{os.cpu_count()} CPUs ({platform.machine()})", "device": device,
+            "torch": torch.__version__, "threads": threads if threads is not None else torch.get_num_threads()}
 
 
 def command_line(script: str, argv: list[str] | None) -> str:
@@ -222,9 +240,10 @@ def ci_text(diffs: list[float], level: float = 0.95) -> str:
 def record_invocation(info: dict[str, Any], key: str, command: str, commit: str, seeds: list[int]) -> None:
     """Note one invocation of a benchmark under ``info[key]``, keeping the earlier ones.
 
-    The entry's ``command`` / ``commit`` / ``seeds`` are the latest invocation's; the earlier
+    The entry's ``command`` / ``commit`` / ``seeds`` and ``env`` (:func:`environment`: machine,
+    device, torch version and threads of this process) are the latest invocation's; the earlier
     ones move to its ``earlier`` list (oldest first), so a table built from runs of several
-    invocations can name every command and commit it comes from.
+    invocations can name every command, commit and machine it comes from.
 
     Example:
         >>> info = {}
@@ -232,12 +251,15 @@ def record_invocation(info: dict[str, Any], key: str, command: str, commit: str,
         >>> record_invocation(info, "t0.5", "python b.py --seeds 1", "bbb", [1])
         >>> invocations_text(info["t0.5"])
         '`python b.py --seeds 0` (commit `aaa`), `python b.py --seeds 1` (commit `bbb`)'
+        >>> sorted(info["t0.5"]["env"]) == sorted(info["t0.5"]["earlier"][0]["env"]) == ["device", "machine", "threads", "torch"]
+        True
     """
     old = info.get(key)
     earlier = []
     if old:
-        earlier = old.get("earlier", []) + [{k: old[k] for k in ("command", "commit", "seeds") if k in old}]
-    info[key] = {"command": command, "commit": commit, "seeds": list(seeds), "earlier": earlier}
+        earlier = old.get("earlier", []) + [{k: old[k] for k in ("command", "commit", "seeds", "env") if k in old}]
+    info[key] = {"command": command, "commit": commit, "seeds": list(seeds), "env": environment(),
+                 "earlier": earlier}
 
 
 def invocations_text(entry: dict[str, Any]) -> str:

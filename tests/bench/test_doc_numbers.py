@@ -1,0 +1,91 @@
+"""The result numbers of README.md, docs/ and bench/RESULTS.md are the caches' numbers:
+``scripts/doc_numbers.py --check`` finds no marked span whose text differs from what
+bench/results gives, and a number altered by hand is reported (file, line, key, both texts)
+and put back by ``--write``."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def dn():
+    pytest.importorskip("scipy")  # benchlib.paired_ci
+    spec = importlib.util.spec_from_file_location("doc_numbers", ROOT / "scripts" / "doc_numbers.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["doc_numbers"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_documents_agree_with_the_caches(dn) -> None:
+    bad = dn.check()
+    assert not bad, "documents disagree with bench/results (python scripts/doc_numbers.py --write):\n" + \
+        "\n".join(map(str, bad))
+
+
+def test_every_number_is_shown_and_every_span_has_a_number(dn) -> None:
+    used = {key for doc in dn.DOCUMENTS for key, _, _ in dn.spans((ROOT / doc).read_text(encoding="utf-8"))}
+    assert used <= set(dn.NUMBERS)
+    assert set(dn.NUMBERS) <= used, f"keys no document shows: {sorted(set(dn.NUMBERS) - used)}"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert {"default_run.where", "default_run.table", "peers.w8.t0.25"} <= {k for k, _, _ in dn.spans(readme)}
+
+
+def _copy(tmp_path: Path, name: str) -> Path:
+    out = tmp_path / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / name, out)
+    return out
+
+
+def _alter(text: str, key: str) -> tuple[str, str]:
+    """``text`` with the first digit of span ``key`` changed; and the altered span's text."""
+    m = next(m for m in re.finditer(r"<!-- num:(?P<key>[\w.@-]+) -->(?P<text>.*?)<!-- /num -->", text, re.S)
+             if m["key"] == key)
+    body = m["text"]
+    i = next(i for i, ch in enumerate(body) if ch.isdigit())
+    new = body[:i] + str((int(body[i]) + 1) % 10) + body[i + 1:]
+    return text[:m.start("text")] + new + text[m.end("text"):], new
+
+
+@pytest.mark.parametrize("name, key", [("README.md", "peers.w8.t0.25"), ("README.md", "default_run.table"),
+                                       ("docs/benchmarks.md", "llm5.t0.8.headline"),
+                                       ("bench/RESULTS.md", "llm5.band")])
+def test_an_altered_number_is_reported_and_written_back(dn, tmp_path: Path, name: str, key: str) -> None:
+    doc = _copy(tmp_path, name)
+    original = doc.read_text(encoding="utf-8")
+    altered, span = _alter(original, key)
+    doc.write_text(altered, encoding="utf-8")
+    bad = dn.check([doc], root=tmp_path)
+    assert [(d.file, d.key) for d in bad] == [(name, key)]
+    line = original.count("\n", 0, original.index(f"<!-- num:{key} -->")) + 1
+    assert bad[0].line == line
+    assert bad[0].cache == dn.value(key) and bad[0].document != bad[0].cache
+    assert " ".join(span.split()) == " ".join(bad[0].document.split())
+    assert str(bad[0]).startswith(f"{name}:{line}: {key}: document ")
+    assert dn.write([doc], root=tmp_path) == [doc]
+    assert doc.read_text(encoding="utf-8") == original
+    assert dn.check([doc], root=tmp_path) == []
+
+
+def test_an_unknown_key_and_the_command_line(dn, tmp_path: Path, capsys) -> None:
+    doc = tmp_path / "x.md"
+    doc.write_text("a <!-- num:no.such.key -->1.0<!-- /num --> b\n", encoding="utf-8")
+    bad = dn.check([doc], root=tmp_path)
+    assert len(bad) == 1 and bad[0].key == "no.such.key" and "no number" in bad[0].cache
+    assert dn.main(["--check", str(doc)]) == 1
+    assert "no.such.key" in capsys.readouterr().out
+    assert dn.write([doc], root=tmp_path) == []  # nothing to write it from: left as it is
+    doc.write_text("a <!-- num:gates.hold -->1.0 b <!-- num:gates.settle -->2.0<!-- /num -->\n", encoding="utf-8")
+    bad = dn.check([doc], root=tmp_path)
+    assert len(bad) == 1 and bad[0].key == "gates.hold" and "unclosed" in bad[0].cache
+    assert dn.write([doc], root=tmp_path) == []

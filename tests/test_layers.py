@@ -142,3 +142,12 @@ def test_no_import_cycles():
     graph.add_import(importer="dmscale.core.errors", imported="dmscale.trace.tracer")
     assert any("dmscale.core.errors" in c for c in _cycles(graph, modules))
 
+
+
+MAX_LINES = 400
+
+
+def test_no_module_longer_than_the_limit():
+    long = {str(p.relative_to(SRC)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split by job: modules over {MAX_LINES} lines: {long}"

@@ -1,0 +1,227 @@
+"""The ``dmscale`` command: pretrain, search, retrain, export, eval, report, inspect, show
+and data (one function per subcommand here; the argument parser in :mod:`.parser`).
+
+``dmscale search`` with no options searches a ResNet on the bundled MNIST under half of its
+MACs, retrains the found model and prints where the report is. Every option can also come
+from a YAML/JSON file (``--config``); explicit flags win over the file, the file over the
+defaults, and the resolved configuration is saved as ``config.yaml`` in the run directory.
+
+Example:
+    >>> import contextlib, io
+    >>> buf = io.StringIO()
+    >>> with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+    ...     _ = main(["--version"])
+    >>> buf.getvalue().startswith("dmscale ")
+    True
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from dmscale.config.run_config import (
+    OPTIONS_BY_NAME,
+    RESUME_MUTABLE,
+    ConfigError,
+    RunConfig,
+    config_yaml,
+    load_config_file,
+    load_run_config,
+)
+from dmscale.cli.parser import PROG, build_parser
+
+__all__ = ["main", "build_parser"]
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from dmscale.data.mnist_detect import MnistDetectConfig, make_mnist_detect
+
+    try:
+        cfg = MnistDetectConfig(train=args.train, val=args.val, imgsz=args.imgsz,
+                                max_digits=args.max_digits, seed=args.seed)
+        info = make_mnist_detect(args.out, cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if not args.quiet:
+        print(f"wrote {info['images']['train']} training and {info['images']['val']} validation images "
+              f"({info['objects']['train']} + {info['objects']['val']} digits)\n  dataset: {info['yaml']}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _default_out(command: str, task: str, name: str | None) -> str:
+    if name:
+        return str(Path("runs") / name)
+    base = Path("runs") / f"{command}-{task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, k = base, 1
+    while path.exists():
+        k += 1
+        path = base.with_name(f"{base.name}-{k}")
+    return str(path)
+
+
+def _options(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    given = {k: v for k, v in vars(args).items() if k in OPTIONS_BY_NAME}
+    from_file = load_config_file(args.config, command) if getattr(args, "config", None) else {}
+    return {**from_file, **given}
+
+
+def _resume_dir(args: argparse.Namespace, options: dict[str, Any]) -> str | None:
+    resume = getattr(args, "resume", None)
+    if resume is None:
+        return None
+    if isinstance(resume, str):
+        if options.get("out") not in (None, resume):
+            raise ConfigError(f"--resume {resume} and --out {options['out']} name different runs")
+        return resume
+    if not options.get("out"):
+        raise ConfigError("--resume needs the run directory: --resume RUN (or --out RUN)")
+    return str(options["out"])
+
+
+TASK_FIELDS = ("task", "data", "text_field", "train_limit", "test_limit", "image_size", "imgsz",
+               "augment", "seq_len", "model", "model_args", "expand", "task_info", "seed")
+
+
+def _cmd_train(args: argparse.Namespace, command: str) -> int:
+    from dmscale.engine.ddp import from_rank0, main_rank_env, on_all_ranks, process_group
+    from dmscale.run.pipeline import Pipeline
+    from dmscale.run.report import format_summary
+
+    options = _options(args, command)
+    resume = _resume_dir(args, options)
+    if resume is not None:
+        saved = load_run_config(resume).to_dict()
+        for key in RESUME_MUTABLE - {"out"}:  # per-invocation options start from their defaults
+            saved[key] = OPTIONS_BY_NAME[key].default
+        cfg = RunConfig(**{**saved, **options, "out": resume, "command": command})
+    elif command == "retrain":
+        if not args.run:
+            raise ConfigError("retrain needs RUN, the directory of a `dmscale search` run")
+        source = load_run_config(args.run)
+        if not (Path(args.run) / "structure.json").is_file():
+            raise ConfigError(f"{args.run} has no structure.json: retrain needs a search run")
+        base = {k: getattr(source, k) for k in TASK_FIELDS}
+        for k in ("data", "text_field", "train_limit", "test_limit", "seed"):
+            if k in options:
+                base[k] = options[k]
+        merged = {**base, **options, "command": "retrain", "source": str(args.run),
+                  "pipeline": source.pipeline}
+        merged["out"] = merged.get("out") or _default_out("retrain", source.task, merged.get("name"))
+        cfg = RunConfig(**merged)
+    else:
+        cfg = RunConfig(command=command, **options)
+    if getattr(args, "print_config", False):
+        print(config_yaml(cfg), end="")
+        return 0
+    cfg.out = cfg.out or _default_out(command, cfg.task, cfg.name)
+    with process_group(cfg.device):  # torchrun: one process per rank, rank 0 writes and prints
+        cfg.out = from_rank0(cfg.out)
+        pipe = on_all_ranks(lambda: Pipeline(cfg, resume=resume is not None, explicit=set(options)))
+        summary = pipe.run()
+    if not pipe.cfg.quiet and main_rank_env():
+        print(format_summary(summary))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from dmscale.run.pipeline import export_run
+
+    out = vars(args).get("out") or str(Path(args.run) / "export")
+    info = export_run(args.run, out, fmt=args.format)
+    if not vars(args).get("quiet"):
+        print(info)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from dmscale.run.pipeline import evaluate_run
+
+    overrides = {k: v for k, v in vars(args).items()
+                 if k in ("data", "text_field", "test_limit", "batch_size", "device", "threads")}
+    result, text = evaluate_run(args.run, **overrides)
+    if vars(args).get("out"):
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    if not vars(args).get("quiet"):
+        print(text)
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from dmscale.run.inspect import format_space, inspect_space
+
+    options = {k: v for k, v in vars(args).items() if k in OPTIONS_BY_NAME}
+    out = options.pop("out", None)
+    space = inspect_space(RunConfig(command="search", **options))
+    if out:
+        Path(out).write_text(json.dumps(space, indent=1) + "\n", encoding="utf-8")
+    if not options.get("quiet"):
+        print(format_space(space))
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from dmscale.run.inspect import show_run
+
+    print(show_run(args.run))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from dmscale.run.report import write_report
+
+    load_run_config(args.run)  # a clear error when RUN is not a run directory
+    path = write_report(args.run, vars(args).get("out"))
+    if not vars(args).get("quiet"):
+        print(f"report: {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dmscale`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from dmscale.engine.ddp import main_rank_env
+    from dmscale.core.errors import DMScaleError
+    from dmscale.run.pipeline import Stopped
+
+    def say(message: str) -> None:  # under torchrun every rank meets the same error: rank 0 says it
+        if main_rank_env():
+            print(message, file=sys.stderr)
+
+    try:
+        if args.command in ("pretrain", "search", "retrain"):
+            return _cmd_train(args, args.command)
+        return {"export": _cmd_export, "eval": _cmd_eval, "report": _cmd_report, "inspect": _cmd_inspect,
+                "show": _cmd_show, "data": _cmd_data}[args.command](args)
+    except ConfigError as err:
+        say(f"{PROG} {args.command}: error: {err}")
+        return 2
+    except DMScaleError as err:  # a model, structure or check dmscale refuses: no traceback
+        say(f"{PROG} {args.command}: error: {err}")
+        return 1
+    except Stopped as stop:
+        import signal
+
+        why = "--stop-after" if stop.signal is None else signal.Signals(stop.signal).name
+        say(f"{PROG} {args.command}: stopped after {stop.global_step} steps ({why}), checkpoint "
+            f"written; continue with: {PROG} {args.command} --resume {stop.run_dir}")
+        return 0 if stop.signal is None else 128 + stop.signal
+    except KeyboardInterrupt:
+        say(f"\n{PROG} {args.command}: interrupted; a run continues from its last checkpoint "
+            f"with --resume RUN")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

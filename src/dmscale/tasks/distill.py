@@ -6,7 +6,7 @@ teacher's. The export keeps a subset of the supernet's hidden channels -- record
 structure as the ``"out"`` of the input embedding (:func:`kept_hidden_channels`) -- and
 computes exactly what the hardened supernet computes on those channels (every block output
 ``h[l]`` and the final normalised state ``h[L]``: the search's norms take their statistics
-over the kept channels only, :class:`dmscale.core.masks._MaskedNorm`). So the student's hidden
+over the kept channels only, :class:`dmscale.core.mask_hooks.MaskedNorm`). So the student's hidden
 states are compared with the teacher's at those channels, ``h_t[..., kept]``
 (:func:`hidden_distill_loss` with ``teacher_channels``).
 

@@ -1,5 +1,7 @@
 """What every benchmark writes next to its numbers: the commit it ran on, the machine, the
-command, mean ± std; and the json cache a table is rebuilt from (``--table-only``).
+command, mean ± std; the json cache a table is rebuilt from (``--table-only``); where a run
+writes (``bench/results``, or ``WORKDIR/quick`` for a ``--quick`` smoke run) and the markdown
+table with its hand-written reading.
 
 Example:
     >>> from pathlib import Path
@@ -17,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -29,7 +32,12 @@ from typing import Any, Iterator
 
 __all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "environment", "command_line", "paired_diff", "paired_ci", "ci_text",
            "record_invocation", "invocations_text",
-           "pyplot", "save_figure", "load_cache", "save_cache", "save_merged", "locked"]
+           "pyplot", "save_figure", "load_cache", "save_cache", "save_merged", "locked",
+           "RESULTS", "RUNS", "add_quick_flags", "quick_mode", "hand_reading", "kept_reading", "write_md"]
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"  # the committed caches, tables and plots
+RUNS = BENCH / "runs"  # not committed: run directories, and the outputs of --quick smoke runs
 
 
 def git_commit(root: Path) -> str:
@@ -94,16 +102,26 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return (f"python {script} " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
 
 
-def load_cache(path: Path) -> dict[str, Any]:
-    """A benchmark's json cache, or an empty one."""
-    return json.loads(path.read_text()) if path.exists() else {}
+def load_cache(path: Path, default: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A benchmark's json cache, or ``default`` (an empty one) when there is none yet.
+
+        >>> load_cache(Path("no/such/cache.json"), {"runs": {}})
+        {'runs': {}}
+    """
+    if path.exists():
+        return json.loads(path.read_text())
+    return {} if default is None else default
 
 
-def save_cache(path: Path, cache: dict[str, Any]) -> None:
-    """Write the cache (indented, sorted keys: small diffs between runs) atomically: a
-    process reading it at the same time sees the old file or the new one, never a part."""
+def save_cache(path: Path, cache: Any, *, sort_keys: bool = True, end: str = "") -> None:
+    """Write the cache (indented by one, sorted keys: small diffs between runs) atomically: a
+    process reading it at the same time sees the old file or the new one, never a part.
+
+    ``sort_keys=False`` keeps the insertion order of the caches that were always written so,
+    ``end`` is what follows the json (``"\\n"`` for those that end with a newline): the bytes
+    of a cache rewritten unchanged stay the same."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    tmp.write_text(json.dumps(cache, indent=1, sort_keys=sort_keys) + end)
     tmp.replace(path)
 
 
@@ -267,3 +285,79 @@ def invocations_text(entry: dict[str, Any]) -> str:
     calls = entry.get("earlier", []) + [entry]
     texts = [f"`{c.get('command', '?')}` (commit `{c.get('commit', '?')}`)" for c in calls]
     return ", ".join(dict.fromkeys(texts))  # a rerun that completes a cut-off one is named once
+
+
+# ----------------------------------------------------------------------------- where a run writes
+def add_quick_flags(parser: argparse.ArgumentParser, name: str | None, smoke: str,
+                    outputs: str = "cache and table", runs: bool = False) -> None:
+    """Add the two flags of a smoke run: ``--quick`` (help ``smoke``: what it shrinks) and
+    ``--workdir`` (default ``bench/runs/NAME``; ``name`` None: no default, the script picks
+    one from its other flags). A ``--quick`` run's ``outputs`` go to ``WORKDIR/quick``
+    (:func:`quick_mode`); ``runs``: the work directory also holds the run directories of real
+    runs.
+
+        >>> p = argparse.ArgumentParser()
+        >>> add_quick_flags(p, "budget", "one seed, a quarter epoch")
+        >>> args = p.parse_args(["--quick"])
+        >>> args.quick, args.workdir == RUNS / "budget"
+        (True, True)
+    """
+    parser.add_argument("--quick", action="store_true", help=smoke)
+    kind = "run directories" if runs else "scratch directory"
+    parser.add_argument("--workdir", type=Path, default=None if name is None else RUNS / name,
+                        help=f"{kind}, default bench/runs/{name or 'NAME'} (--quick: its {outputs} "
+                             "in WORKDIR/quick)")
+
+
+def quick_mode(args: argparse.Namespace, results: Path, **smaller: Any) -> Path:
+    """The folder this invocation's caches and tables go to.
+
+    A real run: ``results`` (bench/results). A ``--quick`` smoke run: ``WORKDIR/quick``
+    (``args.workdir``), after setting ``smaller`` (fewer seeds, shorter epochs) on ``args``;
+    the tests run every script this way, and a smoke run neither reads nor writes the
+    committed results. The caches then move with the folder: ``CACHE = RESULTS / CACHE.name``.
+
+        >>> args = argparse.Namespace(quick=True, workdir=Path("w"), seeds=[0, 1, 2])
+        >>> quick_mode(args, RESULTS, seeds=[0]).as_posix(), args.seeds
+        ('w/quick', [0])
+        >>> quick_mode(argparse.Namespace(quick=False), RESULTS) == RESULTS
+        True
+    """
+    if not args.quick:
+        return results
+    for flag, value in smaller.items():
+        setattr(args, flag, value)
+    return args.workdir / "quick"
+
+
+def hand_reading(path: Path, strip: bool = True) -> str | None:
+    """The hand-written reading kept beside a generated table (``NAME_reading.md``, read
+    and, with ``strip``, stripped), or None when there is none; the table prints it after its
+    numbers."""
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8")
+    return text.strip() if strip else text
+
+
+def kept_reading(md: Path, marker: str = "## Reading") -> str:
+    """The hand-written end of a generated md, from ``marker`` on ("" when it has none): a
+    table rebuilt from its cache keeps it.
+
+        >>> import tempfile
+        >>> f = Path(tempfile.mkdtemp()) / "t.md"
+        >>> _ = f.write_text("# t\\n\\n| a |\\n\\n## Reading\\n\\nwords\\n")
+        >>> kept_reading(f), kept_reading(f.with_name("none.md"))
+        ('## Reading\\n\\nwords\\n', '')
+    """
+    if not md.is_file():
+        return ""
+    text = md.read_text(encoding="utf-8")
+    return text[text.index(marker):] if marker in text else ""
+
+
+def write_md(path: Path, lines: list[str], end: str = "\n") -> Path:
+    """Write a markdown table: ``lines`` joined by newlines, then ``end``; returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + end, encoding="utf-8")
+    return path

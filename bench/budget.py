@@ -22,7 +22,6 @@ smoke run (one seed, a quarter epoch) whose cache and table go to ``WORKDIR/quic
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -35,7 +34,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import git_commit, spread  # noqa: E402
+from benchlib import (add_quick_flags, command_line, git_commit, hand_reading, load_cache, quick_mode,  # noqa: E402
+                      save_cache, spread, write_md)
 sys.path.insert(0, str(ROOT / "src"))
 from dmscale.config.run_config import RunConfig  # noqa: E402
 from dmscale.run.pipeline import Pipeline  # noqa: E402
@@ -136,17 +136,15 @@ def write_table(cache: dict[str, Any], commands: list[str]) -> Path:
     for width, epochs in sorted({(r.get("width", WIDTH), r["epochs"]) for r in rows}, key=lambda t: (t[0], -t[1])):
         lines += _section([r for r in rows if r["epochs"] == epochs and r.get("width", WIDTH) == width],
                           epochs, width)
-    reading = RESULTS / "budget_reading.md"
-    if reading.exists():
-        lines += ["## Reading", "", reading.read_text().strip(), ""]
-    out = RESULTS / "budget.md"
-    out.write_text("\n".join(lines))
-    return out
+    reading = hand_reading(RESULTS / "budget_reading.md")
+    if reading is not None:
+        lines += ["## Reading", "", reading, ""]
+    return write_md(RESULTS / "budget.md", lines, end="")
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="one seed, a quarter epoch")
+    add_quick_flags(p, "budget", "one seed, a quarter epoch")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--threads", type=int, default=1)
@@ -155,17 +153,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="ResNet-20's first-stage width (8, the default, as the CLI's digits model; "
                         "wider nets have finer cost steps per channel)")
     p.add_argument("--table-only", action="store_true", help="rewrite budget.md from the cache")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "budget",
-                   help="scratch directory: --quick's cache and table go to WORKDIR/quick")
     args = p.parse_args(argv)
     global RESULTS, CACHE
-    if args.quick:  # a smoke run: its cache and table stay under the work directory
-        args.seeds, args.epochs = [0], 0.25
-        RESULTS = args.workdir / "quick"
-        CACHE = RESULTS / "budget.json"
+    RESULTS = quick_mode(args, RESULTS, seeds=[0], epochs=0.25)
+    CACHE = RESULTS / CACHE.name
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
+    cache = load_cache(CACHE, {"runs": {}})
     cache["commit"] = _commit()
     cache["machine"] = (f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, "
                         f"{args.threads} thread(s)")
@@ -177,13 +171,13 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 r = run_one(target, mode, seed, args.epochs, args.threads, args.width)
                 cache["runs"][key] = r
-                CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+                save_cache(CACHE, cache)
                 print(f"target {target} {mode:5} seed {seed}: search end {r['search_end']:.3f}, "
                       f"exported {r['exported']:.3f} x target ({r['seconds']} s)", flush=True)
-    command = ("python bench/budget.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    command = command_line("bench/budget.py", argv)
     if not args.table_only:
         cache["commands"] = [c for c in cache.get("commands", []) if c != command] + [command]
-        CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        save_cache(CACHE, cache)
     print(f"wrote {write_table(cache, cache.get('commands', [command]))}")
 
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -62,6 +61,9 @@ from torch import nn
 import dmscale as dms
 from dmscale import deploy
 from dmscale.export.deploy import with_batch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import add_quick_flags, hand_reading, load_cache, quick_mode, save_cache  # noqa: E402
 
 __all__ = ["RESULTS", "CACHE", "DEPLOY_SIZES", "Builder", "models", "prune_half", "onnx_files", "measure", "bench_one",
            "render", "DEVICE_VARIANTS", "bench_one_device", "render_device", "main"]
@@ -258,9 +260,9 @@ def render(cache: dict[str, Any]) -> str:
     warned = [f"- {n}: {w}" for n, e in cache["models"].items() for w in e.get("export_warnings", [])]
     if warned:
         lines += ["", "Export warnings (dynamic batch):", "", *warned]
-    reading = RESULTS / "deploy_latency_reading.md"
-    if reading.exists():
-        lines += ["", reading.read_text().strip()]
+    reading = hand_reading(RESULTS / "deploy_latency_reading.md")
+    if reading is not None:
+        lines += ["", reading]
     return "\n".join(lines) + "\n"
 
 
@@ -426,12 +428,8 @@ def _machine(threads: int, device: str = "cpu") -> str:
             f"{threads} thread(s) for PyTorch and onnxruntime")
 
 
-def _load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {"models": {}}
-
-
 def _save(cache: dict[str, Any], path: Path, out: Path, draw: Callable[[dict[str, Any]], str] = render) -> None:
-    path.write_text(json.dumps(cache, indent=1) + "\n")
+    save_cache(path, cache, sort_keys=False, end="\n")
     out.write_text(draw(cache))
 
 
@@ -444,10 +442,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--table-only", action="store_true", help="only rewrite the md from the json")
     parser.add_argument("--cache", type=Path, default=CACHE)
     parser.add_argument("--out", type=Path, default=RESULTS / "deploy_latency.md")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: resnet18 (or --models), batches 1 and 2, 2 rounds, under WORKDIR/quick")
-    parser.add_argument("--workdir", type=Path, default=RESULTS.parent / "runs" / "deploy_latency",
-                        help="scratch directory: --quick's json and md go to WORKDIR/quick")
+    add_quick_flags(parser, "deploy_latency", "smoke run: resnet18 (or --models), batches 1 and 2, 2 rounds, "
+                    "under WORKDIR/quick", "json and md")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the bf16 table (eager / compile / onnxruntime CUDA) in deploy_latency_cuda.*")
     parser.add_argument("--bf16", action="store_true", help="the bf16 table on --device (implied by cuda)")
@@ -459,13 +455,12 @@ def main(argv: list[str] | None = None) -> None:
     if device_path:
         args.cache = args.cache if args.cache != CACHE else RESULTS / f"{stem}.json"
         args.out = args.out if args.out != RESULTS / "deploy_latency.md" else RESULTS / f"{stem}.md"
-    if args.quick:  # a smoke run: its json and md stay under the work directory
-        RESULTS = args.workdir / "quick"
+    RESULTS = quick_mode(args, RESULTS, models=args.models or ["resnet18"])
+    if args.quick:  # a smoke run: its json and md stay under the work directory; batches 1 and 2, 2 rounds
         args.cache, args.out = RESULTS / f"{stem}.json", RESULTS / f"{stem}.md"
-        args.models = args.models or ["resnet18"]
         rounds = {1: 2, 2: 2}
     draw: Callable[[dict[str, Any]], str] = (lambda c: render_device(c, args.device)) if device_path else render
-    cache = _load(args.cache)
+    cache = load_cache(args.cache, {"models": {}})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.table_only:
         args.out.write_text(draw(cache))

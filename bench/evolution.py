@@ -45,8 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import evolution_lib as el  # noqa: E402
-from benchlib import (command_line, git_commit, invocations_text, load_cache, locked, mean_std, pyplot,  # noqa: E402
-                      record_invocation, save_cache, save_figure, shared_machine, widths)
+from benchlib import (add_quick_flags, command_line, git_commit, hand_reading, invocations_text, load_cache,  # noqa: E402
+                      locked, mean_std, pyplot, quick_mode, record_invocation, save_cache, save_figure,
+                      shared_machine, widths, write_md)
 import dmscale as dms  # noqa: E402
 from dmscale.config.run_config import RunConfig  # noqa: E402
 from dmscale.export.files import load_weights  # noqa: E402
@@ -265,9 +266,7 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
              "then blocks per stage)",
              f"- seeds done: {have}", ""]
     if not have:
-        out = RESULTS / f"{NAME}.md"
-        out.write_text("\n".join(lines))
-        return out
+        return write_md(RESULTS / f"{NAME}.md", lines, end="")
     summ = _summary(cache, key)
     cache["summary"] = {key: summ}
     runs, rows = cache["runs"][key], summ["rows"]
@@ -305,12 +304,10 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
     for s in have:
         lines.append(f"- DMS_p-, seed {s}: {widths(runs[str(s)]['dms']['structure'])}")
         lines.append(f"- evolution, seed {s}: {widths(runs[str(s)]['evolution']['structure'])}")
-    reading = RESULTS / f"{NAME}_reading.md"
-    if reading.exists():
-        lines += ["", reading.read_text().strip()]
-    out = RESULTS / f"{NAME}.md"
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    reading = hand_reading(RESULTS / f"{NAME}_reading.md")
+    if reading is not None:
+        lines += ["", reading]
+    return write_md(RESULTS / f"{NAME}.md", lines)
 
 
 def plot(cache: dict[str, Any], key: str) -> Path | None:
@@ -345,7 +342,8 @@ def plot(cache: dict[str, Any], key: str) -> Path | None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: one seed, short pretrain, search and evolution")
+    add_quick_flags(p, "evolution", "smoke run: one seed, short pretrain, search and evolution", "cache, table and plot",
+                    runs=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--table-only", action="store_true", help="only rewrite evolution.md / .png from the cache")
     p.add_argument("--generations", type=int, default=10, help="generations of the evolution (SPOS: 20)")
@@ -355,23 +353,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--settle-hold", action="store_true", help="DMS_p-'s --settle-hold (the library default since)")
     p.add_argument("--max-seconds", type=float, default=420.0,
                    help="the evolution's CPU-second guard (it stops there if its candidate budget is not used up)")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "evolution")
     p.add_argument("--settle", type=float, default=0.0,
                    help="DMS_p-'s --settle (0: the evolution.json protocol; 0.4, the library default "
                         "since: use with --name evolution_settle)")
     args = p.parse_args(argv)
     global RESULTS, CACHE, NAME
     NAME = args.name
-    CACHE = RESULTS / f"{NAME}.json"
     bc = BenchConfig(evolution=dataclasses.replace(BenchConfig().evolution, generations=args.generations,
                                                    max_seconds=args.max_seconds),
                      settle=args.settle, settle_hold=args.settle_hold, depth=args.depth)
-    if args.quick:  # a smoke run: its cache and table stay under the work directory
-        args.seeds = [0]
+    if args.quick:  # a smoke run: short pretrain, search and evolution
         bc = BenchConfig(pretrain_epochs=2.0, search_epochs=2.0, importance_steps=4, depth=args.depth,
                          evolution=el.EvolutionConfig(population=8, generations=2, parents=3, n_mutation=4, n_crossover=4))
-        RESULTS = args.workdir / "quick"
-        CACHE = RESULTS / f"{NAME}.json"
+    RESULTS = quick_mode(args, RESULTS, seeds=[0])
+    CACHE = RESULTS / f"{NAME}.json"
     torch.set_num_threads(1)
     key = bc.key()
     RESULTS.mkdir(parents=True, exist_ok=True)

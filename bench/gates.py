@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import gates_lib as gl  # noqa: E402
 import peers_lib as pl  # noqa: E402
-from benchlib import (ci_text, command_line, git_commit, invocations_text, load_cache, mean_std, pyplot,  # noqa: E402
-                      record_invocation, save_figure, save_merged,
-                      shared_machine, widths)
+from benchlib import (add_quick_flags, ci_text, command_line, git_commit, hand_reading, invocations_text,  # noqa: E402
+                      load_cache, mean_std, pyplot, quick_mode, record_invocation, save_figure, save_merged,
+                      shared_machine, widths, write_md)
 import dmscale as dms  # noqa: E402
 from dmscale.config.run_config import RunConfig  # noqa: E402
 from dmscale.run.pipeline import Pipeline, load_run_model, recalibrate_batchnorm  # noqa: E402
@@ -189,9 +189,7 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
              + (f" (**partial**: seeds {partial} still to run with the command above)" if partial else ""),
              "- mean ± standard deviation over seeds; one test image is 0.28 pt", ""]
     if not have:
-        out = RESULTS / f"{_name(setting)}.md"
-        out.write_text("\n".join(lines))
-        return out
+        return write_md(RESULTS / f"{_name(setting)}.md", lines, end="")
     by = {m: [runs[str(s)][m] for s in have] for m in METHODS}
     first = by["dms"][0]
     lines += [f"Supernet: {first['supernet_macs']:,} MACs; pretrained top-1 "
@@ -219,12 +217,10 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
     warned = sorted({w for m in SEARCHED for r in by[m] for w in r.get("warnings", [])})
     if warned:
         lines += ["", "Warnings of the runs:", ""] + [f"- {w}" for w in warned]
-    reading = RESULTS / f"{_name(setting)}_reading.md"
-    if reading.exists():
-        lines += ["", reading.read_text().strip()]
-    out = RESULTS / f"{_name(setting)}.md"
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    reading = hand_reading(RESULTS / f"{_name(setting)}_reading.md")
+    if reading is not None:
+        lines += ["", reading]
+    return write_md(RESULTS / f"{_name(setting)}.md", lines)
 
 
 def plot(cache: dict[str, Any], key: str) -> Path | None:
@@ -261,7 +257,7 @@ def plot(cache: dict[str, Any], key: str) -> Path | None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: one seed, short pretrain and search")
+    add_quick_flags(p, "gates", "smoke run: one seed, short pretrain and search", "cache, table and plot", runs=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--target", type=float, default=0.5)
     p.add_argument("--pretrain-epochs", type=float, default=10.0)
@@ -277,13 +273,10 @@ def main(argv: list[str] | None = None) -> None:
                         "gates_settle0.4_hold.*); without it the settle phase anneals alone, as the "
                         "gates_settle0.4 rows ran")
     p.add_argument("--table-only", action="store_true", help="only rewrite gates.md / gates.png from the cache")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "gates")
     args = p.parse_args(argv)
     global RESULTS, CACHE
-    if args.quick:  # a smoke run: its cache and table stay under the work directory
-        args.seeds, args.pretrain_epochs, args.search_epochs = [0], 2.0, 2.0
-        RESULTS = args.workdir / "quick"
-        CACHE = RESULTS / "gates.json"
+    RESULTS = quick_mode(args, RESULTS, seeds=[0], pretrain_epochs=2.0, search_epochs=2.0)
+    CACHE = RESULTS / CACHE.name
     torch.set_num_threads(args.threads)
     cfg = {"target": args.target, "pretrain_epochs": args.pretrain_epochs, "search_epochs": args.search_epochs}
     if args.settle:

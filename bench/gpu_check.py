@@ -59,7 +59,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import command_line, git_commit  # noqa: E402
+from benchlib import RUNS, command_line, git_commit  # noqa: E402
 from gpu_check_lib import SPECS  # noqa: E402
 
 __all__ = ["IMPLS", "make_baseline", "plan", "run_job", "render", "main"]
@@ -439,7 +439,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    args.out = args.out or ROOT / "bench" / "runs" / "gpu_check" / ("quick" if args.quick else "")
+    args.out = args.out or RUNS / "gpu_check" / ("quick" if args.quick else "")
     args.models = list(dict.fromkeys(args.models))  # the order given is the order measured
     return args
 

@@ -24,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import gpu_check_lib as lib  # noqa: E402
+from benchlib import RUNS  # noqa: E402
 
 __all__ = ["profile_step", "main"]
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["llama_135m", "vit_b16", "resnet50"],
                     choices=[n for n, s in lib.SPECS.items() if s.loss is not None])
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "runs" / "gpu_profile")
+    ap.add_argument("--out", type=Path, default=RUNS / "gpu_profile")
     ap.add_argument("--quick", action="store_true", help="the tiny models on the CPU (a smoke run)")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")

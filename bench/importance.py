@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 import np_uniform  # noqa: E402
-from benchlib import git_commit, locked, paired_ci, pyplot, save_cache, save_figure  # noqa: E402
+from benchlib import (add_quick_flags, hand_reading, load_cache, locked, paired_ci, pyplot, quick_mode,  # noqa: E402
+                      save_cache, save_figure, write_md)
 from dmscale.core.topk import DifferentiableTopK  # noqa: E402
 
 __all__ = ["METRICS", "search_overrides", "run", "write_table", "main"]
@@ -171,11 +172,10 @@ def write_table(cache: dict[str, Any], out: Path) -> Path:
     for m in METRICS:
         for s in sorted(by[m]):
             lines.append(f"- {m} seed {s}: {by[m][s]['structure']}")
-    reading = RESULTS / "importance_reading.md"
-    if reading.is_file():
-        lines += ["", reading.read_text(encoding="utf-8")]
-    md = out / "importance.md"
-    md.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    reading = hand_reading(RESULTS / "importance_reading.md", strip=False)
+    if reading is not None:
+        lines += ["", reading]
+    md = write_md(out / "importance.md", lines)
     _plot(by, ref.get("uniform", {}), out / "importance.png")
     return md
 
@@ -204,17 +204,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     p.add_argument("--metrics", nargs="+", choices=METRICS, default=list(METRICS))
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="smoke run: one seed, half an epoch each, under WORKDIR/quick")
+    add_quick_flags(p, "importance", "smoke run: one seed, half an epoch each, under WORKDIR/quick", "cache, table and plot",
+                    runs=True)
     p.add_argument("--table-only", action="store_true", help="only rewrite the table and plot from the cache")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "importance")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     global RESULTS, CACHE
-    s_ep, r_ep = SEARCH_EPOCHS, RETRAIN_EPOCHS
-    if args.quick:  # nothing of bench/results is written
-        args.seeds, s_ep, r_ep = [0], 0.5, 0.5
-        RESULTS = args.workdir / "quick"
-        CACHE = RESULTS / "importance.json"
+    s_ep, r_ep = (0.5, 0.5) if args.quick else (SEARCH_EPOCHS, RETRAIN_EPOCHS)
+    RESULTS = quick_mode(args, RESULTS, seeds=[0])  # --quick: nothing of bench/results is written
+    CACHE = RESULTS / CACHE.name
     RESULTS.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     np_uniform.use_width(WIDTH)
@@ -225,12 +223,12 @@ def main(argv: list[str] | None = None) -> None:
             for metric in args.metrics:
                 key = _key(metric, seed, s_ep, r_ep)
                 with locked(CACHE):
-                    done = CACHE.exists() and key in json.loads(CACHE.read_text())["runs"]
+                    done = key in load_cache(CACHE, {"runs": {}})["runs"]
                 if done:
                     continue
                 row = run(metric, seed, s_ep, r_ep, args.threads, base, args.workdir)
                 with locked(CACHE):  # read-modify-write: invocations with other seeds share the cache
-                    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
+                    cache = load_cache(CACHE, {"runs": {}})
                     cache["runs"][key] = row
                     cache["machine"], cache["last_command"] = machine, "python bench/importance.py " + " ".join(argv)
                     save_cache(CACHE, cache)

@@ -39,11 +39,12 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-for sub in ("src", "tests"):
+for sub in ("src", "tests", "bench"):
     if str(ROOT / sub) not in sys.path:
         sys.path.insert(0, str(ROOT / sub))
 
 import dmscale as dms  # noqa: E402
+from benchlib import RESULTS, add_quick_flags, quick_mode  # noqa: E402
 from dmscale.cost.latency import measure_latency  # noqa: E402
 from zoo import ZOO  # noqa: E402
 
@@ -233,17 +234,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--rounds", type=int, default=30, help="measurement rounds per exported model")
     ap.add_argument("--runs", type=int, default=1, help="independent profile + measurement runs")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latency.md")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: small_cnn (or --models), 1 thread, 2 structures, 3 rounds, under WORKDIR/quick")
-    ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "latency_fit",
-                    help="scratch directory: --quick's table goes to WORKDIR/quick/latency.md")
+    ap.add_argument("--out", type=Path, default=RESULTS / "latency.md")
+    add_quick_flags(ap, "latency_fit", "smoke run: small_cnn (or --models), 1 thread, 2 structures, 3 rounds, "
+                    "under WORKDIR/quick", "table (latency.md)")
     args = ap.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # the table's command line
     args.models = args.models or (["small_cnn"] if args.quick else ["resnet20", "small_cnn"])
     if args.quick:  # a smoke run: its table stays under the work directory
-        args.threads, args.seeds, args.rounds, args.runs = [1], [0, 1], 3, 1
-        args.out = args.workdir / "quick" / "latency.md"
+        args.out = quick_mode(args, RESULTS, threads=[1], seeds=[0, 1], rounds=3, runs=1) / "latency.md"
     default_threads = torch.get_num_threads()
     load_before = os.getloadavg()
     start = time.perf_counter()

@@ -59,7 +59,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
-from benchlib import git_commit  # noqa: E402
+from benchlib import add_quick_flags, git_commit, hand_reading, quick_mode, save_cache, write_md  # noqa: E402
 from smollm2_prune import smollm2_path  # noqa: E402
 import llm_baselines_lib as lib  # noqa: E402
 
@@ -382,17 +382,16 @@ def write_markdown(seq_len: int = 128, test_limit: int = 2048) -> Path:
                      f"{r['after']['bpb']:.3f} | {r.get('pre_steps', 0)} + {r['finetune_steps']} |")
     lines += [""] + _gaps(rows)
     lines += probe_lines(CACHE / "tp_probe.json")
-    notes = RESULTS / "llm_baselines_notes.md"
-    if notes.is_file():
-        lines += ["", notes.read_text(encoding="utf-8")]
-    path = RESULTS / "llm_baselines.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    notes = hand_reading(RESULTS / "llm_baselines_notes.md", strip=False)
+    if notes is not None:
+        lines += ["", notes]
+    path = write_md(RESULTS / "llm_baselines.md", lines)
     steps = {r["target"]: r["finetune_steps"] for r in rows if r["method"] == "dms"}
     keep = ("method", "target", "params", "supernet", "before", "after", "finetune_steps")
     cache = {"original": orig, "labels": LABEL,
              "rows": [{**{k: r[k] for k in keep}, "same_finetune": r["finetune_steps"] == steps.get(
                  r["target"], max(steps.values(), default=0))} for r in rows]}
-    (RESULTS / "llm_baselines.json").write_text(json.dumps(cache, indent=1), encoding="utf-8")
+    save_cache(RESULTS / "llm_baselines.json", cache, sort_keys=False)
     return path
 
 
@@ -411,19 +410,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table", action="store_true")
     p.add_argument("--probe-tp", type=int, default=0, metavar="S",
                    help="only try Torch-Pruning's LLM pruner for at most S seconds")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run of --method: 1 calibration batch, 1 finetune step of 2 x 32 tokens, "
-                        "128 test tokens, under WORKDIR/quick")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "llm_baselines",
-                   help="scratch directory: --quick's run, caches and table go to WORKDIR/quick")
+    add_quick_flags(p, "llm_baselines", "smoke run of --method: 1 calibration batch, 1 finetune step of 2 x 32 "
+                    "tokens, 128 test tokens, under WORKDIR/quick", "run, caches and table")
     args = p.parse_args(argv)
     global RESULTS, CACHE, DMS_CACHE
+    RESULTS = quick_mode(args, RESULTS, calib_batches=1, seq_len=32, batch_size=2, test_limit=128)
+    CACHE, DMS_CACHE = RESULTS / CACHE.name, RESULTS / DMS_CACHE.name
     table_args = {}
-    if args.quick:  # a smoke run: its run directory, caches and table stay under the work directory
-        args.calib_batches, args.seq_len, args.batch_size, args.test_limit = 1, 32, 2, 128
-        args.retrain_epochs = 0.5 / (1_407_001 // (args.batch_size * args.seq_len))  # one step
-        RESULTS = args.workdir / "quick"
-        CACHE, DMS_CACHE = RESULTS / "llm_baselines", RESULTS / "smollm2_prune"
+    if args.quick:  # one finetune step; the run directory goes beside the caches
+        args.retrain_epochs = 0.5 / (1_407_001 // (args.batch_size * args.seq_len))
         args.out = str(RESULTS / "runs")
         table_args = {"seq_len": args.seq_len, "test_limit": args.test_limit}
     CACHE.mkdir(parents=True, exist_ok=True)

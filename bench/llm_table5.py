@@ -53,7 +53,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 import llm_baselines  # noqa: E402
 import smollm2_prune  # noqa: E402
-from benchlib import paired_ci, pyplot, save_figure  # noqa: E402
+from benchlib import (add_quick_flags, hand_reading, paired_ci, pyplot, quick_mode, save_cache,  # noqa: E402
+                      save_figure, write_md)
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_table5"
@@ -323,14 +324,12 @@ def write_markdown(cache: Path = CACHE, name: str = "llm_table5", out: Path = RE
              "finetunes that many steps (same target and seed).", ""]
     lines += _table(recs) + [""] + _gaps(recs) + _structure_alone(recs)
     lines += ["", "What DMS kept:", ""] + _structures(recs)
-    notes = RESULTS / f"{name}_notes.md"
-    if notes.is_file():
-        lines += ["", notes.read_text(encoding="utf-8")]
-    md = out / f"{name}.md"
-    md.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    notes = hand_reading(RESULTS / f"{name}_notes.md", strip=False)
+    if notes is not None:
+        lines += ["", notes]
+    md = write_md(out / f"{name}.md", lines)
     keep = ("method", "target", "seed", "params_found", "supernet", "weight_steps", "before", "after")
-    (out / f"{name}.json").write_text(json.dumps([{k: r[k] for k in keep} for r in recs], indent=1),
-                                           encoding="utf-8")
+    save_cache(out / f"{name}.json", [{k: r[k] for k in keep} for r in recs], sort_keys=False)
     _plot(recs, out / f"{name}.png")
     return md
 
@@ -357,34 +356,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--name", default="llm_table5",
                    help="the table: cache bench/results/NAME/, NAME.md, .json, .png")
     p.add_argument("--table", action="store_true", help="only rewrite the table from the cache")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run of dms then taylor: 2 + 1 steps of 2 x 32 tokens, 128 test tokens, "
-                        "under WORKDIR/quick")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "llm_table5",
-                   help="scratch directory: --quick's runs, cache and table go to WORKDIR/quick")
+    add_quick_flags(p, "llm_table5", "smoke run of dms then taylor: 2 + 1 steps of 2 x 32 tokens, 128 test "
+                    "tokens, under WORKDIR/quick", "runs, cache and table")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     if args.settle_hold and args.name in ANNEAL_TABLES:
         p.error(f"the cached DMS rows of {args.name} ran without the hold (the settle phase annealing "
                 f"alone): give the held runs a table of their own, e.g. --name {args.name}_hold")
     global RESULTS
-    args.cache, out = RESULTS / args.name, RESULTS
-    if args.quick:  # nothing of bench/results is written
-        args.search_steps, args.finetune_steps, args.test_limit = 2, 1, 128
-        args.seq_len, args.batch_size = 32, 2
-        RESULTS = out = args.workdir / "quick"
-        args.cache, args.out = out / args.name, str(out / "runs")
+    RESULTS = quick_mode(args, RESULTS, search_steps=2, finetune_steps=1, test_limit=128, seq_len=32, batch_size=2)
+    args.cache = RESULTS / args.name
+    if args.quick:  # nothing of bench/results is written: the runs and the DMS arm's cache go beside the table
+        args.out = str(RESULTS / "runs")
         smollm2_prune.CACHE = llm_baselines.DMS_CACHE = args.cache
     args.cache.mkdir(parents=True, exist_ok=True)
     for method in (("dms", "taylor") if args.quick else () if args.table else (args.method,)):
         args.method = method
         res = run_arm(args)
         res["quick"], res["argv"] = args.quick, argv
-        _path(method, args.target, args.seed, args.cache).write_text(json.dumps(res, indent=1),
-                                                                     encoding="utf-8")
+        save_cache(_path(method, args.target, args.seed, args.cache), res, sort_keys=False)
         print(json.dumps({k: res[k] for k in ("method", "target", "seed", "params_found",
                                               "weight_steps", "before", "after")}))
-    print(write_markdown(args.cache, args.name, out).read_text())
+    print(write_markdown(args.cache, args.name, RESULTS).read_text())
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 import np_uniform_lib as nl  # noqa: E402
 import peers_lib as pl  # noqa: E402
-from benchlib import git_commit, locked, save_cache  # noqa: E402
+from benchlib import RUNS, add_quick_flags, command_line, git_commit, load_cache, locked, quick_mode, save_cache  # noqa: E402
 from dmscale.config.run_config import RunConfig, save_config  # noqa: E402
 from dmscale.run.pipeline import Pipeline  # noqa: E402
 from dmscale.run.saved_runs import new_supernet  # noqa: E402
@@ -55,7 +55,7 @@ __all__ = ["ARMS", "run_key", "run_arm", "baseline", "use_width", "dataset_note"
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "np_uniform.json"
-WORK = ROOT / "bench" / "runs" / "np_uniform"
+WORK = RUNS / "np_uniform"
 ARMS = ("uniform", "dms", "dms_expand", "dms_width")
 MODEL = {"task": "digits", "model": "resnet", "model_args": {"width": 8}}
 EXPAND = {"width": 1.5, "depth": 2.0}
@@ -193,7 +193,7 @@ def run_arm(arm: str, target: float, seed: int, search_epochs: float, retrain_ep
 def _store(key: str, row: dict[str, Any], machine: str) -> None:
     """Read-modify-write of the cache (several invocations may share it: under a lock)."""
     with locked(CACHE):
-        cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
+        cache = load_cache(CACHE, {"runs": {}})
         cache["runs"][key] = row
         cache["machine"] = machine
         save_cache(CACHE, cache)
@@ -201,7 +201,8 @@ def _store(key: str, row: dict[str, Any], machine: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: one seed, target 0.5, tiny epochs")
+    add_quick_flags(p, "np_uniform", "smoke run: one seed, target 0.5, tiny epochs", "cache, table and plot",
+                    runs=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.25])
     p.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
@@ -226,15 +227,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="base width of the ResNet-20 (8: np_uniform[.json/.md]; others: np_uniform_wW)")
     p.add_argument("--train-limit", type=int, default=None,
                    help="train on the first N training images (--train-limit of every search and retrain)")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "np_uniform",
-                   help="run directories; --quick's cache, table and plot go to WORKDIR/quick")
     args = p.parse_args(argv)
     global RESULTS, CACHE, WORK
     WORK = args.workdir
-    if args.quick:  # a smoke run: its cache, table and plot stay under the work directory
-        args.seeds, args.targets, args.search_epochs, args.retrain_epochs = [0], [0.5], [0.5], 0.5
-        RESULTS = args.workdir / "quick"
-        CACHE = RESULTS / CACHE.name
+    RESULTS = quick_mode(args, RESULTS, seeds=[0], targets=[0.5], search_epochs=[0.5], retrain_epochs=0.5)
+    CACHE = RESULTS / CACHE.name
     if args.task != "digits":
         _use_task(args.task, args.train_limit)
     elif args.train_limit is not None:
@@ -254,8 +251,7 @@ def main(argv: list[str] | None = None) -> None:
                         s_key = 0.0 if arm == "uniform" else s_ep
                         name = f"{arm}@{args.variant}" if args.variant else arm
                         key = run_key(name, target, seed, s_key, args.retrain_epochs)
-                        cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
-                        if key in cache["runs"]:
+                        if key in load_cache(CACHE, {"runs": {}})["runs"]:
                             continue
                         row = run_arm(arm, target, seed, s_key, args.retrain_epochs, args.threads, base,
                                       args.settle, args.settle_hold)
@@ -269,9 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     from np_uniform_table import write_table
 
     np_uniform_table.RESULTS = RESULTS  # the table and plot go beside the cache
-    command = ("python bench/np_uniform.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    command = command_line("bench/np_uniform.py", argv)
     with locked(CACHE):
-        cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
+        cache = load_cache(CACHE, {"runs": {}})
         if not args.table_only:  # the last invocation that ran something (--table-only keeps it)
             cache["last_command"] = command
             save_cache(CACHE, cache)

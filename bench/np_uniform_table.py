@@ -18,7 +18,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import ci_text, paired_diff, pyplot, save_figure, spread  # noqa: E402
+from benchlib import ci_text, kept_reading, paired_diff, pyplot, save_figure, spread, write_md  # noqa: E402
 
 __all__ = ["paired_gap", "write_table", "plot", "FINDINGS"]
 
@@ -145,8 +145,7 @@ def write_table(cache: dict[str, Any], command: str, s_ep: float = 10.0, r_ep: f
     runs = list(cache["runs"].values())
     commits = sorted({r["commit"] for r in runs})
     out = RESULTS / f"{name}.md"
-    old = out.read_text() if out.exists() else ""
-    findings = old[old.index(FINDINGS):] if FINDINGS in old else f"{FINDINGS}\n\n(not written yet)\n"
+    findings = kept_reading(out, FINDINGS) or f"{FINDINGS}\n\n(not written yet)\n"
     lines = ["# DMS_np vs uniform width at equal MACs, retrained from scratch (issue 10, table 3)", "",
              f"- command (last invocation): `{command}`; the cache holds every invocation's runs",
              f"- commit(s) of the runs: {', '.join('`' + c + '`' for c in commits)}; machine: {cache.get('machine')}",
@@ -166,7 +165,7 @@ def write_table(cache: dict[str, Any], command: str, s_ep: float = 10.0, r_ep: f
              "## Search length (DMS_np from the baseline)", "", *_sweep_table(runs, r_ep), "",
              "## Importance stability across the search", "", *_stability(runs, r_ep), "",
              f"## Structures (search {s_ep:g} epochs)", "", *_structures(runs, s_ep, r_ep), "", findings.rstrip(), ""]
-    out.write_text("\n".join(lines))
+    write_md(out, lines, end="")
     if runs:
         plot(runs, s_ep, r_ep, name, dataset.split(" (")[0], width)
     return out

@@ -35,8 +35,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import (ci_text, command_line, git_commit, invocations_text, load_cache, mean_std,  # noqa: E402
-                      record_invocation, save_merged, shared_machine, widths)
+from benchlib import (add_quick_flags, ci_text, command_line, git_commit, hand_reading, invocations_text,  # noqa: E402
+                      load_cache, mean_std, quick_mode, record_invocation, save_merged, shared_machine, widths,
+                      write_md)
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 import peers_lib as pl  # noqa: E402
@@ -247,17 +248,15 @@ def write_table(cache: dict[str, Any]) -> Path:
              "finetune; the other methods go straight to the finetune.", ""]
     for key in keys:
         lines += _section(cache, key)
-    reading = RESULTS / "peers_reading.md"
-    if reading.exists():
-        lines += [reading.read_text().strip(), ""]
-    out = RESULTS / "peers.md"
-    out.write_text("\n".join(lines))
-    return out
+    reading = hand_reading(RESULTS / "peers_reading.md")
+    if reading is not None:
+        lines += [reading, ""]
+    return write_md(RESULTS / "peers.md", lines, end="")
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="one seed, a few epochs")
+    add_quick_flags(p, "peers", "one seed, a few epochs", runs=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--target", type=float, default=0.5)
     p.add_argument("--pretrain-epochs", type=float, default=10.0)
@@ -275,14 +274,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--structure-lr", type=float, default=None,
                    help="DMS_p's --structure-lr (default: the library's; the cached settings ran at 0.01)")
     p.add_argument("--table-only", action="store_true", help="only rewrite peers.md from the cache")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "peers",
-                   help="run directories; --quick's cache and table go to WORKDIR/quick")
     args = p.parse_args(argv)
     global RESULTS, CACHE
-    if args.quick:  # a smoke run: its cache and table stay under the work directory
-        args.seeds, args.pretrain_epochs, args.search_epochs, args.finetune_epochs = [0], 2.0, 0.5, 0.5
-        RESULTS = args.workdir / "quick"
-        CACHE = RESULTS / "peers.json"
+    RESULTS = quick_mode(args, RESULTS, seeds=[0], pretrain_epochs=2.0, search_epochs=0.5, finetune_epochs=0.5)
+    CACHE = RESULTS / CACHE.name
     torch.set_num_threads(args.threads)
     cfg = {"target": args.target, "pretrain_epochs": args.pretrain_epochs,
            "search_epochs": args.search_epochs, "finetune_epochs": args.finetune_epochs}

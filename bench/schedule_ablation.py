@@ -25,7 +25,6 @@ instead (``--workdir``, default ``bench/runs/schedule_ablation/``, not committed
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -40,7 +39,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import git_commit, spread  # noqa: E402
+from benchlib import (add_quick_flags, command_line, git_commit, load_cache, quick_mode, save_cache, spread,  # noqa: E402
+                      write_md)
 sys.path.insert(0, str(ROOT / "src"))
 from dmscale.config.run_config import RunConfig  # noqa: E402
 from dmscale.run.pipeline import Pipeline  # noqa: E402
@@ -143,9 +143,7 @@ def write_table(cache: dict[str, Any], epochs: float, seeds: list[int], command:
                      f"{spread([100 * r['acc_search'] for r in rs], 1)} | {spread([100 * r['acc'] for r in rs], 1)} | "
                      f"{statistics.median([r['seconds'] for r in rs]):.0f} |")
     lines += ["", "## Reading", "", _reading(by_arm)]
-    out = RESULTS / "schedule.md"
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return write_md(RESULTS / "schedule.md", lines)
 
 
 def plot(cache: dict[str, Any]) -> Path:
@@ -157,7 +155,7 @@ def plot(cache: dict[str, Any]) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="one seed, a quarter epoch (smoke test)")
+    add_quick_flags(p, "schedule_ablation", "one seed, a quarter epoch (smoke test)", "cache, table and plot")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--threads", type=int, default=1)
@@ -166,27 +164,23 @@ def main(argv: list[str] | None = None) -> None:
                         "last invocation that ran something)")
     p.add_argument("--arms", type=int, nargs="+", default=list(range(len(ARMS))),
                    help="indices into ARMS to run (the table shows every cached arm)")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "schedule_ablation",
-                   help="scratch directory: --quick's cache, table and plot go to WORKDIR/quick")
     args = p.parse_args(argv)
     global RESULTS, CACHE
-    if args.quick:  # a smoke run: its cache, table and plot stay under the work directory
-        args.seeds, args.epochs = [0], 0.25
-        RESULTS = args.workdir / "quick"
-        CACHE = RESULTS / "schedule.json"
+    RESULTS = quick_mode(args, RESULTS, seeds=[0], epochs=0.25)
+    CACHE = RESULTS / CACHE.name
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}}
-    command = "python bench/schedule_ablation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cache = load_cache(CACHE, {"runs": {}})
+    command = command_line("bench/schedule_ablation.py", argv)
     if args.table_only:
         if not cache["runs"]:
             sys.exit(f"--table-only: no cached run in {CACHE}")
-        command = cache.get("last_command", command)
+        command = cache.get("last_command", command).strip()
     else:
         cache["commit"] = git_commit(ROOT)
         cache["machine"] = (f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, "
                             f"{args.threads} thread(s)")
-        cache["last_command"] = command.strip()
+        cache["last_command"] = command
     # seed-major: an interrupted run leaves whole seeds for every arm
     for seed in ([] if args.table_only else args.seeds):
         for arm in (ARMS[i] for i in args.arms):
@@ -195,12 +189,12 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             r = run_one(arm, seed, args.epochs, args.threads)
             cache["runs"][key] = r
-            CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+            save_cache(CACHE, cache)
             print(f"{arm.name} seed {seed}: search end {r['search_end']:.3f}, exported {r['exported']:.3f} x "
                   f"target, top-1 {100 * r['acc']:.1f} % ({r['seconds']} s)", flush=True)
     if not args.table_only:
-        CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
-    print(f"wrote {write_table(cache, args.epochs, args.seeds, command.strip())}")
+        save_cache(CACHE, cache)
+    print(f"wrote {write_table(cache, args.epochs, args.seeds, command)}")
     print(f"wrote {plot(cache)}")
 
 

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 import dmscale as dms  # noqa: E402
-from benchlib import git_commit  # noqa: E402
+from benchlib import add_quick_flags, git_commit, load_cache, quick_mode, save_cache, write_md  # noqa: E402
 
 __all__ = ["Bench", "BENCHES", "measure_time", "measure_memory", "main"]
 
@@ -285,9 +285,7 @@ def write_table(cache: dict[str, Any], args: argparse.Namespace) -> Path:
               "masks folded into weights of issue 29; the section below measures that change.", ""]
     lines += _proxies_section()
     lines += ["", "## Reading", "", READING]
-    out = RESULTS / "search_overhead.md"
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return write_md(RESULTS / "search_overhead.md", lines)
 
 
 def _proxies_section() -> list[str]:
@@ -323,24 +321,19 @@ def main(argv: list[str] | None = None) -> None:
                     help="re-measure only the memory of models already in the cache (keeps their step times)")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
     ap.add_argument("--table-only", action="store_true", help="only rewrite the md from the json cache")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: small_cnn (or --models), batch 4, 4 rounds, 1 memory step, under WORKDIR/quick")
-    ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "search_overhead",
-                    help="scratch directory: --quick's cache and table go to WORKDIR/quick")
+    add_quick_flags(ap, "search_overhead", "smoke run: small_cnn (or --models), batch 4, 4 rounds, 1 memory step, "
+                    "under WORKDIR/quick")
     args = ap.parse_args(argv)
     global RESULTS
-    if args.quick and not args.child:  # a smoke run: its cache and table stay under the work directory
-        args.rounds, args.batch, args.mem_steps = 4, 4, 1
-        args.models = args.models or ["small_cnn"]
-        RESULTS = args.workdir / "quick"
-        RESULTS.mkdir(parents=True, exist_ok=True)
-    args.models = args.models or list(BENCHES)
     torch.set_num_threads(args.threads)
     if args.child:
         print(json.dumps(_child(*args.child, args.batch, args.mem_steps, args.threads)))
         return
+    RESULTS = quick_mode(args, RESULTS, rounds=4, batch=4, mem_steps=1, models=args.models or ["small_cnn"])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.models = args.models or list(BENCHES)
     cache_path = RESULTS / "search_overhead.json"
-    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    cache = load_cache(cache_path)
     if args.table_only:  # the protocol of the cached rows, not of these arguments
         saved = argparse.Namespace(**{**vars(args), **cache.get("args", {})})
         print(f"wrote {write_table(cache, saved)}")
@@ -350,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.models:
         if args.memory_only and name in cache["rows"]:
             cache["rows"][name]["mem"] = measure_memory(name, args.batch, args.mem_steps, args.threads)
-            cache_path.write_text(json.dumps(cache, indent=1))
+            save_cache(cache_path, cache, sort_keys=False)
             print(f"{name}: memory re-measured; wrote {write_table(cache, args)}", flush=True)
             continue
         if name in cache["rows"] and not args.fresh:
@@ -360,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         m = measure_memory(name, args.batch, args.mem_steps, args.threads)
         cache["rows"][name] = {"name": name, "time": t, "mem": m, "load": load, "commit": git_commit(ROOT),
                                "seconds": round(time.perf_counter() - t0, 1)}
-        cache_path.write_text(json.dumps(cache, indent=1))
+        save_cache(cache_path, cache, sort_keys=False)
         print(_row(name, args.batch, t, m), flush=True)
         print(f"wrote {write_table(cache, args)}", flush=True)
 

@@ -53,7 +53,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import git_commit  # noqa: E402
+from benchlib import RUNS, git_commit, load_cache, save_cache  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -311,11 +311,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(measure(args.child)))
         return
-    out_dir = ROOT / "bench" / "runs" / "search_proxies" if args.quick else RESULTS
+    out_dir = RUNS / "search_proxies" if args.quick else RESULTS  # --quick: nothing of bench/results is written
     out_dir.mkdir(parents=True, exist_ok=True)
     models = args.models or (QUICK if args.quick else list(PROXY_MODELS))
     path = out_dir / "search_proxies.json"
-    cache = json.loads(path.read_text()) if path.exists() else {"rows": {}}
+    cache = load_cache(path, {"rows": {}})
     cache["command"] = "PYTHONPATH=src:tests python bench/search_proxies.py " + " ".join(argv if argv is not None else sys.argv[1:])
     cache["machine"] = f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
     impls = [(f"now ({git_commit(ROOT)})", ROOT / "src")]
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
             row = _in_subprocess(name, src)
             row["impl"] = label
             cache["rows"][key] = row
-            path.write_text(json.dumps(cache, indent=1))
+            save_cache(path, cache, sort_keys=False)
             (out_dir / "search_proxies.md").write_text(render(cache))
             print(f"{name} {label}: operators {row['ops_ratio']:.2f}x, saved {row['bytes_ratio']:.3f}x, "
                   f"syncs {row['dms_sync']}", flush=True)

@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import add_quick_flags, git_commit, quick_mode, save_cache, write_md  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "smollm2_memory"
 CONFIGS = {"teacher": 1.0, "no-teacher": 0.0}  # name -> --distill-weight
@@ -85,9 +88,6 @@ def _child(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def write_table() -> Path:
     """``smollm2_memory.md`` from the cached json files."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from benchlib import git_commit
-
     rows = [json.loads(p.read_text()) for p in sorted(CACHE.glob("*.json"))]
     lines = ["# Peak memory of a SmolLM2-135M search (issue 9)", "",
              "Command: `PYTHONPATH=src python bench/smollm2_memory.py`  ",
@@ -105,9 +105,7 @@ def write_table() -> Path:
     notes = [f"- {r['name']}: {r['note']}" for r in rows if r.get("note")]
     if notes:
         lines += ["", "Notes:", "", *notes]
-    path = RESULTS / "smollm2_memory.md"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_md(RESULTS / "smollm2_memory.md", lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -121,30 +119,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table", action="store_true", help="only rewrite the table from the cache")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--run-dir", default=None, help="where the runs go (default: a temp dir each)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: the teacher configuration (or --only), 2 search steps of 2 x 32 tokens, "
-                        "128 test tokens, under WORKDIR/quick")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "smollm2_memory",
-                   help="scratch directory: --quick's runs, cache and table go to WORKDIR/quick")
+    add_quick_flags(p, "smollm2_memory", "smoke run: the teacher configuration (or --only), 2 search steps of "
+                    "2 x 32 tokens, 128 test tokens, under WORKDIR/quick", "runs, cache and table")
     args = p.parse_args(argv)
     global RESULTS, CACHE
-    if args.quick and not args.child:  # a smoke run: its runs, cache and table stay under the work directory
-        args.seq_len, args.batch_size, args.steps, args.test_limit = 32, 2, 2, 128
-        args.only = args.only or "teacher"  # one fresh process: loading SmolLM2 is most of its time
-        RESULTS = args.workdir / "quick"
-        CACHE = RESULTS / "smollm2_memory"
-        args.run_dir = str(RESULTS / "runs")
     if args.child:
         print(json.dumps(measure(args.child, args)))
         return
+    RESULTS = quick_mode(args, RESULTS, seq_len=32, batch_size=2, steps=2, test_limit=128,
+                         only=args.only or "teacher")  # one fresh process: loading SmolLM2 is most of its time
+    CACHE = RESULTS / CACHE.name
+    if args.quick:  # the runs go beside the cache
+        args.run_dir = str(RESULTS / "runs")
     if not args.table:
-        sys.path.insert(0, str(ROOT / "bench"))
-        from benchlib import git_commit
-
         CACHE.mkdir(parents=True, exist_ok=True)
         for name in [args.only] if args.only else list(CONFIGS):
             res = dict(_child(name, args), commit=git_commit(ROOT))
-            (CACHE / f"{name}.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
+            save_cache(CACHE / f"{name}.json", res, sort_keys=False)
     print(write_table().read_text())
 
 

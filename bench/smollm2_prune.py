@@ -41,7 +41,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import git_commit  # noqa: E402
+from benchlib import add_quick_flags, git_commit, hand_reading, quick_mode, save_cache, write_md  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 from dmscale.config.run_config import RunConfig  # noqa: E402
 from dmscale.run.pipeline import Pipeline  # noqa: E402
@@ -72,7 +72,7 @@ def _original_eval(pipe: Any, args: argparse.Namespace) -> dict[str, float]:
 
     original, _ = build_model(pipe.cfg, pipe.task.info)
     ev = pipe.task.evaluate(original)
-    path.write_text(json.dumps(ev, indent=1), encoding="utf-8")
+    save_cache(path, ev, sort_keys=False)
     return ev
 
 
@@ -187,12 +187,10 @@ def write_markdown(results: list[dict[str, Any]]) -> Path:
     for r in results:
         if r["warnings"]:
             lines += [f"Warnings ({r['args']['target']:.0%}): " + "; ".join(r["warnings"]), ""]
-    path = RESULTS / "smollm2_prune.md"
-    notes = RESULTS / "smollm2_prune_notes.md"
-    if notes.is_file():
-        lines += [notes.read_text(encoding="utf-8")]
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    notes = hand_reading(RESULTS / "smollm2_prune_notes.md", strip=False)
+    if notes is not None:
+        lines += [notes]
+    return write_md(RESULTS / "smollm2_prune.md", lines, end="")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -214,24 +212,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--layer-uniform", action="store_true")
     p.add_argument("--out", default=None, help="where the run directory goes (default: a temp dir)")
     p.add_argument("--table", action="store_true", help="only rewrite the table from the cached json")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: 2 search + 1 finetune steps of 2 x 32 tokens, 128 test tokens, under WORKDIR/quick")
-    p.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "smollm2_prune",
-                   help="scratch directory: --quick's run, cache and table go to WORKDIR/quick")
+    add_quick_flags(p, "smollm2_prune", "smoke run: 2 search + 1 finetune steps of 2 x 32 tokens, 128 test "
+                    "tokens, under WORKDIR/quick", "run, cache and table")
     args = p.parse_args(argv)
     global RESULTS, CACHE
-    if args.quick:  # a smoke run: its run directory, cache and table stay under the work directory
-        args.seq_len, args.batch_size, args.test_limit = 32, 2, 128
+    RESULTS = quick_mode(args, RESULTS, seq_len=32, batch_size=2, test_limit=128)
+    CACHE = RESULTS / CACHE.name
+    if args.quick:  # 2 search + 1 finetune steps; the run directory goes beside the cache
         spe = 1_407_001 // (args.batch_size * args.seq_len)  # steps per epoch of the training tokens
         args.epochs, args.retrain_epochs = 1.5 / spe, 0.5 / spe
-        RESULTS = args.workdir / "quick"
-        CACHE = RESULTS / "smollm2_prune"
         args.out = str(RESULTS / "runs")
     CACHE.mkdir(parents=True, exist_ok=True)
     if not args.table:
         args.argv = _without_target(_public(argv))
         res = run(args)
-        (CACHE / f"target{args.target}.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
+        save_cache(CACHE / f"target{args.target}.json", res, sort_keys=False)
     results = [json.loads(f.read_text()) for f in sorted(CACHE.glob("target*.json"))]
     print(write_markdown(results).read_text())
 

@@ -29,7 +29,6 @@ then); ``--settle 0.4 --settle-hold --name table16_settle`` runs the grid at tod
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import statistics
 import sys
@@ -46,7 +45,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 import np_uniform as nu  # noqa: E402
 import np_uniform_lib as nl  # noqa: E402
-from benchlib import command_line, git_commit, pyplot, save_figure, shared_machine  # noqa: E402
+from benchlib import (RUNS, add_quick_flags, command_line, git_commit, kept_reading, load_cache, locked,  # noqa: E402
+                      pyplot, quick_mode, save_cache, save_figure, shared_machine, write_md)
 from dmscale.config.run_config import RunConfig  # noqa: E402
 
 __all__ = ["REACHED", "run_key", "run_cell", "write_table", "main"]
@@ -54,7 +54,7 @@ __all__ = ["REACHED", "run_key", "run_cell", "write_table", "main"]
 NAME = "table16"  # stem of the cache, md and png (--name)
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "table16.json"
-WORK = ROOT / "bench" / "runs" / "table16"
+WORK = RUNS / "table16"
 REACHED = 1.02  # a search that ends above 1.02 x target did not reach it by its own loss
 LAND = (0.98, 1.00)  # the issue's window for the loss alone
 READING = "## Reading"
@@ -96,13 +96,10 @@ def run_cell(weight: float, lr: float, seed: int, target: float, s_ep: float, r_
 def _locked_cache() -> Iterator[dict[str, Any]]:
     """The cache, read and written back under an exclusive lock (parallel invocations)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(CACHE.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        cache = json.loads(CACHE.read_text()) if CACHE.exists() else {"runs": {}, "invocations": []}
+    with locked(CACHE):
+        cache = load_cache(CACHE, {"runs": {}, "invocations": []})
         yield cache
-        tmp = CACHE.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
-        tmp.replace(CACHE)
+        save_cache(CACHE, cache, end="\n")
 
 
 def _settle_text(row: dict[str, Any]) -> str:
@@ -150,9 +147,7 @@ def write_table(cache: dict[str, Any]) -> Path:
     """``table16.md`` and ``table16.png`` from the cache (the Reading section is kept)."""
     runs = list(cache["runs"].values())
     out = RESULTS / f"{NAME}.md"
-    reading = ""
-    if out.exists() and READING in out.read_text():
-        reading = out.read_text()[out.read_text().index(READING):]
+    reading = kept_reading(out, READING)
     first = runs[0] if runs else {}
     seeds = sorted({r["seed"] for r in runs})
     lines = ["# Table 16 analog: resource-loss weight x structure learning rate (DMS_np, digits)", "",
@@ -178,7 +173,7 @@ def write_table(cache: dict[str, Any]) -> Path:
                                         f"{_cell(rows, 'shift_posthoc', 1, '{:.3f}')}"), "",
              "## Top-1 of the searched supernet before retraining (%)", "",
              *_table(runs, lambda rows: _cell(rows, "acc_search", 100, "{:.1f}")), ""]
-    out.write_text("\n".join(lines) + ("\n" + reading if reading else ""), encoding="utf-8")
+    write_md(out, lines, end="\n" + reading if reading else "")
     if runs:
         _plot(runs)
     return out
@@ -212,7 +207,7 @@ def _plot(runs: list[dict[str, Any]]) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: one seed, two cells, tiny epochs")
+    add_quick_flags(p, None, "smoke run: one seed, two cells, tiny epochs", "cache, table and plot", runs=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--weights", type=float, nargs="+", default=[0.1, 1.0, 10.0])
     p.add_argument("--lrs", type=float, nargs="+", default=[5e-2, 5e-3, 5e-4, 5e-5])
@@ -226,19 +221,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--settle-hold", action="store_true", help="the settle phase's hold (the default since)")
     p.add_argument("--name", default="table16", help="stem of the cache, md and png in bench/results")
     p.add_argument("--table-only", action="store_true")
-    p.add_argument("--workdir", type=Path, default=None,
-                   help="run directories (default: bench/runs/NAME); --quick's cache and table go to WORKDIR/quick")
     args = p.parse_args(argv)
     global RESULTS, CACHE, WORK, NAME
     if (args.settle or args.settle_hold) and args.name == "table16":
         p.error("table16 holds the --settle 0 grid: give this protocol a --name of its own, e.g. table16_settle")
     NAME = args.name
-    CACHE, WORK = RESULTS / f"{NAME}.json", args.workdir or ROOT / "bench" / "runs" / NAME
-    if args.quick:  # a smoke run: its own cache and table under the ignored bench/runs/
-        RESULTS = WORK / "quick"
-        CACHE = RESULTS / f"{NAME}.json"
-        args.seeds, args.weights, args.lrs = [0], [1.0], [5e-2, 5e-3]
-        args.search_epochs, args.retrain_epochs = 0.5, 0.5
+    WORK = args.workdir = args.workdir or RUNS / NAME
+    RESULTS = quick_mode(args, RESULTS, seeds=[0], weights=[1.0], lrs=[5e-2, 5e-3], search_epochs=0.5,
+                         retrain_epochs=0.5)
+    CACHE = RESULTS / f"{NAME}.json"
     torch.set_num_threads(args.threads)
     if not args.table_only:
         with _locked_cache() as cache:
@@ -249,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
             for w in args.weights:
                 for lr in args.lrs:
                     key = run_key(w, lr, seed, args.target, args.search_epochs, args.retrain_epochs)
-                    if key in json.loads(CACHE.read_text())["runs"]:
+                    if key in load_cache(CACHE)["runs"]:
                         continue
                     row = run_cell(w, lr, seed, args.target, args.search_epochs, args.retrain_epochs, args.threads,
                                    args.settle, args.settle_hold)

@@ -71,7 +71,7 @@ __all__ = ["main", "settings_of", "uniform_arm"]
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import git_commit, paired_diff, spread  # noqa: E402
+from benchlib import add_quick_flags, git_commit, kept_reading, paired_diff, quick_mode, save_cache, spread  # noqa: E402
 
 ARMS = ("dms_np", "dms_np_hold", "yolov8n", "uniform", "p3")
 RESULTS = ROOT / "bench" / "results"
@@ -201,15 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "yolo_table11"), help="the table's md/json path (no suffix)")
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "dmscale_yolo_table11"),
                     help="generated data and run directories")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: every arm, seed 0, 8 / 4 images, one step per run, all under WORKDIR/quick")
-    ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "yolo_table11",
-                    help="scratch directory of --quick (its data, runs, cache and table: WORKDIR/quick)")
+    add_quick_flags(ap, "yolo_table11", "smoke run: every arm, seed 0, 8 / 4 images, one step per run, all under "
+                    "WORKDIR/quick", "data, runs, cache and table")
     args = ap.parse_args(argv)
     if args.quick:  # a smoke run: nothing of bench/results is read or written
-        args.train, args.val, args.epochs, args.search_epochs, args.batch_size = 8, 4, 1.0, 1.0, 8
-        args.seeds, args.augment = [0], "fliplr=0,mosaic=0"
-        quick = args.workdir / "quick"
+        quick = quick_mode(args, RESULTS, train=8, val=4, epochs=1.0, search_epochs=1.0, batch_size=8, seeds=[0],
+                           augment="fliplr=0,mosaic=0")
         args.cache, args.out = str(quick / "yolo_table11_runs"), str(quick / "yolo_table11")
         args.work = str(quick / "work")
     torch.set_num_threads(1)
@@ -219,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     cache.mkdir(parents=True, exist_ok=True)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    (cache / "settings.json").write_text(json.dumps(s, indent=1) + "\n")
+    save_cache(cache / "settings.json", s, sort_keys=False, end="\n")
     command = "PYTHONPATH=src python bench/yolo_table11.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     meta_path = cache / "sizes.json"
     data = _dataset(s["data"], work)
@@ -232,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             meta = {"base_macs": base, "supernet_macs": _macs(info, args.imgsz, expand),
                     "uniform": uniform_arm(info, args.imgsz, float(expand["depth"]), base, args.uniform_rule)}
         meta["p3"] = uniform_arm(info, args.imgsz, 1.0, meta["base_macs"], args.uniform_rule, yaml=str(P3_YAML))
-        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+        save_cache(meta_path, meta, sort_keys=False, end="\n")
     t = s["train"]
     common = dict(task="detect", data=data, imgsz=args.imgsz, batch_size=t["batch_size"], quiet=True,
                   model="yolo:yolov8n.yaml", optimizer=t["optimizer"], lr=t["lr"], weight_decay=t["weight_decay"],
@@ -245,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             row = _run(common, work / tag / f"{arm}-s{seed}", seed=seed,
                        **_arm_kwargs(arm, s, meta))
             row.update(arm=arm, seed=seed, command=command, commit=git_commit(ROOT), date=time.strftime("%Y-%m-%d %H:%M"))
-            path.write_text(json.dumps(row, indent=1) + "\n")
+            save_cache(path, row, sort_keys=False, end="\n")
             print(json.dumps({k: v for k, v in row.items() if k != "structure"}), file=sys.stderr, flush=True)
     write_table(cache, args.seeds, Path(args.out), s, meta, command)
     return 0
@@ -261,12 +258,9 @@ def write_table(cache: Path, seeds: list[int], out: Path, s: dict[str, Any], met
             rows[arm] = runs
     result = {"settings": s, "tag": cache.name, **meta, "rows": rows}
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    save_cache(out.with_suffix(".json"), result, sort_keys=False, end="\n")
     md = out.with_suffix(".md")
-    reading = ""
-    if md.is_file() and "\n## Reading" in md.read_text():
-        reading = md.read_text()[md.read_text().index("\n## Reading"):]
-    md.write_text(_markdown(result, command, cache) + reading)
+    md.write_text(_markdown(result, command, cache) + kept_reading(md, "\n## Reading"))
     print(md.read_text())
 
 

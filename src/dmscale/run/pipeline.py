@@ -237,7 +237,7 @@ class Pipeline(Phases):
                 shutil.rmtree(self.rd.path, ignore_errors=True)
             raise
 
-    def _save_weights(self, model: nn.Module, name: str) -> None:
+    def _save_weights(self, model: nn.Module | None, name: str) -> None:
         if self.rd.writes:
             save_weights(model, self.rd / name)
 

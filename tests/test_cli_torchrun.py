@@ -8,7 +8,9 @@ does):
   finds the structure one process finds with the same seed and global batch size;
 * ``--stop-after`` then ``--resume`` under torchrun ends with the structure and weights of
   the uninterrupted torchrun run;
-* a second run into the same directory fails with one error message and no hang (``slow``).
+* a second run into the same directory fails with one error message and no hang (``slow``);
+* ``--shard fsdp`` (FSDP2 instead of DDP) finds the structure and weights of the DDP run, and
+  (``slow``) ``--stop-after`` then ``--resume`` under it ends where the uninterrupted run does.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from dmscale.cli import main
+from dmscale.config.run_config import RunConfig
 from dmscale.core.errors import ConfigError
 
 __all__: list[str] = []
@@ -119,6 +122,50 @@ def test_existing_run_is_one_error_on_every_rank(two_ranks: tuple[Path, subproce
     proc = torchrun(*ARGS, "--quiet", "--out", str(out))
     assert proc.returncode != 0
     assert proc.stderr.count("already holds a run") == 1, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("extra", [{"precision": "fp16"}, {"compile": True}])
+def test_fsdp_refuses_fp16_and_compile_with_the_fix(extra: dict) -> None:
+    with pytest.raises(ConfigError, match="--shard fsdp does not run with .* or --shard none"):
+        RunConfig(shard="fsdp", **extra)
+    assert RunConfig(shard="fsdp", precision="bf16").shard == "fsdp"
+    assert RunConfig().shard == "none"
+
+
+@pytest.fixture(scope="module")
+def fsdp_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("torchrun_fsdp") / "run"
+    return out, torchrun(*ARGS, "--shard", "fsdp", "--quiet", "--out", str(out))
+
+
+def test_fsdp_finds_the_structure_and_weights_of_ddp(two_ranks: tuple[Path, subprocess.CompletedProcess[str]],
+                                                     fsdp_ranks: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    """Search (weights sharded per residual block, gates replicated), export gathered on rank
+    0, retrain sharded again, checkpoints gathered: the DDP run's results, to float rounding."""
+    (ddp, _), (out, proc) = two_ranks, fsdp_ranks
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["processes"] == 2
+    assert _structure(out) == _structure(ddp), "FSDP found another structure than DDP"
+    wa, wb = load_file(str(out / "model.safetensors")), load_file(str(ddp / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # two more torchrun launches
+def test_stop_after_then_resume_under_fsdp(fsdp_ranks: tuple[Path, subprocess.CompletedProcess[str]],
+                                          tmp_path: Path) -> None:
+    """The checkpoint holds the full model and optimizer state gathered on rank 0; every rank
+    loads its shards from it on --resume."""
+    whole, _ = fsdp_ranks
+    out = tmp_path / "run"
+    stopped = torchrun(*ARGS, "--shard", "fsdp", "--quiet", "--stop-after", "5", "--out", str(out))
+    assert stopped.returncode == 0 and (out / "checkpoint.pt").is_file(), stopped.stderr[-3000:]
+    resumed = torchrun("search", "--resume", str(out), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _structure(out) == _structure(whole), "the resumed run found another structure"
+    wa, wb = load_file(str(out / "model.safetensors")), load_file(str(whole / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), "weights differ"
 
 
 def test_fewer_gpus_than_local_ranks_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -346,3 +346,34 @@ def test_smollm2_gguf_from_the_command_line(tmp_path, capsys):
     hf = AutoModelForCausalLM.from_pretrained(run / "hf")
     found = json.loads((run / "summary.json").read_text())["counts"]["found"]["params"]
     assert sum(p.numel() for p in hf.parameters()) == found
+
+
+@pytest.mark.slow  # two torchrun launches of 2 ranks (~1 min each on 2 cores)
+def test_fsdp_under_torchrun_writes_the_hf_dir_ddp_writes(tiny_hf, tmp_path):
+    """``--shard fsdp`` on an hf: model, pipeline p: decoder layers sharded, distillation from
+    the unsharded original, the export gathered on rank 0, retraining sharded again and RUN/hf
+    written from the gathered model: the DDP run's structure and RUN/hf weights."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    model_dir, data = tiny_hf
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root / "src"), OMP_NUM_THREADS="1")
+    args = ["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data), "--pipeline", "p",
+            "--pretrain-epochs", "0", "--epochs", "0.03", "--retrain-epochs", "0.01", "--test-limit", "600",
+            *COMMON]
+    runs = {}
+    for shard in ("fsdp", "none"):
+        runs[shard] = tmp_path / shard
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                               "2", "-m", "dmscale", *args, "--shard", shard, "--out", str(runs[shard])],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    found = [json.loads((runs[s] / "structure.json").read_text()) for s in runs]
+    assert all(found[0][k] == found[1][k] for k in ("width", "depth", "layers"))
+    wa, wb = (load_file(str(runs[s] / "hf" / "model.safetensors")) for s in runs)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)

@@ -317,6 +317,13 @@ OPTIONS: tuple[Option, ...] = (
        "run the model's forward under torch.compile during training (the masks are computed "
        "eagerly; the first steps are slow while it compiles)",
        _ALL_TRAIN, "run", flag_kind="flag"),
+    _o("shard", choice("none", "fsdp"), "none",
+       "under torchrun: none trains a whole copy of the model on every rank (DDP); fsdp shards "
+       "weights, gradients and optimizer state over the ranks with FSDP2 (fully_shard per "
+       "decoder layer / residual block, then the root), the structural parameters and "
+       "importance replicated; the found model is gathered on rank 0 for the export. Not with "
+       "--precision fp16 or --compile yet",
+       _ALL_TRAIN, "run"),
     _o("quiet", boolean, False, "no progress bars or summaries, only errors", COMMANDS, "run",
        flag_kind="flag"),
     # ---- watching a run (docs/cli.md, "Watching a run")

@@ -133,6 +133,7 @@ class RunConfig:
     threads: int | None = None
     precision: str = "32"
     compile: bool = False
+    shard: str = "none"
     quiet: bool = False
     eval_every: int | str | None = None  # N steps, or "<X>e": X epochs
     export_best: bool = False
@@ -162,6 +163,12 @@ class RunConfig:
             raise ConfigError(f"--model {self.model} is pretrained, and pipeline np would search "
                               "it from random weights: use --pipeline p (search, then finetune) "
                               "or p- (search the structure only)")
+        if self.shard == "fsdp" and (self.precision == "fp16" or self.compile):
+            which = "--precision fp16" if self.precision == "fp16" else "--compile"
+            raise ConfigError(f"--shard fsdp does not run with {which} yet (fp16's loss scaler would "
+                              "see only this rank's shard of the gradients; torch.compile of the sharded "
+                              "model is untested): use --precision bf16 or 32 without --compile, or "
+                              "--shard none")
         if self.task == "text" and self.model is not None and not hf:
             raise ConfigError(f"--task text needs a pretrained model with its tokenizer: "
                               f"--model hf:PATH, not --model {self.model} (the char-level "

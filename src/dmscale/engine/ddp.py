@@ -39,6 +39,7 @@ from torch import nn
 from dmscale.core.distributed import is_distributed, rank, world_size
 from dmscale.core.errors import ConfigError, DMScaleError
 from dmscale.engine.device import resolve_device
+from dmscale.engine.fsdp import sharded
 
 __all__ = ["agreed_signal", "any_rank", "barrier", "check_task_for_ranks", "from_rank0", "launched", "local_rank",
            "main_rank_env", "mean_over_ranks", "on_all_ranks", "process_group", "shard_of_this_rank",
@@ -112,9 +113,10 @@ def wrap_model(model: nn.Module, device: torch.device) -> nn.Module:
     is built (the weights in ``p-``, depth's ``a`` once frozen) are left out: wrap again when
     that changes (the step loop does), so every parameter DDP holds gets a gradient in every
     step and ``find_unused_parameters`` (an extra graph traversal per step, and a warning from
-    torch on every rank when none is unused) is not needed.
+    torch on every rank when none is unused) is not needed. A model sharded with FSDP
+    (:func:`dmscale.engine.fsdp.shard_model`) is returned as it is.
     """
-    if not is_distributed():
+    if not is_distributed() or sharded(model) is not None:
         return model
     ids = [device.index if device.index is not None else torch.cuda.current_device()] \
         if device.type == "cuda" else None

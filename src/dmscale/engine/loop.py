@@ -17,12 +17,13 @@ of a step:
 ====================  ===================================================================
 
 Under torchrun (a process group of N > 1 ranks, :mod:`dmscale.engine.ddp`) :meth:`run`
-trains through DistributedDataParallel, :meth:`batch` takes this rank's B/N share of the
-global batch of B (so ``--batch-size`` and the learning rates mean what they mean in one
-process), :meth:`backward_and_step` calls ``searcher.sync_importance()`` after every backward
-(importance from the global batch's mask gradients), the non-finite skip and the stop
-signals are decided by all ranks together, and only rank 0 writes files or prints
-(:attr:`writes_files`). Every rank holds the same model, structure and RNG state.
+trains through DistributedDataParallel (a model sharded by :mod:`dmscale.engine.fsdp` as it
+is), :meth:`batch` takes this rank's B/N share of the global batch of B (so ``--batch-size``
+and the learning rates mean what they mean in one process), :meth:`backward_and_step` calls
+``searcher.sync_importance()`` after every backward (importance from the global batch's mask
+gradients), the non-finite skip and the stop signals are decided by all ranks together, and
+only rank 0 writes files or prints (:attr:`writes_files`). Every rank holds the same
+structure and RNG state, and the same model (or its shard of it).
 
 Evaluations during a phase (``--eval-every``, the best weights) are :mod:`dmscale.engine.evaluation`;
 a ``host.logger`` (``--logger``) gets each record's scalars (:mod:`dmscale.engine.loggers`).
@@ -62,6 +63,8 @@ from dmscale.engine.ddp import agreed_signal, any_rank, mean_over_ranks, shard_o
 from dmscale.engine.device import Precision, compiled_forward
 from dmscale.engine.evaluation import PhaseWatch
 from dmscale.engine.loggers import log_step
+from dmscale.engine.fsdp import load_model_state, load_optimizer_state, model_state, optimizer_state, \
+    sync_replicated_grads
 from dmscale.engine.rundir import CHECKPOINT_VERSION, Progress, RunDir, StopOnSignals, Stopped, fmt_count, rng_state, \
     set_rng_state
 
@@ -324,9 +327,10 @@ class StepLoop:
         return not overflow
 
     def _sync_importance(self) -> None:
-        """DDP: this step's Taylor importance from the global batch's mask gradients (one
-        all-reduce); a no-op in one process. An overflow is seen alike on all ranks (DDP
-        averages the gradients before the scaler looks at them)."""
+        """DDP / FSDP: importance from the global batch's mask gradients (one all-reduce; FSDP:
+        one more averages the replicated ``a``'s gradients); a no-op in one process. An overflow
+        is seen alike on all ranks (DDP averages the gradients before the scaler sees them)."""
+        sync_replicated_grads(self.model)
         if self.searcher is not None:
             self.searcher.sync_importance()
 
@@ -366,13 +370,15 @@ class StepLoop:
         host = self.host
         host.state["elapsed"] = host.elapsed()
         host.state["global_step"] = host.global_step
+        model = model_state(self.model)  # FSDP: the full state, gathered on rank 0 (every rank takes part)
+        optimizers = [optimizer_state(self.model, o) for o in self.optimizers]
         if not self.writes_files:
             return
         state = {
             "version": CHECKPOINT_VERSION, "phase": self.phase, "step": step,
-            "global_step": host.global_step, "model": self.model.state_dict(),
+            "global_step": host.global_step, "model": model,
             "searcher": self.searcher.state_dict() if self.searcher is not None else None,
-            "optimizers": [o.state_dict() for o in self.optimizers],
+            "optimizers": optimizers,
             "schedulers": [s.state_dict() for s in self.schedulers],
             "rng": rng_state(), "metrics_offset": host.rd.metrics_size(),
             "state": copy.deepcopy(host.state),
@@ -386,11 +392,11 @@ class StepLoop:
         ck = self.host.checkpoint_for(self.phase)
         if ck is None:
             return 0
-        self.model.load_state_dict(ck["model"])
+        load_model_state(self.model, ck["model"])
         if self.searcher is not None:
             self.searcher.load_state_dict(ck["searcher"])
         for o, s in zip(self.optimizers, ck["optimizers"]):
-            o.load_state_dict(s)
+            load_optimizer_state(self.model, o, s)
         for sch, s in zip(self.schedulers, ck["schedulers"]):
             sch.load_state_dict(s)
         self.host.precision.load_state_dict(ck.get("scaler"))

@@ -26,6 +26,7 @@ from torch import nn
 import dmscale as dms
 
 from dmscale.config.run_config import ConfigError, load_run_config
+from dmscale.engine.fsdp import export_search, shard_model, unsharded
 from dmscale.engine.rundir import RunDir, fmt_count
 from dmscale.core.errors import NoImportanceError
 from dmscale.run.report import posthoc_line, reach_hint
@@ -85,6 +86,7 @@ class Phases:
             self._start_weights(model)
         model.to(self.device)
         self._record_supernet(model)
+        self._shard(model)
         epochs = cfg.epochs if cfg.command == "pretrain" else cfg.pretrain_epochs
         total = self._steps(epochs)
         opt = self._weight_optimizer(list(model.parameters()))
@@ -92,10 +94,17 @@ class Phases:
         self._train("pretrain", model, total, [opt], [sch])
         metrics = self._phase_result("pretrain", model, total, self.evaluate("pretrain", model, None, total))
         self.state["evals"]["pretrain"] = metrics
-        self._save_weights(model, "supernet.safetensors")
+        full = unsharded(model)  # --shard fsdp: gathered on rank 0, None on the other ranks
+        self._save_weights(full, "supernet.safetensors")
         if cfg.command == "pretrain":
-            self._save_weights(model, "model.safetensors")
+            self._save_weights(full, "model.safetensors")
             self.state["counts"]["found"] = self.state["counts"]["supernet"]
+
+    def _shard(self, model: nn.Module, searcher: dms.Searcher | None = None) -> None:
+        """``--shard fsdp``: shard ``model`` in place, before its optimisers are built
+        (:func:`~dmscale.engine.fsdp.shard_model`; in one process there is nothing to shard)."""
+        if self.cfg.shard == "fsdp":
+            shard_model(model, space=searcher.space if searcher is not None else None)
 
     def _record_supernet(self, model: nn.Module) -> None:
         if "supernet" not in self.state["counts"]:
@@ -166,6 +175,7 @@ class Phases:
             self._check_teacher(teacher, model)
             self._teacher = teacher  # kept for the retrain phase of this run: one frozen copy
         searcher = self._make_searcher(model, extra_exclude)
+        self._shard(model, searcher)
         s_opt = torch.optim.Adam(list(searcher.structure_parameters()), lr=cfg.structure_lr,
                                  weight_decay=0.0)
         total = self._steps(cfg.epochs)
@@ -189,15 +199,17 @@ class Phases:
                 "export would keep the first channels of every layer); no structure.json was written: "
                 "search again with more --epochs, a lower --lr or --precision 32")
         self.rd.write_json("structure.json", searcher.structure())
-        small = searcher.export()
-        recalibrate_batchnorm(small, self.task, cfg.batch_size, cfg.seed * 10 + 5, self.device)
-        metrics = self._phase_result("search", small, total, self.evaluate("search", small, None, total))
-        self.state["evals"]["search"] = metrics
-        self.state["evals"]["final"] = metrics
-        self._save_weights(small, "model.safetensors")
-        if is_hf_model(cfg.model) and "retrain" not in self.phases:
-            self._save_hf(small)
-        self.state["counts"]["found"] = dms.count(small, self.example)
+        small = export_search(searcher)  # --shard fsdp: on rank 0 only, gathered on the CPU
+        if small is not None:
+            small.to(self.device)
+            recalibrate_batchnorm(small, self.task, cfg.batch_size, cfg.seed * 10 + 5, self.device)
+            metrics = self._phase_result("search", small, total, self.evaluate("search", small, None, total))
+            self.state["evals"]["search"] = metrics
+            self.state["evals"]["final"] = metrics
+            self._save_weights(small, "model.safetensors")
+            if is_hf_model(cfg.model) and "retrain" not in self.phases:
+                self._save_hf(small)
+            self.state["counts"]["found"] = dms.count(small, self.example)
         self.state["resources"] = searcher.resources()
         if cfg.resource == "latency":
             fit = searcher.latency_fit()
@@ -333,17 +345,19 @@ class Phases:
             channels = self._check_teacher(teacher, model, structure)
         epochs = cfg.epochs if cfg.command == "retrain" else cfg.retrain_epochs
         total = self._steps(epochs)
+        self._shard(model)
         opt = self._weight_optimizer(list(model.parameters()))
         sch = self._schedule(opt, total)
         self._train("retrain", model, total, [opt], [sch], teacher=teacher, teacher_channels=channels)
         metrics = self._phase_result("retrain", model, total, self.evaluate("retrain", model, None, total))
         self.state["evals"]["retrain"] = metrics
         self.state["evals"]["final"] = metrics
-        self._save_weights(model, "model.safetensors")
+        full = unsharded(model)  # --shard fsdp: gathered on rank 0, None on the other ranks
+        self._save_weights(full, "model.safetensors")
         if is_hf_model(cfg.model):
-            self._save_hf(model)
+            self._save_hf(full)
 
-    def _save_hf(self, model: nn.Module) -> None:
+    def _save_hf(self, model: nn.Module | None) -> None:
         """``RUN/hf``: the found model of an ``hf:`` run as a ``from_pretrained`` directory."""
         if not self.rd.writes:
             return

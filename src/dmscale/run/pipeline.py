@@ -244,7 +244,7 @@ class Pipeline(Phases, Watching):
         finally:
             self._close_logger()
 
-    def _save_weights(self, model: nn.Module, name: str) -> None:
+    def _save_weights(self, model: nn.Module | None, name: str) -> None:
         if self.rd.writes:
             save_weights(model, self.rd / name)
 

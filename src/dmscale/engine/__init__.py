@@ -11,7 +11,7 @@ The engine imports neither the command line, the tasks nor the reports; the pipe
 from dmscale.engine.device import COMPILE_BACKEND, PRECISIONS, Precision, compiled_forward, resolve_device, set_threads
 from dmscale.engine.evaluation import BEST_FILE, PhaseWatch, offer_best, read_best
 from dmscale.engine.loggers import JsonlLogger, RunLogger, TensorBoardLogger, make_logger
-from dmscale.engine.loop import MAX_NON_FINITE_STEPS, LoopHost, StepLoop, StepOutput, calibrated_resource_loss
+from dmscale.engine.loop import MAX_NON_FINITE_STEPS, LoopHost, StepLoop, StepOutput
 from dmscale.engine.rundir import (
     CHECKPOINT_VERSION,
     Progress,
@@ -29,7 +29,7 @@ from dmscale.engine.rundir import (
 __all__ = [
     "BEST_FILE", "CHECKPOINT_VERSION", "COMPILE_BACKEND", "JsonlLogger", "LoopHost", "MAX_NON_FINITE_STEPS",
     "PRECISIONS", "PhaseWatch", "Precision", "Progress", "RunDir", "RunLogger", "StepLoop", "StepOutput",
-    "StopOnSignals", "Stopped", "TensorBoardLogger", "atomic_write_text", "calibrated_resource_loss",
+    "StopOnSignals", "Stopped", "TensorBoardLogger", "atomic_write_text",
     "compiled_forward", "fmt_count", "fmt_time", "make_logger", "offer_best", "read_best", "read_checkpoint",
     "resolve_device", "rng_state", "set_rng_state", "set_threads",
 ]

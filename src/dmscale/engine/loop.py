@@ -68,7 +68,7 @@ from dmscale.engine.fsdp import load_model_state, load_optimizer_state, model_st
 from dmscale.engine.rundir import CHECKPOINT_VERSION, Progress, RunDir, StopOnSignals, Stopped, fmt_count, rng_state, \
     set_rng_state
 
-__all__ = ["LoopHost", "MAX_NON_FINITE_STEPS", "StepLoop", "StepOutput", "calibrated_resource_loss"]
+__all__ = ["LoopHost", "MAX_NON_FINITE_STEPS", "StepLoop", "StepOutput"]
 
 MAX_NON_FINITE_STEPS = 3  # a run stops after this many consecutive non-finite losses
 
@@ -103,24 +103,6 @@ class StepOutput:
     logits: torch.Tensor
     record: dict[str, Any]
     progress: float = 1.0
-
-
-def calibrated_resource_loss(searcher: Any, weight: float) -> torch.Tensor:
-    """The resource loss against the final target, with the soft cost scaled by the current
-    hard/soft ratio (detached).
-
-    With few channels per dimension the soft cost r_c can sit well below the exact cost of
-    the hard masks (a dimension kept whole still has soft masks of 0.5 - 0.9 on its least
-    important channels), so a search can meet its target in soft terms and export a model
-    over it. The finish phase pushes on the calibrated cost until the hard cost is under.
-    """
-    res = searcher.resources()
-    soft = searcher.soft_cost()
-    ratio = res["hard"] / max(res["soft"], 1e-12)
-    calibrated = soft * ratio
-    if float(calibrated.detach()) <= res["target"]:
-        return soft.new_zeros(()).float()
-    return (max(weight, 1.0) * torch.log(calibrated / res["target"])).float()
 
 
 @dataclass
@@ -252,7 +234,7 @@ class StepLoop:
         if self.searcher is not None:
             progress = step / self.total if self.phase == "search" else 1.0
             if self.phase == "finish":
-                r_loss = calibrated_resource_loss(self.searcher, cfg.resource_weight)
+                r_loss = self.searcher.calibrated_resource_loss(cfg.resource_weight)
             else:
                 r_loss = self.searcher.resource_loss(progress=progress)
             loss = loss + r_loss

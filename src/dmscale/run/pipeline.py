@@ -68,7 +68,7 @@ from dmscale.config.run_config import (
 from dmscale.core.distributed import is_main_process, world_size
 from dmscale.engine.ddp import barrier, check_task_for_ranks
 from dmscale.engine.device import Precision, resolve_device, set_threads
-from dmscale.engine.loop import MAX_NON_FINITE_STEPS, StepLoop, calibrated_resource_loss
+from dmscale.engine.loop import MAX_NON_FINITE_STEPS, StepLoop
 from dmscale.engine.rundir import (
     CHECKPOINT_VERSION,
     Progress,
@@ -115,7 +115,6 @@ __all__ = [
     "MAX_NON_FINITE_STEPS",
     "Progress",
     "StopOnSignals",
-    "calibrated_resource_loss",
     "check_inputs_from_info",
     "example_from_info",
     "fmt_count",

@@ -140,3 +140,20 @@ class ResourceLossMixin:
         self.gates.depth_frozen = frozen
         for t in self.gates.depth:
             t.a.requires_grad_(not frozen)
+
+    def calibrated_resource_loss(self, weight: float) -> torch.Tensor:
+        """The resource loss against the final target, with the soft cost scaled by the current
+        hard/soft ratio (detached).
+
+        With few channels per dimension the soft cost r_c can sit well below the exact cost of
+        the hard masks (a dimension kept whole still has soft masks of 0.5 - 0.9 on its least
+        important channels), so a search can meet its target in soft terms and export a model
+        over it. The finish phase pushes on the calibrated cost until the hard cost is under.
+        """
+        res = self.resources()
+        soft = self.soft_cost()
+        ratio = res["hard"] / max(res["soft"], 1e-12)
+        calibrated = soft * ratio
+        if float(calibrated.detach()) <= res["target"]:
+            return soft.new_zeros(()).float()
+        return (max(weight, 1.0) * torch.log(calibrated / res["target"])).float()

@@ -236,6 +236,10 @@ class Pipeline(Phases):
                     and self.rd.writes:
                 shutil.rmtree(self.rd.path, ignore_errors=True)
             raise
+        finally:
+            close = getattr(self.task, "close", None)
+            if close is not None:
+                close()  # loader workers end with the run
 
     def _save_weights(self, model: nn.Module, name: str) -> None:
         if self.rd.writes:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from dmscale.core.errors import ConfigError, MissingDependencyError
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "EVAL_CROP", "ImageTransforms", "torchvision_transforms",
-           "timm_transforms"]
+           "timm_data_config", "timm_transforms"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -84,7 +84,12 @@ def torchvision_transforms(size: int, augment: bool = True, mean: tuple[float, .
 
 def timm_data_config(name: str, size: int | None = None) -> dict[str, Any]:
     """timm's data configuration of model ``name`` (its pretrained configuration's input size,
-    interpolation, crop fraction, mean and std), at ``size`` when given."""
+    interpolation, crop fraction, mean and std), at ``size`` when given.
+
+        >>> cfg = timm_data_config("vit_small_patch16_224")
+        >>> cfg["input_size"], cfg["mean"], cfg["crop_pct"]
+        ((3, 224, 224), (0.5, 0.5, 0.5), 0.9)
+    """
     _torchvision()  # timm imports torchvision
     try:
         import timm
@@ -104,9 +109,9 @@ def timm_transforms(name: str, size: int | None = None, augment: bool = True,
     Raises:
         ConfigError: ``auto_augment`` is not one of timm's augmentation strings.
     """
+    cfg = timm_data_config(name, size)  # imports timm (after torchvision's fix-up)
     from timm.data import create_transform
 
-    cfg = timm_data_config(name, size)
     evaluate = create_transform(**cfg, is_training=False)
     train = evaluate
     if augment:

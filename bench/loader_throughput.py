@@ -20,13 +20,16 @@ jitter, normalisation), batches of ``--batch`` from ``(seed 0, step)``.
 * training step fed by the loader: the same steps drawing their batches from the loader
   (default workers), as in a run: where loader and model share the CPU cores.
 
-Writes ``bench/results/loader_throughput.md`` (``--quick``: a smoke run, 32 images of 64 px,
-timm:resnet18 at batch 8, one round and one step, its table under ``WORKDIR/quick/``).
+Writes ``bench/results/loader_throughput.md`` and the measured rows to
+``bench/results/loader_throughput.json`` (``--table-only`` rewrites the md from it);
+``--quick`` is a smoke run (32 images of 64 px, timm:resnet18 at batch 8, one round and one
+step) whose files go to ``WORKDIR/quick/``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -110,15 +113,14 @@ def _n(value: float) -> str:
 
 
 def write_table(rows: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path, argv: list[str] | None,
-                load: float) -> Path:
-    default = default_workers() if args.default_workers is None else args.default_workers
+                load: float, commit: str, default: int) -> Path:
     lines = [
         "# Image-folder loader throughput vs the training step it feeds", "",
         "Written by `bench/loader_throughput.py` (see its docstring for the protocol). Images/s are",
         "mean ± std over rounds (loader: one epoch per round, its first batch timed apart) or over",
         "timed steps (training: after one warm-up step).", "",
         f"- command: `PYTHONPATH=src:tests {command_line('bench/loader_throughput.py', argv)}`",
-        f"- commit: `{git_commit(ROOT)}`; machine: {platform.platform()}, {os.cpu_count()} CPUs "
+        f"- commit: `{commit}`; machine: {platform.platform()}, {os.cpu_count()} CPUs "
         f"({len(os.sched_getaffinity(0))} usable, shared with other jobs: load average {load:.1f} at the "
         f"start), Python {platform.python_version()}, torch {torch.__version__}, {args.threads} torch "
         f"thread(s) for the training steps; default loader workers here: {default}",
@@ -158,6 +160,9 @@ def write_table(rows: list[dict[str, Any]], args: argparse.Namespace, out_dir: P
                  "at this per-worker rate (decode, random-resized crop and colour jitter of a JPEG of this "
                  "size on one core); the default gives each training process the cores it may use (at most "
                  "16): give --workers where the host has fewer cores than that needs.")
+    lines.append(f"- The absolute rates are those of 2 cores shared with other jobs (load average {load:.1f} "
+                 "when the run started); on free cores every rate would be higher. What carries "
+                 "over is the comparison within the table, each row measured on the same loaded cores.")
     out = out_dir / "loader_throughput.md"
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -178,12 +183,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="smoke run under WORKDIR/quick (see the docstring)")
     ap.add_argument("--workdir", type=Path, default=ROOT / "bench" / "runs" / "loader_throughput",
                     help="scratch directory: the generated images, and --quick's table in WORKDIR/quick")
+    ap.add_argument("--table-only", action="store_true", help="rewrite the md from the json of the last run")
     args = ap.parse_args(argv)
     out_dir = RESULTS
     if args.quick:
         args.images, args.size, args.model, args.batch, args.rounds, args.steps = 32, 64, "timm:resnet18", 8, 1, 1
         out_dir = args.workdir / "quick"
     out_dir.mkdir(parents=True, exist_ok=True)
+    cache = out_dir / "loader_throughput.json"
+    if args.table_only:
+        saved = json.loads(cache.read_text())
+        ns = argparse.Namespace(**saved["args"])
+        out = write_table(saved["rows"], ns, out_dir, saved["argv"], saved["load"], saved["commit"], saved["default"])
+        print(f"wrote {out}")
+        return
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     data = args.workdir / f"images_{args.images}_{args.size}"
@@ -209,7 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     rows.append({"kind": "fed", "what": f"training step of {args.model}, fed by the loader", "workers": default,
                  "rate": measure_steps(cfg, task, args.batch, args.steps, fed=True)})
     print(rows[-1]["what"], _spread(rows[-1]["rate"]), flush=True)
-    print(f"wrote {write_table(rows, args, out_dir, argv, load)}")
+    commit, argv = git_commit(ROOT), sys.argv[1:] if argv is None else argv
+    kept = {k: v for k, v in vars(args).items() if k not in ("workdir", "table_only")}
+    cache.write_text(json.dumps({"args": kept, "argv": argv, "load": load, "commit": commit, "default": default,
+                                 "rows": rows}, indent=1) + "\n")
+    print(f"wrote {write_table(rows, args, out_dir, argv, load, commit, default)}")
 
 
 if __name__ == "__main__":

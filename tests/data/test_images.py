@@ -66,7 +66,8 @@ def test_an_unreadable_file_comes_back_as_the_batch(tmp_path: Path) -> None:
     bad.write_bytes(b"not a jpeg")
     ds = ImageDataset(ImageFiles.from_folder(root / "train"), torchvision_transforms(8).eval)
     item = ds[3]
-    assert isinstance(item, Unreadable) and item.path == str(bad) and "UnidentifiedImageError" in item.error
+    assert isinstance(item, Unreadable) and item.path == str(bad)
+    assert "Error: " in item.error  # PIL's, or a HEIF plugin's once Ultralytics is imported
     assert collate_images([ds[0], item]) == item
     batches = list(image_loader(ds, batch_size=2, workers=1))
     assert isinstance(batches[0], tuple) and batches[1] == item

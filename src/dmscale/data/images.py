@@ -179,8 +179,9 @@ class ImageDataset(torch.utils.data.Dataset):
         return x.as_subclass(torch.Tensor), self.files.label(index)
 
 
-def collate_images(items: list[tuple[torch.Tensor, int] | Unreadable]) -> tuple[torch.Tensor, torch.Tensor] | Unreadable:
-    """``(images B x C x H x W, labels B)``; the first :class:`Unreadable` when there is one."""
+def collate_images(items: list[Any]) -> tuple[torch.Tensor, torch.Tensor] | Unreadable:
+    """``(images B x C x H x W, labels B)`` of ``(image, label)`` items; the first
+    :class:`Unreadable` among them when there is one."""
     for item in items:
         if isinstance(item, Unreadable):
             return item
@@ -222,4 +223,5 @@ def image_loader(dataset: ImageDataset, batch_sampler: Iterable[list[Any]] | Non
     if batch_sampler is not None:
         return torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler, **kw)
     order = range(len(dataset)) if indices is None else indices
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size or 1, sampler=order, **kw)  # type: ignore[arg-type]
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size or 1,
+                                       sampler=order, **kw)  # type: ignore[arg-type]

@@ -127,10 +127,11 @@ def write_table(rows: list[dict[str, Any]], args: argparse.Namespace, out_dir: P
         f"- data: {args.images} JPEGs generated at {args.size} x {args.size} px (quality 90, 2 classes), "
         f"read with the transforms of --model {args.model} at {args.size} px (`{rows[0]['transforms']}`); "
         f"batches of {args.batch} from (seed 0, step); {args.rounds} round(s), {args.steps} timed step(s)", "",
-        "| what | loader workers | images/s | first batch (s) |", "|---|---:|---:|---:|"]
+        "| what | loader workers | images/s | first batch (s) | load average (1 min) at its start |",
+        "|---|---:|---:|---:|---:|"]
     for r in rows:
         first = _spread(r["first"], "{:.2f}") if r.get("first") else "-"
-        lines.append(f"| {r['what']} | {r['workers']} | {_spread(r['rate'])} | {first} |")
+        lines.append(f"| {r['what']} | {r['workers']} | {_spread(r['rate'])} | {first} | {r['load']:.1f} |")
     loaders = {r["workers"]: statistics.mean(r["rate"]) for r in rows if r["kind"] == "loader"}
     step = statistics.mean(next(r["rate"] for r in rows if r["kind"] == "step"))
     fed = statistics.mean(next(r["rate"] for r in rows if r["kind"] == "fed"))
@@ -161,8 +162,8 @@ def write_table(rows: list[dict[str, Any]], args: argparse.Namespace, out_dir: P
                  "size on one core); the default gives each training process the cores it may use (at most "
                  "16): give --workers where the host has fewer cores than that needs.")
     lines.append(f"- The absolute rates are those of 2 cores shared with other jobs (load average {load:.1f} "
-                 "when the run started); on free cores every rate would be higher. What carries "
-                 "over is the comparison within the table, each row measured on the same loaded cores.")
+                 "when the run started, each row's in the table); on free cores every rate would be higher, "
+                 "and a row measured at a lower load than another is favoured against it.")
     out = out_dir / "loader_throughput.md"
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -209,18 +210,19 @@ def main(argv: list[str] | None = None) -> None:
         for threads in ([args.threads, 1] if w == 0 and args.threads > 1 else [args.threads]):
             torch.set_num_threads(threads)
             cfg, task = _task(data, args.model, args.size, w)
+            row_load = os.getloadavg()[0]
             got = measure_loader(task, args.batch, args.rounds)
             what = f"loader alone, {threads} torch thread(s)" if w == 0 else "loader alone"
             rows.append({"kind": "loader" if threads == args.threads else "loader1", "what": what, "workers": w,
-                         **got, "transforms": ", ".join(type(t).__name__ for t in task.train_set.transform.transforms)})
+                         "load": row_load, **got, "transforms": ", ".join(type(t).__name__ for t in task.train_set.transform.transforms)})
             print(rows[-1]["what"], w, _spread(got["rate"]), flush=True)
     torch.set_num_threads(args.threads)
     cfg, task = _task(data, args.model, args.size, default)
     rows.append({"kind": "step", "what": f"training step of {args.model}, batch in memory", "workers": "-",
-                 "rate": measure_steps(cfg, task, args.batch, args.steps, fed=False)})
+                 "load": os.getloadavg()[0], "rate": measure_steps(cfg, task, args.batch, args.steps, fed=False)})
     print(rows[-1]["what"], _spread(rows[-1]["rate"]), flush=True)
     rows.append({"kind": "fed", "what": f"training step of {args.model}, fed by the loader", "workers": default,
-                 "rate": measure_steps(cfg, task, args.batch, args.steps, fed=True)})
+                 "load": os.getloadavg()[0], "rate": measure_steps(cfg, task, args.batch, args.steps, fed=True)})
     print(rows[-1]["what"], _spread(rows[-1]["rate"]), flush=True)
     commit, argv = git_commit(ROOT), sys.argv[1:] if argv is None else argv
     kept = {k: v for k, v in vars(args).items() if k not in ("workdir", "table_only")}

@@ -145,7 +145,9 @@ def write_table(rows: list[dict[str, Any]], args: argparse.Namespace, out_dir: P
               + ("data loading is not the bottleneck here." if loaders[best_w] > step else
                  "data loading is the bottleneck here."),
               f"- Fed by the loader, the steps run at {_n(fed)} images/s ({fed / step:.2f}x the in-memory "
-              "rate): " + ("the workers decode the next batches while the model computes." if fed >= 0.9 * step
+              "rate): " + (f"within the noise of {args.steps} timed steps on shared cores, so loading costs the "
+                           "steps nothing measurable here: the workers decode the next batches while the model "
+                           "computes." if fed >= 0.9 * step
                            else "the workers decode on the cores the model's threads compute on and take "
                                 "their share of them (on a machine shared with other jobs part of this is "
                                 "noise: compare rows only within this table).")]

@@ -44,6 +44,7 @@ CASES = [
     _case("deploy_latency", "deploy_latency.md", ("deploy_latency",), ("onnxruntime", "onnxscript")),  # 11 s
     _case("latency_fit", "latency.md", ("latency.md",)),  # 4 s
     _case("default_run", "default_run.json", ("default_run",)),  # 47 s at load 12 (a few hundred images)
+    _case("loader_throughput", "loader_throughput.md", ("loader_throughput",)),  # 15 s
     _case("smollm2_prune", "smollm2_prune.md", ("smollm2_prune",), LLM, slow=True),  # 82 s
     _case("smollm2_memory", "smollm2_memory.md", ("smollm2_memory",), LLM, slow=True),  # 50 s
     _case("llm_baselines", "llm_baselines.md", ("llm_baselines", "smollm2_prune"), LLM, slow=True),  # 33 s

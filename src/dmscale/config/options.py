@@ -28,6 +28,7 @@ from dmscale.config.values import (
     integer,
     kv_dict,
     nonneg_float,
+    nonneg_int,
     open_fraction,
     unit_fraction,
     positive_float,
@@ -114,9 +115,23 @@ OPTIONS: tuple[Option, ...] = (
     _o("test_limit", positive_int, None,
        "use only the first N test examples (characters for shakespeare, tokens for text)",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="N"),
-    _o("image_size", positive_int, 32,
-       "imagefolder: images are resized to SIZE x SIZE", ("pretrain", "search"), "data",
-       metavar="SIZE"),
+    _o("image_size", positive_int, None,
+       "imagefolder: the side of the square crops the model sees (default: the model's input "
+       "size from timm's data config for timm:NAME, 32 for the other models)",
+       ("pretrain", "search"), "data", metavar="SIZE"),
+    _o("image_augment", choice("default", "none"), "default",
+       "imagefolder: training augmentation: default (random-resized crop and horizontal flip; "
+       "timm's training transform for timm:NAME) or none (training images get the evaluation "
+       "transform: resize and center crop)", ("pretrain", "search"), "data"),
+    _o("auto_augment", nonempty_str, None,
+       "imagefolder with --model timm:NAME: timm's augmentation policy, e.g. rand-m9-mstd0.5 "
+       "(RandAugment), augmix-m5-w3, original (AutoAugment); default: none",
+       ("pretrain", "search"), "data", metavar="POLICY"),
+    _o("workers", nonneg_int, None,
+       "imagefolder: processes decoding images (default: the cores this process may use, "
+       "shared among the torchrun processes of a node, at most 16; 0 = decode in the "
+       "training process). Any number gives the same batches",
+       ("pretrain", "search", "retrain", "eval"), "data", metavar="N"),
     _o("imgsz", positive_int, None,
        "detect: training and validation image size, a multiple of 32 (Ultralytics' imgsz; "
        "default 64)", ("pretrain", "search"), "data", metavar="SIZE"),
@@ -348,4 +363,4 @@ OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
 # options that may differ from the saved config when a run is resumed (--precision and
 # --compile may not: a resumed run must compute what the uninterrupted one would)
-RESUME_MUTABLE = frozenset({"stop_after", "checkpoint_every", "device", "threads", "quiet", "out"})
+RESUME_MUTABLE = frozenset({"stop_after", "checkpoint_every", "device", "threads", "workers", "quiet", "out"})

@@ -82,7 +82,10 @@ class RunConfig:
     text_field: str = "text"
     train_limit: int | None = None
     test_limit: int | None = None
-    image_size: int = 32
+    image_size: int | None = None  # None: the model's (timm), else 32 (tasks/imagefolder.py)
+    image_augment: str = "default"
+    auto_augment: str | None = None
+    workers: int | None = None  # None: dmscale.data.images.default_workers()
     imgsz: int | None = None
     augment: dict[str, Any] | None = None
     seq_len: int = 64
@@ -225,6 +228,7 @@ class RunConfig:
         if cfg.augment and cfg.task != "detect":
             raise ConfigError(f"--augment sets Ultralytics' detection augmentation; --task {cfg.task} "
                               "does not use it (use --task detect, or leave --augment out)")
+        cfg._check_auto_augment()
         if cfg.pretrain_epochs is None:
             cfg.pretrain_epochs = cfg.epochs
         if cfg.retrain_epochs is None:
@@ -246,6 +250,16 @@ class RunConfig:
                               "no best, its structure changes until its end. Retrain it "
                               "(--retrain-epochs E, or `dmscale retrain RUN --eval-every N "
                               "--export-best`), or leave --export-best out")
+    def _check_auto_augment(self) -> None:
+        if self.auto_augment is None:
+            return
+        if self.task != "imagefolder" or not str(self.model).startswith("timm:"):
+            raise ConfigError(f"--auto-augment {self.auto_augment} is timm's augmentation of image "
+                              f"folders; it needs --task imagefolder and --model timm:NAME (this run: "
+                              f"--task {self.task} --model {self.model}): leave it out")
+        if self.image_augment == "none":
+            raise ConfigError(f"--auto-augment {self.auto_augment} adds to the training augmentation, "
+                              "which --image-augment none turns off: give one of the two")
 
     def _check_distill_hidden(self) -> None:
         if not self.distill_hidden or self.command not in ("search", "retrain"):

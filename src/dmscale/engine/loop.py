@@ -210,10 +210,14 @@ class StepLoop:
 
     # ------------------------------------------------------------------ one step
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch ``step`` on the device (DDP: this rank's shard of it)."""
-        x, y = self.host.task.train_batch(step, self.host.cfg.batch_size, self.seed)
-        x, y = shard_of_this_rank((x, y))
-        return x.to(self.host.device), y.to(self.host.device)
+        """Batch ``step`` on the device (DDP: this rank's shard of it; a task with
+        ``shards_by_rank`` returns only that shard, and it is not cut again)."""
+        task = self.host.task
+        x, y = task.train_batch(step, self.host.cfg.batch_size, self.seed)
+        if not getattr(task, "shards_by_rank", False):
+            x, y = shard_of_this_rank((x, y))
+        device = self.host.device
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def forward_loss(self, step: int, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
         """Task loss (+ distillation) under autocast, + the resource loss of a search."""

@@ -27,6 +27,7 @@ import dmscale as dms
 
 from dmscale.config.run_config import ConfigError, load_run_config
 from dmscale.engine.fsdp import export_search, shard_model, unsharded
+from dmscale.core.distributed import all_reduce_mean
 from dmscale.engine.rundir import RunDir, fmt_count
 from dmscale.core.errors import NoImportanceError
 from dmscale.run.report import posthoc_line, reach_hint
@@ -57,6 +58,11 @@ def recalibrate_batchnorm(model: nn.Module, task: Task, batch_size: int, seed: i
     The statistics a supernet collects during the search are those of soft masks (channels
     scaled by 0.5 - 0.9, blocks partly on); the exported model computes hard-masked
     activations, so its inherited running statistics are off until re-estimated.
+
+    Under torchrun a task that loads only this rank's share of each batch
+    (``task.shards_by_rank``) gives every rank the statistics of its shares; they are then
+    averaged over the ranks (the means are the global batches' means), so every rank holds
+    the same statistics.
     """
     def batches():
         for step in range(n_batches):
@@ -64,7 +70,13 @@ def recalibrate_batchnorm(model: nn.Module, task: Task, batch_size: int, seed: i
             yield x.to(device)
 
     with torch.random.fork_rng(devices=[]):
-        return dms.recalibrate_batchnorm(model, batches(), forward=task.forward)
+        n = dms.recalibrate_batchnorm(model, batches(), forward=task.forward)
+    if getattr(task, "shards_by_rank", False):
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+                all_reduce_mean(m.running_mean)
+                all_reduce_mean(m.running_var)
+    return n
 
 
 class Phases:

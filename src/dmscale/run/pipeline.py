@@ -242,6 +242,9 @@ class Pipeline(Phases, Watching):
             raise
         finally:
             self._close_logger()
+            close = getattr(self.task, "close", None)
+            if close is not None:
+                close()  # loader workers end with the run
 
     def _save_weights(self, model: nn.Module | None, name: str) -> None:
         if self.rd.writes:

@@ -1,7 +1,8 @@
-"""Image classification tasks (MNIST, scikit-learn digits, ImageFolder) and image models.
+"""Image classification on in-memory tensors (MNIST, scikit-learn digits) and image models.
 
 Data are held in memory as float tensors ``N x C x H x W``; a training batch is a slice of
 a per-epoch permutation drawn from ``(seed, epoch)``, so batches depend on the step alone.
+Image folders are read lazily instead (:mod:`dmscale.tasks.imagefolder`).
 
 Models (``--model``):
 
@@ -38,7 +39,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmscale.config.run_config import ConfigError, RunConfig
-from dmscale.core.errors import DataError
 from dmscale.tasks.registry import Task, _epoch_permutation, register_models, register_task, scaled
 
 __all__ = ["ClassificationTask", "build_image_task", "build_image_model"]
@@ -112,70 +112,10 @@ def _limit(x: torch.Tensor, y: torch.Tensor, limit: int | None, what: str) -> tu
     return x[:limit], y[:limit]
 
 
-def _imagefolder(cfg: RunConfig) -> ClassificationTask:
-    if not cfg.data:
-        raise ConfigError("task imagefolder needs --data DIR (a directory of class folders)")
-    root = Path(cfg.data)
-    if not root.is_dir():
-        raise ConfigError(f"--data {root}: not a directory")
-    from dmscale.core._compat import ensure_torchvision
-
-    if not ensure_torchvision():
-        raise ConfigError("task imagefolder needs torchvision: pip install -e .[vision]")
-    from torchvision import datasets, transforms
-
-    size = cfg.image_size
-    tf = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor(),
-                             transforms.Normalize([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])])
-
-    def load(path: Path, limit: int | None = None) -> tuple[datasets.ImageFolder, torch.Tensor, torch.Tensor]:
-        try:
-            ds = datasets.ImageFolder(str(path), transform=tf)
-        except (FileNotFoundError, RuntimeError) as err:
-            raise ConfigError(f"--data {path}: {str(err).strip()} Expected one folder per class holding "
-                              "its images (DIR/CLASS/IMAGE, or DIR/train/CLASS/IMAGE and DIR/val/CLASS/IMAGE)") from None
-        n = len(ds) if limit is None else min(limit, len(ds))
-        order = list(range(len(ds)))
-        if limit is not None:  # a class-balanced prefix: interleave the classes
-            g = torch.Generator().manual_seed(0)
-            order = torch.randperm(len(ds), generator=g).tolist()
-        xs, ys = [], []
-        for i in order[:n]:
-            try:
-                x, y = ds[i]
-            # PIL: not an image, truncated. ImportError: with Ultralytics imported, PIL's
-            # Image.open is patched to fall back to a HEIF plugin, which may not be installed
-            except (OSError, ValueError, SyntaxError, ImportError) as err:
-                raise DataError(f"--data {path}: cannot read image {ds.samples[i][0]} "
-                                f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); remove or "
-                                "replace the file") from None
-            xs.append(x)
-            ys.append(y)
-        return ds, torch.stack(xs), torch.tensor(ys, dtype=torch.long)
-
-    split_test = next((root / s for s in ("val", "test") if (root / s).is_dir()), None)
-    if (root / "train").is_dir() and split_test is not None:
-        ds, x_train, y_train = load(root / "train", cfg.train_limit)
-        ds_test, x_test, y_test = load(split_test, cfg.test_limit)
-        if ds_test.classes != ds.classes:
-            raise ConfigError(f"--data {root}: {split_test.name}/ has classes {ds_test.classes}, "
-                              f"train/ has {ds.classes}")
-    else:
-        ds, x, y = load(root)
-        g = torch.Generator().manual_seed(0)
-        perm = torch.randperm(len(x), generator=g)
-        n_test = max(1, len(x) // 10)
-        x_test, y_test = x[perm[:n_test]], y[perm[:n_test]]
-        x_train, y_train = x[perm[n_test:]], y[perm[n_test:]]
-        x_train, y_train = _limit(x_train, y_train, cfg.train_limit, "train")
-        x_test, y_test = _limit(x_test, y_test, cfg.test_limit, "test")
-    return ClassificationTask("imagefolder", x_train, y_train, x_test, y_test,
-                              len(ds.classes), ds.classes)
-
-
-@register_task("mnist", "digits", "imagefolder")
-def build_image_task(cfg: RunConfig) -> ClassificationTask:
-    """MNIST (bundled or ``--data``), digits or an ImageFolder, as ``cfg`` says."""
+@register_task("mnist", "digits")
+def build_image_task(cfg: RunConfig) -> Task:
+    """MNIST (bundled or ``--data``), digits or an image folder, as ``cfg`` says (the image
+    folder is :func:`dmscale.tasks.imagefolder.build_imagefolder_task`'s)."""
     if cfg.task == "mnist":
         from dmscale.data import mnist_tensors
 
@@ -191,7 +131,9 @@ def build_image_task(cfg: RunConfig) -> ClassificationTask:
         xt, yt = _limit(xt, yt, cfg.test_limit, "test")
         return ClassificationTask("digits", x, y, xt, yt, 10)
     if cfg.task == "imagefolder":
-        return _imagefolder(cfg)
+        from dmscale.tasks.imagefolder import build_imagefolder_task
+
+        return build_imagefolder_task(cfg)
     raise ConfigError(f"not an image task: {cfg.task!r}")
 
 

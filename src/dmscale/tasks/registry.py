@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmscale.config.run_config import ConfigError, RunConfig
+from dmscale.data.order import epoch_permutation as _epoch_permutation  # the order of every task's batches
 from dmscale.tasks.distill import DistillTerm, Distillation, distill_loss, hidden_distill_loss, kept_hidden_channels
 
 # the distillation helpers live in .distill; re-exported here, where they were first
@@ -102,12 +103,17 @@ class Task:
         kind: ``"classification"`` or ``"language"``.
         metric: the headline metric of :meth:`evaluate` (``"acc"`` or ``"bpc"``).
         info: what :func:`build_model` needs (saved in the run's config).
+        shards_by_rank: under torchrun, :meth:`train_batch` returns (and loads) only this
+            rank's share of the global batch, so the step loop does not cut it again
+            (:func:`dmscale.engine.ddp.shard_of_this_rank`). False: every rank gets the whole
+            global batch and keeps its share.
     """
 
     name: str = ""
     kind: str = "classification"
     metric: str = "acc"
     higher_is_better: bool = True
+    shards_by_rank: bool = False
     info: dict[str, Any]
 
     def example_inputs(self) -> torch.Tensor:
@@ -159,16 +165,14 @@ class Task:
         """One line about the data."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what loading holds (loader worker processes); the task stays usable."""
+
     def format_metrics(self, metrics: dict[str, float]) -> str:
         if self.kind == "language":
             return (f"bits/char {metrics['bpc']:.3f}, perplexity {metrics['ppl']:.2f}, "
                     f"next-char accuracy {100 * metrics['acc']:.1f}%")
         return f"accuracy {100 * metrics['acc']:.2f}% (loss {metrics['loss']:.3f})"
-
-
-def _epoch_permutation(n: int, epoch: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch * 7_919) % (2**63 - 1))
-    return torch.randperm(n, generator=g)
 
 
 def build_task(cfg: RunConfig) -> Task:

@@ -1,0 +1,66 @@
+"""A search on a JPEG image folder read by loader workers resumes to the result of an
+uninterrupted one: batches and their random augmentation are a function of (seed, step), not
+of the workers, their number or their prefetching.
+
+* ``--stop-after 3`` (mid-epoch, workers 2), then ``--resume`` with ``--workers 0``;
+* SIGKILL of the training process (its workers running ahead) after the first checkpoint,
+  then ``--resume``;
+
+both end with the structure and the bit-identical weights of the uninterrupted run
+(``structure.json``, ``model.safetensors``; helpers of ``test_killed_runs``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dmscale.cli import main
+from image_folders import make_image_folder
+from test_killed_runs import _assert_same_result, _wait_for
+
+__all__: list[str] = []
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    data = make_image_folder(tmp_path_factory.mktemp("imgs") / "data", n_train=64, n_val=16, size=24)
+    return ["search", "--task", "imagefolder", "--data", str(data), "--image-size", "16", "--model", "smallcnn",
+            "--model-args", "width=4,blocks=2", "--batch-size", "16", "--threads", "1", "--quiet",
+            "--structure-lr", "0.05", "--epochs", "2", "--retrain-epochs", "1", "--checkpoint-every", "2",
+            "--seed", "0", "--workers", "2"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(args: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("whole") / "run"
+    assert main([*args, "--out", str(out)]) == 0
+    return out
+
+
+def test_stop_then_resume_with_other_workers(args: list[str], uninterrupted: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert main([*args, "--out", str(out), "--stop-after", "3"]) == 0
+    assert not (out / "structure.json").exists()
+    assert main(["search", "--resume", str(out), "--quiet", "--workers", "0"]) == 0
+    _assert_same_result(out, uninterrupted)
+
+
+def test_sigkill_with_running_workers_then_resume(args: list[str], uninterrupted: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "dmscale", *args, "--out", str(out)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(out / "checkpoint.pt", proc)
+    proc.kill()
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    assert main(["search", "--resume", str(out), "--quiet"]) == 0
+    _assert_same_result(out, uninterrupted)

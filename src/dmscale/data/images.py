@@ -85,7 +85,7 @@ class ImageFiles:
         from dmscale.core._compat import ensure_torchvision
 
         if not ensure_torchvision():
-            raise ConfigError("task imagefolder needs torchvision: pip install -e .[vision]")
+            raise ConfigError("task imagefolder needs torchvision: pip install 'dmscale[vision]'")
         from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
         path = Path(path)

@@ -57,8 +57,8 @@ def _ultralytics() -> None:
     try:
         from dmscale.integrations.ultralytics import ensure_nms
     except ModuleNotFoundError as err:
-        raise ConfigError(f"--task detect needs Ultralytics ({err}): pip install -c constraints.txt "
-                          "ultralytics") from None
+        raise ConfigError(f"--task detect needs Ultralytics ({err}): pip install 'dmscale[yolo]' "
+                          "(Ultralytics is AGPL-3.0)") from None
     ensure_nms()
 
 

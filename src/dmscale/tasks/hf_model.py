@@ -81,7 +81,7 @@ def hf_source(path: str) -> tuple[str, dict[str, Any]]:
 
 def _need(package: str, path: str) -> None:
     if importlib.util.find_spec(package) is None:
-        raise ConfigError(f"--model hf:{path} needs the '{package}' package: pip install -e .[llm]")
+        raise ConfigError(f"--model hf:{path} needs the '{package}' package: pip install 'dmscale[llm]'")
 
 
 def _import_transformers() -> Any:

@@ -181,7 +181,7 @@ def build_image_model(name: str, args: dict[str, Any], expand: dict[str, float],
         from dmscale.core._compat import ensure_torchvision
 
         if not ensure_torchvision():
-            raise ConfigError("--model tv:... needs torchvision: pip install -e .[vision]")
+            raise ConfigError("--model tv:... needs torchvision: pip install 'dmscale[vision]'")
         import torchvision
 
         try:
@@ -197,7 +197,7 @@ def build_image_model(name: str, args: dict[str, Any], expand: dict[str, float],
         try:
             import timm
         except ImportError:
-            raise ConfigError("--model timm:... needs timm: pip install -e .[vision]") from None
+            raise ConfigError("--model timm:... needs timm: pip install 'dmscale[vision]'") from None
         if not timm.is_model(name[5:]):
             raise ConfigError(f"--model {name}: timm has no model {name[5:]!r}")
         return timm.create_model(name[5:], pretrained=False, num_classes=n_cls, in_chans=c_in, **args)

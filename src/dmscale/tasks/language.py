@@ -191,7 +191,7 @@ def _build_llama(args: dict[str, Any], expand: dict[str, float], info: dict[str,
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
-        raise ConfigError("--model llama needs transformers: pip install -e .[llm]") from None
+        raise ConfigError("--model llama needs transformers: pip install 'dmscale[llm]'") from None
     kw = {**LLAMA_DEFAULTS, **args}
     heads = int(kw["num_attention_heads"])
     head_dim = max(1, int(kw["hidden_size"]) // heads)

@@ -133,7 +133,7 @@ def _tv_state(name: str, args: dict[str, Any]) -> dict[str, torch.Tensor]:
     from dmscale.core._compat import ensure_torchvision
 
     if not ensure_torchvision():
-        raise ConfigError("--model tv:... needs torchvision: pip install -e .[vision]")
+        raise ConfigError("--model tv:... needs torchvision: pip install 'dmscale[vision]'")
     import torchvision
 
     arch = name[3:]

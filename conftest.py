@@ -8,7 +8,9 @@ tested by loading saved checkpoints (tests/export/test_hf_export.py), not by imp
 ``tests/*_fresh.py`` are scripts the tests run in a fresh process that blocks ``import dmscale``;
 imported by the doctest collection they would install that block in the test process itself.
 ``tests/integrations/*_script.py`` and ``tests/tasks/*_script.py`` are run under torchrun by the tests.
+``tests/doc_preludes/*.py`` are hidden setups that tests/test_doc_blocks.py runs before
+documentation code blocks; imported on their own they would build models or join a process group.
 """
 
 collect_ignore_glob = ["src/dmscale/export/hf_remote/*", "tests/*_fresh.py", "tests/integrations/*_script.py",
-                       "tests/tasks/*_script.py"]
+                       "tests/tasks/*_script.py", "tests/doc_preludes/*"]

@@ -9,5 +9,6 @@ total = 3                                             # training steps
 images = torch.randn(4, 3, 64, 64)                    # one batch, reused every step
 labels = torch.randint(0, 10, (4,))
 task_loss = torch.nn.functional.cross_entropy
+batches = [(images, labels)] * total                  # what `for images, labels in batches` reads
 some_training_batches = [torch.randn(4, 3, 64, 64) for _ in range(2)]
 fresh_resnet18 = torchvision.models.resnet18(num_classes=10)

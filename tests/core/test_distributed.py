@@ -8,17 +8,16 @@ whole global batches.
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import dist_worker
 import dmscale as dms
+from spawn_ranks import spawn_ranks
 from dmscale.core.distributed import all_reduce_mean, is_distributed, is_main_process, rank, shard, world_size
 from dmscale.core.errors import PendingImportanceError
 from dmscale.core.topk import integer_rank
@@ -101,19 +100,7 @@ def test_integer_rank_ties_are_deterministic():
 
 # ---------------------------------------------------------------------- two ranks, gloo
 def _spawn(tmp_path) -> list[dict]:
-    ctx = mp.spawn(dist_worker.worker, args=(WORLD, str(tmp_path / "store"), str(tmp_path)),
-                   nprocs=WORLD, join=False)
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {WORLD} ranks did not finish in {DEADLINE_S:.0f} s (a hang in a collective?)")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(dist_worker.worker, WORLD, tmp_path, deadline_s=DEADLINE_S)
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,14 @@ whole global batches.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import dmscale as dms
+from spawn_ranks import spawn_ranks
 import fsdp_worker
 from dmscale.core.errors import ConfigError
 from dmscale.engine import fsdp
@@ -127,19 +126,7 @@ def test_an_fsdp_without_ignored_params_is_refused_by_name(monkeypatch):
 
 # ---------------------------------------------------------------------- two ranks, gloo
 def _spawn(tmp_path, cases: tuple[str, ...]) -> list[dict]:
-    ctx = mp.spawn(fsdp_worker.worker, args=(WORLD, str(tmp_path / "store"), str(tmp_path), cases),
-                   nprocs=WORLD, join=False)
-    deadline = time.monotonic() + DEADLINE_S
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {WORLD} ranks did not finish in {DEADLINE_S:.0f} s (a hang in a collective?)")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(fsdp_worker.worker, WORLD, tmp_path, cases, deadline_s=DEADLINE_S)
 
 
 @pytest.fixture(scope="module")

@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dmscale.config.run_config import ConfigError, RunConfig
-from dmscale.tasks.registry import Task, _epoch_permutation, register_models, register_task, scaled
+from dmscale.tasks.registry import (Task, _epoch_permutation, classification_metrics, register_models, register_task,
+                                     scaled)
 
 __all__ = ["ClassificationTask", "build_image_task", "build_image_model"]
 
@@ -80,23 +80,12 @@ class ClassificationTask(Task):
         idx = perm[k * batch_size:(k + 1) * batch_size]
         return self.x_train[idx], self.y_train[idx]
 
-    @torch.no_grad()
     def evaluate(self, model: nn.Module, batch_size: int = 256, device: torch.device | str = "cpu",
                  limit: int | None = None) -> dict[str, float]:
-        was = model.training
-        model.eval()
         n = len(self.x_test) if limit is None else min(limit, len(self.x_test))
-        correct, loss = 0, 0.0
-        try:
-            for i in range(0, n, batch_size):
-                x = self.x_test[i:min(i + batch_size, n)].to(device)
-                y = self.y_test[i:min(i + batch_size, n)].to(device)
-                logits = self.forward(model, x).float()
-                loss += float(F.cross_entropy(logits, y, reduction="sum"))
-                correct += int((logits.argmax(-1) == y).sum())
-        finally:
-            model.train(was)
-        return {"acc": correct / n, "loss": loss / n, "examples": n}
+        batches = ((self.x_test[i:min(i + batch_size, n)].to(device), self.y_test[i:min(i + batch_size, n)].to(device))
+                   for i in range(0, n, batch_size))
+        return classification_metrics(self.forward, model, batches, n)
 
     def describe(self) -> str:
         c, h, w = self.x_train.shape[1:]

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dmscale.config.run_config import ConfigError, RunConfig
@@ -52,7 +51,7 @@ from dmscale.core.errors import DataError
 from dmscale.data.image_transforms import ImageTransforms, timm_transforms, torchvision_transforms
 from dmscale.data.images import ImageDataset, ImageFiles, Unreadable, default_workers, image_loader, open_image
 from dmscale.data.order import StepBatchSampler, steps_per_epoch
-from dmscale.tasks.registry import Task, register_task
+from dmscale.tasks.registry import Task, classification_metrics, register_task
 
 __all__ = ["DEFAULT_IMAGE_SIZE", "ImageFolderTask", "build_imagefolder_task", "image_transforms"]
 
@@ -142,19 +141,10 @@ class ImageFolderTask(Task):
         workers = min(self.workers, -(-n // batch_size))  # no more workers than batches
         loader = image_loader(self.test_set, batch_size=batch_size, indices=range(n), workers=workers,
                               pin_memory=self.pin_memory)
-        was = model.training
-        model.eval()
-        correct, loss = 0, 0.0
-        try:
-            for batch in loader:
-                x, y = self._pair(batch, self.test_set.files, prefix=f"task {self.name}: ")
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                logits = self.forward(model, x).float()
-                loss += float(F.cross_entropy(logits, y, reduction="sum"))
-                correct += int((logits.argmax(-1) == y).sum())
-        finally:
-            model.train(was)
-        return {"acc": correct / n, "loss": loss / n, "examples": n}
+        prefix = f"task {self.name}: "
+        batches = (tuple(t.to(device, non_blocking=True) for t in self._pair(batch, self.test_set.files, prefix=prefix))
+                   for batch in loader)
+        return classification_metrics(self.forward, model, batches, n)
 
     def describe(self) -> str:
         s = self.transforms.size

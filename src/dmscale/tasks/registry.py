@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,7 @@ from dmscale.tasks.distill import DistillTerm, Distillation, distill_loss, hidde
 
 # the distillation helpers live in .distill; re-exported here, where they were first
 __all__ = ["Task", "build_task", "build_model", "register_task", "register_models", "MODEL_NAMES",
-           "is_import_path",
+           "is_import_path", "classification_metrics",
            "distill_loss", "hidden_distill_loss", "kept_hidden_channels", "Distillation", "DistillTerm"]
 
 MODEL_NAMES = ("resnet", "smallcnn", "tv:NAME", "timm:NAME", "charcnn", "llama", "yolo:YAML", "hf:PATH",
@@ -173,6 +173,24 @@ class Task:
             return (f"bits/char {metrics['bpc']:.3f}, perplexity {metrics['ppl']:.2f}, "
                     f"next-char accuracy {100 * metrics['acc']:.1f}%")
         return f"accuracy {100 * metrics['acc']:.2f}% (loss {metrics['loss']:.3f})"
+
+
+def classification_metrics(forward: Callable[[nn.Module, torch.Tensor], torch.Tensor], model: nn.Module,
+                           batches: Iterable[tuple[torch.Tensor, torch.Tensor]], n: int) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``model`` over ``batches`` of ``(x, y)`` (``n``
+    examples in all), in eval mode, the model's own mode restored afterwards."""
+    was = model.training
+    model.eval()
+    correct, loss = 0, 0.0
+    try:
+        with torch.no_grad():
+            for x, y in batches:
+                logits = forward(model, x).float()
+                loss += float(F.cross_entropy(logits, y, reduction="sum"))
+                correct += int((logits.argmax(-1) == y).sum())
+    finally:
+        model.train(was)
+    return {"acc": correct / n, "loss": loss / n, "examples": n}
 
 
 def build_task(cfg: RunConfig) -> Task:

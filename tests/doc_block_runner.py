@@ -9,6 +9,7 @@ points at ``docs/library.md``, line 20, and shows that line.
 
 from __future__ import annotations
 
+import gc
 import json
 import linecache
 import subprocess
@@ -75,6 +76,22 @@ def main(chain_file: str) -> None:
             path.write_text(step["code"])
         else:
             raise ValueError(f"unknown step kind {kind!r}")
+    _leave_process_group(namespace)
+
+
+def _leave_process_group(namespace: dict) -> None:
+    """A torchrun block leaves its process group cleanly: the blocks' objects (a DDP wrapper
+    among them) are dropped while the group lives, the ranks meet, then the group is destroyed.
+    A DDP reducer still alive at interpreter exit aborts the process ("terminate called without
+    an active exception")."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    namespace.clear()
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

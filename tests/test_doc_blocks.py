@@ -298,3 +298,32 @@ def test_doc_block(chain: Chain, tmp_path: Path):
 @pytest.mark.parametrize("chain", SLOW, ids=[c.where for c in SLOW])
 def test_slow_doc_block(chain: Chain, tmp_path: Path):
     run_chain(chain, tmp_path, SLOW_TIMEOUT_S)
+
+
+_LEAVES = '''
+import atexit, os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+ddp(torch.randn(3, 2)).sum().backward()
+rank = dist.get_rank()
+atexit.register(lambda d=dist, r=rank: open(f"exit{r}.txt", "w").write(str(d.is_initialized())))
+'''
+
+
+def test_a_torchrun_block_leaves_its_process_group_before_exit(tmp_path: Path):
+    """A block that leaves a DDP wrapper and its process group alive must not reach interpreter
+    exit with them: the reducer then aborts the rank now and then (seen once in CI)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    chain = tmp_path / "chain.json"
+    chain.write_text(json.dumps({"steps": [
+        {"kind": "python", "where": "ddp block", "name": "ddp.py", "code": _LEAVES, "line": 1}]}))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "2", str(RUNNER), str(chain)],
+                          cwd=work, env=_environment(tmp_path), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert [(work / f"exit{r}.txt").read_text() for r in (0, 1)] == ["False", "False"]

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["DMSHook", "MaskSource", "first_input", "along", "masked_input"]
+__all__ = ["DMSHook", "MaskSource", "cast", "first_input", "along", "masked_input"]
 
 
 class MaskSource(Protocol):
@@ -31,6 +31,8 @@ class MaskSource(Protocol):
     def channel_mask(self, key: str) -> torch.Tensor: ...
 
     def depth_mask(self, j: int) -> torch.Tensor: ...
+
+    def depth_unit(self, j: int, block: int) -> torch.Tensor: ...
 
 
 class DMSHook:
@@ -49,12 +51,18 @@ def first_input(args: tuple, kwargs: dict) -> tuple[int | str, torch.Tensor] | N
     return None
 
 
+def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``; ``t`` itself when it already is (no ``aten::to`` call: the hooks
+    run once per layer per forward, and every call is a dispatch on the host)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def along(x: torch.Tensor, m: torch.Tensor, dim: int) -> torch.Tensor:
     """``x * m`` with the (C,) mask ``m`` along dim ``dim`` of ``x`` (1xCx1x1 for a conv's
     (B, C, H, W) at dim 1, C for the last dim), in ``x``'s dtype."""
     shape = [1] * x.dim()
     shape[dim % x.dim()] = m.numel()
-    return x * m.view(shape).to(x.dtype)
+    return x * cast(m.view(shape), x.dtype)
 
 
 def masked_input(args: tuple, kwargs: dict, found: tuple[int | str, torch.Tensor], m: torch.Tensor,

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dmscale.core.hook_base import DMSHook, MaskSource, along, first_input, masked_input
+from dmscale.core.hook_base import DMSHook, MaskSource, along, cast, first_input, masked_input
 from dmscale.core.masked_norm import masked_layer_norm, masked_rms_rescale
 
 __all__ = ["ComputeMasks", "RestoreFastpath", "MaskInput", "MaskOutput", "MaskedNorm", "MaskBranch"]
@@ -107,13 +107,13 @@ class MaskedNorm(DMSHook):
         if found is None or not self.gates.enabled:
             return None
         x = found[1]
-        m = self.gates.channel_mask(self.key).to(torch.float32)  # (C,)
+        m = cast(self.gates.channel_mask(self.key), torch.float32)  # (C,)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # nn.RMSNorm(eps=None)
         if self.kind == "rms":  # one autograd node: the output rescaled to the kept mean square
             return masked_rms_rescale(out, x, m, eps)
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         bias = bias if isinstance(bias, torch.Tensor) else None
-        return masked_layer_norm(x, m, weight, bias, eps).to(out.dtype)  # one autograd node
+        return cast(masked_layer_norm(x, m, weight, bias, eps), out.dtype)  # one autograd node
 
 
 class MaskBranch(DMSHook):
@@ -125,8 +125,8 @@ class MaskBranch(DMSHook):
     def __call__(self, module: nn.Module, args: tuple, out: Any) -> Any:
         if not self.gates.enabled:
             return None
-        m = self.gates.depth_mask(self.dim)[self.block]
+        m = self.gates.depth_unit(self.dim, self.block)  # () scalar
         if isinstance(out, torch.Tensor):
-            return out * m.to(out.dtype)
+            return out * cast(m, out.dtype)
         first = out[0]  # (output, attention weights, ...) as Hugging Face attention returns
-        return (first * m.to(first.dtype),) + tuple(out[1:])
+        return (first * cast(m, first.dtype),) + tuple(out[1:])

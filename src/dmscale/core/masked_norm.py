@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from dmscale.core.hook_base import cast
+
 __all__ = ["MaskedLayerNorm", "masked_layer_norm", "MaskedRMSRescale", "masked_rms_rescale"]
 
 _MIN_TOTAL = 1e-6  # sum(m) is clamped here (all channels masked to ~0)
@@ -50,23 +52,23 @@ class MaskedLayerNorm(torch.autograd.Function):
     def _forward(ctx: Any, x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None,
                  bias: torch.Tensor | None, eps: float) -> torch.Tensor:
         dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        xf, mf = x.to(dt), m.to(dt)
-        total = mf.sum().clamp_min(_MIN_TOTAL)  # S; the gradient assumes S = sum(m) (unclamped)
-        p = mf / total  # (C,)
+        xf = cast(x, dt)  # (..., C)
+        total = cast(m, dt).sum().clamp_min(_MIN_TOTAL)  # S; the gradient assumes S = sum(m) (unclamped)
+        p = cast(m, dt) / total  # (C,)
         mu = xf @ p  # (...)
-        xc = xf - mu.unsqueeze(-1)
+        xc = xf - mu.unsqueeze(-1)  # (..., C), ours: normalised in place below
         var = (xc * xc) @ p  # (...)
-        r = torch.rsqrt(var + eps)  # (...)
-        y = xc.mul_(r.unsqueeze(-1))  # x̂, in place (xc is ours and no longer needed)
+        r = (var + eps).rsqrt_()  # (...)
+        y = xc.mul_(r.unsqueeze(-1))  # x̂
         if weight is not None and bias is not None:
-            y = torch.addcmul(bias.to(dt), y, weight.to(dt))  # one pass for w x̂ + b
+            y = torch.addcmul(cast(bias, dt), y, cast(weight, dt))  # one pass for w x̂ + b
         elif weight is not None:
-            y = y.mul_(weight.to(dt))
+            y = y.mul_(cast(weight, dt))
         elif bias is not None:
-            y = y.add_(bias.to(dt))
+            y = y.add_(cast(bias, dt))
         ctx.save_for_backward(x, p, mu, r, total, weight)
         ctx.eps, ctx.has_bias, ctx.dt = eps, bias is not None, dt
-        return y.to(x.dtype)
+        return cast(y, x.dtype)
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -77,23 +79,23 @@ class MaskedLayerNorm(torch.autograd.Function):
     def _backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, p, mu, r, total, weight = ctx.saved_tensors
         dt, c = ctx.dt, x.shape[-1]
-        gyf = gy.reshape(-1, c).to(dt)  # (N, C): every position one row
-        r1, mu1 = r.reshape(-1, 1), mu.reshape(-1, 1)  # (N, 1)
-        xhat = (x.reshape(-1, c).to(dt) - mu1) * r1  # (N, C)
-        g = gyf * weight.to(dt) if weight is not None else gyf
-        g1 = g.sum(-1, keepdim=True)  # (N, 1)
-        g2 = torch.linalg.vecdot(g, xhat).unsqueeze(-1)  # (N, 1)
+        gyf = cast(gy.reshape(-1, c), dt)  # (N, C): every position one row
+        r1 = r.reshape(-1, 1)  # (N, 1)
+        xhat = (cast(x.reshape(-1, c), dt) - mu.reshape(-1, 1)).mul_(r1)  # (N, C)
+        g = gyf * cast(weight, dt) if weight is not None else gyf
+        g1 = g.sum(-1, keepdim=True)  # G1, (N, 1)
+        g2 = (g * xhat).sum(-1, keepdim=True)  # G2, (N, 1)
         dx = dm = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = (r1 * (g - p * torch.addcmul(g1, xhat, g2))).to(x.dtype).reshape(x.shape)
-        if ctx.needs_input_grad[1]:  # through p = m / S and both statistics; sums over N as products
-            vr2 = 1.0 - ctx.eps * r1 * r1  # var r^2 = var / (var + eps), (N, 1)
-            s1 = (xhat.T @ g1).squeeze(-1)  # sum_n xhat_nk G1_n, (C,)
-            s2 = ((xhat * xhat).T @ g2).squeeze(-1)  # sum_n xhat_nk^2 G2_n
-            s3 = torch.linalg.vecdot(g2.squeeze(-1), vr2.squeeze(-1))  # sum_n G2_n var_n r_n^2
-            dm = ((0.5 * s3 - s1 - 0.5 * s2) / total).to(p.dtype)
+            dx = cast((g - torch.addcmul(g1, xhat, g2).mul_(p)).mul_(r1), x.dtype).reshape(x.shape)
+        if ctx.needs_input_grad[1]:  # through p = m / S and both statistics, summed over N
+            # sum_n x̂_nk (G1_n + x̂_nk G2_n / 2), (C,)
+            s12 = (xhat * torch.addcmul(g1, xhat, g2, value=0.5)).sum(0)
+            # sum_n G2_n var_n r_n^2 / 2, with var r^2 = 1 - eps r^2
+            s3 = 0.5 * (g2.sum() - ctx.eps * torch.linalg.vecdot(g2.reshape(-1), (r1 * r1).reshape(-1)))
+            dm = cast((s3 - s12) / total, p.dtype)
         if weight is not None and ctx.needs_input_grad[2]:
-            dw = torch.linalg.vecdot(gyf.T, xhat.T).to(weight.dtype)  # sum_n gy_nk xhat_nk
+            dw = cast((gyf * xhat).sum(0), weight.dtype)  # sum_n gy_nk x̂_nk
         if ctx.has_bias and ctx.needs_input_grad[3]:
             db = gyf.sum(0)
         return dx, dm, dw, db, None
@@ -123,14 +125,14 @@ class MaskedRMSRescale(torch.autograd.Function):
     def forward(ctx: Any, out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             dt = torch.float64 if x.dtype == torch.float64 else torch.float32
-            xf = x.to(dt)
-            total = m.to(dt).sum().clamp_min(_MIN_TOTAL)
-            p = m.to(dt) / total
+            xf = cast(x, dt)
+            total = cast(m, dt).sum().clamp_min(_MIN_TOTAL)
+            p = cast(m, dt) / total
             x2 = xf * xf
             ms_all = x2.mean(-1)  # (...)
             ms_kept = (x2 * p).sum(-1)  # (...)
             s = torch.sqrt((ms_all + eps) / (ms_kept + eps))  # (...)
-            y = (out.to(dt) * s.unsqueeze(-1)).to(out.dtype)
+            y = cast(cast(out, dt) * s.unsqueeze(-1), out.dtype)
             ctx.save_for_backward(x, y, s, ms_all, ms_kept, p, total)
             ctx.eps, ctx.dt = eps, dt
             return y
@@ -140,20 +142,20 @@ class MaskedRMSRescale(torch.autograd.Function):
         with torch.autocast(gy.device.type, enabled=False):
             x, y, s, ms_all, ms_kept, p, total = ctx.saved_tensors
             dt, eps, c = ctx.dt, ctx.eps, x.shape[-1]
-            gyf = gy.to(dt)
+            gyf = cast(gy, dt)
             s1 = s.unsqueeze(-1)
-            d_out = (gyf * s1).to(y.dtype) if ctx.needs_input_grad[0] else None
-            big_g = torch.linalg.vecdot(gyf, y.to(dt)) / s  # sum_j dL/dy_j out_j, (...)
+            d_out = cast(gyf * s1, y.dtype) if ctx.needs_input_grad[0] else None
+            big_g = torch.linalg.vecdot(gyf, cast(y, dt)) / s  # sum_j dL/dy_j out_j, (...)
             gs = (big_g * s).unsqueeze(-1)  # (..., 1)
             kept = (ms_kept + eps).unsqueeze(-1)
             dx = dm = None
-            xf = x.to(dt)
+            xf = cast(x, dt)
             if ctx.needs_input_grad[1]:
-                dx = (gs * xf * (1.0 / (c * (ms_all + eps)).unsqueeze(-1) - p / kept)).to(x.dtype)
+                dx = cast(gs * xf * (1.0 / (c * (ms_all + eps)).unsqueeze(-1) - p / kept), x.dtype)
             if ctx.needs_input_grad[2]:
                 w = (-0.5 * gs / kept).reshape(-1)  # (N,)
                 dp = (xf * xf).reshape(-1, c).T @ w  # sum_n w_n x_nk^2, (C,)
-                dm = ((dp - torch.dot(w, ms_kept.reshape(-1))) / total).to(p.dtype)
+                dm = cast((dp - torch.dot(w, ms_kept.reshape(-1))) / total, p.dtype)
             return d_out, dx, dm, None
 
 

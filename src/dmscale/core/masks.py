@@ -125,6 +125,7 @@ class Gates(nn.Module):
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
         state.pop("_rows_cache", None)
+        state.pop("_depth_units", None)  # views of this forward's depth masks
         return state
 
     # ------------------------------------------------------------------ construction
@@ -313,6 +314,16 @@ class Gates(nn.Module):
         if self._depth_masks is None:
             self.compute()
         return self._depth_masks[j]
+
+    def depth_unit(self, j: int, block: int) -> torch.Tensor:
+        """Block ``block``'s mask of depth dim ``j``, a () scalar: each depth mask is unbound
+        once per forward (one operation and one backward node per dim, not one per block)."""
+        mask = self.depth_mask(j)
+        cache = self.__dict__.setdefault("_depth_units", {})
+        units = cache.get(j)
+        if units is None or units[0] is not mask:
+            units = cache[j] = (mask, mask.unbind(0))
+        return units[1][block]
 
     def _device(self) -> torch.device:
         return self.width[0].a.device if len(self.width) else (

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dmscale.core.hook_base import DMSHook, MaskSource, first_input, masked_input
+from dmscale.core.hook_base import DMSHook, MaskSource, cast, first_input, masked_input
 
 __all__ = ["WeightFold", "fold_plan", "depth_foldable", "FoldMask", "FoldDepth", "Unfold"]
 
@@ -73,7 +73,7 @@ class WeightFold:
         """``weight * m`` along the folded side (m: (C,))."""
         m = mask if self.index is None else mask[self._index_on(mask.device)]
         m = m.reshape(self.shape)
-        return weight * (m if m.dtype == weight.dtype else m.to(weight.dtype))
+        return weight * cast(m, weight.dtype)
 
 
 def _standard_forward(module: nn.Module) -> type | None:
@@ -164,7 +164,7 @@ class FoldMask(DMSHook):
         if self.plan.side == "out":
             bias = _current(module, "bias")
             if bias is not None:
-                module.__dict__["bias"] = bias * m.to(bias.dtype)
+                module.__dict__["bias"] = bias * cast(m, bias.dtype)
         return None
 
 
@@ -179,11 +179,11 @@ class FoldDepth(DMSHook):
     def __call__(self, module: nn.Module, args: tuple) -> None:
         if not self.gates.enabled:
             return
-        m = self.gates.depth_mask(self.dim)[self.block]  # () scalar
+        m = self.gates.depth_unit(self.dim, self.block)  # () scalar
         for name in ("weight", "bias"):
             value = _current(module, name)
             if value is not None:
-                module.__dict__[name] = value * m.to(value.dtype)
+                module.__dict__[name] = value * cast(m, value.dtype)
 
 
 class Unfold(DMSHook):

@@ -153,7 +153,9 @@ class ImageFolderTask(Task):
     def describe(self) -> str:
         s = self.transforms.size
         augment = "" if self.transforms.train is not self.transforms.eval else ", no augmentation"
-        return (f"{self.name}: {len(self.train_set):,} training / {len(self.test_set):,} test images, "
+        files = self.train_set.files
+        shards = f" in {len(files.paths):,} tar shards" if isinstance(files, ShardFiles) else ""
+        return (f"{self.name}: {len(self.train_set):,} training / {len(self.test_set):,} test images{shards}, "
                 f"{s}x{s} crops ({self.transforms.origin} transforms{augment}), {self.num_classes} classes, "
                 f"{self.workers} loader worker{'' if self.workers == 1 else 's'}")
 
@@ -190,7 +192,7 @@ def _agree(train: _Split, test: _Split, where: str, names: tuple[str, str]) -> t
         train, test = train.with_classes(classes), test.with_classes(classes)
     if test.classes != train.classes:
         raise ConfigError(f"--data {where}: {names[1]} has classes {test.classes}, {names[0]} has "
-                          f"{train.classes}; give both splits the same class folders")
+                          f"{train.classes}; give both splits the same classes")
     return train, test
 
 

@@ -54,6 +54,11 @@ def test_a_pattern_with_val_data_and_one_set_split_90_10(folder: Path) -> None:
     explicit = _task(d / "train" / "train-{000000..000004}.tar", val_data=str(d / "val" / "val-*.tar"))
     assert (len(explicit.train_set), len(explicit.test_set)) == (24, 10)
     assert _same(explicit.train_batch(3, 6, 0), _task(d).train_batch(3, 6, 0))
+    alone = d.parent / "alone"  # DIR/train/*.tar without DIR/val: 10 % of DIR/train, or --val-data
+    (alone / "train").mkdir(parents=True)
+    for shard in (d / "train").iterdir():
+        (alone / "train" / shard.name).symlink_to(shard)
+    assert (len(_task(alone).train_set), len(_task(alone, val_data=str(d / "val")).test_set)) == (22, 10)
     split = _task(d / "train")
     assert (len(split.train_set), len(split.test_set)) == (22, 2)  # as a folder of class folders
     held_out = _task(folder / "train").test_set.files  # the same images held out

@@ -198,15 +198,18 @@ def _agree(train: _Split, test: _Split, where: str, names: tuple[str, str]) -> t
 
 def _splits(data: str, val_data: str | None, train_limit: int | None,
             test_limit: int | None) -> tuple[_Split, _Split]:
+    """The training and held-out examples of ``--data`` and ``--val-data`` (module text)."""
     root = Path(data)
-    if val_data is not None:
-        return _agree(_limited(_read(data), train_limit), _limited(_read(val_data), test_limit), data,
-                      ("--data", f"--val-data {val_data}"))
     split_test = next((root / s for s in ("val", "test") if (root / s).is_dir()), None)
-    if (root / "train").is_dir() and split_test is not None:
-        return _agree(_limited(_read(root / "train"), train_limit), _limited(_read(split_test), test_limit),
+    in_train = (root / "train").is_dir() and (split_test is not None or is_shard_data(root / "train"))
+    train = root / "train" if in_train else data
+    if val_data is not None:
+        return _agree(_limited(_read(train), train_limit), _limited(_read(val_data), test_limit), data,
+                      ("--data", f"--val-data {val_data}"))
+    if in_train and split_test is not None:
+        return _agree(_limited(_read(train), train_limit), _limited(_read(split_test), test_limit),
                       str(root), ("train/", f"{split_test.name}/"))
-    files = _read(data)
+    files = _read(train)
     perm = torch.randperm(len(files), generator=torch.Generator().manual_seed(0)).tolist()
     n_test = max(1, len(files) // 10)
     return (_prefix(files.subset(perm[n_test:]), train_limit, "train"),

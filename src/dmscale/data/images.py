@@ -39,20 +39,21 @@ Example:
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from dmscale.core.errors import ConfigError
 
-__all__ = ["ImageDataset", "ImageFiles", "LAYOUT_HINT", "PREFETCH", "Unreadable", "collate_images",
-           "default_workers", "image_loader", "open_image"]
+__all__ = ["ImageDataset", "ImageFiles", "ImageSource", "LAYOUT_HINT", "PREFETCH", "Unreadable", "collate_images",
+           "decode_image", "default_workers", "image_loader", "open_image"]
 
 LAYOUT_HINT = ("Expected one folder per class holding its images (DIR/CLASS/IMAGE, or "
                "DIR/train/CLASS/IMAGE and DIR/val/CLASS/IMAGE)")
@@ -60,11 +61,28 @@ PREFETCH = 2  # batches each worker decodes ahead
 MAX_DEFAULT_WORKERS = 16
 
 
+class ImageSource(Protocol):
+    """The examples of one split as :class:`ImageDataset` reads them: :class:`ImageFiles`
+    (a folder of class folders) or :class:`dmscale.data.shards.ShardFiles` (tar shards)."""
+
+    root: Any
+    classes: list[str]
+    unreadable_fix: str  # what to do about an image that cannot be decoded (the error's end)
+
+    def __len__(self) -> int: ...
+    def label(self, i: int) -> int: ...
+    def path(self, i: int) -> str: ...
+    def image(self, i: int) -> Any: ...
+    def subset(self, indices: Iterable[int]) -> Any: ...
+
+
 class ImageFiles:
     """The image files of one split: paths (relative to ``root``) and class labels.
 
     Build it with :meth:`from_folder`; :meth:`subset` picks examples by index.
     """
+
+    unreadable_fix = "remove or replace the file"
 
     def __init__(self, root: Path, classes: list[str], relative: Sequence[str], labels: Sequence[int]) -> None:
         encoded = [p.encode("utf-8", "surrogateescape") for p in relative]
@@ -111,6 +129,10 @@ class ImageFiles:
         """The class index of example ``i``."""
         return int(self._labels[i])
 
+    def image(self, i: int) -> Any:
+        """The decoded image of example ``i`` (:func:`open_image`)."""
+        return open_image(self.path(i))
+
     def subset(self, indices: Iterable[int]) -> ImageFiles:
         """The examples ``indices``, in that order."""
         idx = [int(i) for i in indices]
@@ -125,6 +147,12 @@ class Unreadable:
     error: str
 
 
+def _unreadable(name: str, err: BaseException, stream: Any = None) -> Unreadable:
+    text = str(err) if stream is None else str(err).replace(repr(stream), repr(name))
+    first = text.splitlines()[0][:120] if text else ""
+    return Unreadable(name, f"{type(err).__name__}: {first}")
+
+
 def open_image(path: str) -> Any:
     """The image of ``path`` as an RGB PIL image, or an :class:`Unreadable` saying why not."""
     from PIL import Image
@@ -135,8 +163,19 @@ def open_image(path: str) -> Any:
     # PIL: not an image, truncated. ImportError: with Ultralytics imported, PIL's Image.open
     # is patched to fall back to a HEIF plugin, which may not be installed
     except (OSError, ValueError, SyntaxError, ImportError) as err:
-        first = str(err).splitlines()[0][:120] if str(err) else ""
-        return Unreadable(path, f"{type(err).__name__}: {first}")
+        return _unreadable(path, err)
+
+
+def decode_image(data: bytes, name: str) -> Any:
+    """The encoded image ``data`` (JPEG, PNG, WebP, ...) as an RGB PIL image, or an
+    :class:`Unreadable` of ``name`` saying why not."""
+    from PIL import Image
+
+    stream = io.BytesIO(data)
+    try:
+        return Image.open(stream).convert("RGB")
+    except (OSError, ValueError, SyntaxError, ImportError) as err:  # as in open_image
+        return _unreadable(name, err, stream)
 
 
 def _seeded(transform: Callable[[Any], Any], image: Any, seed: int) -> Any:
@@ -156,14 +195,15 @@ def _seeded(transform: Callable[[Any], Any], image: Any, seed: int) -> Any:
 
 
 class ImageDataset(torch.utils.data.Dataset):
-    """Decode-on-access examples ``(image tensor, label)`` of :class:`ImageFiles`.
+    """Decode-on-access examples ``(image tensor, label)`` of :class:`ImageFiles` (or any
+    :class:`ImageSource`).
 
     ``dataset[i]`` applies ``transform`` as it is; ``dataset[(i, seed)]`` applies it with the
     global generators seeded by ``seed`` (a random augmentation fixed by the seed). A file
     PIL cannot read gives an :class:`Unreadable` instead of the pair.
     """
 
-    def __init__(self, files: ImageFiles, transform: Callable[[Any], Any]) -> None:
+    def __init__(self, files: ImageSource, transform: Callable[[Any], Any]) -> None:
         self.files = files
         self.transform = transform
 
@@ -172,7 +212,7 @@ class ImageDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, item: int | tuple[int, int]) -> tuple[torch.Tensor, int] | Unreadable:
         index, seed = item if isinstance(item, tuple) else (item, None)
-        image = open_image(self.files.path(index))
+        image = self.files.image(index)
         if isinstance(image, Unreadable):
             return image
         x = self.transform(image) if seed is None else _seeded(self.transform, image, seed)

@@ -295,13 +295,15 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -
 def evaluate_run(run_dir: str | Path, data: str | None = None, test_limit: int | None = None,
                  batch_size: int | None = None, device: str = "auto",
                  threads: int | None = None, text_field: str | None = None,
-                 workers: int | None = None) -> tuple[dict[str, Any], str]:
+                 workers: int | None = None, val_data: str | None = None) -> tuple[dict[str, Any], str]:
     """Evaluate the model of a run on its task's test split; returns ``(metrics, text)``
-    (``workers``: image-folder loader processes, default: the machine's)."""
+    (``workers``: image-folder loader processes, default: the machine's; ``val_data``: the
+    held-out images of an image-folder run, default: the run's)."""
     set_threads(threads)
     dev = resolve_device(device)
     model, cfg = load_run_model(run_dir, device=dev)
     cfg = replace(cfg, data=data if data is not None else cfg.data, workers=workers,
+                  val_data=val_data if val_data is not None else cfg.val_data,
                   text_field=text_field if text_field is not None else cfg.text_field,
                   test_limit=test_limit if test_limit is not None else cfg.test_limit,
                   train_limit=None if cfg.task in ("shakespeare", "text") else 1)

@@ -3,7 +3,10 @@
 Images are decoded when a batch needs them, in ``--workers`` loader processes
 (:mod:`dmscale.data.images`), so memory does not grow with the data set. Layouts (``--data
 DIR``): ``DIR/train/CLASS/IMAGE`` with ``DIR/val/...`` (or ``DIR/test/...``), or one
-``DIR/CLASS/IMAGE`` split 90/10 by a fixed permutation. Transforms
+``DIR/CLASS/IMAGE`` split 90/10 by a fixed permutation. WebDataset tar shards instead of class
+folders (:mod:`dmscale.data.shards`, detected from ``--data``): a ``.tar`` file, a brace pattern
+or a directory of ``.tar`` files, with the same two layouts (``DIR/train/*.tar`` with
+``DIR/val/*.tar``). ``--val-data`` names the held-out images (folder or shards) explicitly. Transforms
 (:mod:`dmscale.data.image_transforms`): timm's own for ``--model timm:NAME`` (its data
 configuration, ``--auto-augment``), torchvision's ImageNet-style ones for every other model;
 ``--image-augment none`` trains on the evaluation transform.
@@ -49,8 +52,9 @@ from dmscale.config.run_config import ConfigError, RunConfig
 from dmscale.core.distributed import rank, world_size
 from dmscale.core.errors import DataError
 from dmscale.data.image_transforms import ImageTransforms, timm_transforms, torchvision_transforms
-from dmscale.data.images import ImageDataset, ImageFiles, Unreadable, default_workers, image_loader, open_image
+from dmscale.data.images import ImageDataset, ImageFiles, ImageSource, Unreadable, default_workers, image_loader
 from dmscale.data.order import StepBatchSampler, steps_per_epoch
+from dmscale.data.shards import SHARD_HINT, ShardFiles, is_shard_data
 from dmscale.tasks.registry import Task, classification_metrics, register_task
 
 __all__ = ["DEFAULT_IMAGE_SIZE", "ImageFolderTask", "build_imagefolder_task", "image_transforms"]
@@ -71,7 +75,7 @@ class ImageFolderTask(Task):
     """Classification on :class:`ImageFiles` decoded per batch (see the module text).
 
     Args:
-        train / test: the two splits' files.
+        train / test: the two splits' files (:class:`ImageFiles` or :class:`ShardFiles`).
         transforms: the training and evaluation transforms.
         workers: loader processes (0: decode in this process).
         pin_memory: page-locked batches, for a CUDA device.
@@ -82,7 +86,7 @@ class ImageFolderTask(Task):
     metric = "acc"
     shards_by_rank = True
 
-    def __init__(self, train: ImageFiles, test: ImageFiles, transforms: ImageTransforms, workers: int = 0,
+    def __init__(self, train: ImageSource, test: ImageSource, transforms: ImageTransforms, workers: int = 0,
                  pin_memory: bool = False) -> None:
         if len(train) == 0 or len(test) == 0:
             raise ConfigError(f"task {self.name}: empty split ({len(train)} training, {len(test)} test examples)")
@@ -100,11 +104,11 @@ class ImageFolderTask(Task):
 
     # ------------------------------------------------------------------ batches
     @staticmethod
-    def _pair(item: Any, files: ImageFiles, prefix: str = "") -> Any:
+    def _pair(item: Any, files: ImageSource, prefix: str = "") -> Any:
         """``item`` (an example or a batch), or the error naming the file it could not read."""
         if isinstance(item, Unreadable):
             raise DataError(f"{prefix}--data {files.root}: cannot read image {item.path} ({item.error}); "
-                            "remove or replace the file")
+                            f"{files.unreadable_fix}")
         return item
 
     def example_inputs(self) -> torch.Tensor:
@@ -149,13 +153,18 @@ class ImageFolderTask(Task):
     def describe(self) -> str:
         s = self.transforms.size
         augment = "" if self.transforms.train is not self.transforms.eval else ", no augmentation"
-        return (f"{self.name}: {len(self.train_set):,} training / {len(self.test_set):,} test images, "
+        files = self.train_set.files
+        shards = f" in {len(files.paths):,} tar shards" if isinstance(files, ShardFiles) else ""
+        return (f"{self.name}: {len(self.train_set):,} training / {len(self.test_set):,} test images{shards}, "
                 f"{s}x{s} crops ({self.transforms.origin} transforms{augment}), {self.num_classes} classes, "
                 f"{self.workers} loader worker{'' if self.workers == 1 else 's'}")
 
 
 # ----------------------------------------------------------------------------- building
-def _limited(files: ImageFiles, limit: int | None) -> ImageFiles:
+_Split = ImageFiles | ShardFiles
+
+
+def _limited(files: _Split, limit: int | None) -> _Split:
     """A class-balanced prefix of ``limit`` examples (a fixed shuffle), or all of them."""
     if limit is None:
         return files
@@ -163,7 +172,7 @@ def _limited(files: ImageFiles, limit: int | None) -> ImageFiles:
     return files.subset(order[:limit])
 
 
-def _prefix(files: ImageFiles, limit: int | None, what: str) -> ImageFiles:
+def _prefix(files: _Split, limit: int | None, what: str) -> _Split:
     if limit is None:
         return files
     if limit > len(files):
@@ -171,16 +180,36 @@ def _prefix(files: ImageFiles, limit: int | None, what: str) -> ImageFiles:
     return files.subset(range(limit))
 
 
-def _splits(root: Path, train_limit: int | None, test_limit: int | None) -> tuple[ImageFiles, ImageFiles]:
+def _read(spec: str | Path) -> _Split:
+    """The examples of ``spec``: tar shards or a folder of class folders."""
+    return ShardFiles.from_shards(spec) if is_shard_data(spec) else ImageFiles.from_folder(spec)
+
+
+def _agree(train: _Split, test: _Split, where: str, names: tuple[str, str]) -> tuple[_Split, _Split]:
+    """The two splits with one class list (shards: the larger label range), or the error."""
+    if isinstance(train, ShardFiles) and isinstance(test, ShardFiles):
+        classes = max(train.classes, test.classes, key=len)
+        train, test = train.with_classes(classes), test.with_classes(classes)
+    if test.classes != train.classes:
+        raise ConfigError(f"--data {where}: {names[1]} has classes {test.classes}, {names[0]} has "
+                          f"{train.classes}; give both splits the same classes")
+    return train, test
+
+
+def _splits(data: str, val_data: str | None, train_limit: int | None,
+            test_limit: int | None) -> tuple[_Split, _Split]:
+    """The training and held-out examples of ``--data`` and ``--val-data`` (module text)."""
+    root = Path(data)
     split_test = next((root / s for s in ("val", "test") if (root / s).is_dir()), None)
-    if (root / "train").is_dir() and split_test is not None:
-        train = _limited(ImageFiles.from_folder(root / "train"), train_limit)
-        test = _limited(ImageFiles.from_folder(split_test), test_limit)
-        if test.classes != train.classes:
-            raise ConfigError(f"--data {root}: {split_test.name}/ has classes {test.classes}, "
-                              f"train/ has {train.classes}")
-        return train, test
-    files = ImageFiles.from_folder(root)
+    in_train = (root / "train").is_dir() and (split_test is not None or is_shard_data(root / "train"))
+    train = root / "train" if in_train else data
+    if val_data is not None:
+        return _agree(_limited(_read(train), train_limit), _limited(_read(val_data), test_limit), data,
+                      ("--data", f"--val-data {val_data}"))
+    if in_train and split_test is not None:
+        return _agree(_limited(_read(train), train_limit), _limited(_read(split_test), test_limit),
+                      str(root), ("train/", f"{split_test.name}/"))
+    files = _read(train)
     perm = torch.randperm(len(files), generator=torch.Generator().manual_seed(0)).tolist()
     n_test = max(1, len(files) // 10)
     return (_prefix(files.subset(perm[n_test:]), train_limit, "train"),
@@ -201,18 +230,19 @@ def build_imagefolder_task(cfg: RunConfig) -> ImageFolderTask:
     """The image folder of ``cfg.data`` with the transforms and loader of ``cfg``.
 
     Raises:
-        ConfigError: no ``--data``, not a folder of class folders, classes differ between the
-            splits, or a limit is too large.
-        DataError: the first training or test image cannot be read.
+        ConfigError: no ``--data``, neither a folder of class folders nor tar shards, a shard
+            missing, classes differ between the splits, or a limit is too large.
+        DataError: a shard is corrupt or has an image without a label; the first training or
+            test image cannot be read.
     """
     if not cfg.data:
-        raise ConfigError("task imagefolder needs --data DIR (a directory of class folders)")
-    root = Path(cfg.data)
-    if not root.is_dir():
-        raise ConfigError(f"--data {root}: not a directory")
-    train, test = _splits(root, cfg.train_limit, cfg.test_limit)
+        raise ConfigError("task imagefolder needs --data DIR (a directory of class folders, or tar shards)")
+    for flag, spec in (("--data", cfg.data), ("--val-data", cfg.val_data)):
+        if spec is not None and not is_shard_data(spec) and not Path(spec).is_dir():
+            raise ConfigError(f"{flag} {spec}: not a directory of class folders nor tar shards. {SHARD_HINT}")
+    train, test = _splits(cfg.data, cfg.val_data, cfg.train_limit, cfg.test_limit)
     if len(train):  # a broken first file fails now, not at the first step
-        ImageFolderTask._pair(open_image(train.path(0)), train)
+        ImageFolderTask._pair(train.image(0), train)
     workers = default_workers() if cfg.workers is None else cfg.workers
     pin = cfg.device != "cpu" and torch.cuda.is_available()
     return ImageFolderTask(train, test, image_transforms(cfg), workers=workers, pin_memory=pin)

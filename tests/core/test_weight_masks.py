@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.core.weight_masks import FoldMask, fold_plan
+from dmscale.core.mask_hooks import MaskBranch
+from dmscale.core.weight_masks import FoldDepth, FoldMask, fold_plan
 from transformer_zoo import TZOO, output_tensor, task_loss
 from zoo import ZOO
 
@@ -167,3 +168,32 @@ def test_a_layer_whose_input_is_smaller_than_its_weight_masks_the_input() -> Non
     torch.testing.assert_close(outs[0], outs[1])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
+
+
+def _depth_hooks(model: nn.Module) -> tuple[list[str], list[str]]:
+    """(layers whose weights take a depth mask, modules whose outputs are multiplied by one)."""
+    mods = list(model.named_modules())
+    folded = [n for n, m in mods if any(isinstance(h, FoldDepth) for h in m._forward_pre_hooks.values())]
+    on_output = [n for n, m in mods if any(isinstance(h, MaskBranch) for h in m._forward_hooks.values())]
+    return folded, on_output
+
+
+@pytest.mark.parametrize("name, last", [
+    ("timm_deit_tiny", ("attn.proj", "mlp.fc2")),  # through proj_drop and the Identity drop paths
+    ("hf_llama_gqa", ("self_attn.o_proj", "mlp.down_proj")),  # the attention returns o_proj's output
+])
+def test_transformer_branches_take_their_depth_mask_in_their_last_projection(name: str, last: tuple) -> None:
+    model, x = _entry(name)
+    dms.prepare(model, _example(x), dms.SearchConfig(resource="macs", target=0.5))
+    folded, on_output = _depth_hooks(model)
+    assert on_output == [], f"{name}: depth masks left on activations: {on_output}"
+    assert len(folded) == 2 * len(TZOO[name].layers) and all(n.endswith(last) for n in folded), folded
+
+
+def test_a_branch_ending_in_a_layer_that_cannot_fold_keeps_the_mask_on_its_output() -> None:
+    """GPT-2's attention returns ``resid_dropout(c_proj(h))`` but c_proj is a Hugging Face
+    Conv1D (weight stored (in, out), not torch's own forward): the mask stays on the output."""
+    model, x = _entry("hf_gpt2")
+    dms.prepare(model, _example(x), dms.SearchConfig(resource="macs", target=0.5))
+    folded, on_output = _depth_hooks(model)
+    assert folded == [] and len(on_output) == 2 * len(TZOO["hf_gpt2"].layers), (folded, on_output)

@@ -43,6 +43,7 @@ def attach_hooks(
     norms: dict[str, Any] | None = None,
     outputs: dict[str, tuple[int, Any]] | None = None,
     fold_masks: bool = True,
+    depth_folds: dict[str, str] | None = None,
 ) -> list[str]:
     """Register ``gates`` (a :class:`~dmscale.core.masks.Gates`) on ``model`` as
     :data:`GATES_NAME` and attach every hook; returns the names of the slot buffers registered
@@ -52,7 +53,8 @@ def attach_hooks(
     dim of its input, global slot per channel); ``norms``: norm name -> (slots, kind, eps);
     ``outputs``: layer name -> (channel dim of its output, slots); ``branches``: module name
     -> (depth dim, block index); ``fold_masks``: fold masks into weights where that is the
-    same function).
+    same function; ``depth_folds``: branch module -> the layer whose output it returns, which
+    takes the depth mask when the branch module itself cannot).
     """
     model.add_module(GATES_NAME, gates)
     modules = dict(model.named_modules())
@@ -101,9 +103,10 @@ def attach_hooks(
         if not fold(name, dim, "out", key):
             modules[name].register_forward_hook(MaskOutput(gates, key, dim))
     for name, (j, i) in branches.items():
-        if fold_masks and depth_foldable(modules[name]):
-            modules[name].register_forward_pre_hook(FoldDepth(gates, j, i))
-            unfold_after(name)
+        target = name if depth_foldable(modules[name]) else (depth_folds or {}).get(name)
+        if fold_masks and target is not None and depth_foldable(modules[target]):
+            modules[target].register_forward_pre_hook(FoldDepth(gates, j, i))
+            unfold_after(target)
         else:
             modules[name].register_forward_hook(MaskBranch(gates, j, i))
     return order

@@ -144,6 +144,7 @@ class Gates(nn.Module):
         derived: list[tuple[int, int]] | None = None,
         gate_factory: GateFactory | None = None,
         fold_masks: bool = True,
+        depth_folds: dict[str, str] | None = None,
     ) -> "Gates":
         """Create the gates, register them on ``model`` and attach every hook.
 
@@ -157,6 +158,8 @@ class Gates(nn.Module):
             fold_masks: multiply the masks of convolution and linear layers into their
                 weights where that is the same function (:mod:`dmscale.core.weight_masks`);
                 False keeps every mask on the activations (the paper's formulation).
+            depth_folds: branch module -> the layer whose output it returns (through
+                dropout only): with ``fold_masks`` the depth mask goes into that layer's weight.
         """
         if hasattr(model, GATES_NAME):
             raise ValueError(
@@ -173,7 +176,7 @@ class Gates(nn.Module):
         gates.register_buffer("derived_a", pairs[:, 0].clone(), persistent=False)
         gates.register_buffer("derived_b", pairs[:, 1].clone(), persistent=False)
         gates._keys = attach_hooks(model, gates, consumers, branches, norms=norms, outputs=outputs,
-                                    fold_masks=fold_masks)
+                                    fold_masks=fold_masks, depth_folds=depth_folds)
         slots = [getattr(gates, k) for k in gates._keys]
         gates.register_buffer("channel_index", torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long),
                               persistent=False)

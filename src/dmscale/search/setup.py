@@ -105,10 +105,11 @@ def attach_gates(model: nn.Module, space: SearchSpace, config: SearchConfig,
             norms[name] = (layer.in_slots, formula.kind, formula.eps)
     branches = {m: (j, i) for j, d in enumerate(space.depth) for i, b in enumerate(d.blocks)
                 for m in b.branch_modules}
+    depth_folds = {m: layer for d in space.depth for b in d.blocks for m, layer in b.fold_layers.items()}
     gates = Gates.attach(model, dims, depth, consumers, branches,
                          importance=cfg.importance, normalize=cfg.normalize, norms=norms,
                          outputs=outputs, derived=space.derived, gate_factory=cfg.gate_factory,
-                         fold_masks=cfg.fold_masks)
+                         fold_masks=cfg.fold_masks, depth_folds=depth_folds)
     tie_ratios(list(gates.width), groups)
     for d, topk in zip(space.width, gates.width):
         topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]

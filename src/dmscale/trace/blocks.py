@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from dmscale.trace.graph import ModuleCall
+from dmscale.trace.handlers.base import handler_for
 from dmscale.trace.space import Block, DepthDim
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ def _match_block(tr: Tracer, call: ModuleCall, y: int, call_count: dict[str, int
         if ev is None or ev.name not in _ADDS or tr.consumers.get(act_input, 0) != 1:
             return None
     branches: list[str] = []
+    folds: dict[str, str] = {}
     for _ in range(4):  # walk back a chain of residual adds to the block's input
         if ev is None or ev.name not in _ADDS or len(ev.inputs) != 2:
             return None
@@ -127,9 +129,45 @@ def _match_block(tr: Tracer, call: ModuleCall, y: int, call_count: dict[str, int
         if not owner:
             return None
         branches.append(owner[-1].name)
+        layer = _last_layer(tr, z, call.name, call_count)
+        if layer is not None:
+            folds[owner[-1].name] = layer
         if rest is None:
-            return Block(call.name, branches[::-1], post_module, post_function)
+            return Block(call.name, branches[::-1], post_module, post_function, fold_layers=folds)
         ev = tr.producer.get(rest)
+    return None
+
+
+# functions of one tensor that commute with a scalar factor: dropout(m x) = m dropout(x)
+# (the same random mask, one multiply moved); never alpha_dropout (affine)
+_SCALAR_COMMUTING = {"dropout", "dropout1d", "dropout2d", "dropout3d", "feature_dropout"}
+
+
+def _last_layer(tr: Tracer, z: int, block: str, call_count: dict[str, int]) -> str | None:
+    """The layer inside ``block`` whose output becomes the branch output ``z`` through
+    nothing but dropout, each node on the way read once, the layer called once per forward;
+    None if there is none. Its weight and bias times the depth mask give ``f(x) * m``."""
+    node = z
+    for _ in range(8):
+        ev = tr.producer.get(node)
+        if ev is None:
+            return None
+        if ev.module is not None:  # a handled layer's call
+            ok = (ev.module.startswith(block + ".") and call_count.get(ev.module) == 1
+                  and ev.outputs[:1] == [node])
+            if not ok:
+                return None
+            handler = handler_for(tr.model.get_submodule(ev.module))
+            child = handler.output_layer(tr.model.get_submodule(ev.module)) \
+                if handler is not None and handler.output_layer is not None else None
+            if child is not None:  # an attention returning its output projection's output
+                return f"{ev.module}.{child}"
+            return ev.module if len(ev.outputs) == 1 else None
+        if ev.name not in _SCALAR_COMMUTING or len(ev.inputs) != 1:
+            return None
+        node = ev.inputs[0]
+        if tr.consumers.get(node, 0) != 1:
+            return None
     return None
 
 

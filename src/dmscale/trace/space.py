@@ -51,6 +51,9 @@ class Block:
     # its input or output tensor is modified in place after the call starts (``out += ...``):
     # a replacement that returns its input itself would then alias the two
     mutated: bool = True
+    # branch module -> the layer whose output the branch returns, through nothing but dropout
+    # (called once, its output read once): f(x) * m is that layer with weight and bias times m
+    fold_layers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -67,6 +67,9 @@ class AttentionSpec:
             attributes after pruning (``kept_head_dim`` None: head dim not searched).
         head_dim: ``module -> bool``: search the per-head dim too (one dim shared by q, k and
             v, m_qk = m_v), where the model code allows it.
+        o_returned: the module's (first) output is ``o``'s output, through dropout at most
+            (known model code: ``return self.o_proj(h), weights``), so a depth mask on the
+            module's output may be folded into ``o``'s weight and bias.
     """
 
     name: str
@@ -78,6 +81,7 @@ class AttentionSpec:
     heads: Callable[[nn.Module], tuple[int, int, int]]
     update: Callable[[nn.Module, int, int | None], None]
     head_dim: Callable[[nn.Module], bool] = lambda m: False
+    o_returned: bool = False
 
 
 def _first_output(out: Any) -> torch.Tensor:
@@ -150,7 +154,9 @@ def attention_handler(spec: AttentionSpec) -> Handler:
         units = n_kv if in_keep is None else int(in_keep.numel())
         spec.update(m, units, None if out_keep is None else int(out_keep.numel()))
 
-    return Handler(spec.name, trace, prune, lambda m: {}, lambda m: (), channel_dim=-1)
+    output_layer = (lambda m: spec.o) if spec.o is not None and spec.o_returned else None
+    return Handler(spec.name, trace, prune, lambda m: {}, lambda m: (), channel_dim=-1,
+                   output_layer=output_layer)
 
 
 # ----------------------------------------------------------------------------- Conv1D (GPT-2)
@@ -250,7 +256,7 @@ def _is_hf_qkvo(m: nn.Module) -> bool:
 
 
 HF_QKVO = AttentionSpec("attn_hf_qkvo", "q_proj", "k_proj", "v_proj", None, "o_proj", _hf_qkvo_heads,
-                        _set())
+                        _set(), o_returned=True)
 
 
 def _mha_trace(tr: "TraceRecorder", name: str, m: nn.Module, args: tuple, out: Any) -> None:
@@ -321,7 +327,8 @@ def _register_timm() -> None:
             lambda m: type(m) is TimmAttention and m.gate is None,
             attention_handler(AttentionSpec(
                 "attn_timm", None, None, None, "qkv", "proj",
-                lambda m: (m.num_heads, m.num_heads, m.head_dim), _update_timm, _timm_head_dim_ok)))
+                lambda m: (m.num_heads, m.num_heads, m.head_dim), _update_timm, _timm_head_dim_ok,
+                o_returned=True)))
 
 
 register_family_loader(register_available)

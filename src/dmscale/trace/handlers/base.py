@@ -56,6 +56,9 @@ class Handler:
             A layer whose MACs scale with "in" mixes its input channels: its input is
             multiplied by the channel masks during the search.
         channel_dim: the dim of the layer's first input that holds the channels.
+        output_layer: ``module -> child name or None``: the child whose output the module
+            returns as its (first) output, through dropout at most (an attention's output
+            projection); a residual branch ending in the module takes its depth mask there.
     """
 
     name: str
@@ -64,6 +67,7 @@ class Handler:
     param_dims: Callable[[nn.Module], ParamDims]
     macs_dims: Callable[[nn.Module], tuple[str, ...]]
     channel_dim: int = 1
+    output_layer: Callable[[nn.Module], str | None] | None = None
 
 
 _REGISTRY: list[tuple[type | Callable[[nn.Module], bool], Handler]] = []

@@ -11,7 +11,7 @@ run                      auto values
 =======================  ==========================================================
 ``--task detect``        AdamW, lr 1e-3, weight decay 0.01, augmentation
                          ``fliplr=0,mosaic=0`` (bench/results/yolo_table11.md; SGD at
-                         lr 0.05 collapsed a YOLOv8n to no detections)
+                         lr 0.05 collapsed a YOLOv8n to no detections), resource weight 3
 ``--model hf:PATH``      AdamW, lr 1e-4, no weight decay (finetuning a pretrained LM);
                          resource weight 50 for searches of pipeline p / p- (short
                          searches of a pretrained LM need it, bench/results/auto_defaults.md)
@@ -40,6 +40,7 @@ __all__ = [
     "MIN_STRUCTURE_LR",
     "STRUCTURE_REACH",
     "PRETRAINED_LM_RESOURCE_WEIGHT",
+    "DETECT_RESOURCE_WEIGHT",
     "TaskDefaults",
     "defaults_for",
     "structure_lr_for",
@@ -61,6 +62,9 @@ MIN_STRUCTURE_LR = 0.01
 STRUCTURE_REACH = 0.5
 # the resource weight of a search that starts from a pretrained LM (bench/results/auto_defaults.md)
 PRETRAINED_LM_RESOURCE_WEIGHT = 50.0
+# of a YOLO search: its loss (about 10) pulls harder on the ratios than a classifier's
+# (bench/results/yolo_table11.md searched with 3; bench/results/auto_defaults.md)
+DETECT_RESOURCE_WEIGHT = 3.0
 
 _SGD_ADAMW_LR = {"sgd": 0.05, "adamw": 0.002}
 _SGD_ADAMW_WD = {"sgd": 5e-4, "adamw": 0.01}
@@ -108,7 +112,7 @@ def defaults_for(task: str, model: str | None, pipeline: str) -> TaskDefaults:
     if task == "detect":  # close to Ultralytics' optimizer=auto on short runs (AdamW)
         return TaskDefaults(why="auto for detect", optimizer="adamw",
                             lrs={"sgd": 0.01, "adamw": 1e-3},  # sgd: Ultralytics' lr0
-                            augment={"fliplr": 0.0, "mosaic": 0.0})
+                            augment={"fliplr": 0.0, "mosaic": 0.0}, resource_weight=DETECT_RESOURCE_WEIGHT)
     return TaskDefaults(why=f"auto for {task}")
 
 
@@ -156,8 +160,8 @@ def auto_brief(cfg: Any) -> dict[str, dict[str, Any]]:
 
 def _value_text(value: Any) -> str:
     if isinstance(value, dict):
-        return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
-    return f"{value:g}" if isinstance(value, float) else str(value)
+        return ",".join(f"{k}={_value_text(v)}" for k, v in value.items())
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def chosen_lines(auto: dict[str, dict[str, Any]]) -> list[str]:

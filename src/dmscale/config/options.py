@@ -204,7 +204,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("resource_weight", auto_or(nonneg_float), "auto",
        "lambda_resource: weight of the resource loss log(r_c / r_t). auto: 50 for a search of "
        "pipeline p / p- from a pretrained --model hf:PATH (its task loss holds the structure "
-       "against a weaker one in a short search), else 1", _SEARCHING, "search",
+       "against a weaker one in a short search), 3 for --task detect, else 1", _SEARCHING, "search",
        metavar="W|auto"),
     _o("structure_lr", auto_or(positive_float), "auto",
        "learning rate of the structural parameters (Adam, no weight decay). auto: "

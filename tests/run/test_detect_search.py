@@ -90,9 +90,11 @@ def test_expand_builds_the_enlarged_supernet(data):
 
 def test_augment_sets_ultralytics_hyperparameters(data, tmp_path):
     default = DetectTask(RunConfig(task="detect", data=data, imgsz=64).resolved())
-    task = DetectTask(RunConfig(task="detect", data=data, imgsz=64, augment={"fliplr": 0, "mosaic": 0.0}).resolved())
-    assert (default.args.fliplr, default.args.mosaic) == (0.5, 1.0)  # Ultralytics' defaults
-    assert (task.args.fliplr, task.args.mosaic) == (0.0, 0.0)
+    plain = DetectTask(RunConfig(task="detect", data=data, imgsz=64, augment={}).resolved())
+    task = DetectTask(RunConfig(task="detect", data=data, imgsz=64, augment={"mosaic": 0.5}).resolved())
+    assert (default.args.fliplr, default.args.mosaic) == (0.0, 0.0)  # auto for detect
+    assert (plain.args.fliplr, plain.args.mosaic) == (0.5, 1.0)  # no overrides: Ultralytics' values
+    assert (task.args.fliplr, task.args.mosaic) == (0.5, 0.5)  # given: replaces the auto choice
     # no flips and no mosaic: a batch is the letterboxed image (up to HSV and affine jitter),
     # so the boxes of image 0 are its label file's, unmirrored
     plain = DetectTask(RunConfig(task="detect", data=data, imgsz=64, augment={

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from dmscale.config.values import (
     align_value,
+    auto_or,
     band,
     boolean,
     choice,
@@ -141,11 +142,14 @@ OPTIONS: tuple[Option, ...] = (
     _o("imgsz", positive_int, None,
        "detect: training and validation image size, a multiple of 32 (Ultralytics' imgsz; "
        "default 64)", ("pretrain", "search"), "data", metavar="SIZE"),
-    _o("augment", kv_dict, None,
+    _o("augment", auto_or(kv_dict), "auto",
        "detect: Ultralytics' training augmentation hyperparameters, e.g. mosaic=0,fliplr=0 "
        "(keys of its default.yaml: hsv_h, hsv_s, hsv_v, degrees, translate, scale, shear, "
-       "perspective, flipud, fliplr, bgr, mosaic, mixup, cutmix, copy_paste; default: "
-       "Ultralytics' values)", ("pretrain", "search"), "data", metavar="K=V,..."),
+       "perspective, flipud, fliplr, bgr, mosaic, mixup, cutmix, copy_paste; the keys not "
+       "given keep Ultralytics' values). auto: fliplr=0,mosaic=0 (a mirrored digit or letter is "
+       "another glyph; mosaic cuts small objects apart, and Ultralytics itself turns it off "
+       "for the last 10 epochs, which is all of a short run)", ("pretrain", "search"), "data",
+       metavar="K=V,...|auto"),
     _o("seq_len", positive_int, 64,
        "shakespeare / text: characters / tokens per sequence", ("pretrain", "search"), "data",
        metavar="N"),
@@ -203,12 +207,16 @@ OPTIONS: tuple[Option, ...] = (
     _o("target", positive_float, 0.5,
        "the budget: <= 1 is a fraction of the supernet's cost, > 1 an absolute count",
        _SEARCHING, "search", metavar="T"),
-    _o("resource_weight", nonneg_float, 1.0,
-       "lambda_resource: weight of the resource loss log(r_c / r_t)", _SEARCHING, "search",
-       metavar="W"),
-    _o("structure_lr", positive_float, 0.01,
-       "learning rate of the structural parameters (Adam, no weight decay)", _SEARCHING,
-       "search", metavar="LR"),
+    _o("resource_weight", auto_or(nonneg_float), "auto",
+       "lambda_resource: weight of the resource loss log(r_c / r_t). auto: 50 for a search of "
+       "pipeline p / p- from a pretrained --model hf:PATH (its task loss holds the structure "
+       "against a weaker one in a short search), 3 for --task detect, else 1", _SEARCHING, "search",
+       metavar="W|auto"),
+    _o("structure_lr", auto_or(positive_float), "auto",
+       "learning rate of the structural parameters (Adam, no weight decay). auto: "
+       "max(0.01, 0.5 / search steps), so each width or depth ratio can move 0.5 in a short "
+       "search (Adam moves it about the lr per step)", _SEARCHING,
+       "search", metavar="LR|auto"),
     _o("importance", choice("taylor", "snip", "fisher", "index"), "taylor",
        "element importance: taylor (moving average of (m g)^2), snip, fisher, index",
        _SEARCHING, "search"),
@@ -296,17 +304,20 @@ OPTIONS: tuple[Option, ...] = (
        "initialisation (scratch)", ("search", "retrain"), "training"),
     _o("batch_size", positive_int, 128, "examples (sequences) per step", _ALL_TRAIN + ("eval",),
        "training", metavar="N"),
-    _o("optimizer", choice("sgd", "adamw"), "sgd",
-       "optimizer of the weights: sgd (momentum, nesterov) or adamw", _ALL_TRAIN, "training"),
-    _o("lr", positive_float, None,
-       "peak learning rate of the weights, cosine-decayed over each phase "
-       "(default: 0.05 for sgd, 0.002 for adamw)", _ALL_TRAIN, "training", metavar="LR"),
-    _o("weight_decay", nonneg_float, None,
-       "weight decay of the weights (default: 5e-4 for sgd, 0.01 for adamw)", _ALL_TRAIN,
-       "training", metavar="WD"),
-    _o("warmup", fraction, 0.02,
-       "fraction of each phase with a linear learning-rate warm-up", _ALL_TRAIN, "training",
-       metavar="P"),
+    _o("optimizer", auto_or(choice("sgd", "adamw")), "auto",
+       "optimizer of the weights: sgd (momentum, nesterov) or adamw. auto: adamw for --task "
+       "detect and --model hf:PATH, sgd otherwise (the summary names the choice)", _ALL_TRAIN,
+       "training"),
+    _o("lr", auto_or(positive_float), "auto",
+       "peak learning rate of the weights, cosine-decayed over each phase. auto: 0.05 for "
+       "sgd, 0.002 for adamw; --task detect 1e-3 (adamw) or 0.01 (sgd); hf: models 1e-4 "
+       "(adamw) or 1e-3 (sgd)", _ALL_TRAIN, "training", metavar="LR|auto"),
+    _o("weight_decay", auto_or(nonneg_float), "auto",
+       "weight decay of the weights. auto: 5e-4 for sgd, 0.01 for adamw, 0 for hf: models",
+       _ALL_TRAIN, "training", metavar="WD|auto"),
+    _o("warmup", auto_or(fraction), "auto",
+       "fraction of each phase with a linear learning-rate warm-up. auto: 0.02", _ALL_TRAIN,
+       "training", metavar="P|auto"),
     # ---- run
     _o("seed", integer, 0, "random seed (initialisation, data order)", _ALL_TRAIN, "run",
        metavar="N"),

@@ -9,6 +9,8 @@ Example:
     >>> cfg = RunConfig(task="digits", target=0.4, epochs=2)
     >>> cfg.resolved().model, cfg.resolved().model_args, cfg.resolved().lr
     ('resnet', {'depth': 20, 'width': 8}, 0.05)
+    >>> RunConfig(task="detect").resolved().chosen["optimizer"]  # auto: the task's choice
+    'auto for detect'
     >>> parse_mapping({"structure-lr": "0.01", "expand": "width=1.5,depth=2"})["expand"]
     {'width': 1.5, 'depth': 2.0}
 """
@@ -32,6 +34,7 @@ from dmscale.config.options import (
     Option,
 )
 from dmscale.config.checks import DEFAULT_MODELS, RunConfigChecks
+from dmscale.config.defaults import BEFORE_AUTO, MIN_STRUCTURE_LR, STRUCTURE_REACH, apply_defaults
 from dmscale.core.errors import ConfigError
 from dmscale.search.config import BEFORE_OPTION
 
@@ -66,7 +69,9 @@ __all__ = [
 class RunConfig(RunConfigChecks):
     """Everything a run needs; saved resolved (``config.yaml``) in the run directory.
 
-    ``None`` means "the default that depends on other fields" (see :meth:`resolved`).
+    ``None`` means "the default that depends on other fields" (see :meth:`resolved`); the
+    options whose default is ``auto`` are chosen by the task (:mod:`dmscale.config.defaults`),
+    and ``chosen`` records which were and why.
     """
 
     command: str = "search"
@@ -93,8 +98,8 @@ class RunConfig(RunConfigChecks):
     pipeline: str = "np"
     resource: str = "macs"
     target: float = 0.5
-    resource_weight: float = 1.0
-    structure_lr: float = 0.01
+    resource_weight: float | None = None  # None: auto (dmscale.config.defaults)
+    structure_lr: float | None = None  # None: auto, set by the pipeline from the search's steps
     importance: str = "taylor"
     schedule: str = "exp"
     schedule_end: float = 1.0
@@ -118,10 +123,10 @@ class RunConfig(RunConfigChecks):
     retrain_epochs: float | None = None
     retrain_init: str = "inherit"
     batch_size: int = 128
-    optimizer: str = "sgd"
+    optimizer: str | None = None  # None: auto, the task's (dmscale.config.defaults)
     lr: float | None = None
     weight_decay: float | None = None
-    warmup: float = 0.02
+    warmup: float | None = None
     seed: int = 0
     out: str | None = None
     name: str | None = None
@@ -137,6 +142,7 @@ class RunConfig(RunConfigChecks):
     export_best: bool = False
     logger: str = "none"
     task_info: dict[str, Any] = field(default_factory=dict)  # filled by the task (classes, vocab)
+    chosen: dict[str, str] = field(default_factory=dict)  # options resolved from auto -> why
 
     def __post_init__(self) -> None:
         if self.command not in COMMANDS:
@@ -180,13 +186,9 @@ class RunConfig(RunConfigChecks):
             raise ConfigError("--task text needs --model hf:PATH (a local Hugging Face model "
                               "directory or .gguf file): the text is tokenised with its tokenizer")
         hf = str(cfg.model).startswith("hf:")
-        if hf:  # a pretrained LM: no pretraining, small steps, distil from the original
+        if hf:  # a pretrained LM: no pretraining, distil from the original (small steps: defaults)
             if cfg.pretrain_epochs is None:
                 cfg.pretrain_epochs = 0.0
-            if cfg.lr is None:
-                cfg.lr = 1e-4 if cfg.optimizer == "adamw" else 1e-3
-            if cfg.weight_decay is None:
-                cfg.weight_decay = 0.0
             if cfg.teacher is None and cfg.command == "search":
                 cfg.teacher = "supernet"
         if cfg.model is None:
@@ -195,15 +197,12 @@ class RunConfig(RunConfigChecks):
                 cfg.model_args = dict(default_args)
         if cfg.model_args is None:
             cfg.model_args = {}
-        if cfg.lr is None:
-            cfg.lr = 0.05 if cfg.optimizer == "sgd" else 0.002
-        if cfg.weight_decay is None:
-            cfg.weight_decay = 5e-4 if cfg.optimizer == "sgd" else 0.01
-        if cfg.exclude is None:
-            cfg.exclude = []
         if cfg.augment and cfg.task != "detect":
             raise ConfigError(f"--augment sets Ultralytics' detection augmentation; --task {cfg.task} "
                               "does not use it (use --task detect, or leave --augment out)")
+        apply_defaults(cfg)  # optimizer, lr, weight decay, warm-up, augment, resource weight
+        if cfg.exclude is None:
+            cfg.exclude = []
         cfg._check_auto_augment()
         if cfg.pretrain_epochs is None:
             cfg.pretrain_epochs = cfg.epochs
@@ -284,24 +283,34 @@ def config_yaml(cfg: RunConfig) -> str:
     """The options of ``cfg``'s command, resolved, as YAML a ``--config`` file takes back.
 
     Keys are the long flags without dashes (``structure-lr``); options left at None and the
-    run directory (``out``, given per run) are left out.
+    run directory (``out``, given per run) are left out. An option resolved from ``auto``
+    carries a comment saying why; the structure lr, which the search's length sets, stays
+    ``auto`` with its rule.
 
     Example:
         >>> text = config_yaml(RunConfig(command="search", task="digits", target=0.4))
-        >>> "target: 0.4" in text, "structure-lr: 0.01" in text
+        >>> "target: 0.4" in text, "optimizer: sgd  # auto for digits" in text
         (True, True)
     """
     resolved = cfg.resolved()
-    values = {}
+    lines = []
     for opt in OPTIONS:
         if cfg.command not in opt.commands or opt.name in ("out", "quiet"):
             continue
+        key = opt.name.replace("_", "-")
         value = getattr(resolved, opt.name, None)
+        if value is None and opt.name == "structure_lr":
+            lines.append(f"{key}: auto  # max({MIN_STRUCTURE_LR:g}, {STRUCTURE_REACH:g} / search "
+                         "steps), set when the run starts")
+            continue
         if value is None:
             continue
-        values[opt.name.replace("_", "-")] = list(value) if isinstance(value, tuple) else value
+        text = yaml.safe_dump({key: list(value) if isinstance(value, tuple) else value},
+                              default_flow_style=True, width=float("inf")).strip()[1:-1]  # {k: v}
+        why = resolved.chosen.get(opt.name)
+        lines.append(text + (f"  # {why}" if why else ""))
     return (f"# dmscale {cfg.command}: resolved options (dmscale {cfg.command} --config FILE)\n"
-            + yaml.safe_dump(values, sort_keys=False))
+            + "\n".join(lines) + "\n")
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:
@@ -335,6 +344,11 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
                           f"is {p} a dmscale run directory?")
     for name, value in BEFORE_OPTION.items():  # a run saved before the option: its old behaviour
         data.setdefault(name, value)
+    if "chosen" not in data:  # saved before per-task defaults: auto keeps meaning what it did
+        for name, value in BEFORE_AUTO.items():
+            if data.get(name) is None and (name != "augment" or data.get("task") == "detect"):
+                data[name] = value
+        data["chosen"] = {}
     try:
         return RunConfig.from_dict(data)
     except TypeError as err:

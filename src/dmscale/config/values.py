@@ -40,6 +40,7 @@ __all__ = [
     "expand_factors",
     "str_list",
     "eval_every_value",
+    "auto_or",
 ]
 
 
@@ -182,6 +183,30 @@ def choice(*choices: str) -> Callable[[Any], str]:
 
     convert.choices = choices  # type: ignore[attr-defined]
     return convert
+
+
+def auto_or(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``convert``, but ``auto`` (or None) is None: the value the run's task chooses
+    (:mod:`dmscale.config.defaults`); a choice converter keeps its choices, ``auto`` first.
+
+    Example:
+        >>> auto_or(positive_float)("0.1"), auto_or(positive_float)("auto")
+        (0.1, None)
+        >>> auto_or(choice("sgd", "adamw")).choices
+        ('auto', 'sgd', 'adamw')
+    """
+    def converted(value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+            return None
+        try:
+            return convert(value)
+        except ConfigError as err:
+            raise ConfigError(f"{err} (or auto: the task's default)") from None
+
+    choices = getattr(convert, "choices", None)
+    if choices is not None:
+        converted.choices = ("auto", *choices)  # type: ignore[attr-defined]
+    return converted
 
 
 def device_value(value: Any) -> str:

@@ -16,7 +16,6 @@ no weight decay. In ``p-`` the weights are frozen (``requires_grad=False``) and 
 structural parameters are optimised.
 
 The run directory holds ``config.yaml`` (resolved), ``state.json`` (phases done, steps),
-The run directory holds ``config.yaml`` (resolved), ``state.json`` (phases done, steps),
 ``metrics.jsonl``, ``checkpoint.pt`` (written atomically every ``--checkpoint-every`` steps:
 model, optimisers, schedulers, the fp16 GradScaler, ``searcher.state_dict()``, RNG states,
 step), and the outputs: ``supernet.safetensors`` (pretrained supernet), ``structure.json``
@@ -92,6 +91,7 @@ from dmscale.run.saved_runs import (
     searcher_from_checkpoint,
 )
 from dmscale.run.watching import Watching
+from dmscale.config.defaults import AUTO_OPTIONS, auto_brief, resolve_structure_lr
 from dmscale.search.config import resolve_align
 from dmscale.tasks.hf_model import is_hf_model
 from dmscale.tasks.registry import Distillation, Task, build_task
@@ -160,7 +160,7 @@ class Pipeline(Phases, Watching):
         self.rd = RunDir(cfg.out, writes=is_main_process())  # under torchrun: rank 0 writes
         self.resume = resume
         self._explicit = explicit
-        self.cfg = self._prepare_config(cfg.resolved())
+        self.cfg = self._prepare_config(cfg)
         self.device = resolve_device(self.cfg.device)
         if self.cfg.command == "search" and self.cfg.align is None:  # auto: the device's multiple,
             self.cfg.align = resolve_align(None, self.device)  # saved so a resume searches the same
@@ -172,6 +172,8 @@ class Pipeline(Phases, Watching):
         check_task_for_ranks(self.task)
         if not self.cfg.task_info:
             self.cfg.task_info = dict(self.task.info)
+        if self.cfg.command == "search" and self.cfg.structure_lr is None:  # auto: by the search's length
+            resolve_structure_lr(self.cfg, self._steps(self.cfg.epochs))
         self.example = self.task.example_inputs().to(self.device)
         self.state = self.rd.read_json("state.json") if resume else None
         if self.state is None:
@@ -183,8 +185,11 @@ class Pipeline(Phases, Watching):
         self._elapsed0 = float(self.state.get("elapsed", 0.0))
 
     # ------------------------------------------------------------------ setup
-    def _prepare_config(self, cfg: RunConfig) -> RunConfig:
+    def _prepare_config(self, given: RunConfig) -> RunConfig:
+        """``given`` resolved, or on resume the saved run's configuration (an option given
+        differently refused; one left at auto means the run's value)."""
         path = self.rd.path
+        cfg = given.resolved()
         if self.resume:
             saved = load_run_config(path)
             if saved.command != cfg.command:
@@ -194,8 +199,8 @@ class Pipeline(Phases, Watching):
                 new = getattr(cfg, opt.name)
                 if opt.name in RESUME_MUTABLE or new == getattr(saved, opt.name):
                     continue
-                if opt.name == "align" and new is None:  # auto: the run's resolved multiple
-                    continue
+                if getattr(given, opt.name) is None and opt.name in (*AUTO_OPTIONS, "align"):
+                    continue  # auto: the run's resolved value
                 if self._explicit is not None and opt.name not in self._explicit:
                     continue
                 changed[opt.name] = (getattr(saved, opt.name), new)
@@ -371,7 +376,7 @@ class Pipeline(Phases, Watching):
             "evals": st["evals"], "steps": self.global_step, "processes": world_size(),
             "elapsed": round(self.elapsed(), 1), "warnings": st["warnings"],
             "structure": _structure_brief(structure) if structure else None,
-            "align": _align_brief(cfg, structure), **self._watch_summary(),
+            "align": _align_brief(cfg, structure), "auto": auto_brief(cfg), **self._watch_summary(),
         }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from dmscale.config.defaults import chosen_lines
 from dmscale.run.report_plots import write_plots
 from dmscale.run.report_text import (align_line, detect_text, format_count, lm_metrics_text, metric_line,
                                      metric_name, posthoc_line, processes_text, reach_hint)
@@ -75,6 +76,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     aligned = align_line(summary.get("align"))
     if aligned:
         lines += [f"- align: {aligned}", ""]
+    auto = chosen_lines(summary.get("auto") or {})
+    if auto:
+        lines += ["- auto options: " + "; ".join(auto), ""]
     posthoc = posthoc_line(state.get("resources_search_end"), res)
     if posthoc:
         lines += [f"- {posthoc}", ""]
@@ -156,6 +160,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     line = align_line(summary.get("align"))
     if line:
         out.append(f"  align         {line}")
+    for i, chosen in enumerate(chosen_lines(summary.get("auto") or {})):
+        out.append(f"  {'auto options' if i == 0 else '':14}{chosen}")
     out.append("")
     for name, ev in evals.items():
         if name == "final":

@@ -17,8 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import search_proxies  # noqa: E402
 
-# (operators, bytes) DMS over plain; measured 3.57 / 1.018 and 3.56 / 1.156 when set
-BUDGETS = {"small_cnn": (4.0, 1.10), "vit_s16": (4.0, 1.25)}
+# (operators, bytes) DMS over plain; measured 3.42 / 1.018 and 3.10 / 1.065 when set (3.57 / 1.018
+# and 3.56 / 1.156 before the no-op casts went and the transformer depth masks were folded)
+BUDGETS = {"small_cnn": (3.6, 1.05), "vit_s16": (3.3, 1.10)}
 
 
 @pytest.mark.parametrize("name", sorted(BUDGETS))

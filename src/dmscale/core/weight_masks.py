@@ -72,7 +72,8 @@ class WeightFold:
     def fold(self, weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``weight * m`` along the folded side (m: (C,))."""
         m = mask if self.index is None else mask[self._index_on(mask.device)]
-        m = m.reshape(self.shape)
+        if self.shape != (1, m.numel()):  # (C,) broadcasts along a Linear's input side as it is
+            m = m.reshape(self.shape)
         return weight * cast(m, weight.dtype)
 
 

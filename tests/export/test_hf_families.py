@@ -46,9 +46,9 @@ def tiny(family: str, layers: int = 4) -> nn.Module:
     return getattr(transformers, lm_cls)(config)
 
 
-def _search(model: nn.Module, x: dict, steps: int = 8) -> dms.Searcher:
-    """A per-layer search of ``model`` down to 60% of its parameters."""
-    searcher = dms.prepare(model, x, dms.SearchConfig(resource="params", target=0.6))
+def _search(model: nn.Module, x: dict, steps: int = 8, **config) -> dms.Searcher:
+    """A search of ``model`` down to 60% of its parameters (per-layer unless ``config`` says)."""
+    searcher = dms.prepare(model, x, dms.SearchConfig(resource="params", target=0.6, **config))
     opt = torch.optim.Adam([{"params": list(searcher.model_parameters()), "lr": 1e-3},
                             {"params": list(searcher.structure_parameters()), "lr": 0.05}])
     model.train()
@@ -98,11 +98,36 @@ def test_per_layer_widths_save_for_from_pretrained(tmp_path, family):
     assert not (tmp_path / "modeling_dmscale_llama.py").exists()
     depth = searcher.structure()["depth"][0]
     kept = [depth["blocks"].index(b) for b in depth["kept"]]
-    assert config["num_hidden_layers"] == len(kept)
+    assert config["num_hidden_layers"] == len(kept) < len(types)
     if types[0] is not None:  # the kept layers keep their sliding or full attention
         assert config["layer_types"] == [types[i] for i in kept]
     if family == "gemma3":
         assert sizes["hidden_size"] == 50 and config["embed_scale"] == 8.0
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma3"])
+def test_layer_uniform_saves_the_families_own_config(tmp_path, family):
+    """Equal layers: the family's own config, the kept layers' attention types; Gemma 3 with a
+    pruned hidden size cannot state its embedding scale there: per-layer, with a warning."""
+    model = tiny(family)
+    types = [layer.self_attn.layer_type for layer in model.model.layers]
+    x = {"input_ids": torch.randint(0, 64, (2, 8))}
+    searcher = _search(model, x, layer_uniform=True, exclude=["model.embed_tokens"])
+    small = searcher.export().eval()
+    dms.save_pretrained(small, tmp_path / "std")
+    config = json.loads((tmp_path / "std" / "config.json").read_text())
+    assert config["model_type"] == FAMILIES[family][2] and "auto_map" not in config
+    depth = searcher.structure()["depth"][0]
+    assert len(depth["kept"]) < len(types)  # a layer went: layer_types lists the kept ones
+    assert config["layer_types"] == [types[depth["blocks"].index(b)] for b in depth["kept"]]
+    if family == "gemma3":
+        searcher = _search(tiny(family), x, layer_uniform=True, steps=2)
+        with torch.no_grad():
+            searcher.gates.width[0].set_count(48)  # divisible by the 4 heads: only the scale is off
+        with pytest.warns(UserWarning, match="embed_tokens"):
+            dms.save_pretrained(searcher.export(), tmp_path / "auto")
+        config = json.loads((tmp_path / "auto" / "config.json").read_text())
+        assert config["model_type"] == "dmscale_gemma3_text" and config["embed_scale"] == 8.0
 
 
 def test_qwen2_per_layer_loads_without_dmscale(tmp_path):

@@ -136,7 +136,7 @@ def find_hf_model(model: nn.Module) -> Any:
 
 
 def hf_layer_sizes(model: nn.Module) -> dict[str, Any]:
-    """The sizes a config must state for ``model`` (an exported Llama-family causal LM).
+    """The sizes a config must state for ``model`` (an export of a causal LM of those families).
 
     Returns ``{"hidden_size", "head_dim", "layers": [[heads, kv_heads, intermediate], ...],
     "uniform", "layer_types", "embed_scale"}``: ``layer_types`` the attention type of each

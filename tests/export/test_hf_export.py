@@ -183,10 +183,11 @@ def test_save_pretrained_refuses_what_it_cannot_state(tmp_path):
     small = searcher.export()
     with pytest.raises(dms.StructureError, match="layer_uniform"):
         dms.save_pretrained(small, tmp_path, mode="standard")
-    # per-layer widths are only written for the Llama family
-    small.config.model_type = "qwen2"
-    with pytest.raises(dms.UnsupportedLayerError, match="--layer-uniform"):
+    # per-layer widths are written for the families of PER_LAYER_FAMILIES only
+    small.config.model_type = "phi3"
+    with pytest.raises(dms.UnsupportedLayerError, match=r"qwen2, qwen3.*'phi3'.*dmscale\.save"):
         dms.save_pretrained(small, tmp_path)
+    small.config.model_type = "llama"
     # layer-uniform, but the hidden size (61) does not divide by the heads: standard refuses,
     # auto falls back to per-layer sizes with a warning
     uniform = _search(_tiny_llama(), x, uniform=True, steps=2)

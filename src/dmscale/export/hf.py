@@ -8,18 +8,27 @@
   with the new sizes (``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``,
   ``intermediate_size``, explicit ``head_dim``, ``num_hidden_layers`` after removed layers).
   ``AutoModelForCausalLM.from_pretrained(dir)`` loads it with plain transformers, and so does
-  every tool that reads a standard config. Families: Llama (incl. SmolLM2), Mistral, Qwen2,
-  Qwen3.
+  every tool that reads a standard config. Families: :data:`STANDARD_FAMILIES` -- Llama
+  (incl. SmolLM2), Mistral, Qwen2, Qwen3, Gemma 3 text (with its hidden size kept).
 * **per_layer** -- the layers differ (what DMS finds by default). Hugging Face has no
   standard config for heterogeneous layers, so the directory carries its own modeling code:
-  ``config.json`` has ``model_type: "dmscale_llama"``, one ``[heads, kv_heads, intermediate]``
-  per layer in ``layer_sizes``, and an ``auto_map`` pointing at
-  ``modeling_dmscale_llama.py``, a 90-line file (torch + transformers only) that builds
-  transformers' own ``LlamaForCausalLM`` with each layer's projections at its own size.
-  ``from_pretrained(dir, trust_remote_code=True)`` loads it without dmscale. Limits: Llama
-  family only (SmolLM2, Llama 2/3); tools that need a standard architecture (vLLM,
-  llama.cpp's converter) do not know ``dmscale_llama`` -- search with ``layer_uniform=True``
-  for those.
+  ``config.json`` has ``model_type: "dmscale_<family>"`` (``dmscale_llama``,
+  ``dmscale_qwen2``, ...), one ``[heads, kv_heads, intermediate]`` per layer in
+  ``layer_sizes``, and an ``auto_map`` pointing at ``modeling_dmscale_<family>.py``, a
+  40-line file that subclasses transformers' own classes of the family (``Qwen2ForCausalLM``,
+  ...) and rebuilds each layer's projections at its own size with ``dmscale_per_layer.py``
+  (both import only torch and transformers). ``from_pretrained(dir, trust_remote_code=True)``
+  loads it without dmscale. Families: :data:`PER_LAYER_FAMILIES` -- Llama (SmolLM2, Llama
+  2/3), Mistral, Qwen2 (Qwen2.5), Qwen3, Gemma 3 text (``gemma3_text``: its scaled
+  embeddings keep the original factor in ``embed_scale``). Tools that need a standard
+  architecture (vLLM, llama.cpp's converter) do not know ``dmscale_*`` -- search with
+  ``layer_uniform=True`` for those.
+
+Both formats keep the attention type of each kept layer (``layer_types``: sliding-window or
+full attention, Qwen2/3 and Gemma 3) when a depth search removed layers.
+:func:`check_save_pretrained` says before a search whether its result will save (a family
+outside these raises, naming the fix); the ``hf:`` runs of the command line call it before
+their first step.
 
 Before returning, the saved directory is loaded back (in this process) and its logits are
 compared with the model's on a probe sequence; a mismatch raises :class:`VerificationError`
@@ -62,17 +71,52 @@ from torch import nn
 from dmscale.core.errors import StructureError, UnsupportedLayerError, VerificationError
 from dmscale.core.masks import GATES_NAME
 
-__all__ = ["save_pretrained", "hf_layer_sizes", "find_hf_model", "STANDARD_FAMILIES",
-           "PER_LAYER_FAMILIES", "REMOTE_FILE"]
+__all__ = ["save_pretrained", "hf_layer_sizes", "find_hf_model", "check_save_pretrained",
+           "remote_files", "STANDARD_FAMILIES", "PER_LAYER_FAMILIES", "REMOTE_FILE", "SHARED_REMOTE_FILE"]
 
-STANDARD_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-PER_LAYER_FAMILIES = ("llama",)
-REMOTE_FILE = "modeling_dmscale_llama.py"
-_REMOTE_CLASSES = {
-    "AutoConfig": "DMScaleLlamaConfig",
-    "AutoModel": "DMScaleLlamaModel",
-    "AutoModelForCausalLM": "DMScaleLlamaForCausalLM",
-}
+STANDARD_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+# model_type -> (the stem of its modeling_dmscale_<stem>.py, the prefix of its classes)
+_PER_LAYER = {"llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"), "qwen2": ("qwen2", "Qwen2"),
+              "qwen3": ("qwen3", "Qwen3"), "gemma3_text": ("gemma3", "Gemma3")}
+PER_LAYER_FAMILIES = tuple(_PER_LAYER)
+REMOTE_FILE = "modeling_dmscale_llama.py"  # the Llama family's (``remote_files`` for the others)
+SHARED_REMOTE_FILE = "dmscale_per_layer.py"  # imported by every modeling_dmscale_<family>.py
+_REMOTE_CLASSES = ("AutoConfig", "Config"), ("AutoModel", "Model"), ("AutoModelForCausalLM", "ForCausalLM")
+
+
+def remote_files(model_type: str) -> tuple[str, str]:
+    """``(modeling file, shared file)`` that a per-layer checkpoint of ``model_type`` carries."""
+    if model_type not in _PER_LAYER:
+        raise UnsupportedLayerError(
+            f"no per-layer format for {model_type!r} (families: {', '.join(PER_LAYER_FAMILIES)})")
+    return f"modeling_dmscale_{_PER_LAYER[model_type][0]}.py", SHARED_REMOTE_FILE
+
+
+def check_save_pretrained(model: nn.Module, layer_uniform: bool = False) -> None:
+    """Raise before a search when :func:`save_pretrained` could not write its result.
+
+    ``model`` is the Hugging Face causal LM to be searched (or a wrapper holding it), not yet
+    prepared; ``layer_uniform`` the search's ``SearchConfig.layer_uniform``. Passes for
+    :data:`PER_LAYER_FAMILIES` (any search) and :data:`STANDARD_FAMILIES` with
+    ``layer_uniform=True``.
+
+    Raises:
+        UnsupportedLayerError: another family, or decoder layers that are not Llama-like
+            (``self_attn.q/k/v/o_proj``, ``mlp.gate/up/down_proj``); the message names the
+            family and what to do instead.
+    """
+    lm = find_hf_model(model)
+    family = lm.config.model_type
+    if family not in PER_LAYER_FAMILIES and not (layer_uniform and family in STANDARD_FAMILIES):
+        standard_only = [f for f in STANDARD_FAMILIES if f not in PER_LAYER_FAMILIES]
+        uniform = (f"; {', '.join(standard_only)} only with layer_uniform=True (--layer-uniform)"
+                   if standard_only else "")
+        raise UnsupportedLayerError(
+            f"{type(lm).__name__} is a {family!r} model: its pruned widths save for from_pretrained "
+            f"only for {', '.join(PER_LAYER_FAMILIES)}{uniform}. Search a model of one of those "
+            "families, or prune this one from Python (dms.prepare) and keep the export with "
+            "dmscale.save (loads with dmscale.load)")
+    hf_layer_sizes(lm)
 
 
 def find_hf_model(model: nn.Module) -> Any:
@@ -92,10 +136,12 @@ def find_hf_model(model: nn.Module) -> Any:
 
 
 def hf_layer_sizes(model: nn.Module) -> dict[str, Any]:
-    """The sizes a config must state for ``model`` (an exported Llama-family causal LM).
+    """The sizes a config must state for ``model`` (an export of a causal LM of those families).
 
     Returns ``{"hidden_size", "head_dim", "layers": [[heads, kv_heads, intermediate], ...],
-    "uniform"}``. Raises :class:`UnsupportedLayerError` naming the layer when the model is
+    "uniform", "layer_types", "embed_scale"}``: ``layer_types`` the attention type of each
+    layer (None when the family has none), ``embed_scale`` the factor of an embedding that
+    scales its output (Gemma 3) or None. Raises :class:`UnsupportedLayerError` naming the layer when the model is
     not a Llama-family decoder (q/k/v/o_proj attention, gate/up/down_proj MLP) or when it is
     still prepared for a search.
     """
@@ -111,7 +157,7 @@ def hf_layer_sizes(model: nn.Module) -> dict[str, Any]:
             f"save_pretrained supports {', '.join(STANDARD_FAMILIES)}. Save with dmscale.save "
             "(loads with dmscale.load) instead")
     hidden = lm.get_input_embeddings().embedding_dim
-    head_dims, layers = set(), []
+    head_dims, layers, types = set(), [], []
     for i, layer in enumerate(stack):
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
@@ -133,11 +179,21 @@ def hf_layer_sizes(model: nn.Module) -> dict[str, Any]:
                 f"{tuple(k.weight.shape)}, v {tuple(v.weight.shape)}, o {tuple(o.weight.shape)}, "
                 f"head_dim {d}, hidden {hidden}); this model was not produced by a dmscale export")
         layers.append([heads, kv, ffn])
+        types.append(getattr(attn, "layer_type", None))
     if len(head_dims) > 1:
         raise StructureError(f"head_dim differs between layers ({sorted(head_dims)}); no config "
                              "format states that")
     return {"hidden_size": hidden, "head_dim": head_dims.pop() if head_dims else None,
-            "layers": layers, "uniform": all(s == layers[0] for s in layers)}
+            "layers": layers, "uniform": all(s == layers[0] for s in layers),
+            "layer_types": types if types and None not in types else None,
+            "embed_scale": getattr(lm.get_input_embeddings(), "scalar_embed_scale", None)}
+
+
+def _kept_layer_types(config: Any, sizes: dict[str, Any]) -> dict[str, Any]:
+    """``layer_types`` of the kept layers when the family's config lists them."""
+    if getattr(config, "layer_types", None) is None or sizes["layer_types"] is None:
+        return {}
+    return {"layer_types": list(sizes["layer_types"])}
 
 
 def _standard_config(lm: Any, sizes: dict[str, Any]) -> Any:
@@ -150,7 +206,14 @@ def _standard_config(lm: Any, sizes: dict[str, Any]) -> Any:
         config.num_attention_heads, config.num_key_value_heads, config.intermediate_size)
     values = {"hidden_size": sizes["hidden_size"], "num_hidden_layers": len(sizes["layers"]),
               "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": ffn,
-              "head_dim": sizes["head_dim"] or config.head_dim}
+              "head_dim": sizes["head_dim"] or config.head_dim, **_kept_layer_types(config, sizes)}
+    scale = sizes["embed_scale"]
+    if scale is not None and abs(scale - sizes["hidden_size"] ** 0.5) > 1e-6 * scale:
+        raise StructureError(
+            f"{type(config).__name__} scales the embeddings by sqrt(hidden_size) = "
+            f"{sizes['hidden_size'] ** 0.5:.4g}, the model by {scale:.4g} (its hidden size was "
+            "pruned); keep it (SearchConfig(exclude=['model.embed_tokens']), --exclude "
+            "lm.model.embed_tokens) or save with mode='per_layer'")
     try:
         return type(config).from_dict({**_plain_dict(config), **values})
     except Exception as err:  # transformers' strict validation raises its own classes
@@ -159,28 +222,32 @@ def _standard_config(lm: Any, sizes: dict[str, Any]) -> Any:
             f"({str(err).splitlines()[-1].strip()}); keep the hidden size fixed "
             "(SearchConfig(exclude=['model.embed_tokens']) on the bare model, --exclude lm.model.embed_tokens "
             "on the command line), save "
-            "with mode='per_layer' (Llama family) or with dmscale.save") from err
+            "with mode='per_layer' or with dmscale.save") from err
 
 
 def _per_layer_config(lm: Any, sizes: dict[str, Any]) -> Any:
+    import importlib
+
     config = lm.config
     if config.model_type not in PER_LAYER_FAMILIES:
         raise UnsupportedLayerError(
             f"layers of different widths can be saved for from_pretrained only for "
-            f"{', '.join(PER_LAYER_FAMILIES)} (this model is {config.model_type!r}); search with "
-            "SearchConfig(layer_uniform=True) / --layer-uniform for a standard config, or save "
-            "with dmscale.save (loads with dmscale.load)")
-    from dmscale.export.hf_remote.modeling_dmscale_llama import DMScaleLlamaConfig
-
+            f"{', '.join(PER_LAYER_FAMILIES)} (this model is {config.model_type!r}); save with "
+            "dmscale.save (loads with dmscale.load)")
+    modeling = remote_files(config.model_type)[0][:-3]
+    prefix = f"DMScale{_PER_LAYER[config.model_type][1]}"
+    config_class = getattr(importlib.import_module(f"dmscale.export.hf_remote.{modeling}"), f"{prefix}Config")
     layers = sizes["layers"]
     d = _plain_dict(config)
-    d.update(model_type=DMScaleLlamaConfig.model_type, hidden_size=sizes["hidden_size"],
+    d.update(model_type=config_class.model_type, hidden_size=sizes["hidden_size"],
              num_hidden_layers=len(layers), head_dim=sizes["head_dim"] or config.head_dim,
              num_attention_heads=max(s[0] for s in layers), num_key_value_heads=max(s[1] for s in layers),
              intermediate_size=max(s[2] for s in layers), layer_sizes=[list(s) for s in layers],
-             architectures=["DMScaleLlamaForCausalLM"],
-             auto_map={k: f"{REMOTE_FILE[:-3]}.{v}" for k, v in _REMOTE_CLASSES.items()})
-    return DMScaleLlamaConfig.from_dict(d)
+             architectures=[f"{prefix}ForCausalLM"], **_kept_layer_types(config, sizes),
+             auto_map={auto: f"{modeling}.{prefix}{cls}" for auto, cls in _REMOTE_CLASSES})
+    if sizes["embed_scale"] is not None:
+        d["embed_scale"] = float(sizes["embed_scale"])
+    return config_class.from_dict(d)
 
 
 def _plain_dict(config: Any) -> dict[str, Any]:
@@ -197,8 +264,9 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any
     """Write ``model`` (an export of a Hugging Face causal LM) as a ``from_pretrained`` directory.
 
     Args:
-        model: ``searcher.export()`` of a Llama-family ``*ForCausalLM`` (or a wrapper holding
-            one as its only PreTrainedModel child).
+        model: ``searcher.export()`` of a ``*ForCausalLM`` of :data:`STANDARD_FAMILIES` or
+            :data:`PER_LAYER_FAMILIES` (or a wrapper holding one as its only PreTrainedModel
+            child).
         out_dir: the directory (created; files of the same name are replaced).
         tokenizer: saved beside the weights when given.
         mode: "standard" (all layers equal; plain ``from_pretrained``), "per_layer" (the
@@ -236,16 +304,17 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any
         config = _standard_config(lm, sizes) if mode == "standard" else _per_layer_config(lm, sizes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("config.json", REMOTE_FILE):
-        if (out / stale).exists():
-            (out / stale).unlink()
+    for stale in [out / "config.json", out / SHARED_REMOTE_FILE, *out.glob("modeling_dmscale_*.py")]:
+        if stale.exists():
+            stale.unlink()
     with _dequantized(lm):
         lm.save_pretrained(out, safe_serialization=True)
     config.save_pretrained(out)  # replaces the config.json written with the unpruned sizes
     if mode == "per_layer":
-        source = importlib.resources.files("dmscale.export.hf_remote").joinpath(REMOTE_FILE)
-        with importlib.resources.as_file(source) as path:
-            shutil.copyfile(path, out / REMOTE_FILE)
+        for name in remote_files(lm.config.model_type):
+            source = importlib.resources.files("dmscale.export.hf_remote").joinpath(name)
+            with importlib.resources.as_file(source) as path:
+                shutil.copyfile(path, out / name)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     (out / "dmscale.json").write_text(json.dumps({"format": mode, "layer_sizes": sizes["layers"],

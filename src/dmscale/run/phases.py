@@ -39,7 +39,8 @@ from dmscale.run.saved_runs import (
     new_supernet,
     search_config,
 )
-from dmscale.tasks.hf_model import HF_DIR, is_hf_model, save_hf_dir
+from dmscale.engine.ddp import on_all_ranks
+from dmscale.tasks.hf_model import HF_DIR, check_hf_dir, is_hf_model, save_hf_dir
 from dmscale.tasks.distill import kept_hidden_channels
 from dmscale.tasks.registry import Task
 from dmscale.tasks.start_weights import load_start_weights, load_weights_file, starts_from_weights
@@ -96,6 +97,7 @@ class Phases:
         model, _ = new_supernet(cfg, self.task.info, cfg.seed)
         if self.checkpoint_for("pretrain") is None:
             self._start_weights(model)
+        self._check_hf(model)
         model.to(self.device)
         self._record_supernet(model)
         self._shard(model)
@@ -111,6 +113,12 @@ class Phases:
         if cfg.command == "pretrain":
             self._save_weights(full, "model.safetensors")
             self.state["counts"]["found"] = self.state["counts"]["supernet"]
+
+    def _check_hf(self, model: nn.Module) -> None:
+        """An ``hf:`` search or retrain ends by writing ``RUN/hf``: refuse before the first
+        step a model that could not be written (:func:`check_hf_dir`)."""
+        if is_hf_model(self.cfg.model) and self.cfg.command != "pretrain":
+            check_hf_dir(model, self.cfg.model, self.cfg.layer_uniform)
 
     def _shard(self, model: nn.Module, searcher: dms.Searcher | None = None) -> None:
         """``--shard fsdp``: shard ``model`` in place, before its optimisers are built
@@ -179,6 +187,7 @@ class Phases:
             model, extra_exclude = new_supernet(cfg, self.task.info, cfg.seed)
             if self.checkpoint_for("search") is None and self.checkpoint_for("finish") is None:
                 self._start_weights(model)
+        self._check_hf(model)
         model.to(self.device)
         self._record_supernet(model)
         teacher = None
@@ -219,9 +228,9 @@ class Phases:
             self.state["evals"]["search"] = metrics
             self.state["evals"]["final"] = metrics
             self._save_weights(small, "model.safetensors")
-            if is_hf_model(cfg.model) and "retrain" not in self.phases:
-                self._save_hf(small)
             self.state["counts"]["found"] = dms.count(small, self.example)
+        if is_hf_model(cfg.model) and "retrain" not in self.phases:
+            self._save_hf(small)  # on every rank (rank 0 writes)
         self.state["resources"] = searcher.resources()
         if cfg.resource == "latency":
             fit = searcher.latency_fit()
@@ -337,6 +346,7 @@ class Phases:
         else:
             model, _ = new_supernet(cfg, self.task.info, cfg.seed * 7 + 1)
             dms.apply_structure(model, structure)
+        self._check_hf(model)
         model.to(self.device)
         if "supernet" not in self.state["counts"]:
             counts = (source.read_json("state.json") or {}).get("counts", {})
@@ -370,10 +380,11 @@ class Phases:
             self._save_hf(full)
 
     def _save_hf(self, model: nn.Module | None) -> None:
-        """``RUN/hf``: the found model of an ``hf:`` run as a ``from_pretrained`` directory."""
-        if not self.rd.writes:
+        """``RUN/hf``: the found model of an ``hf:`` run as a ``from_pretrained`` directory.
+        Called on every rank, rank 0 writes: its error is every rank's (no rank waits for it)."""
+        fmt = on_all_ranks(lambda: None if not self.rd.writes or model is None else save_hf_dir(
+            model, self.rd / HF_DIR, self.cfg.model, tokenizer=getattr(self.task, "tokenizer", None)))
+        if fmt is None:
             return
-        fmt = save_hf_dir(model, self.rd / HF_DIR, self.cfg.model,
-                          tokenizer=getattr(self.task, "tokenizer", None))
         how = "from_pretrained" + (" (trust_remote_code=True)" if fmt == "per_layer" else "")
         self._log(f"saved {self.rd / HF_DIR}: Hugging Face {fmt} format with the tokenizer (loads with {how})")

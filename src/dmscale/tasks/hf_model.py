@@ -33,7 +33,7 @@ from dmscale.config.run_config import ConfigError
 from dmscale.tasks.registry import register_models
 
 __all__ = ["HF_PREFIX", "parse_hf_spec", "is_hf_model", "hf_source", "load_hf_model",
-           "load_hf_tokenizer", "save_hf_dir", "HF_DIR"]
+           "load_hf_tokenizer", "save_hf_dir", "check_hf_dir", "HF_DIR"]
 
 HF_DIR = "hf"  # the Hugging Face directory inside a run directory of an hf: model
 
@@ -136,6 +136,24 @@ def load_hf_model(path: str, args: dict[str, Any] | None = None) -> nn.Module:
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"--model hf:{path}: cannot load the model ({str(err).splitlines()[0]})") from None
     return CausalLM(lm)
+
+
+def check_hf_dir(model: nn.Module, spec: str, layer_uniform: bool) -> None:
+    """Refuse, before the first step, an ``hf:`` run whose found model could not be written
+    as ``RUN/hf`` (:func:`dmscale.export.hf.check_save_pretrained`): a family without a
+    ``from_pretrained`` format for pruned widths would otherwise train, then fail to save.
+
+    Raises:
+        ConfigError: naming the family, the families that save and what to do instead.
+    """
+    from dmscale.core.errors import UnsupportedLayerError
+    from dmscale.export.hf import check_save_pretrained
+
+    try:
+        check_save_pretrained(model, layer_uniform)
+    except UnsupportedLayerError as err:
+        raise ConfigError(f"--model {spec}: an hf: run ends by writing the found model as {HF_DIR}/ "
+                          f"in the run directory for from_pretrained, and this one cannot be: {err}") from None
 
 
 def save_hf_dir(model: nn.Module, out: str | Path, spec: str, tokenizer: Any = None) -> str:

@@ -17,9 +17,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import search_proxies  # noqa: E402
 
-# (operators, bytes) DMS over plain; measured 3.42 / 1.018 and 3.10 / 1.065 when set (3.57 / 1.018
-# and 3.56 / 1.156 before the no-op casts went and the transformer depth masks were folded)
-BUDGETS = {"small_cnn": (3.6, 1.05), "vit_s16": (3.3, 1.10)}
+# (operators, bytes) DMS over plain; measured 3.42 / 1.001 and 3.10 / 1.026 when set (bytes without
+# the model's own parameters, which the graph of a masked weight refers to; 3.57 / 1.018 and
+# 3.56 / 1.156 counting them, before the no-op casts went and the transformer depth masks folded)
+BUDGETS = {"small_cnn": (3.6, 1.03), "vit_s16": (3.3, 1.06)}
 
 
 @pytest.mark.parametrize("name", sorted(BUDGETS))

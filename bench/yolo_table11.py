@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     data = _dataset(s["data"], work)
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     if "p3" not in meta:  # sizes cached before the p3 arm existed keep their other fields
-        info = DetectTask(RunConfig(task="detect", data=data, imgsz=args.imgsz).resolved()).info
+        info = DetectTask(RunConfig(task="detect", data=data, image_size=args.imgsz).resolved()).info
         expand = kv_dict(args.expand)
         if "base_macs" not in meta:
             base = _macs(info, args.imgsz)
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["p3"] = uniform_arm(info, args.imgsz, 1.0, meta["base_macs"], args.uniform_rule, yaml=str(P3_YAML))
         save_cache(meta_path, meta, sort_keys=False, end="\n")
     t = s["train"]
-    common = dict(task="detect", data=data, imgsz=args.imgsz, batch_size=t["batch_size"], quiet=True,
+    common = dict(task="detect", data=data, image_size=args.imgsz, batch_size=t["batch_size"], quiet=True,
                   model="yolo:yolov8n.yaml", optimizer=t["optimizer"], lr=t["lr"], weight_decay=t["weight_decay"],
                   warmup=t["warmup"], augment=kv_dict(t["augment"]) if t["augment"] else None, threads=1)
     for seed in ([] if args.table_only else args.seeds):

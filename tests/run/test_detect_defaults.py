@@ -19,7 +19,7 @@ def test_detect_with_default_flags_trains_to_a_nontrivial_map(tmp_path, capsys):
     # about 100 s on one CPU thread: 3 search + 3 retraining epochs of 16 steps at 64 px
     data = make_mnist_detect(tmp_path / "d", MnistDetectConfig(train=256, val=64, imgsz=64, seed=123))["yaml"]
     run = tmp_path / "run"
-    assert main(["search", "--task", "detect", "--data", data, "--imgsz", "64", "--batch-size", "16",
+    assert main(["search", "--task", "detect", "--data", data, "--image-size", "64", "--batch-size", "16",
                  "--epochs", "3", "--threads", "1", "--out", str(run)]) == 0
     out = capsys.readouterr().out
     assert "auto options  optimizer adamw, lr 0.001, weight decay 0.01, warm-up 0.02, " \

@@ -16,7 +16,7 @@ from dmscale.run.pipeline import Pipeline, Stopped, searcher_from_checkpoint  # 
 from dmscale.tasks.detect import DetectTask  # noqa: E402
 
 # a steep budget path so that two search steps nearly reach it and the finish phase is short
-FAST = dict(task="detect", imgsz=64, batch_size=4, epochs=0.5, retrain_epochs=0, target=0.8,
+FAST = dict(task="detect", image_size=64, batch_size=4, epochs=0.5, retrain_epochs=0, target=0.8,
             structure_lr=0.2, resource_weight=3.0, quiet=True)
 
 
@@ -27,7 +27,7 @@ def data(tmp_path_factory):
 
 
 def test_batches_are_a_pure_function_of_seed_and_step(data):
-    task = DetectTask(RunConfig(task="detect", data=data, imgsz=64).resolved())
+    task = DetectTask(RunConfig(task="detect", data=data, image_size=64).resolved())
     x1, y1 = task.train_batch(5, 4, seed=1)
     task.train_batch(0, 4, seed=3)  # other batches in between change nothing
     x2, y2 = task.train_batch(5, 4, seed=1)
@@ -45,7 +45,7 @@ def test_yolov8n_search_exports_the_hardened_supernet_and_writes_yolo_pt(data, t
         Pipeline(cfg).run()
     model, searcher, _, step = searcher_from_checkpoint(run)
     assert step == 1
-    x = DetectTask(RunConfig(task="detect", data=data, imgsz=64).resolved()).train_batch(0, 2, seed=9)[0]
+    x = DetectTask(RunConfig(task="detect", data=data, image_size=64).resolved()).train_batch(0, 2, seed=9)[0]
     model.eval()
     with searcher.hardened():
         want = model(x)[0]
@@ -68,7 +68,7 @@ def test_yolov8n_search_exports_the_hardened_supernet_and_writes_yolo_pt(data, t
 
 def test_yolo11n_search_from_the_command_line(data, tmp_path, capsys):
     run = tmp_path / "run11"
-    rc = main(["search", "--task", "detect", "--model", "yolo:yolo11n.yaml", "--data", data, "--imgsz", "64",
+    rc = main(["search", "--task", "detect", "--model", "yolo:yolo11n.yaml", "--data", data, "--image-size", "64",
                "--epochs", "0.5", "--batch-size", "4", "--retrain-epochs", "0", "--target", "0.8",
                "--structure-lr", "0.2", "--resource-weight", "3", "--out", str(run), "--quiet"])
     assert rc == 0
@@ -80,7 +80,7 @@ def test_yolo11n_search_from_the_command_line(data, tmp_path, capsys):
 def test_expand_builds_the_enlarged_supernet(data):
     from dmscale.tasks.registry import build_model
 
-    info = DetectTask(RunConfig(task="detect", data=data, imgsz=64).resolved()).info
+    info = DetectTask(RunConfig(task="detect", data=data, image_size=64).resolved()).info
     base, _ = build_model(RunConfig(task="detect", model="yolo:yolov8n.yaml").resolved(), info)
     big, _ = build_model(RunConfig(task="detect", model="yolo:yolov8n.yaml",
                                    expand={"width": 1.5, "depth": 2.0}).resolved(), info)
@@ -89,15 +89,15 @@ def test_expand_builds_the_enlarged_supernet(data):
 
 
 def test_augment_sets_ultralytics_hyperparameters(data, tmp_path):
-    default = DetectTask(RunConfig(task="detect", data=data, imgsz=64).resolved())
-    plain = DetectTask(RunConfig(task="detect", data=data, imgsz=64, augment={}).resolved())
-    task = DetectTask(RunConfig(task="detect", data=data, imgsz=64, augment={"mosaic": 0.5}).resolved())
+    default = DetectTask(RunConfig(task="detect", data=data, image_size=64).resolved())
+    plain = DetectTask(RunConfig(task="detect", data=data, image_size=64, augment={}).resolved())
+    task = DetectTask(RunConfig(task="detect", data=data, image_size=64, augment={"mosaic": 0.5}).resolved())
     assert (default.args.fliplr, default.args.mosaic) == (0.0, 0.0)  # auto for detect
     assert (plain.args.fliplr, plain.args.mosaic) == (0.5, 1.0)  # no overrides: Ultralytics' values
     assert (task.args.fliplr, task.args.mosaic) == (0.5, 0.5)  # given: replaces the auto choice
     # no flips and no mosaic: a batch is the letterboxed image (up to HSV and affine jitter),
     # so the boxes of image 0 are its label file's, unmirrored
-    plain = DetectTask(RunConfig(task="detect", data=data, imgsz=64, augment={
+    plain = DetectTask(RunConfig(task="detect", data=data, image_size=64, augment={
         "fliplr": 0, "mosaic": 0, "hsv_h": 0, "hsv_s": 0, "hsv_v": 0, "translate": 0, "scale": 0}).resolved())
     _, y = plain.train_batch(0, 1, seed=0)
     from dmscale.tasks.registry import _epoch_permutation
@@ -106,7 +106,7 @@ def test_augment_sets_ultralytics_hyperparameters(data, tmp_path):
     want = torch.as_tensor(plain.train_set.labels[i]["bboxes"]).float()
     assert torch.allclose(y[:, 2:].sort(0).values, want.sort(0).values, atol=1e-3)
     with pytest.raises(ConfigError, match="unknown key 'flip'"):
-        DetectTask(RunConfig(task="detect", data=data, imgsz=64, augment={"flip": 0}).resolved())
+        DetectTask(RunConfig(task="detect", data=data, image_size=64, augment={"flip": 0}).resolved())
     with pytest.raises(ConfigError, match="does not use it"):
         RunConfig(task="mnist", augment={"fliplr": 0}).resolved()
     assert main(["search", "--task", "detect", "--data", data, "--augment", "fliplr=abc", "--out",
@@ -117,7 +117,7 @@ def test_detect_errors_name_the_fix(data, tmp_path):
     with pytest.raises(ConfigError, match="mnist-detect"):
         DetectTask(RunConfig(task="detect").resolved())
     with pytest.raises(ConfigError, match="multiple of its stride 32"):
-        DetectTask(RunConfig(task="detect", data=data, imgsz=50).resolved())
+        DetectTask(RunConfig(task="detect", data=data, image_size=50).resolved())
     assert main(["search", "--task", "detect", "--model", "resnet", "--data", data, "--out",
                  str(tmp_path / "r"), "--quiet"]) == 2
     assert main(["search", "--task", "detect", "--model", "yolo:nosuch.yaml", "--data", data, "--out",
@@ -141,7 +141,7 @@ def test_detect_map_equals_ultralytics_val(tmp_path, monkeypatch):
     run = tmp_path / "run"
     # the 1.5x supernet searched to YOLOv8n's MACs, then retrained from the searched weights
     # (4 + 4 epochs): in bench/yolo_table11.py's first try this reached 2.5 mAP50-95
-    summary = Pipeline(RunConfig(command="search", task="detect", data=data, imgsz=64, batch_size=16,
+    summary = Pipeline(RunConfig(command="search", task="detect", data=data, image_size=64, batch_size=16,
                                  expand={"width": 1.5, "depth": 1.5}, target=40462080.0, epochs=4,
                                  retrain_epochs=4, structure_lr=0.05, resource_weight=3.0, quiet=True,
                                  out=str(run))).run()

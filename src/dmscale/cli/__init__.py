@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from dmscale.config.aliases import DEPRECATED, rename_deprecated
 from dmscale.config.run_config import (
     OPTIONS_BY_NAME,
     RESUME_MUTABLE,
@@ -42,7 +43,9 @@ def _cmd_data(args: argparse.Namespace) -> int:
     from dmscale.data.mnist_detect import MnistDetectConfig, make_mnist_detect
 
     try:
-        cfg = MnistDetectConfig(train=args.train, val=args.val, imgsz=args.imgsz,
+        size = rename_deprecated({k: v for k in ("image_size", "imgsz") if (v := getattr(args, k)) is not None},
+                                 f"{PROG} data")
+        cfg = MnistDetectConfig(train=args.train, val=args.val, imgsz=size.get("image_size", 64),
                                 max_digits=args.max_digits, seed=args.seed)
         info = make_mnist_detect(args.out, cfg)
     except ValueError as err:
@@ -68,7 +71,8 @@ def _default_out(command: str, task: str, name: str | None) -> str:
 
 
 def _options(args: argparse.Namespace, command: str) -> dict[str, Any]:
-    given = {k: v for k, v in vars(args).items() if k in OPTIONS_BY_NAME}
+    given = rename_deprecated({k: v for k, v in vars(args).items() if k in OPTIONS_BY_NAME or k in DEPRECATED},
+                              f"{PROG} {command}")
     from_file = load_config_file(args.config, command) if getattr(args, "config", None) else {}
     return {**from_file, **given}
 
@@ -87,7 +91,7 @@ def _resume_dir(args: argparse.Namespace, options: dict[str, Any]) -> str | None
 
 
 TASK_FIELDS = ("task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size", "image_augment",
-               "auto_augment", "imgsz", "augment", "seq_len", "model", "model_args", "expand", "task_info", "seed")
+               "auto_augment", "augment", "seq_len", "model", "model_args", "expand", "task_info", "seed")
 
 
 def _cmd_train(args: argparse.Namespace, command: str) -> int:
@@ -158,7 +162,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from dmscale.run.inspect import format_space, inspect_space
 
-    options = {k: v for k, v in vars(args).items() if k in OPTIONS_BY_NAME}
+    options = rename_deprecated({k: v for k, v in vars(args).items() if k in OPTIONS_BY_NAME or k in DEPRECATED},
+                                f"{PROG} inspect")
     out = options.pop("out", None)
     space = inspect_space(RunConfig(command="search", **options))
     if out:

@@ -13,6 +13,7 @@ import argparse
 import textwrap
 from typing import Any
 
+from dmscale.config.aliases import DEPRECATED
 from dmscale.config.run_config import OPTIONS, ConfigError, Option
 from dmscale.config.values import boolean
 
@@ -91,7 +92,7 @@ _GROUP_TITLES = {
 
 
 # the options of `dmscale search` that decide its model and search space (`dmscale inspect`)
-INSPECT_OPTIONS = ("task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size", "imgsz",
+INSPECT_OPTIONS = ("task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size",
                    "seq_len", "model", "model_args", "expand", "resource", "target", "search_dims",
                    "min_width", "width_step", "align", "exclude", "layer_uniform", "seed", "device",
                    "threads", "out", "quiet")
@@ -242,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
             if opt.group not in groups:
                 groups[opt.group] = p.add_argument_group(_GROUP_TITLES[opt.group])
             _add_option(groups[opt.group], opt, command)
+            for old in (o for o, n in DEPRECATED.items() if n == opt.name):  # --imgsz: not in --help
+                groups[opt.group].add_argument("--" + old.replace("_", "-"), dest=old, type=_type(opt),
+                                               default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     _add_data_parser(sub)
     return parser
 
@@ -257,7 +261,9 @@ def _add_data_parser(sub: Any) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="an empty or new directory")
     p.add_argument("--train", type=int, default=512, metavar="N", help="training images (default: 512)")
     p.add_argument("--val", type=int, default=128, metavar="N", help="validation images (default: 128)")
-    p.add_argument("--imgsz", type=int, default=64, metavar="SIZE", help="canvas side in pixels (default: 64)")
+    p.add_argument("--image-size", dest="image_size", type=int, default=None, metavar="SIZE",
+                   help="canvas side in pixels, at least 32 (default: 64)")
+    p.add_argument("--imgsz", dest="imgsz", type=int, default=None, help=argparse.SUPPRESS)  # deprecated
     p.add_argument("--max-digits", type=int, default=3, metavar="N", help="digits per image, at most (default: 3)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--quiet", action="store_true", help="print nothing")

@@ -123,8 +123,10 @@ OPTIONS: tuple[Option, ...] = (
        "use only the first N test examples (characters for shakespeare, tokens for text)",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="N"),
     _o("image_size", positive_int, None,
-       "imagefolder: the side of the square crops the model sees (default: the model's input "
-       "size from timm's data config for timm:NAME, 32 for the other models)",
+       "the side of the square images the model sees, in training and evaluation. "
+       "imagefolder: the crops (default: the model's input size from timm's data config for "
+       "timm:NAME, 32 for the other models); detect: Ultralytics' imgsz, a multiple of 32 "
+       "(default 64). --imgsz is its deprecated spelling",
        ("pretrain", "search"), "data", metavar="SIZE"),
     _o("image_augment", choice("default", "none"), "default",
        "imagefolder: training augmentation: default (random-resized crop and horizontal flip; "
@@ -139,9 +141,6 @@ OPTIONS: tuple[Option, ...] = (
        "shared among the torchrun processes of a node, at most 16; 0 = decode in the "
        "training process). Any number gives the same batches",
        ("pretrain", "search", "retrain", "eval"), "data", metavar="N"),
-    _o("imgsz", positive_int, None,
-       "detect: training and validation image size, a multiple of 32 (Ultralytics' imgsz; "
-       "default 64)", ("pretrain", "search"), "data", metavar="SIZE"),
     _o("augment", auto_or(kv_dict), "auto",
        "detect: Ultralytics' training augmentation hyperparameters, e.g. mosaic=0,fliplr=0 "
        "(keys of its default.yaml: hsv_h, hsv_s, hsv_v, degrees, translate, scale, shear, "

@@ -33,6 +33,7 @@ from dmscale.config.options import (
     TASKS,
     Option,
 )
+from dmscale.config.aliases import DEPRECATED, rename_deprecated, saved_config_keys
 from dmscale.config.checks import DEFAULT_MODELS, RunConfigChecks
 from dmscale.config.defaults import BEFORE_AUTO, MIN_STRUCTURE_LR, STRUCTURE_REACH, apply_defaults
 from dmscale.core.errors import ConfigError
@@ -82,11 +83,10 @@ class RunConfig(RunConfigChecks):
     text_field: str = "text"
     train_limit: int | None = None
     test_limit: int | None = None
-    image_size: int | None = None  # None: the model's (timm), else 32 (tasks/imagefolder.py)
+    image_size: int | None = None  # None: imagefolder the model's (timm) or 32; detect 64
     image_augment: str = "default"
     auto_augment: str | None = None
     workers: int | None = None  # None: dmscale.data.images.default_workers()
-    imgsz: int | None = None
     augment: dict[str, Any] | None = None
     seq_len: int = 64
     model: str | None = None
@@ -242,7 +242,7 @@ def parse_mapping(data: dict[str, Any], command: str | None = None, origin: str 
     out: dict[str, Any] = {}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
-        opt = OPTIONS_BY_NAME.get(key)
+        opt = OPTIONS_BY_NAME.get(DEPRECATED.get(key, key))
         if opt is None:
             valid = ", ".join(o.name.replace("_", "-") for o in OPTIONS
                               if command is None or command in o.commands)
@@ -256,7 +256,7 @@ def parse_mapping(data: dict[str, Any], command: str | None = None, origin: str 
             out[key] = opt.convert(value)
         except ConfigError as err:
             raise ConfigError(f"{origin}: {raw_key}: {err}") from None
-    return out
+    return rename_deprecated(out, origin)
 
 
 def load_config_file(path: str | Path, command: str | None = None) -> dict[str, Any]:
@@ -342,6 +342,7 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{f} does not hold a run configuration (got a {type(data).__name__}); "
                           f"is {p} a dmscale run directory?")
+    data = saved_config_keys(data)  # saved with imgsz: its image_size
     for name, value in BEFORE_OPTION.items():  # a run saved before the option: its old behaviour
         data.setdefault(name, value)
     if "chosen" not in data:  # saved before per-task defaults: auto keeps meaning what it did

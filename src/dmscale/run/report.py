@@ -173,7 +173,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         else:
             value = f"accuracy {100 * ev['acc']:.2f}%"
         note = " (exported, before retraining)" if name == "search" and "retrain" in evals else ""
-        out.append(f"  {('after ' + name):14}{value}{note}")
+        out.append(f"  {('after ' + name):13} {value}{note}")
     out += watch_lines(summary)
     for w in summary.get("warnings", []):
         out.append(f"  warning: {w}")

@@ -24,7 +24,7 @@ Example:
     >>> from dmscale.data import MnistDetectConfig, make_mnist_detect
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     data = make_mnist_detect(tmp, MnistDetectConfig(train=4, val=2))["yaml"]
-    ...     task = DetectTask(RunConfig(task="detect", data=data, imgsz=64).resolved())
+    ...     task = DetectTask(RunConfig(task="detect", data=data, image_size=64).resolved())
     ...     x, y = task.train_batch(step=0, batch_size=2, seed=0)
     >>> tuple(x.shape), y.shape[1], task.info["nc"]
     ((2, 3, 64, 64), 6, 10)
@@ -81,9 +81,10 @@ class DetectTask(Task):
                               "make one offline with `dmscale data mnist-detect --out DIR`")
         if cfg.teacher:
             raise ConfigError("--teacher is not supported for --task detect (no detection distillation yet)")
-        imgsz = int(cfg.imgsz or DEFAULT_IMGSZ)
+        imgsz = int(cfg.image_size or DEFAULT_IMGSZ)
         if imgsz % 32:
-            raise ConfigError(f"--imgsz {imgsz}: YOLO needs a multiple of its stride 32 (e.g. {32 * max(1, round(imgsz / 32))})")
+            raise ConfigError(f"--image-size {imgsz}: YOLO needs a multiple of its stride 32; "
+                              f"use e.g. --image-size {32 * max(1, round(imgsz / 32))}")
         path = Path(cfg.data)
         if not path.is_file():
             raise ConfigError(f"--data {path}: no such dataset YAML")

@@ -81,7 +81,7 @@ def _measured_peak(batch: int, seq: int, distill: bool) -> tuple[int, dict]:
     return peak, kept
 
 
-@pytest.mark.parametrize("batch, seq, distill", [(16, 128, True), (2, 32, True), (8, 64, False)])
+@pytest.mark.parametrize("batch, seq, distill", [(8, 128, True), (2, 32, True), (8, 64, False)])
 def test_the_estimate_is_within_15_percent_of_the_measured_peak(batch, seq, distill):
     peak, built = _measured_peak(batch, seq, distill)
     model, teacher = built["model"], built["teacher"]

@@ -165,6 +165,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     options = rename_deprecated({k: v for k, v in vars(args).items() if k in OPTIONS_BY_NAME or k in DEPRECATED},
                                 f"{PROG} inspect")
     out = options.pop("out", None)
+    if vars(args).get("memory"):
+        from dmscale.run.inspect_memory import inspect_memory
+
+        est = inspect_memory(RunConfig(command="search", **options), int(vars(args).get("world_size", 1)))
+        if out:
+            Path(out).write_text(json.dumps(est.as_dict(), indent=1) + "\n", encoding="utf-8")
+        if not options.get("quiet"):
+            print(est.table())
+        return 0
     space = inspect_space(RunConfig(command="search", **options))
     if out:
         Path(out).write_text(json.dumps(space, indent=1) + "\n", encoding="utf-8")

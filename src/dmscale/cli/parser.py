@@ -76,7 +76,10 @@ _COMMAND_HELP = {
                 "Build the model of --model for --task as `dmscale search` would (same options) and "
                 "print what a search could change: every width and depth dimension, what is fixed "
                 "and why, and the cost range the search space reaches against --target. Nothing "
-                "is trained or written (--out FILE also writes it as JSON)."),
+                "is trained or written (--out FILE also writes it as JSON). --memory instead "
+                "estimates the memory each rank of that search needs (weights, gradients, optimizer "
+                "state, teacher, activations at --batch-size / --world-size), for --shard, "
+                "--precision and --optimizer."),
     "show": ("print the summary of a finished run again",
              "Print the end-of-run summary of RUN (its summary.json): the cost against the "
              "target, the structure found, the evaluations."),
@@ -95,7 +98,10 @@ _GROUP_TITLES = {
 INSPECT_OPTIONS = ("task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size",
                    "seq_len", "model", "model_args", "expand", "resource", "target", "search_dims",
                    "min_width", "width_step", "align", "exclude", "layer_uniform", "seed", "device",
-                   "threads", "out", "quiet")
+                   "threads", "out", "quiet",
+                   # --memory: what decides the memory of the search
+                   "batch_size", "pipeline", "optimizer", "precision", "shard", "teacher", "distill_weight",
+                   "distill_hidden")
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -236,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 "of the Llama family); onnx: also model.onnx, checked with "
                                 "onnxruntime; pt2: also model.pt2 (torch.export.load) "
                                 "(default: safetensors)")
+        if command == "inspect":
+            p.add_argument("--memory", action="store_true", default=argparse.SUPPRESS,
+                           help="estimate the peak memory per rank of the search instead (docs/distributed.md)")
+            p.add_argument("--world-size", type=int, default=argparse.SUPPRESS, metavar="N",
+                           help="--memory: ranks (GPUs) of the run (default: 1)")
         groups: dict[str, argparse._ArgumentGroup] = {}
         for opt in OPTIONS:
             if command not in opt.commands and not (command == "inspect" and opt.name in INSPECT_OPTIONS):

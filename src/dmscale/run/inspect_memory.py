@@ -1,0 +1,73 @@
+"""``dmscale inspect --memory``: the per-rank memory of the search a command line describes,
+before launching it.
+
+:func:`inspect_memory` builds the model of ``cfg`` as ``dmscale search`` would, prepares it,
+and hands it to :func:`dmscale.engine.memory.estimate_search_memory` with the run's world
+size, ``--shard``, ``--precision``, optimiser (``--optimizer``; pipeline ``p-`` trains no
+weights), distillation teacher (``--teacher``; ``supernet`` counts a copy of the model) and the
+per-rank batch (``--batch-size`` divided by the world size, as the step loop splits it), whose
+forward, losses and backward pass are traced under ``FakeTensorMode`` (no data, no memory).
+The estimate is for a GPU (multi-tensor optimiser temporaries) unless ``--device cpu``.
+
+Example:
+    >>> from dmscale.config.run_config import RunConfig
+    >>> cfg = RunConfig(command="search", task="digits", model="smallcnn",
+    ...                 model_args={"width": 4, "blocks": 1}, train_limit=64, test_limit=32, batch_size=8)
+    >>> est = inspect_memory(cfg, world_size=2)
+    >>> est.world_size, est.optimizer, est.activations > 0
+    (2, 'sgd', True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+import dmscale as dms
+from dmscale.core.masks import GATES_NAME
+from dmscale.config.run_config import ConfigError, RunConfig
+from dmscale.engine.memory import MemoryEstimate, estimate_search_memory
+from dmscale.run.saved_runs import load_teacher, make_searcher
+from dmscale.tasks.distill import Distillation
+from dmscale.tasks.registry import build_model, build_task
+
+__all__ = ["inspect_memory"]
+
+
+def inspect_memory(cfg: RunConfig, world_size: int = 1) -> MemoryEstimate:
+    """The per-rank memory estimate of the search ``cfg`` describes, on ``world_size`` ranks."""
+    if world_size < 1:
+        raise ConfigError(f"--world-size must be >= 1, got {world_size}")
+    cfg = cfg.resolved()
+    per_rank = cfg.batch_size // world_size
+    if per_rank < 1:
+        raise ConfigError(f"--batch-size {cfg.batch_size} is split over {world_size} ranks: "
+                          f"expected at least one example per rank")
+    task = build_task(cfg)
+    model, exclude = build_model(cfg, task.info)
+    searcher = make_searcher(cfg, model, task.example_inputs(), exclude)
+    try:
+        teacher: nn.Module | None = None
+        if cfg.teacher and cfg.distills:
+            teacher = (None if cfg.teacher == "supernet" else load_teacher(cfg.teacher, torch.device("cpu")))
+        x, y = task.train_batch(0, per_rank, cfg.seed)
+
+        def forward_loss(m: nn.Module) -> torch.Tensor:
+            if not cfg.teacher or not cfg.distills:
+                return task.task_loss(task.forward(m, x), y)
+            distill = Distillation.from_config(teacher if teacher is not None else m, cfg)
+            logits, terms = distill(task, m, x)
+            return task.task_loss(logits, y) + sum(w * v for _, w, v in terms)
+
+        est = estimate_search_memory(
+            model, forward_loss, world_size=world_size, shard=cfg.shard, precision=cfg.precision,
+            optimizer=cfg.optimizer, train_weights=cfg.pipeline != "p-", teacher=teacher,
+            device="cpu" if str(cfg.device) == "cpu" else "cuda")
+        if cfg.teacher == "supernet" and cfg.distills:  # a frozen copy of the supernet
+            est = replace(est, teacher=sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                                           if not n.startswith(GATES_NAME)))
+        return est
+    finally:
+        dms.detach(model)

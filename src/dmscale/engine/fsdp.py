@@ -133,8 +133,12 @@ class Sharded:
 
     def sync_grads(self) -> int:
         """Average the replicated parameters' gradients over the ranks (one all-reduce);
-        returns how many were averaged. Call it on every rank after each backward."""
-        params = [p for p in self.replicated if p.requires_grad]
+        returns how many were averaged. Call it on every rank after each backward.
+
+        A parameter frozen after its gradient was computed (depth's ``a`` when a resource loss
+        evaluated after the task backward freezes depth) still has that gradient, which the
+        optimizer applies: it is averaged too (the ranks freeze in lockstep)."""
+        params = [p for p in self.replicated if p.requires_grad or p.grad is not None]
         if not self.active or not params:
             return 0
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])

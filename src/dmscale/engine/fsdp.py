@@ -52,7 +52,7 @@ from dmscale.core.errors import ConfigError, DMScaleError, PendingImportanceErro
 from dmscale.core.masks import GATES_NAME
 from dmscale.engine.fsdp_plan import ShardPlan, fsdp_unavailable, plan_shards
 
-__all__ = ["ShardPlan", "Sharded", "export_search", "fsdp_unavailable", "load_model_state", "load_optimizer_state",
+__all__ = ["ShardPlan", "Sharded", "adopt_sharded", "export_search", "frame_of", "fsdp_unavailable", "load_model_state", "load_optimizer_state",
            "model_state", "optimizer_state", "plan_shards", "shard_model", "sharded", "sync_replicated_grads",
            "unsharded"]  # ShardPlan, fsdp_unavailable and plan_shards live in dmscale.engine.fsdp_plan
 
@@ -133,8 +133,12 @@ class Sharded:
 
     def sync_grads(self) -> int:
         """Average the replicated parameters' gradients over the ranks (one all-reduce);
-        returns how many were averaged. Call it on every rank after each backward."""
-        params = [p for p in self.replicated if p.requires_grad]
+        returns how many were averaged. Call it on every rank after each backward.
+
+        A parameter frozen after its gradient was computed (depth's ``a`` when a resource loss
+        evaluated after the task backward freezes depth) still has that gradient, which the
+        optimizer applies: it is averaged too (the ranks freeze in lockstep)."""
+        params = [p for p in self.replicated if p.requires_grad or p.grad is not None]
         if not self.active or not params:
             return 0
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
@@ -299,6 +303,42 @@ def shard_model(model: nn.Module, plan: ShardPlan | None = None, *, space: Any =
     gates = getattr(model, GATES_NAME, None)
     if gates is not None:  # the replicated part lives where the shards do
         gates.to(torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else "cpu")
+    handle = Sharded(model, plan, frame, True, kept)
+    model.__dict__[_HANDLE] = handle
+    return handle
+
+
+def frame_of(model: nn.Module) -> nn.Module:
+    """The copy of ``model`` that :meth:`Sharded.gather` fills (hooks and gates included,
+    weights on the meta device, so it costs no weight memory): take it before someone else
+    shards the model, then pass it to :func:`adopt_sharded`."""
+    return _skeleton(model)
+
+
+def adopt_sharded(model: nn.Module, frame: nn.Module, plan: ShardPlan | None = None) -> Sharded:
+    """The :class:`Sharded` handle of ``model`` sharded by someone else's ``fully_shard``
+    (accelerate's FSDP2 plugin), in place; ``frame``: :func:`frame_of` taken before sharding.
+    Broadcasts rank 0's structural parameters and importance (a collective: every rank calls
+    it, once); :func:`sharded`, :func:`export_search` and :func:`sync_replicated_grads` then
+    work as after :func:`shard_model`.
+
+    Raises:
+        ConfigError: the structural parameters were sharded (they must stay replicated: pass
+            the ``dms_gates`` submodule as an ignored module), or the model is adopted already.
+    """
+    plan = plan if plan is not None else plan_shards(model)
+    if not is_distributed():
+        return Sharded(model, plan)
+    if sharded(model) is not None:
+        raise ConfigError(f"{type(model).__name__} has a sharding handle already: adopt a sharded model once")
+    names = set(plan.replicated)
+    kept = [p for n, p in model.named_parameters() if n in names]
+    split = [n for n, p in model.named_parameters() if n in names and _is_dtensor(p)]
+    if split:
+        raise ConfigError(f"FSDP sharded the structural parameters ({', '.join(split[:3])}): they must stay "
+                          f"replicated on every rank; expected the {GATES_NAME} submodule among the ignored "
+                          f"modules of every fully_shard, got it sharded")
+    _broadcast_gates(model)
     handle = Sharded(model, plan, frame, True, kept)
     model.__dict__[_HANDLE] = handle
     return handle

@@ -135,8 +135,11 @@ def lazy_class(module: str, name: str, build: Callable[[], type]) -> Callable[[s
 
 
 def export_and_save(searcher: Any, export_dir: str | os.PathLike[str] | None, *, meet_target: bool = True,
-                    save: bool = True, tokenizer: Any = None) -> nn.Module:
+                    save: bool = True, tokenizer: Any = None) -> nn.Module | None:
     """Export the found model; write it to ``export_dir`` when given and ``save``.
+
+    A model sharded with FSDP2 (a :func:`dmscale.engine.fsdp.sharded` handle) is gathered on
+    rank 0 and exported there (a collective: every rank calls this); the other ranks get None.
 
     ``meet_target``: first bring the hard structure to the largest cost not above the target
     (:meth:`~dmscale.search.searcher.Searcher.meet_target`; a search of a few hundred steps ends near,
@@ -145,11 +148,14 @@ def export_and_save(searcher: Any, export_dir: str | os.PathLike[str] | None, *,
     :func:`dmscale.save` (``structure.json`` + ``model.safetensors``, loads with
     ``dmscale.load``).
     """
+    from dmscale.engine.fsdp import export_search
     from dmscale.export.files import save as save_files
 
     if meet_target:
         searcher.meet_target()
-    small = searcher.export()
+    small = export_search(searcher)
+    if small is None:  # a sharded model: exported on rank 0
+        return None
     if export_dir is not None and save:
         out = Path(export_dir)
         if _is_hf(small):

@@ -38,8 +38,16 @@ left at None, :class:`DMSTrainer` sets it to True (the Trainer's own default is 
 activation checkpointing); under DDP it refuses an explicit False and ``ddp_static_graph``.
 Activation checkpointing must be the non-reentrant kind (transformers 5's default; the
 reentrant kind recomputes a layer with the first forward's masks, whose graph is freed): an
-explicit ``use_reentrant=True`` is refused. FSDP and DeepSpeed shard parameters and drive the
-backward themselves; :class:`DMSTrainer` refuses them.
+explicit ``use_reentrant=True`` is refused.
+
+Sharded: ``TrainingArguments(fsdp=True, fsdp_config={"version": 2})`` (accelerate's FSDP2 plugin,
+transformers' default version) works: the ``dms_gates`` submodule is added to the plugin's
+ignored modules (the structural parameters stay whole on every rank), the sharded model is
+adopted after accelerate's ``fully_shard`` (:func:`dmscale.engine.fsdp.adopt_sharded`), the
+gradients of ``a`` are averaged once per optimizer step, and the export gathers the whole model
+on rank 0 (``found_model`` is None on the other ranks). FSDP1 (``"version": 1``),
+``cpu_ram_efficient_loading`` and DeepSpeed (any ZeRO stage) are refused, each with its reason
+(:mod:`dmscale.integrations._sharding`).
 
 Example::
 
@@ -61,6 +69,7 @@ Example::
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -69,6 +78,8 @@ from torch import nn
 from dmscale.core._compat import ensure_torchvision
 from dmscale.core.masks import GATES_NAME, detach
 from dmscale.search.searcher import SearchConfig, Searcher, prepare
+from dmscale.engine.fsdp import adopt_sharded, sharded, sync_replicated_grads
+from dmscale.integrations._sharding import deepspeed_error, keep_gates_replicated
 from dmscale.integrations._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
                             frozen_depth_error, lazy_class, pin_structure_lr, require, static_graph_error)
 
@@ -128,10 +139,21 @@ class DMSTrainerMixin:
                 detach(searcher.model)  # refused: the user's model as it came
             raise
         super().__init__(*args, **kwargs)
-        if getattr(self, "is_deepspeed_enabled", False) or getattr(self, "is_fsdp_enabled", False):
-            raise ValueError("DMS search under DeepSpeed or FSDP is not supported: their sharded "
-                             "parameters and own backward bypass the resource loss; use DDP "
-                             "(torchrun without --deepspeed / --fsdp)")
+        self._shard_frame: nn.Module | None = None  # under FSDP2: the export's frame, taken before sharding
+        try:
+            if getattr(self, "is_deepspeed_enabled", False):
+                raise deepspeed_error("TrainingArguments(deepspeed=...)")
+            if getattr(self.args, "fsdp_plugin_args", None) is not None and not getattr(self, "is_fsdp_enabled", False):
+                warnings.warn("TrainingArguments ask for FSDP, but accelerate did not enable it (accelerate 1.x "
+                              "enables its FSDP plugin on GPUs and other accelerators, not on the CPU): the "
+                              "Trainer runs DDP, each rank holding the whole model", stacklevel=2)
+            if getattr(self, "is_fsdp_enabled", False):
+                self._shard_frame = keep_gates_replicated(self.accelerator.state.fsdp_plugin, model, searcher,
+                                                          self.accelerator.device)
+        except ValueError:
+            if created:
+                detach(searcher.model)
+            raise
         scaler = getattr(self.accelerator, "scaler", None)
         if scaler is not None:  # fp16: importance from unscaled gradients
             searcher.use_grad_scaler(scaler)
@@ -150,8 +172,10 @@ class DMSTrainerMixin:
 
     def training_step(self, model: nn.Module, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         """The Trainer's step (task loss, backward), then the resource loss's own backward."""
-        if not self._ddp_checked:  # the Trainer wraps the model in DDP inside train()
+        if not self._ddp_checked:  # the Trainer wraps the model in DDP (or shards it) inside train()
             check_ddp_finds_unused(model, self.searcher, _HF_FIX)
+            if self._shard_frame is not None and sharded(self.searcher.model) is None:
+                adopt_sharded(self.searcher.model, self._shard_frame)  # accelerate's fully_shard
             self._ddp_checked = True
         loss = super().training_step(model, inputs, *args, **kwargs)  # type: ignore[misc]
         progress = self.progress()
@@ -163,8 +187,10 @@ class DMSTrainerMixin:
             steps = max(1, int(steps or self.args.gradient_accumulation_steps))  # type: ignore[attr-defined]
             self.accelerator.backward(resource / steps)  # type: ignore[attr-defined]
         if self.accelerator.sync_gradients:  # type: ignore[attr-defined]
-            # last micro-batch of the step: under DDP, average importance over ranks
+            # last micro-batch of the step: under FSDP, average the gradients of the replicated
+            # structural parameters (DDP does it in the backward); importance over the ranks
             # (Searcher.sync_importance)
+            sync_replicated_grads(self.searcher.model)
             self.searcher.sync_importance()
             self._dms_log = {"dms_resource_loss": float(resource.detach())}
         return loss
@@ -205,8 +231,10 @@ class DMSTrainerMixin:
         self.found_model = self.export_found()
         return output
 
-    def export_found(self) -> nn.Module:
-        """Export the found model now and save it (main process only) to ``export_dir``."""
+    def export_found(self) -> nn.Module | None:
+        """Export the found model now and save it (main process only) to ``export_dir``.
+        Under FSDP every rank calls it (the whole model is gathered on rank 0, on the CPU, and
+        exported there); ranks other than 0 get None."""
         was = self.searcher.model.training
         try:
             small = export_and_save(self.searcher, self.export_dir, meet_target=self.meet_target,

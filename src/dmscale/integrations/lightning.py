@@ -21,6 +21,12 @@ What the callback does, and at which hook:
   ranks (``Searcher.sync_importance``). Under DDP this backward
   runs after the gradient all-reduce, so it only adds locally; it is the same on every rank
   (a function of the replicated ``a`` alone).
+* Sharded: ``strategy=ModelParallelStrategy()`` (FSDP2) with the searched network sharded by
+  :func:`dmscale.engine.fsdp.shard_model` in the module's ``configure_model`` (the structural
+  parameters stay replicated); the callback averages the gradients of ``a`` in
+  ``on_before_optimizer_step`` and gathers the export on rank 0 (``found_model`` is None on
+  the other ranks). ``FSDPStrategy`` (FSDP1) and ``DeepSpeedStrategy`` are refused, each with
+  its reason (:mod:`dmscale.integrations._sharding`).
 * ``on_fit_end``: :meth:`~dmscale.search.searcher.Searcher.meet_target`, ``export()``, and (rank 0)
   save to ``export_dir`` (:func:`dmscale.save`; :func:`dmscale.save_pretrained` for a
   Hugging Face causal LM). ``callback.found_model`` holds the export.
@@ -51,6 +57,8 @@ from dmscale.core._compat import ensure_torchvision
 from dmscale.core.masks import detach
 from dmscale.core.errors import MissingDependencyError
 from dmscale.search.searcher import SearchConfig, Searcher, prepare
+from dmscale.engine.fsdp import sync_replicated_grads
+from dmscale.integrations._sharding import check_strategy
 from dmscale.integrations._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
                             frozen_depth_error, lazy_class, pin_structure_lr, resource_backward,
                             static_graph_error, structure_group)
@@ -134,10 +142,7 @@ class DMSCallbackLogic:
 
     def on_fit_start(self, trainer: Any, pl_module: nn.Module) -> None:
         searcher = self._searcher()
-        strategy = type(getattr(trainer, "strategy", None)).__name__
-        if "FSDP" in strategy or "DeepSpeed" in strategy:
-            raise ValueError(f"DMS search under {strategy} is not supported: sharded parameters and "
-                             "its own backward bypass the resource loss; use strategy='ddp'")
+        check_strategy(trainer.strategy, searcher)
         check_ddp_finds_unused(getattr(trainer.strategy, "model", None), searcher,
                                _lightning_fix(trainer.strategy))
         if not trainer.optimizers:
@@ -156,7 +161,9 @@ class DMSCallbackLogic:
         progress = self.progress(trainer)
         pin_structure_lr(optimizer, self.structure_lr, searcher.structure_lr_scale(progress))
         loss = resource_backward(searcher, progress)
-        # under DDP: average importance over ranks (Searcher.sync_importance)
+        # sharded (ModelParallelStrategy + shard_model): average the gradients of the replicated
+        # a (DDP does it in the backward); importance over the ranks (Searcher.sync_importance)
+        sync_replicated_grads(searcher.model)
         searcher.sync_importance()
         self.resource_losses.append(float(loss))
 

@@ -139,3 +139,45 @@ def test_a_meta_model_costs_nothing_and_sharding_divides_the_state():
 def test_bad_arguments_say_what_was_expected(kw, why):
     with pytest.raises(ValueError, match=why):
         estimate_search_memory(torch.nn.Linear(2, 2), **kw)
+
+
+def test_fsdp_bf16_gathers_bfloat16_weights_and_shards_a_bfloat16_teacher():
+    dms.ensure_torchvision()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=688,
+                                             num_hidden_layers=4, num_attention_heads=4))
+    n = sum(p.numel() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+
+    def loss(m: torch.nn.Module) -> torch.Tensor:
+        ids = torch.randint(0, 1000, (2, 64), device=next(m.parameters()).device)
+        return m(input_ids=ids).logits.float().logsumexp(-1).mean()
+
+    whole = estimate_search_memory(model, loss, precision="bf16", teacher=model)
+    assert whole.teacher == 4 * n + buffers  # one process: the whole float32 teacher
+    fp32 = estimate_search_memory(model, loss, world_size=8, shard="fsdp", precision="32", teacher=model)
+    bf16 = estimate_search_memory(model, loss, world_size=8, shard="fsdp", precision="bf16", teacher=model)
+    assert fp32.teacher == -(-4 * n // 8) + buffers and bf16.teacher == -(-2 * n // 8) + buffers
+    assert bf16.weights == fp32.weights and bf16.communication < fp32.communication
+    copies = trace_step(model, loss, torch.bfloat16).peak_without_grads  # autocast's bfloat16 copy of each weight
+    gathered = trace_step(model, loss, torch.bfloat16, param_dtype=torch.bfloat16).peak_without_grads
+    assert bf16.activations == gathered < copies
+    assert "gathers the weights in bfloat16" in bf16.table()
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 8, 3))
+    kept = estimate_search_memory(cnn, activations=0, world_size=2, shard="fsdp", precision="bf16", teacher=cnn)
+    assert "float32 weights: it has a BatchNorm layer" in kept.table()
+    assert kept.teacher == -(-4 * sum(p.numel() for p in cnn.parameters()) // 2) + \
+        sum(b.numel() * b.element_size() for b in cnn.buffers())
+
+
+def test_the_trace_is_the_same_every_time():
+    """Storages are told apart by creation, not by address (a freed one's may be reused)."""
+    model = _llama(layers=2)
+
+    def loss(m: torch.nn.Module) -> torch.Tensor:
+        return _loss(m, None, torch.randint(0, VOCAB, (4, 64)))
+
+    runs = {(t.peak, t.peak_without_grads) for t in (trace_step(model, loss) for _ in range(3))}
+    assert len(runs) == 1 and next(iter(runs))[1] <= next(iter(runs))[0]

@@ -20,6 +20,14 @@ FSDP2's pre-forward hook (which all-gathers the block's weights) is registered w
 submodule's; the fold multiplies the unsharded weight for the call, and the gradient reaches
 the unsharded weight, which FSDP reduce-scatters as usual.
 
+Under ``--precision bf16`` (``param_dtype=torch.bfloat16``) the weights are gathered in
+bfloat16 (:func:`~dmscale.engine.fsdp_plan.mixed_precision`; the shards, gradients and
+optimiser state stay float32), so autocast finds bfloat16 weights and saves no cast copy of
+each for the backward pass; the fold multiplies the gathered bfloat16 weight by the float32
+mask cast to bfloat16, and the mask's gradient returns to the float32 gates. A distillation
+teacher is sharded by :func:`shard_frozen`: 1/N of its weights per rank, stored in bfloat16
+under ``--precision bf16``.
+
 The model is only in pieces while it trains. :meth:`Sharded.gather` rebuilds the whole
 (prepared) model on rank 0, on the CPU, from ``get_model_state_dict(full_state_dict=True,
 cpu_offload=True)`` into a copy of the model taken before sharding whose weights lived on
@@ -48,65 +56,16 @@ import torch.distributed as dist
 from torch import nn
 
 from dmscale.core.distributed import is_distributed, rank, world_size
-from dmscale.core.errors import ConfigError, DMScaleError, PendingImportanceError
+from dmscale.core.errors import ConfigError, PendingImportanceError
 from dmscale.core.masks import GATES_NAME
-from dmscale.engine.fsdp_plan import ShardPlan, fsdp_unavailable, plan_shards
+from dmscale.engine.fsdp_frame import _materialize, _skeleton, _to_cpu
+from dmscale.engine.fsdp_plan import ShardPlan, fsdp_unavailable, mixed_precision, plan_shards
 
-__all__ = ["ShardPlan", "Sharded", "adopt_sharded", "export_search", "frame_of", "fsdp_unavailable", "load_model_state", "load_optimizer_state",
-           "model_state", "optimizer_state", "plan_shards", "shard_model", "sharded", "sync_replicated_grads",
+__all__ = ["ShardPlan", "Sharded", "export_search", "fsdp_unavailable", "load_model_state", "load_optimizer_state", "model_state", "optimizer_state", "plan_shards", "shard_frozen", "shard_model", "sharded",
+           "sync_replicated_grads",
            "unsharded"]  # ShardPlan, fsdp_unavailable and plan_shards live in dmscale.engine.fsdp_plan
 
 _HANDLE = "_dms_sharded"  # the attribute (in the model's __dict__) that holds its Sharded handle
-
-
-def _skeleton(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` (hooks and gates included) whose parameters live on the meta
-    device and whose buffers are CPU copies: the frame :meth:`Sharded.gather` fills."""
-    memo: dict[int, Any] = {}
-    for p in model.parameters():
-        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-    for b in model.buffers():
-        memo[id(b)] = b.detach().to("cpu", copy=True)
-    return copy.deepcopy(model, memo)
-
-
-def _materialize(frame: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
-    """Put the full ``state`` into ``frame``'s meta parameters (tied ones stay tied) and
-    persistent buffers; returns ``frame``."""
-    made: dict[int, nn.Parameter] = {}
-    for prefix, m in frame.named_modules(remove_duplicate=False):
-        dot = prefix + "." if prefix else ""
-        for name, p in list(m._parameters.items()):
-            if p is None:
-                continue
-            if id(p) not in made:
-                if dot + name not in state:
-                    raise DMScaleError(f"the gathered state dict has no {dot + name!r}: the sharded "
-                                       "model and the copy taken when it was sharded differ")
-                made[id(p)] = nn.Parameter(_own(state[dot + name]), requires_grad=p.requires_grad)
-            m._parameters[name] = made[id(p)]
-        for name in list(m._buffers):
-            if dot + name in state and name not in m._non_persistent_buffers_set:
-                m._buffers[name] = _own(state[dot + name])
-    return frame
-
-
-def _own(t: torch.Tensor) -> torch.Tensor:
-    """``t``, or a copy when it is a view into a larger storage (a gathered state dict's
-    tensors may be: safetensors refuses to save those)."""
-    whole = t.is_contiguous() and t.storage_offset() == 0 \
-        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-    return t if whole else t.clone()
-
-
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
 
 
 def _is_dtensor(t: Any) -> bool:
@@ -122,7 +81,9 @@ class Sharded:
     Attributes:
         model: the model, in place (its blocks and root are FSDP modules when active).
         plan: what was sharded and what stays replicated.
-        frame: the copy taken before sharding, weights on the meta device (None when inactive).
+        frame: the copy taken before sharding, weights on the meta device (None when inactive,
+            and for a frozen module, which is never gathered).
+        param_dtype: the dtype FSDP gathers the weights in (None: the stored dtype).
     """
 
     model: nn.Module = field(repr=False)
@@ -130,6 +91,7 @@ class Sharded:
     frame: nn.Module | None = field(default=None, repr=False)
     active: bool = False
     replicated: list[nn.Parameter] = field(default_factory=list, repr=False)
+    param_dtype: torch.dtype | None = None
 
     def sync_grads(self) -> int:
         """Average the replicated parameters' gradients over the ranks (one all-reduce);
@@ -252,8 +214,23 @@ def _broadcast_gates(model: nn.Module) -> None:
             offset += t.numel()
 
 
+def _mesh(mesh: Any) -> Any:
+    """``mesh``, or a 1-D mesh of every rank (on CUDA under NCCL, else the CPU)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return mesh if mesh is not None else init_device_mesh(_device_type(), (world_size(),))
+
+
+def _refuse_twice(model: nn.Module) -> None:
+    why = fsdp_unavailable()
+    if why is not None:
+        raise ConfigError(f"cannot shard with FSDP: {why}; upgrade torch, or train without sharding (DDP)")
+    if sharded(model) is not None:
+        raise ConfigError(f"{type(model).__name__} is sharded already: shard a model once")
+
+
 def shard_model(model: nn.Module, plan: ShardPlan | None = None, *, space: Any = None, mesh: Any = None,
-                reshard_after_forward: bool = True) -> Sharded:
+                reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None) -> Sharded:
     """Shard ``model`` (prepared for a search or not) with FSDP2 over the default process
     group, in place; returns its :class:`Sharded` handle. Shard before building optimisers:
     ``fully_shard`` replaces the parameters (by DTensors).
@@ -261,6 +238,9 @@ def shard_model(model: nn.Module, plan: ShardPlan | None = None, *, space: Any =
     ``plan`` defaults to :func:`plan_shards` (with ``space``, e.g. ``searcher.space``);
     ``mesh``: a 1-D ``DeviceMesh`` (default: every rank, on CUDA under NCCL, else the CPU).
     Without a process group of more than one rank nothing is sharded (``active`` False).
+    ``param_dtype`` (``torch.bfloat16`` under ``--precision bf16``): FSDP gathers the weights
+    in that dtype and reduces the gradients in float32 (:func:`mixed_precision`; not for a
+    model with BatchNorm layers, which keeps float32: ``handle.param_dtype`` says which).
 
     Example (under torchrun)::
 
@@ -282,65 +262,70 @@ def shard_model(model: nn.Module, plan: ShardPlan | None = None, *, space: Any =
     plan = plan if plan is not None else plan_shards(model, space=space)
     if not is_distributed():
         return Sharded(model, plan)
-    why = fsdp_unavailable()
-    if why is not None:
-        raise ConfigError(f"cannot shard with FSDP: {why}; upgrade torch, or train without sharding (DDP)")
-    if sharded(model) is not None:
-        raise ConfigError(f"{type(model).__name__} is sharded already: shard a model once")
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    if mesh is None:
-        mesh = init_device_mesh(_device_type(), (world_size(),))
+    _refuse_twice(model)
+    mesh = _mesh(mesh)
     _broadcast_gates(model)
     frame = _skeleton(model)
-    names = set(plan.replicated)
-    kept = [p for n, p in model.named_parameters() if n in names]
-    modules = dict(model.named_modules())
-    for name in plan.blocks:
-        fully_shard(modules[name], mesh=mesh, reshard_after_forward=reshard_after_forward, ignored_params=set(kept))
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, ignored_params=set(kept))
-    gates = getattr(model, GATES_NAME, None)
-    if gates is not None:  # the replicated part lives where the shards do
-        gates.to(torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else "cpu")
-    handle = Sharded(model, plan, frame, True, kept)
+    policy = mixed_precision(model, param_dtype)
+    kept = _fully_shard(model, plan, mesh, reshard_after_forward, policy)
+    handle = Sharded(model, plan, frame, True, kept, None if policy is None else policy.param_dtype)
     model.__dict__[_HANDLE] = handle
     return handle
 
 
-def frame_of(model: nn.Module) -> nn.Module:
-    """The copy of ``model`` that :meth:`Sharded.gather` fills (hooks and gates included,
-    weights on the meta device, so it costs no weight memory): take it before someone else
-    shards the model, then pass it to :func:`adopt_sharded`."""
-    return _skeleton(model)
+def _fully_shard(model: nn.Module, plan: ShardPlan, mesh: Any, reshard_after_forward: bool,
+                 policy: Any) -> list[nn.Parameter]:
+    """``fully_shard`` on ``plan``'s blocks, then the root (``plan.replicated`` ignored: they
+    are returned, on the shards' device)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-
-def adopt_sharded(model: nn.Module, frame: nn.Module, plan: ShardPlan | None = None) -> Sharded:
-    """The :class:`Sharded` handle of ``model`` sharded by someone else's ``fully_shard``
-    (accelerate's FSDP2 plugin), in place; ``frame``: :func:`frame_of` taken before sharding.
-    Broadcasts rank 0's structural parameters and importance (a collective: every rank calls
-    it, once); :func:`sharded`, :func:`export_search` and :func:`sync_replicated_grads` then
-    work as after :func:`shard_model`.
-
-    Raises:
-        ConfigError: the structural parameters were sharded (they must stay replicated: pass
-            the ``dms_gates`` submodule as an ignored module), or the model is adopted already.
-    """
-    plan = plan if plan is not None else plan_shards(model)
-    if not is_distributed():
-        return Sharded(model, plan)
-    if sharded(model) is not None:
-        raise ConfigError(f"{type(model).__name__} has a sharding handle already: adopt a sharded model once")
     names = set(plan.replicated)
     kept = [p for n, p in model.named_parameters() if n in names]
-    split = [n for n, p in model.named_parameters() if n in names and _is_dtensor(p)]
-    if split:
-        raise ConfigError(f"FSDP sharded the structural parameters ({', '.join(split[:3])}): they must stay "
-                          f"replicated on every rank; expected the {GATES_NAME} submodule among the ignored "
-                          f"modules of every fully_shard, got it sharded")
-    _broadcast_gates(model)
-    handle = Sharded(model, plan, frame, True, kept)
-    model.__dict__[_HANDLE] = handle
+    modules = dict(model.named_modules())
+    kw = dict(mesh=mesh, reshard_after_forward=reshard_after_forward, ignored_params=set(kept),
+              mp_policy=policy if policy is not None else MixedPrecisionPolicy())
+    for name in plan.blocks:
+        fully_shard(modules[name], **kw)
+    fully_shard(model, **kw)
+    gates = getattr(model, GATES_NAME, None)
+    if gates is not None:  # the replicated part lives where the shards do
+        gates.to(torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else "cpu")
+    return kept
+
+
+def shard_frozen(module: nn.Module, *, param_dtype: torch.dtype | None = None, mesh: Any = None) -> Sharded:
+    """Shard a frozen module -- a distillation teacher -- with FSDP2, by :func:`plan_shards`:
+    each rank keeps 1/N of its weights and gathers a block's only while the block runs (every
+    group, the root's too, is freed after the forward). Its outputs are the whole module's:
+    the gathered weights are its weights. In place; returns the handle (the one it has when
+    sharded already). In one process nothing is sharded.
+
+    ``param_dtype`` (``torch.bfloat16`` under ``--precision bf16``): the parameters are stored
+    in it (buffers keep theirs) and floating inputs are cast to it, where
+    :func:`~dmscale.engine.fsdp_plan.low_precision_params_unsupported` finds nothing against it: a frozen module never
+    trains, and autocast computes its matrix products from bfloat16 weights anyway.
+
+    Raises:
+        ConfigError: a parameter requires a gradient (freeze it first), or FSDP2 is unavailable.
+    """
+    if sharded(module) is not None:
+        return sharded(module)
+    plan = plan_shards(module)
+    if not is_distributed():
+        return Sharded(module, plan)
+    trains = [n for n, p in module.named_parameters() if p.requires_grad]
+    if trains:
+        raise ConfigError(f"shard_frozen: expected a frozen module, but {trains[0]!r} (and {len(trains) - 1} "
+                          "more) requires a gradient: call requires_grad_(False) on its parameters first")
+    _refuse_twice(module)
+    module.eval()
+    policy = mixed_precision(module, param_dtype)
+    if policy is not None:
+        for p in module.parameters():
+            p.data = p.data.to(policy.param_dtype)
+    _fully_shard(module, plan, _mesh(mesh), True, policy)
+    handle = Sharded(module, plan, None, True, [], None if policy is None else policy.param_dtype)
+    module.__dict__[_HANDLE] = handle
     return handle
 
 

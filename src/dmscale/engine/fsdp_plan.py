@@ -5,6 +5,13 @@ A :class:`ShardPlan` names the modules that get their own ``fully_shard`` (inner
 the root comes last and takes what no block holds) and the parameters that stay replicated
 on every rank: the structural parameters of the ``dms_gates`` submodule.
 
+Under ``--precision bf16`` FSDP2 gathers the weights in bfloat16
+(:func:`mixed_precision`: ``MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32)``), so autocast holds no bfloat16 copy of each weight for the backward
+pass, and a frozen teacher is stored in bfloat16; both only where
+:func:`low_precision_params_unsupported` finds nothing against it (a BatchNorm layer, whose
+float32 running statistics need float32 weights).
+
 Example:
     >>> from torch import nn
     >>> net = nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Linear(8, 2))
@@ -14,6 +21,10 @@ Example:
     ('1.0', '1')
     >>> fsdp_unavailable() is None   # this torch has FSDP2 with ignored_params
     True
+    >>> mixed_precision(net, torch.bfloat16).param_dtype, mixed_precision(net, None)
+    (torch.bfloat16, None)
+    >>> low_precision_params_unsupported(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)))
+    "it has a BatchNorm layer ('1'), whose float32 running statistics need float32 weights"
 """
 
 from __future__ import annotations
@@ -29,7 +40,8 @@ from torch import nn
 from dmscale.core.errors import ConfigError
 from dmscale.core.masks import GATES_NAME
 
-__all__ = ["ShardPlan", "fsdp_unavailable", "plan_shards"]
+__all__ = ["ShardPlan", "fsdp_unavailable", "low_precision_params_unsupported", "mixed_precision",
+           "plan_shards"]
 
 
 def fsdp_unavailable() -> str | None:
@@ -108,3 +120,27 @@ def plan_shards(model: nn.Module, blocks: Iterable[str] | None = None, space: An
     ordered = sorted(unique, key=lambda n: -n.count("."))  # stable: children before their parents
     replicated = tuple(n for n, _ in model.named_parameters() if n.startswith(GATES_NAME + "."))
     return ShardPlan(tuple(ordered), replicated)
+
+
+def low_precision_params_unsupported(model: nn.Module) -> str | None:
+    """Why ``model`` cannot compute with bfloat16 (or float16) parameters under autocast, or
+    None when it can: a layer with running statistics (BatchNorm, InstanceNorm with
+    ``track_running_stats``) keeps them in float32, and its kernels refuse half weights
+    beside float32 statistics ("expected scalar type BFloat16 but found Float")."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
+            return (f"it has a {type(m).__name__.rstrip('123d')} layer ({name!r}), whose float32 running "
+                    "statistics need float32 weights")
+    return None
+
+
+def mixed_precision(model: nn.Module, param_dtype: torch.dtype | None) -> Any:
+    """FSDP2's ``MixedPrecisionPolicy(param_dtype, reduce_dtype=float32)`` for ``model``: the
+    weights are gathered (and computed with) in ``param_dtype``, the gradients reduced and
+    kept in float32, the sharded weights stay float32. None (gather the stored dtype) when
+    ``param_dtype`` is None or float32, or :func:`low_precision_params_unsupported` says why not."""
+    if param_dtype is None or param_dtype == torch.float32 or low_precision_params_unsupported(model):
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)

@@ -6,12 +6,13 @@
 * **fixed** for the whole run: the weights (float32: dmscale keeps parameters in float32
   under ``--precision bf16`` / ``fp16`` autocast), the optimiser state (AdamW: two float32
   moments, SGD with momentum: one; none for pipeline ``p-``, whose weights are frozen), a
-  distillation teacher's weights (a whole copy per rank: the command line does not shard it),
-  the DMS gates (each dimension's ``a`` with its gradient and Adam moments, and the importance
-  of every element: kilobytes to a few megabytes), the other buffers, DDP's gradient buckets
-  (one more copy of the gradients when ``world_size > 1`` without sharding), and under FSDP
-  the weights it gathers: the root group's and two blocks' (the one running and the one
-  prefetched), float32, with one block's unsharded gradients;
+  distillation teacher's weights (a whole float32 copy per rank under DDP; under FSDP 1/N of
+  it, stored in bfloat16 under ``bf16``), the DMS gates (each dimension's ``a`` with its
+  gradient and Adam moments, and the importance of every element: kilobytes to a few
+  megabytes), the other buffers, DDP's gradient buckets (one more copy of the gradients when
+  ``world_size > 1`` without sharding), and under FSDP the weights it gathers: the root
+  group's and two blocks' (the one running and the one prefetched), with one block's
+  unsharded gradients, and the teacher's root group and two blocks while it runs;
 * **the larger of two moments**: the forward and backward pass (activations, temporaries and
   the gradients produced so far: traced by :func:`dmscale.engine.memory_trace.trace_step`
   at the per-rank batch, or the ``activations`` you give) and the optimiser step (all
@@ -19,7 +20,12 @@
   ``foreach`` optimisers a GPU runs, only the largest parameter's on a CPU).
 
 Under ``shard="fsdp"`` the weights, gradients and optimiser state are divided by the world
-size. What is not counted: the CUDA context and the caching allocator's fragmentation (add
+size. With ``precision="bf16"`` as well, FSDP gathers the weights in bfloat16
+(``MixedPrecisionPolicy``, :func:`dmscale.engine.fsdp_plan.mixed_precision`): the gathered
+groups take 2 bytes a parameter, a block's unsharded gradients 2 + 4 (bfloat16, and their
+float32 copy for the reduce-scatter), and the step is traced with bfloat16 weights, so
+autocast makes no copy of them. A model with BatchNorm layers keeps float32 weights
+(:func:`~dmscale.engine.fsdp_plan.low_precision_params_unsupported`), and so does its teacher. What is not counted: the CUDA context and the caching allocator's fragmentation (add
 a few GB per GPU), NCCL buffers, and a teacher's forward at another batch.
 
 Example:
@@ -42,6 +48,7 @@ import torch
 from torch import nn
 
 from dmscale.core.masks import GATES_NAME
+from dmscale.engine.fsdp_plan import low_precision_params_unsupported
 from dmscale.engine.memory_trace import trace_step
 from dmscale.engine.rundir import fmt_count
 
@@ -137,10 +144,27 @@ def _fsdp_groups(model: nn.Module) -> tuple[int, int]:
     except Exception:  # noqa: BLE001 - no plan: treat the whole model as the root group
         return 0, _bytes(p for n, p in model.named_parameters() if not n.startswith(GATES_NAME))
     modules = dict(model.named_modules())
-    blocks = [_bytes(modules[name].parameters()) for name in plan.blocks]
+    blocks = [_bytes(p for n, p in modules[name].named_parameters() if not n.startswith(GATES_NAME))
+              for name in plan.blocks]
     in_blocks = {id(p) for name in plan.blocks for p in modules[name].parameters()}
     root = _bytes(p for n, p in model.named_parameters() if id(p) not in in_blocks and not n.startswith(GATES_NAME))
     return max(blocks, default=0), root
+
+
+def _teacher(teacher: nn.Module | None, split: int, low: bool) -> tuple[int, int]:
+    """(bytes a rank keeps, bytes FSDP gathers while it runs: root + two blocks) of a frozen
+    teacher sharded over ``split`` ranks (1: whole, nothing gathered), its parameters in
+    bfloat16 when ``low`` (and it has no BatchNorm layer); buffers are never sharded."""
+    if teacher is None:
+        return 0, 0
+    low = low and low_precision_params_unsupported(teacher) is None
+    params = [p for n, p in teacher.named_parameters() if not n.startswith(GATES_NAME)]
+    scale = 0.5 if low else 1.0  # float32 -> bfloat16
+    kept = -(-int(scale * _bytes(params)) // split) + _bytes(teacher.buffers())
+    if split == 1:
+        return kept, 0
+    block, root = _fsdp_groups(teacher)
+    return kept, int(scale * (root + 2 * block))
 
 
 def estimate_search_memory(
@@ -169,7 +193,8 @@ def estimate_search_memory(
         precision: ``"32"``, ``"bf16"`` or ``"fp16"`` (autocast of the traced step).
         optimizer: the weights' optimiser, a key of :data:`OPTIMIZER_STATES`.
         train_weights: False for pipeline ``p-`` (frozen weights: no gradients, no state).
-        teacher: the distillation teacher (a whole copy on every rank).
+        teacher: the distillation teacher (a whole copy on every rank; sharded under FSDP,
+            as :func:`dmscale.engine.fsdp.shard_frozen` does). Its gates, if any, are left out.
         activations: bytes of the forward/backward peak beyond the gradients, instead of a trace.
         device: ``"cuda"`` (foreach optimisers: a parameter-sized temporary) or ``"cpu"``.
     """
@@ -194,14 +219,28 @@ def estimate_search_memory(
     largest = max((p.numel() * p.element_size() for p in weights), default=0)
     temp = (w if device != "cpu" else -(-largest // split)) if train_weights and states else 0
     comm, notes = 0, []
+    sharded = world_size > 1 and shard == "fsdp"
+    low = sharded and precision == "bf16"  # FSDP's MixedPrecisionPolicy(param_dtype=bfloat16)
+    why = low_precision_params_unsupported(model) if low else None
+    gathered = low and why is None
     if world_size > 1 and shard == "none" and train_weights:
         comm = g
-    elif world_size > 1 and shard == "fsdp":
+    elif sharded:
         block, root = _fsdp_groups(model)
-        comm = root + 2 * block + (block if train_weights else 0)
+        half = 0.5 if gathered else 1.0
+        comm = int(half * (root + 2 * block) + (block * (half + 1) if train_weights and gathered else
+                                                 block if train_weights else 0))
+    if gathered:
+        notes.append("FSDP gathers the weights in bfloat16 (the shards, gradients and optimizer state stay "
+                     "float32); a teacher is stored in bfloat16")
+    elif why:
+        notes.append(f"FSDP gathers float32 weights: {why}")
+    t_kept, t_gathered = _teacher(teacher, split, low)
+    comm += t_gathered
     fb = None
     if forward_loss is not None:
-        trace = trace_step(model, forward_loss, _AUTOCAST[precision])
+        trace = trace_step(model, forward_loss, _AUTOCAST[precision],
+                           param_dtype=torch.bfloat16 if gathered else None)
         fb = trace.peak if split == 1 else trace.peak_without_grads + g
         if not train_weights:
             fb = trace.peak_without_grads
@@ -212,6 +251,6 @@ def estimate_search_memory(
     return MemoryEstimate(
         params=sum(p.numel() for p in weights), world_size=world_size, shard=shard, precision=precision,
         optimizer=optimizer if train_weights else "none (frozen weights)", weights=w, gradients=g,
-        optimizer_state=states, teacher=_bytes(teacher.parameters()) + _bytes(teacher.buffers()) if teacher else 0,
+        optimizer_state=states, teacher=t_kept,
         gates=4 * _bytes(gate_params) + _bytes(gate_buffers), buffers=_bytes(other_buffers),
         communication=comm, forward_backward=fb, optimizer_step=g + temp, notes=tuple(notes))

@@ -43,6 +43,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from dmscale.core.masks import GATES_NAME
+
 __all__ = ["StepTrace", "trace_step"]
 
 
@@ -58,19 +60,28 @@ class StepTrace:
 
 class _LiveBytes(TorchDispatchMode):
     """Every storage an operator returns, counted from its creation until it is freed; the
-    timeline of (storage, +/- bytes) is kept so the gradients can be told apart afterwards."""
+    timeline of (storage, +/- bytes) is kept so the gradients can be told apart afterwards.
+    A storage is known by a serial number, not by its address (``_cdata``), which a later
+    storage may reuse once it is freed."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.live: dict[int, int] = {}
+        self.live: dict[int, tuple[int, int]] = {}  # address -> (serial, bytes) of a live storage
         self.refs: dict[int, weakref.ref] = {}
-        self.events: list[tuple[int, int]] = []
+        self.events: list[tuple[int, int]] = []  # (serial, +/- bytes)
 
-    def _freed(self, key: int) -> None:
-        size = self.live.pop(key, None)
+    def _freed(self, key: int, serial: int) -> None:
+        entry = self.live.get(key)
+        if entry is None or entry[0] != serial:
+            return
+        del self.live[key]
         self.refs.pop(key, None)
-        if size is not None:
-            self.events.append((key, -size))
+        self.events.append((serial, -entry[1]))
+
+    def serial(self, storage: Any) -> int | None:
+        """The serial number of a live ``storage`` (None: no operator made it)."""
+        entry = self.live.get(storage._cdata)
+        return None if entry is None else entry[0]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -79,39 +90,46 @@ class _LiveBytes(TorchDispatchMode):
                 storage = t.untyped_storage()
                 key = storage._cdata
                 if key not in self.live:
-                    self.live[key] = size = storage.nbytes()
-                    self.refs[key] = weakref.ref(storage, lambda _r, k=key: self._freed(k))
-                    self.events.append((key, size))
+                    serial, size = len(self.events), storage.nbytes()
+                    self.live[key] = (serial, size)
+                    self.refs[key] = weakref.ref(storage, lambda _r, k=key, n=serial: self._freed(k, n))
+                    self.events.append((serial, size))
         return out
 
     def peak(self, leave_out: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+        """The most bytes alive at once, the storages of the serial numbers ``leave_out`` left out."""
         now = top = 0
-        for key, size in self.events:
-            if key not in leave_out:
+        for serial, size in self.events:
+            if serial not in leave_out:
                 now += size
                 top = max(top, now)
         return top
 
 
-def _fake_copy(model: nn.Module, mode: Any) -> nn.Module:
+def _fake_copy(model: nn.Module, mode: Any, param_dtype: torch.dtype | None = None) -> nn.Module:
     """A deep copy of ``model`` (hooks and gates included) whose parameters and buffers are
-    fake tensors of the same shapes, dtypes and devices (tied parameters stay tied)."""
-    def fake(t: torch.Tensor) -> torch.Tensor:
+    fake tensors of the same shapes, dtypes and devices (tied parameters stay tied); its
+    floating parameters outside the gates in ``param_dtype`` when given."""
+    def fake(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype
         if t.device.type != "meta":
-            return mode.from_tensor(t.detach())
+            with mode:
+                return mode.from_tensor(t.detach()).to(dtype)
         with mode:  # a meta tensor becomes a fake CPU one: the CPU kernels (flash attention) run
-            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+            return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device="cpu")
 
     memo: dict[int, Any] = {}
+    gates = {id(p) for n, p in model.named_parameters() if n.startswith(GATES_NAME + ".")}
     for p in model.parameters():
-        memo[id(p)] = nn.Parameter(fake(p), requires_grad=p.requires_grad)
+        dtype = None if id(p) in gates else param_dtype
+        memo[id(p)] = nn.Parameter(fake(p, dtype), requires_grad=p.requires_grad)
     for b in model.buffers():
         memo[id(b)] = fake(b)
     return copy.deepcopy(model, memo)
 
 
 def trace_step(model: nn.Module, forward_loss: Callable[[nn.Module], torch.Tensor],
-               autocast: torch.dtype | None = None) -> StepTrace:
+               autocast: torch.dtype | None = None, param_dtype: torch.dtype | None = None) -> StepTrace:
     """Trace ``forward_loss(copy)`` and its ``backward()`` on a fake copy of ``model``.
 
     Args:
@@ -123,11 +141,13 @@ def trace_step(model: nn.Module, forward_loss: Callable[[nn.Module], torch.Tenso
             teacher it calls may be the real module (it runs without gradients).
         autocast: run ``forward_loss`` under ``torch.autocast`` to this dtype (``--precision
             bf16``: ``torch.bfloat16``), on the device type of the model's parameters.
+        param_dtype: the dtype of the copy's weights (the gates' ``a`` stay float32): what
+            FSDP gathers under ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fake = _fake_copy(model, mode)
+    fake = _fake_copy(model, mode, param_dtype)
     device = next((p.device for p in fake.parameters()), torch.device("cpu"))
     dtype_ctx = (torch.autocast(device.type, dtype=autocast)
                  if autocast is not None else contextlib.nullcontext())
@@ -153,7 +173,8 @@ def trace_step(model: nn.Module, forward_loss: Callable[[nn.Module], torch.Tenso
         del refs
         loss.backward()
         del loss
-        grads = {p.grad.untyped_storage()._cdata: p.grad.untyped_storage().nbytes()
-                 for p in fake.parameters() if p.grad is not None}
-        return StepTrace(peak=live.peak(), peak_without_grads=live.peak(set(grads)),
-                         saved=sum(held.values()), grads=sum(grads.values()))
+        grads = {p.grad.untyped_storage()._cdata: p.grad.untyped_storage() for p in fake.parameters()
+                 if p.grad is not None}
+        serials = {live.serial(g) for g in grads.values()} - {None}
+        return StepTrace(peak=live.peak(), peak_without_grads=live.peak(serials),
+                         saved=sum(held.values()), grads=sum(g.nbytes() for g in grads.values()))

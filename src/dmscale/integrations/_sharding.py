@@ -6,7 +6,7 @@
   :func:`keep_gates_replicated` adds the ``dms_gates`` submodule to the plugin's ignored
   modules before that happens (the structural parameters stay whole on every rank) and
   returns the frame :meth:`dmscale.engine.fsdp.Sharded.gather` fills at the export; after
-  accelerate has sharded the model, :func:`dmscale.engine.fsdp.adopt_sharded` makes it a
+  accelerate has sharded the model, :func:`dmscale.engine.fsdp_adopt.adopt_sharded` makes it a
   sharded search like ``shard_model``'s (gates broadcast, gradients of ``a`` averaged by
   ``sync_grads``, the export gathered on rank 0).
 * **FSDP2 under Lightning**: ``ModelParallelStrategy`` leaves the sharding to the module's
@@ -26,7 +26,7 @@ from torch import nn
 
 from dmscale.core.errors import ConfigError
 from dmscale.core.masks import GATES_NAME
-from dmscale.engine.fsdp import frame_of
+from dmscale.engine.fsdp_adopt import frame_of
 
 __all__ = ["LIGHTNING_FSDP2", "check_strategy", "deepspeed_error", "fsdp1_error", "keep_gates_replicated"]
 
@@ -72,7 +72,7 @@ def keep_gates_replicated(plugin: Any, model: nn.Module, searcher: Any, device: 
     """Before accelerate's FSDP2 shards ``model``: add its ``dms_gates`` submodule to
     ``plugin.ignored_modules`` (a regex string or a list of modules; accelerate passes their
     parameters as ``ignored_params`` to every ``fully_shard``) and move it to ``device``;
-    returns :func:`~dmscale.engine.fsdp.frame_of` the model (the export's frame).
+    returns :func:`~dmscale.engine.fsdp_adopt.frame_of` the model (the export's frame).
 
     Raises:
         ConfigError: FSDP1, CPU-RAM-efficient loading, or a searcher attached to a submodule.

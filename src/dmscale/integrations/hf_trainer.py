@@ -43,7 +43,7 @@ explicit ``use_reentrant=True`` is refused.
 Sharded: ``TrainingArguments(fsdp=True, fsdp_config={"version": 2})`` (accelerate's FSDP2 plugin,
 transformers' default version) works: the ``dms_gates`` submodule is added to the plugin's
 ignored modules (the structural parameters stay whole on every rank), the sharded model is
-adopted after accelerate's ``fully_shard`` (:func:`dmscale.engine.fsdp.adopt_sharded`), the
+adopted after accelerate's ``fully_shard`` (:func:`dmscale.engine.fsdp_adopt.adopt_sharded`), the
 gradients of ``a`` are averaged once per optimizer step, and the export gathers the whole model
 on rank 0 (``found_model`` is None on the other ranks). FSDP1 (``"version": 1``),
 ``cpu_ram_efficient_loading`` and DeepSpeed (any ZeRO stage) are refused, each with its reason
@@ -78,7 +78,8 @@ from torch import nn
 from dmscale.core._compat import ensure_torchvision
 from dmscale.core.masks import GATES_NAME, detach
 from dmscale.search.searcher import SearchConfig, Searcher, prepare
-from dmscale.engine.fsdp import adopt_sharded, sharded, sync_replicated_grads
+from dmscale.engine.fsdp import sharded, sync_replicated_grads
+from dmscale.engine.fsdp_adopt import adopt_sharded
 from dmscale.integrations._sharding import deepspeed_error, keep_gates_replicated
 from dmscale.integrations._search_steps import (add_structure_group, check_ddp_finds_unused, depth_may_freeze, export_and_save,
                             frozen_depth_error, lazy_class, pin_structure_lr, require, static_graph_error)

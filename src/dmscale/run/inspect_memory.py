@@ -20,13 +20,10 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.core.masks import GATES_NAME
 from dmscale.config.run_config import ConfigError, RunConfig
 from dmscale.engine.memory import MemoryEstimate, estimate_search_memory
 from dmscale.run.saved_runs import load_teacher, make_searcher
@@ -63,11 +60,9 @@ def inspect_memory(cfg: RunConfig, world_size: int = 1) -> MemoryEstimate:
 
         est = estimate_search_memory(
             model, forward_loss, world_size=world_size, shard=cfg.shard, precision=cfg.precision,
-            optimizer=cfg.optimizer, train_weights=cfg.pipeline != "p-", teacher=teacher,
+            optimizer=cfg.optimizer, train_weights=cfg.pipeline != "p-",
+            teacher=model if cfg.teacher == "supernet" and cfg.distills else teacher,  # supernet: a copy of it
             device="cpu" if str(cfg.device) == "cpu" else "cuda")
-        if cfg.teacher == "supernet" and cfg.distills:  # a frozen copy of the supernet
-            est = replace(est, teacher=sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                                           if not n.startswith(GATES_NAME)))
         return est
     finally:
         dms.detach(model)

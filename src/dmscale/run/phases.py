@@ -26,7 +26,7 @@ from torch import nn
 import dmscale as dms
 
 from dmscale.config.run_config import ConfigError, load_run_config
-from dmscale.engine.fsdp import export_search, shard_model, unsharded
+from dmscale.engine.fsdp import export_search, shard_frozen, shard_model, unsharded
 from dmscale.core.distributed import all_reduce_mean
 from dmscale.engine.rundir import RunDir, fmt_count
 from dmscale.core.errors import NoImportanceError
@@ -120,11 +120,18 @@ class Phases:
         if is_hf_model(self.cfg.model) and self.cfg.command != "pretrain":
             check_hf_dir(model, self.cfg.model, self.cfg.layer_uniform)
 
-    def _shard(self, model: nn.Module, searcher: dms.Searcher | None = None) -> None:
+    def _shard(self, model: nn.Module, searcher: dms.Searcher | None = None,
+               teacher: nn.Module | None = None) -> None:
         """``--shard fsdp``: shard ``model`` in place, before its optimisers are built
-        (:func:`~dmscale.engine.fsdp.shard_model`; in one process there is nothing to shard)."""
+        (:func:`~dmscale.engine.fsdp.shard_model`; in one process there is nothing to shard),
+        and the frozen ``teacher`` (:func:`~dmscale.engine.fsdp.shard_frozen`, once per run).
+        Under ``--precision bf16`` the model's weights are gathered in bfloat16 and the
+        teacher's stored in bfloat16 (not for models with BatchNorm layers)."""
         if self.cfg.shard == "fsdp":
-            shard_model(model, space=searcher.space if searcher is not None else None)
+            dtype = torch.bfloat16 if self.cfg.precision == "bf16" else None
+            shard_model(model, space=searcher.space if searcher is not None else None, param_dtype=dtype)
+            if teacher is not None:
+                shard_frozen(teacher, param_dtype=dtype)
 
     def _record_supernet(self, model: nn.Module) -> None:
         if "supernet" not in self.state["counts"]:
@@ -196,7 +203,7 @@ class Phases:
             self._check_teacher(teacher, model)
             self._teacher = teacher  # kept for the retrain phase of this run: one frozen copy
         searcher = self._make_searcher(model, extra_exclude)
-        self._shard(model, searcher)
+        self._shard(model, searcher, teacher)
         s_opt = torch.optim.Adam(list(searcher.structure_parameters()), lr=cfg.structure_lr,
                                  weight_decay=0.0)
         total = self._steps(cfg.epochs)
@@ -367,7 +374,7 @@ class Phases:
             channels = self._check_teacher(teacher, model, structure)
         epochs = cfg.epochs if cfg.command == "retrain" else cfg.retrain_epochs
         total = self._steps(epochs)
-        self._shard(model)
+        self._shard(model, teacher=teacher)
         opt = self._weight_optimizer(list(model.parameters()))
         sch = self._schedule(opt, total)
         self._train("retrain", model, total, [opt], [sch], teacher=teacher, teacher_channels=channels)

@@ -94,3 +94,24 @@ def test_masked_rms_rescale_gradcheck_in_float64():
     out = torch.randn(2, 3, 6, generator=g, dtype=torch.float64).requires_grad_()
     m = torch.rand(6, generator=g, dtype=torch.float64).requires_grad_()
     assert torch.autograd.gradcheck(lambda o, a, b: masked_rms_rescale(o, a, b, 1e-3), (out, x, m))
+
+
+def test_masked_rms_rescale_recomputes_the_norm_instead_of_keeping_its_output():
+    """Given the norm's forward, the rescale keeps no activation beyond the input the norm's
+    own backward holds (one fewer per norm) and gives the gradients of the kept-output form."""
+    from dmscale.core.masked_norm import masked_rms_rescale
+    g = torch.Generator().manual_seed(5)
+    norm = torch.nn.RMSNorm(6, eps=1e-3, dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5, generator=g)
+    x = torch.randn(2, 3, 6, generator=g, dtype=torch.float64).requires_grad_()
+    m = torch.rand(6, generator=g, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: masked_rms_rescale(norm(a), a, b, 1e-3, norm.forward), (x, m))
+    grads = []
+    for recompute in (norm.forward, None):
+        y = masked_rms_rescale(norm(x), x, m, 1e-3, recompute)
+        node_saved = [t for t in y.grad_fn.saved_tensors if t.shape == x.shape]
+        assert len(node_saved) == (1 if recompute is not None else 2)  # x alone, or x and y
+        grads.append(torch.autograd.grad(y.pow(2).sum(), (x, m, norm.weight)))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

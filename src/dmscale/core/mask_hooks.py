@@ -110,7 +110,7 @@ class MaskedNorm(DMSHook):
         m = cast(self.gates.channel_mask(self.key), torch.float32)  # (C,)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # nn.RMSNorm(eps=None)
         if self.kind == "rms":  # one autograd node: the output rescaled to the kept mean square
-            return masked_rms_rescale(out, x, m, eps)
+            return masked_rms_rescale(out, x, m, eps, module.forward if len(args) == 1 and not kwargs else None)
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         bias = bias if isinstance(bias, torch.Tensor) else None
         return cast(masked_layer_norm(x, m, weight, bias, eps), out.dtype)  # one autograd node

@@ -26,7 +26,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -113,8 +113,10 @@ class MaskedRMSRescale(torch.autograd.Function):
     the last dim; ``out`` (..., C) is what the norm computed with all channels (so whatever
     gain it applies, ``weight`` or ``1 + weight``, is kept), x (..., C) its input.
 
-    Saves the input, the output y (the next layer keeps it anyway) and two per-position
-    numbers; the backward, with s = y / out per position, G = sum_j dL/dy_j y_j / s:
+    Saves the input (the norm's own backward holds it anyway) and per-position numbers; with
+    ``norm`` (the norm's forward, ``x -> out``) the backward computes ``out`` again from x
+    instead of keeping it (one elementwise pass against one activation held per norm); without
+    it, y is saved. With s = y / out per position and G = sum_j dL/dy_j out_j:
 
         dL/dout = s dL/dy
         dL/dx_k = G s x_k (1 / (C (ms_all + eps)) - p_k / (ms_kept + eps))
@@ -122,7 +124,9 @@ class MaskedRMSRescale(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward(ctx: Any, out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float,
+                norm: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        ctx.autocast = (torch.is_autocast_enabled(x.device.type), torch.get_autocast_dtype(x.device.type))
         with torch.autocast(x.device.type, enabled=False):
             dt = torch.float64 if x.dtype == torch.float64 else torch.float32
             xf = cast(x, dt)
@@ -133,32 +137,47 @@ class MaskedRMSRescale(torch.autograd.Function):
             ms_kept = (x2 * p).sum(-1)  # (...)
             s = torch.sqrt((ms_all + eps) / (ms_kept + eps))  # (...)
             y = cast(cast(out, dt) * s.unsqueeze(-1), out.dtype)
-            ctx.save_for_backward(x, y, s, ms_all, ms_kept, p, total)
-            ctx.eps, ctx.dt = eps, dt
+            kept = () if norm is not None else (y,)
+            ctx.save_for_backward(x, s, ms_all, ms_kept, p, total, *kept)
+            ctx.eps, ctx.dt, ctx.norm = eps, dt, norm
             return y
 
     @staticmethod
+    def _out_times_s(ctx: Any, x: torch.Tensor, s: torch.Tensor, kept: tuple) -> torch.Tensor:
+        """``out`` (recomputed from x, as the forward computed it) times s; or the saved y."""
+        if ctx.norm is None:
+            return kept[0]
+        enabled, dtype = ctx.autocast
+        with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
+            out = ctx.norm(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return cast(cast(out, ctx.dt) * s.unsqueeze(-1), out.dtype)
+
+    @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, s, ms_all, ms_kept, p, total, *kept = ctx.saved_tensors
+        y = MaskedRMSRescale._out_times_s(ctx, x, s, tuple(kept))
         with torch.autocast(gy.device.type, enabled=False):
-            x, y, s, ms_all, ms_kept, p, total = ctx.saved_tensors
             dt, eps, c = ctx.dt, ctx.eps, x.shape[-1]
             gyf = cast(gy, dt)
             s1 = s.unsqueeze(-1)
             d_out = cast(gyf * s1, y.dtype) if ctx.needs_input_grad[0] else None
             big_g = torch.linalg.vecdot(gyf, cast(y, dt)) / s  # sum_j dL/dy_j out_j, (...)
             gs = (big_g * s).unsqueeze(-1)  # (..., 1)
-            kept = (ms_kept + eps).unsqueeze(-1)
+            kept_ms = (ms_kept + eps).unsqueeze(-1)
             dx = dm = None
             xf = cast(x, dt)
             if ctx.needs_input_grad[1]:
-                dx = cast(gs * xf * (1.0 / (c * (ms_all + eps)).unsqueeze(-1) - p / kept), x.dtype)
+                dx = cast(gs * xf * (1.0 / (c * (ms_all + eps)).unsqueeze(-1) - p / kept_ms), x.dtype)
             if ctx.needs_input_grad[2]:
-                w = (-0.5 * gs / kept).reshape(-1)  # (N,)
+                w = (-0.5 * gs / kept_ms).reshape(-1)  # (N,)
                 dp = (xf * xf).reshape(-1, c).T @ w  # sum_n w_n x_nk^2, (C,)
                 dm = cast((dp - torch.dot(w, ms_kept.reshape(-1))) / total, p.dtype)
-            return d_out, dx, dm, None
+            return d_out, dx, dm, None, None
 
 
-def masked_rms_rescale(out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float) -> torch.Tensor:
-    """:class:`MaskedRMSRescale` as a function (autograd-aware)."""
-    return MaskedRMSRescale.apply(out, x, m, eps)
+def masked_rms_rescale(out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float,
+                       norm: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """:class:`MaskedRMSRescale` as a function (autograd-aware); ``norm``: the norm's forward
+    (``x -> out``, no hooks), to compute ``out`` again in the backward instead of keeping y."""
+    return MaskedRMSRescale.apply(out, x, m, eps, norm)

@@ -72,7 +72,7 @@ def norm_formula(module: nn.Module) -> NormFormula | None:
     if module in _CACHE:
         return _CACHE[module]
     try:
-        found = _probe(_cpu_twin(module) if _on_meta(module) else module)
+        found = _probe(module)
     except Exception:  # a layer that cannot run on a (2, 3, C) input is not such a norm
         found = None
     _CACHE[module] = found
@@ -124,11 +124,14 @@ def _probe(module: nn.Module) -> NormFormula | None:
     if isinstance(module, nn.LayerNorm):
         if len(tuple(module.normalized_shape)) != 1:
             return None
-        return _probe_layernorm(module)
+        return _probe_layernorm(_cpu_twin(module) if _on_meta(module) else module)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or set(params) != {"weight"}:
         return None
     if not weight.dtype.is_floating_point:
         return None
+    if _on_meta(module):  # a candidate (one 1-D weight): a CPU copy of C numbers to run
+        module = _cpu_twin(module)
+        weight = module.weight
     return _probe_rms(module, weight)
 
 

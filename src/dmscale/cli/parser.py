@@ -79,7 +79,8 @@ _COMMAND_HELP = {
                 "is trained or written (--out FILE also writes it as JSON). --memory instead "
                 "estimates the memory each rank of that search needs (weights, gradients, optimizer "
                 "state, teacher, activations at --batch-size / --world-size), for --shard, "
-                "--precision and --optimizer."),
+                "--precision and --optimizer; a --model hf:DIR is built from its config.json on "
+                "the meta device, without loading its weights (DIR may hold config.json alone)."),
     "show": ("print the summary of a finished run again",
              "Print the end-of-run summary of RUN (its summary.json): the cost against the "
              "target, the structure found, the evaluations."),

@@ -154,13 +154,15 @@ def _fsdp_groups(model: nn.Module) -> tuple[int, int]:
 def _teacher(teacher: nn.Module | None, split: int, low: bool) -> tuple[int, int]:
     """(bytes a rank keeps, bytes FSDP gathers while it runs: root + two blocks) of a frozen
     teacher sharded over ``split`` ranks (1: whole, nothing gathered), its parameters in
-    bfloat16 when ``low`` (and it has no BatchNorm layer); buffers are never sharded."""
+    bfloat16 when ``low`` (and it has no BatchNorm layer); buffers are never sharded. Its
+    gates are left out (a supernet teacher is copied before ``dms.prepare``)."""
     if teacher is None:
         return 0, 0
     low = low and low_precision_params_unsupported(teacher) is None
     params = [p for n, p in teacher.named_parameters() if not n.startswith(GATES_NAME)]
     scale = 0.5 if low else 1.0  # float32 -> bfloat16
-    kept = -(-int(scale * _bytes(params)) // split) + _bytes(teacher.buffers())
+    buffers = _bytes(b for n, b in teacher.named_buffers() if not n.startswith(GATES_NAME))
+    kept = -(-int(scale * _bytes(params)) // split) + buffers
     if split == 1:
         return kept, 0
     block, root = _fsdp_groups(teacher)

@@ -113,8 +113,11 @@ def attach_gates(model: nn.Module, space: SearchSpace, config: SearchConfig,
     tie_ratios(list(gates.width), groups)
     for d, topk in zip(space.width, gates.width):
         topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]
-    # the gates live where the model lives (prepare may come after model.to(device))
-    gates.to(model_device(model))
+    # the gates live where the model lives (prepare may come after model.to(device)); a
+    # model on the meta device (shapes only) keeps its few MB of gates on the CPU, so that
+    # the search's costs can still be computed
+    device = model_device(model)
+    gates.to(torch.device("cpu") if device.type == "meta" else device)
     return gates, groups
 
 

@@ -32,7 +32,7 @@ from torch import nn
 from dmscale.config.run_config import ConfigError
 from dmscale.tasks.registry import register_models
 
-__all__ = ["HF_PREFIX", "parse_hf_spec", "is_hf_model", "hf_source", "load_hf_model",
+__all__ = ["HF_PREFIX", "parse_hf_spec", "is_hf_model", "hf_source", "hf_config", "load_hf_model",
            "load_hf_tokenizer", "save_hf_dir", "check_hf_dir", "HF_DIR"]
 
 HF_DIR = "hf"  # the Hugging Face directory inside a run directory of an hf: model
@@ -108,6 +108,25 @@ def load_hf_tokenizer(path: str) -> Any:
                           "save the tokenizer beside the model (tokenizer.save_pretrained(DIR))") from None
 
 
+def hf_config(path: str) -> Any:
+    """The ``transformers`` config of the causal LM at ``path`` (a directory or ``.gguf`` file).
+
+    Raises:
+        ConfigError: the path or its config cannot be read, or the model is not a causal LM.
+    """
+    directory, extra = hf_source(path)
+    transformers = _import_transformers()
+    try:
+        config = transformers.AutoConfig.from_pretrained(directory, **extra)
+    except (OSError, ValueError, KeyError) as err:
+        raise ConfigError(f"--model hf:{path}: cannot read its config ({str(err).splitlines()[0]})") from None
+    if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ConfigError(f"--model hf:{path}: a {config.model_type!r} model is not a causal LM "
+                          "(AutoModelForCausalLM cannot load it); give a decoder-only language "
+                          "model such as Llama, Qwen2, Mistral or SmolLM2")
+    return config
+
+
 @register_models("hf")
 def load_hf_model(path: str, args: dict[str, Any] | None = None) -> nn.Module:
     """The causal LM at ``path`` in float32, wrapped so that ``model(ids)`` returns logits.
@@ -122,14 +141,7 @@ def load_hf_model(path: str, args: dict[str, Any] | None = None) -> nn.Module:
 
     directory, extra = hf_source(path)
     transformers = _import_transformers()
-    try:
-        config = transformers.AutoConfig.from_pretrained(directory, **extra)
-    except (OSError, ValueError, KeyError) as err:
-        raise ConfigError(f"--model hf:{path}: cannot read its config ({str(err).splitlines()[0]})") from None
-    if type(config) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise ConfigError(f"--model hf:{path}: a {config.model_type!r} model is not a causal LM "
-                          "(AutoModelForCausalLM cannot load it); give a decoder-only language "
-                          "model such as Llama, Qwen2, Mistral or SmolLM2")
+    hf_config(path)
     try:
         lm = transformers.AutoModelForCausalLM.from_pretrained(
             directory, dtype=torch.float32, **extra, **dict(args or {}))

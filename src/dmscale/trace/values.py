@@ -100,7 +100,9 @@ def storage_of(t: torch.Tensor) -> int | None:
         True
     """
     try:
-        return t.untyped_storage().data_ptr()
+        storage = t.untyped_storage()
+        # a meta tensor has no memory (address 0): its storage object tells it apart
+        return storage._cdata if t.device.type == "meta" else storage.data_ptr()
     except (RuntimeError, NotImplementedError):
         return None
 

@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -65,7 +66,8 @@ _CACHE: "weakref.WeakKeyDictionary[nn.Module, NormFormula | None]" = weakref.Wea
 def norm_formula(module: nn.Module) -> NormFormula | None:
     """The checked formula of a last-dim norm, or None when ``module`` is not one we know.
 
-    The probe runs ``module.forward`` (no hooks) on small random inputs once per module.
+    The probe runs ``module.forward`` (no hooks) on small random inputs once per module; a
+    module on the ``meta`` device (no values) is probed as a CPU copy with random weights.
     """
     if module in _CACHE:
         return _CACHE[module]
@@ -81,6 +83,29 @@ def share_formula(copy: nn.Module, original: nn.Module) -> None:
     """Give ``copy`` the formula probed on ``original`` (for a copy that cannot be probed
     itself, e.g. one whose weights are on the meta device)."""
     _CACHE[copy] = norm_formula(original)
+
+
+def _on_meta(module: nn.Module) -> bool:
+    return any(t.device.type == "meta" for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)))
+
+
+@torch.no_grad()
+def _cpu_twin(module: nn.Module) -> nn.Module:
+    """A shallow CPU copy of a meta-device norm (forward only: hooks and children shared), its
+    floating tensors random in [0.5, 1.5]: the formula is found from what the layer computes,
+    whatever its weights."""
+    g = torch.Generator().manual_seed(0)
+
+    def real(t: torch.Tensor) -> torch.Tensor:
+        if not t.is_floating_point():
+            return torch.zeros(t.shape, dtype=t.dtype)
+        return (0.5 + torch.rand(t.shape, generator=g)).to(t.dtype)
+
+    twin = copy.copy(module)
+    twin._parameters = {k: None if p is None else nn.Parameter(real(p), requires_grad=False)
+                        for k, p in module._parameters.items()}
+    twin._buffers = {k: None if b is None else real(b) for k, b in module._buffers.items()}
+    return twin
 
 
 def _eps(module: nn.Module) -> float | None:
@@ -99,11 +124,14 @@ def _probe(module: nn.Module) -> NormFormula | None:
     if isinstance(module, nn.LayerNorm):
         if len(tuple(module.normalized_shape)) != 1:
             return None
-        return _probe_layernorm(module)
+        return _probe_layernorm(_cpu_twin(module) if _on_meta(module) else module)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or set(params) != {"weight"}:
         return None
-    if weight.device.type == "meta" or not weight.dtype.is_floating_point:
+    if not weight.dtype.is_floating_point:
         return None
+    if _on_meta(module):  # a candidate (one 1-D weight): a CPU copy of C numbers to run
+        module = _cpu_twin(module)
+        weight = module.weight
     return _probe_rms(module, weight)
 
 

@@ -34,12 +34,12 @@ def _case(script: str, table: str, owns: tuple[str, ...], needs: tuple[str, ...]
 CASES = [
     _case("budget", "budget.md", ("budget",)),  # 21 s
     _case("schedule_ablation", "schedule.md", ("schedule",)),  # 12 s
-    _case("peers", "peers.md", ("peers",), ("torch_pruning",)),  # 22 s
+    _case("peers", "peers.md", ("peers",), ("torch_pruning",), slow=True),  # 22 s
     _case("np_uniform", "np_uniform.md", ("np_uniform",)),  # 21 s
     _case("table16", "table16.md", ("table16",)),  # 9 s
     _case("importance", "importance.md", ("importance",)),  # 19 s
     _case("gates", "gates.md", ("gates",), slow=True),  # 32 s
-    _case("yolo_table11", "yolo_table11.md", ("yolo_table11",), ("ultralytics",)),  # 18 s
+    _case("yolo_table11", "yolo_table11.md", ("yolo_table11",), ("ultralytics",), slow=True),  # 18 s
     _case("search_overhead", "search_overhead.md", ("search_overhead",)),  # 10 s
     _case("deploy_latency", "deploy_latency.md", ("deploy_latency",), ("onnxruntime", "onnxscript")),  # 11 s
     _case("latency_fit", "latency.md", ("latency.md",)),  # 4 s

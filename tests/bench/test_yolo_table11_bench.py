@@ -64,6 +64,7 @@ def test_table_from_cache_pairs_seeds_and_keeps_the_reading(tmp_path: Path) -> N
     assert png.stat().st_size > 1000
 
 
+@pytest.mark.slow  # 35 s: the width search builds a YOLO per bisection step
 def test_p3_arm_is_yolov8n_with_one_stride8_level_widened_to_its_macs() -> None:
     """The hand-made baseline of the `p3` arm: bench/yolov8n_p3.yaml builds as a YOLO with a
     single detection level at stride 8 (no stride-16/32 outputs), and its width multiple

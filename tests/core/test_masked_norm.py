@@ -115,3 +115,31 @@ def test_masked_rms_rescale_recomputes_the_norm_instead_of_keeping_its_output():
         grads.append(torch.autograd.grad(y.pow(2).sum(), (x, m, norm.weight)))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_an_rms_norm_with_a_user_forward_hook_keeps_its_output_for_the_backward():
+    """A hook that changes the norm's output means ``forward(x)`` no longer gives what the
+    rescale saw: the searcher's hook then keeps the output instead of computing it again."""
+    from dmscale.core.hook_base import DMSHook
+    from dmscale.core.mask_hooks import _recomputable
+    norm = torch.nn.RMSNorm(4)
+    x = torch.randn(2, 4)
+    assert _recomputable(norm, (x,), {})
+
+    class Passive(DMSHook):  # dmscale's own hooks do not count
+        def __call__(self, module, args, out):
+            return None
+    norm.register_forward_hook(Passive())
+    assert _recomputable(norm, (x,), {})
+    handle = norm.register_forward_hook(lambda mod, a, out: out * 2)
+    assert not _recomputable(norm, (x,), {}) and not _recomputable(torch.nn.RMSNorm(4), (x,), {"eps": 1.0})
+    handle.remove()
+
+
+def test_a_second_derivative_through_the_recomputing_rescale_is_refused():
+    from dmscale.core.masked_norm import masked_rms_rescale
+    norm = torch.nn.RMSNorm(4)
+    x, m = torch.randn(2, 4, requires_grad=True), torch.rand(4, requires_grad=True)
+    y = masked_rms_rescale(norm(x), x, m, 1e-6, norm.forward)
+    with pytest.raises(RuntimeError, match="second derivative"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)

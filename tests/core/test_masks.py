@@ -72,3 +72,47 @@ def test_mha_fastpath_switch_is_restored_when_a_forward_raises():
     with pytest.raises(RuntimeError, match="boom"):
         model(x)
     assert torch.backends.mha.get_fastpath_enabled()
+
+
+def test_a_block_run_without_grad_first_leaves_the_other_blocks_depth_gradient():
+    """Each depth mask is unbound once per forward, under the forward's grad mode: a first
+    block run under ``no_grad`` (frozen) once made every block share gradient-free views, and
+    the depth ratio's gradient was 0."""
+    from torch import nn
+
+    import dmscale as dms
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.f = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.f(torch.relu(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp, self.out = nn.Linear(8, 16), nn.Linear(16, 4)
+            self.blocks = nn.ModuleList([Block() for _ in range(3)])
+            self.freeze_first = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.inp(x)
+            for i, b in enumerate(self.blocks):
+                with torch.set_grad_enabled(torch.is_grad_enabled() and not (self.freeze_first and i == 0)):
+                    h = b(h)
+            return self.out(h)
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    for fold in (True, False):
+        model = Net()
+        s = dms.prepare(model, x[:1], dms.SearchConfig(resource="macs", target=0.5, fold_masks=fold))
+        with torch.no_grad():
+            for p in s.structure_parameters():
+                p.fill_(0.3)
+        model.freeze_first = True
+        model(x).pow(2).sum().backward()
+        depth_a = s.gates.depth[0].a
+        assert depth_a.grad is not None and float(depth_a.grad.abs()) > 0, f"fold_masks={fold}"

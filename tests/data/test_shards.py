@@ -71,6 +71,9 @@ def test_the_index_holds_no_object_per_image(folder: Path) -> None:
 def test_ways_to_name_shards(folder: Path, tmp_path: Path) -> None:
     d = folder / "shards"
     assert expand_braces("a{1..3}") == ["a1", "a2", "a3"] and expand_braces("{x}") == ["{x}"]
+    # zero-padded only when a bound of two or more digits starts with 0 (bash, braceexpand)
+    assert expand_braces("s-{0..10}.tar")[:2] == ["s-0.tar", "s-1.tar"] and len(expand_braces("s-{0..10}")) == 11
+    assert expand_braces("s-{00..10}")[:2] == ["s-00", "s-01"] and expand_braces("{-1..1}") == ["-1", "0", "1"]
     assert shard_paths(d) == shard_paths(f"{d}/train-*.tar") == shard_paths(f"{d}/train-{{000000..000003}}.tar")
     assert shard_paths(d / "train-000002.tar") == [d / "train-000002.tar"]
     assert is_shard_data(d) and is_shard_data(folder.parent / "x-{0..1}.tar") and not is_shard_data(folder / "train")

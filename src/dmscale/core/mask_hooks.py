@@ -110,10 +110,18 @@ class MaskedNorm(DMSHook):
         m = cast(self.gates.channel_mask(self.key), torch.float32)  # (C,)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # nn.RMSNorm(eps=None)
         if self.kind == "rms":  # one autograd node: the output rescaled to the kept mean square
-            return masked_rms_rescale(out, x, m, eps, module.forward if len(args) == 1 and not kwargs else None)
+            return masked_rms_rescale(out, x, m, eps, module.forward if _recomputable(module, args, kwargs) else None)
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         bias = bias if isinstance(bias, torch.Tensor) else None
         return cast(masked_layer_norm(x, m, weight, bias, eps), out.dtype)  # one autograd node
+
+
+def _recomputable(module: nn.Module, args: tuple, kwargs: dict) -> bool:
+    """Whether ``module.forward(x)`` gives again the output this hook saw: called with x
+    alone, and no other forward hook (the user's, another library's, a global one) ran on
+    the output before this one (only then may the backward compute it again)."""
+    return (len(args) == 1 and not kwargs and not nn.modules.module._global_forward_hooks
+            and all(isinstance(h, DMSHook) for h in module._forward_hooks.values()))
 
 
 class MaskBranch(DMSHook):

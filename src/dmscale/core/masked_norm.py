@@ -147,6 +147,10 @@ class MaskedRMSRescale(torch.autograd.Function):
         """``out`` (recomputed from x, as the forward computed it) times s; or the saved y."""
         if ctx.norm is None:
             return kept[0]
+        if torch.is_grad_enabled():  # create_graph: the recomputed output has no graph back to out
+            raise RuntimeError("a second derivative through a masked RMS norm is not supported: its "
+                               "backward computes the norm's output again without a graph; call "
+                               "masked_rms_rescale without norm= (it then keeps its output)")
         enabled, dtype = ctx.autocast
         with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
             out = ctx.norm(x)

@@ -96,6 +96,7 @@ class Gates(nn.Module):
         self._forwards = 0  # training forwards so far: orders pending updates across ranks
         self._masks: torch.Tensor | None = None
         self._depth_masks: list[torch.Tensor] | None = None
+        self._depth_units: list[tuple[torch.Tensor, ...]] | None = None  # _depth_masks unbound
         # every layer's channel mask of this forward, by its slot buffer's name (compute)
         self._channels: dict[str, torch.Tensor] | None = None
         self._keys: list[str] = []  # the slot buffers, in the order of channel_index
@@ -125,7 +126,7 @@ class Gates(nn.Module):
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
         state.pop("_rows_cache", None)
-        state.pop("_depth_units", None)  # views of this forward's depth masks
+        state["_depth_units"] = None  # views of this forward's depth masks
         return state
 
     # ------------------------------------------------------------------ construction
@@ -205,6 +206,7 @@ class Gates(nn.Module):
             self._forwards += 1
         width, depth = self.masks(self.mode, track, defer)
         self._masks, self._depth_masks = width, depth
+        self._depth_units = [d.unbind(0) for d in depth]
         self._channels = dict(zip(self._keys, width[self.channel_index].split(self._key_sizes))) \
             if self._keys else {}
 
@@ -320,13 +322,11 @@ class Gates(nn.Module):
 
     def depth_unit(self, j: int, block: int) -> torch.Tensor:
         """Block ``block``'s mask of depth dim ``j``, a () scalar: each depth mask is unbound
-        once per forward (one operation and one backward node per dim, not one per block)."""
-        mask = self.depth_mask(j)
-        cache = self.__dict__.setdefault("_depth_units", {})
-        units = cache.get(j)
-        if units is None or units[0] is not mask:
-            units = cache[j] = (mask, mask.unbind(0))
-        return units[1][block]
+        once per forward, when the masks are computed (one operation and one backward node per
+        dim, not one per block; under the forward's grad mode, whatever a block's is)."""
+        if self._depth_masks is None:
+            self.compute()
+        return self._depth_units[j][block]
 
     def _device(self) -> torch.device:
         return self.width[0].a.device if len(self.width) else (
@@ -338,9 +338,9 @@ class Gates(nn.Module):
         prev = (self.mode, self.enabled)
         self.mode = mode or self.mode
         self.enabled = enabled
-        self._masks = self._depth_masks = self._channels = None
+        self._masks = self._depth_masks = self._channels = self._depth_units = None
         try:
             yield
         finally:
             self.mode, self.enabled = prev
-            self._masks = self._depth_masks = self._channels = None
+            self._masks = self._depth_masks = self._channels = self._depth_units = None

@@ -94,7 +94,9 @@ def _choices(body: str) -> list[str]:
     ends = re.fullmatch(r"(-?\d+)\.\.(-?\d+)", body)
     if ends:
         a, b = ends.groups()
-        width = max(len(a), len(b)) if a.lstrip("-").startswith("0") or b.lstrip("-").startswith("0") else 0
+        # zero-padded as bash and braceexpand do: only when a bound of two or more digits starts with 0
+        padded = any(len(e.lstrip("-")) > 1 and e.lstrip("-").startswith("0") for e in (a, b))
+        width = max(len(a), len(b)) if padded else 0
         lo, hi = int(a), int(b)
         step = 1 if hi >= lo else -1
         return [f"{v:0{width}d}" for v in range(lo, hi + step, step)]

@@ -112,6 +112,12 @@ def test_an_image_without_a_label_names_the_shard_and_the_member(tmp_path: Path)
     _members(shard, [("a.png", b"x"), ("a.jpg", b"x"), ("a.cls", b"1")])
     with pytest.raises(DataError, match=r"example a has two images, a.png and a.jpg"):
         index_shard(shard)
+    _members(shard, [("a.png", b"x"), ("a.cls", b"1"), ("a.txt", b""), ("a.CLS", b"2")])
+    with pytest.raises(DataError, match=r"example a has two labels, a.cls and a.CLS"):
+        index_shard(shard)
+    _members(shard, [("a.png", b"x"), ("a.cls", b"1"), ("b.png", b"x"), ("b.cls", b"0"), ("a.json", b"{}")])
+    with pytest.raises(DataError, match=r"members of example a are not next to each other \(a.json"):
+        index_shard(shard)
 
 
 def test_a_corrupt_shard_names_the_shard(folder: Path, tmp_path: Path) -> None:

@@ -185,6 +185,7 @@ def index_shard(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np
             raise DataError(f"shard {path}: not a tar file ({err}). {SHARD_HINT}") from None
         sample = _Sample(path)
         last = "(the start)"
+        seen: set[str] = set()  # keys of this shard's finished examples
         try:
             for member in tar:
                 if member.offset_data + member.size > size:
@@ -200,6 +201,11 @@ def index_shard(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray, np
                 key, ext = match.group(1), match.group(2).lower()
                 if key != sample.key:
                     sample.add_to(names, rows)
+                    if key in seen:
+                        raise DataError(f"shard {path}: the members of example {key} are not next to each "
+                                        f"other ({member.name} comes after other keys); write each key's "
+                                        "members together, as WebDataset's TarWriter does")
+                    seen.add(key)
                     sample = _Sample(path, key)
                 if ext in IMAGE_EXTENSIONS:
                     sample.set_image(member)
@@ -235,6 +241,9 @@ class _Sample:
         self.image = member
 
     def set_label(self, member: tarfile.TarInfo, data: bytes) -> None:
+        if self.label is not None:
+            raise DataError(f"shard {self.shard}: example {self.key} has two labels, {self.label_member} and "
+                            f"{member.name}; keep one label per key")
         text = data.decode("utf-8", "replace").strip()
         if not re.fullmatch(r"\d+", text):
             raise DataError(f"shard {self.shard}: member {member.name} holds {text[:40]!r}, expected the class "

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import glob
-import os
 import re
 import tarfile
 from concurrent.futures import ThreadPoolExecutor

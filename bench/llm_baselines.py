@@ -177,13 +177,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     opt = pipe._weight_optimizer(list(model.parameters()))
     pipe._train("retrain", model, total, [opt], [pipe._schedule(opt, total)], teacher=teacher)
     after = pipe.evaluate("retrain", model, None, total)
-    plain = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}  # json: --workdir
+    # json: --workdir, relative to the checkout when inside it (no machine's paths in the results)
+    plain = {k: _shown(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     return {"method": args.method, "target": args.target, "args": plain, "commit": git_commit(ROOT),
             "machine": platform.platform(), "cpus": os.cpu_count(), "params": params,
             "supernet": full, "target_params": target, "chosen": chosen, "before": before,
             "after": after, "finetune_steps": total, "prune_s": prune_s,
             "wall_s": time.perf_counter() - t0, "task": pipe.task.describe(),
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout when it lies inside it, else as given."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def _original_eval(args: argparse.Namespace) -> dict[str, float]:

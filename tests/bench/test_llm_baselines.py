@@ -483,3 +483,12 @@ def test_table5_checks_equal_weight_steps_seed_by_seed(tmp_path: Path) -> None:
     assert len(gap()) == 1 and "NOT at equal" not in gap()[0]
     (tmp_path / "tp_taylor_t0.8_s1.json").write_text(json.dumps(rec("tp_taylor", 1, 90.0, 70)))
     assert "NOT at equal weight steps (seed 1: 71 vs 70)" in gap()[0]
+
+
+def test_results_record_the_workdir_relative_to_the_checkout():
+    """The json of a run names ``--workdir`` relative to the checkout (no machine's paths in
+    bench/results), a path outside it as given."""
+    import llm_baselines
+
+    assert llm_baselines._shown(llm_baselines.ROOT / "bench" / "runs" / "x") == "bench/runs/x"
+    assert llm_baselines._shown(Path("/elsewhere/runs")) == "/elsewhere/runs"

@@ -103,8 +103,10 @@ def attach_hooks(
         if not fold(name, dim, "out", key):
             modules[name].register_forward_hook(MaskOutput(gates, key, dim))
     for name, (j, i) in branches.items():
-        target = name if depth_foldable(modules[name]) else (depth_folds or {}).get(name)
-        if fold_masks and target is not None and depth_foldable(modules[target]):
+        # the branch module itself, else the layer whose output it returns
+        candidates = (name, (depth_folds or {}).get(name)) if fold_masks else ()
+        target = next((t for t in candidates if t is not None and depth_foldable(modules[t])), None)
+        if target is not None:
             modules[target].register_forward_pre_hook(FoldDepth(gates, j, i))
             unfold_after(target)
         else:

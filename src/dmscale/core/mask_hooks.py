@@ -9,7 +9,7 @@ Sec. 3.2), where a mask cannot be folded into a weight (:mod:`dmscale.core.weigh
 * :class:`RestoreFastpath`: restores torch's fused-MHA switch after the forward.
 
 Each takes the :class:`~dmscale.core.masks.Gates` whose masks it reads (``gates.channel_mask(key)``,
-``gates.depth_mask(j)``, ``gates.enabled``); none imports it.
+``gates.depth_unit(j, block)``, ``gates.enabled``); none imports it.
 
 Example:
     >>> import torch

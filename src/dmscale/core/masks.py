@@ -95,8 +95,7 @@ class Gates(nn.Module):
         self.pending = PendingImportance()  # Eq. 4 updates waiting for the all-reduce
         self._forwards = 0  # training forwards so far: orders pending updates across ranks
         self._masks: torch.Tensor | None = None
-        self._depth_masks: list[torch.Tensor] | None = None
-        self._depth_units: list[tuple[torch.Tensor, ...]] | None = None  # _depth_masks unbound
+        self._depth_units: list[tuple[torch.Tensor, ...]] | None = None  # per depth dim, one () per block
         # every layer's channel mask of this forward, by its slot buffer's name (compute)
         self._channels: dict[str, torch.Tensor] | None = None
         self._keys: list[str] = []  # the slot buffers, in the order of channel_index
@@ -122,11 +121,10 @@ class Gates(nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
         state = self.__dict__.copy()
-        state["_masks"] = state["_depth_masks"] = state["_channels"] = None
+        state["_masks"] = state["_depth_units"] = state["_channels"] = None
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
         state.pop("_rows_cache", None)
-        state["_depth_units"] = None  # views of this forward's depth masks
         return state
 
     # ------------------------------------------------------------------ construction
@@ -205,8 +203,8 @@ class Gates(nn.Module):
         if track:
             self._forwards += 1
         width, depth = self.masks(self.mode, track, defer)
-        self._masks, self._depth_masks = width, depth
-        self._depth_units = [d.unbind(0) for d in depth]
+        self._masks = width
+        self._depth_units = [d.unbind(0) for d in depth]  # under this forward's grad mode
         self._channels = dict(zip(self._keys, width[self.channel_index].split(self._key_sizes))) \
             if self._keys else {}
 
@@ -315,16 +313,11 @@ class Gates(nn.Module):
             self.compute()
         return self._channels[key]
 
-    def depth_mask(self, j: int) -> torch.Tensor:
-        if self._depth_masks is None:
-            self.compute()
-        return self._depth_masks[j]
-
     def depth_unit(self, j: int, block: int) -> torch.Tensor:
         """Block ``block``'s mask of depth dim ``j``, a () scalar: each depth mask is unbound
         once per forward, when the masks are computed (one operation and one backward node per
         dim, not one per block; under the forward's grad mode, whatever a block's is)."""
-        if self._depth_masks is None:
+        if getattr(self, "_depth_units", None) is None:  # (absent from gates pickled before it existed)
             self.compute()
         return self._depth_units[j][block]
 
@@ -338,9 +331,9 @@ class Gates(nn.Module):
         prev = (self.mode, self.enabled)
         self.mode = mode or self.mode
         self.enabled = enabled
-        self._masks = self._depth_masks = self._channels = self._depth_units = None
+        self._masks = self._depth_units = self._channels = None
         try:
             yield
         finally:
             self.mode, self.enabled = prev
-            self._masks = self._depth_masks = self._channels = self._depth_units = None
+            self._masks = self._depth_units = self._channels = None

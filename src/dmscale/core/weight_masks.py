@@ -52,7 +52,8 @@ class WeightFold:
 
     Attributes:
         side: "in" (the mask of the layer's input channels) or "out" (of its output channels).
-        shape: the view of the mask that broadcasts against the weight.
+        shape: the view of the mask that broadcasts against the weight; ``(C,)`` as the mask
+            is (a Linear's input side, its weight's last dim).
         index: grouped convolutions, input side: (C_out, C_in / groups) global input channel
             of every weight entry (None otherwise).
     """
@@ -72,7 +73,7 @@ class WeightFold:
     def fold(self, weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``weight * m`` along the folded side (m: (C,))."""
         m = mask if self.index is None else mask[self._index_on(mask.device)]
-        if self.shape != (1, m.numel()):  # (C,) broadcasts along a Linear's input side as it is
+        if len(self.shape) > 1:
             m = m.reshape(self.shape)
         return weight * cast(m, weight.dtype)
 
@@ -118,7 +119,7 @@ def fold_plan(module: nn.Module, dim: int, side: str) -> WeightFold | None:
     if base is nn.Linear:
         if dim not in (-1, 1):  # Linear reads channels from the last dim only
             return None
-        return WeightFold("in", (1, weight.shape[1])) if side == "in" else WeightFold("out", (weight.shape[0], 1))
+        return WeightFold("in", (weight.shape[1],)) if side == "in" else WeightFold("out", (weight.shape[0], 1))
     if dim != 1:  # (B, C, ...) activations
         return None
     c_out, c_in_g = weight.shape[0], weight.shape[1]

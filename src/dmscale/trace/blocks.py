@@ -157,9 +157,9 @@ def _last_layer(tr: Tracer, z: int, block: str, call_count: dict[str, int]) -> s
                   and ev.outputs[:1] == [node])
             if not ok:
                 return None
-            handler = handler_for(tr.model.get_submodule(ev.module))
-            child = handler.output_layer(tr.model.get_submodule(ev.module)) \
-                if handler is not None and handler.output_layer is not None else None
+            module = tr.model.get_submodule(ev.module)
+            handler = handler_for(module)
+            child = handler.output_layer(module) if handler is not None and handler.output_layer else None
             if child is not None:  # an attention returning its output projection's output
                 return f"{ev.module}.{child}"
             return ev.module if len(ev.outputs) == 1 else None

@@ -142,26 +142,23 @@ def _best_text(best: dict[str, Any] | None, exported: dict[str, Any] | None) -> 
     return None
 
 
-def watch_lines(summary: dict[str, Any]) -> list[str]:
-    """The printed summary's lines on the exported and the best weights (none without
-    ``--eval-every``)."""
+def _watched(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """(what, text) of the exported and the best weights; none without ``--eval-every``."""
     ex = summary.get("exported")
     if not ex:
         return []
-    out = [f"  {'exported':14}{_exported_text(ex)}"]
     best = _best_text(summary.get("best"), ex)
-    if best:
-        out.append(f"  {'best':14}{best}")
-    return out
+    return [("exported", _exported_text(ex))] + ([("best", best)] if best else [])
+
+
+def watch_lines(summary: dict[str, Any]) -> list[str]:
+    """The printed summary's lines on the exported and the best weights (none without
+    ``--eval-every``)."""
+    return [f"  {what:14}{text}" for what, text in _watched(summary)]
 
 
 def watch_report_lines(summary: dict[str, Any]) -> list[str]:
     """``report.md``'s lines on the exported and the best weights (none without ``--eval-every``)."""
-    ex = summary.get("exported")
-    if not ex:
-        return []
-    out = [f"- exported (model.safetensors): {_exported_text(ex)}"]
-    best = _best_text(summary.get("best"), ex)
-    if best:
-        out.append(f"- best: {best}")
-    return out + [""]
+    names = {"exported": "exported (model.safetensors)"}
+    lines = [f"- {names.get(what, what)}: {text}" for what, text in _watched(summary)]
+    return lines + [""] if lines else []

@@ -20,7 +20,7 @@ import dmscale as dms
 from dmscale.core.distributed import shard
 from dmscale.engine.fsdp import shard_frozen, shard_model
 from dmscale.tasks.distill import distill_loss
-from fsdp_worker import SEQ, STEPS, VOCAB, build, probe_ids
+from fsdp_worker import SEQ, STEPS, VOCAB, build, probe_ids, search_record
 
 __all__ = ["distilled_search", "teacher", "worker"]
 
@@ -97,14 +97,9 @@ def distilled_search(rank: int, world: int, shard_teacher: bool, precision: str 
         handle.sync_grads()
         searcher.sync_importance()
         opt_w.step(), opt_a.step()
-    gates = list(searcher.gates.width) + list(searcher.gates.depth)
-    structure = searcher.structure()
+    record = search_record(searcher)
     state = handle.state_dict()
-    return {"a": torch.stack([t.a.detach().clone() for t in gates]).cpu(),
-            "importance": [t.importance.detach().clone().cpu() for t in gates],
-            "width": [(d["name"], d["kept"]) for d in structure["width"]],
-            "depth": [(d["name"], d["kept"]) for d in structure["depth"]],
-            "param_dtype": handle.param_dtype, "loss": float(loss),
+    return {**record, "param_dtype": handle.param_dtype, "loss": float(loss),
             "state": {k: v.detach().clone() for k, v in state.items()}}
 
 

@@ -17,7 +17,7 @@ import dmscale as dms
 from dmscale.core.distributed import shard
 from dmscale.engine.fsdp import shard_model
 
-__all__ = ["BATCH", "STEPS", "VOCAB", "build", "probe_ids", "search", "worker"]
+__all__ = ["BATCH", "STEPS", "VOCAB", "build", "probe_ids", "search", "search_record", "worker"]
 
 STEPS, BATCH, VOCAB, SEQ = 3, 4, 64, 8
 
@@ -50,6 +50,16 @@ def _prepared(fold: bool) -> tuple[nn.Module, dms.Searcher]:
     return model, dms.prepare(model, example, dms.SearchConfig(resource="params", target=0.6, fold_masks=fold))
 
 
+def search_record(searcher: Any) -> dict[str, Any]:
+    """What the ranks must agree on after a search: the ratios ``a``, the importances and the
+    kept widths and depths."""
+    gates = list(searcher.gates.width) + list(searcher.gates.depth)
+    structure = searcher.structure()
+    return {"a": torch.stack([t.a.detach().clone() for t in gates]).cpu(),
+            "importance": [t.importance.detach().clone().cpu() for t in gates],
+            "width": [(d["name"], d["kept"]) for d in structure["width"]],
+            "depth": [(d["name"], d["kept"]) for d in structure["depth"]]}
+
 def search(fold: bool = True, rank: int = 0, world: int = 1, out_dir: str | None = None) -> dict[str, Any]:
     """``STEPS`` search steps, sharded with FSDP2 when ``world > 1`` (each rank on its shard
     of the global batch), then the export (on rank 0); with ``out_dir`` rank 0 saves the
@@ -67,13 +77,8 @@ def search(fold: bool = True, rank: int = 0, world: int = 1, out_dir: str | None
         handle.sync_grads()
         searcher.sync_importance()
         opt_w.step(), opt_a.step()
-    gates = list(searcher.gates.width) + list(searcher.gates.depth)
-    structure = searcher.structure()
     result: dict[str, Any] = {
-        "a": torch.stack([t.a.detach().clone() for t in gates]).cpu(),
-        "importance": [t.importance.detach().clone().cpu() for t in gates],
-        "width": [(d["name"], d["kept"]) for d in structure["width"]],
-        "depth": [(d["name"], d["kept"]) for d in structure["depth"]],
+        **search_record(searcher),
         "blocks": list(handle.plan.blocks), "active": handle.active,
         "sharded_types": sorted({type(p).__name__ for p in searcher.model_parameters()}),
     }

@@ -2,6 +2,8 @@
 
 * :class:`C2f` / :class:`C2fNet` -- a YOLOv8-style split/concat block and a tiny network
   built from it (chunk + growing concat, the hard case for channel dependency tracking).
+* :class:`ResidualMLP` -- Linear(8 -> 16), residual MLP blocks of 16 -> 32 -> 16, Linear(16 -> 3):
+  the smallest model with searchable width and depth.
 * :data:`ZOO` -- named :class:`ZooEntry` builders (torchvision, timm and dmscale models)
   with their input shapes. Every build seeds torch with 0 and randomises BatchNorm
   statistics via :func:`randomize_bn_`, so two builds give identical models and BN layers
@@ -23,6 +25,8 @@ __all__ = [
     "Bottleneck",
     "C2f",
     "C2fNet",
+    "MLPBlock",
+    "ResidualMLP",
     "ZooEntry",
     "ZOO",
     "randomize_bn_",
@@ -125,6 +129,31 @@ def randomize_bn_(model: nn.Module, seed: int = 0) -> nn.Module:
             if m.bias is not None:
                 m.bias.copy_(torch.randn(n, generator=g) * 0.1)
     return model
+
+
+class MLPBlock(nn.Module):
+    """``x + fc2(relu(fc1(x)))``, 16 -> 32 -> 16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class ResidualMLP(nn.Module):
+    """Linear(8 -> 16), ``blocks`` :class:`MLPBlock`, Linear(16 -> 3); x: (B, 8)."""
+
+    def __init__(self, blocks: int) -> None:
+        super().__init__()
+        self.stem, self.blocks, self.head = nn.Linear(8, 16), nn.ModuleList(MLPBlock() for _ in range(blocks)), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
 
 
 @dataclass

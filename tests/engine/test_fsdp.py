@@ -28,30 +28,14 @@ from dmscale.engine.fsdp import (
     unsharded,
 )
 from dmscale.engine.fsdp_plan import fsdp_unavailable
+from zoo import ResidualMLP
 
 WORLD, DEADLINE_S = 2, 300.0
 
 
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(torch.relu(self.fc1(x)))
-
-
-class _Residual(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.stem, self.blocks, self.head = nn.Linear(8, 16), nn.ModuleList(_Block() for _ in range(3)), nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.stem(x)
-        for b in self.blocks:
-            h = b(h)
-        return self.head(h)
+def _residual() -> nn.Module:
+    torch.manual_seed(0)
+    return ResidualMLP(3)
 
 
 # ---------------------------------------------------------------------- one process
@@ -65,11 +49,11 @@ def test_plan_of_a_llama_shards_its_decoder_layers_and_keeps_the_gates_replicate
 
 
 def test_plan_from_the_search_space_else_the_longest_module_list():
-    net = _Residual()
+    net = _residual()
     searcher = dms.prepare(net, torch.randn(4, 8), dms.SearchConfig("params", 0.5))
     assert [b.name for d in searcher.space.depth for b in d.blocks] == ["blocks.0", "blocks.1", "blocks.2"]
     assert plan_shards(net, space=searcher.space).blocks == ("blocks.0", "blocks.1", "blocks.2")
-    assert plan_shards(_Residual()).blocks == ("blocks.0", "blocks.1", "blocks.2")  # no space: the list
+    assert plan_shards(_residual()).blocks == ("blocks.0", "blocks.1", "blocks.2")  # no space: the list
     assert plan_shards(nn.Linear(2, 2)).blocks == ()  # nothing to split: the root alone
     assert plan_shards(net, blocks=["blocks", "blocks.1.fc1"]).blocks == ("blocks.1.fc1", "blocks")
 
@@ -78,7 +62,7 @@ def test_plan_from_the_search_space_else_the_longest_module_list():
                                         ("dms_gates", "structural parameters"),
                                         ("blocks.0.fc1.missing", "not a submodule")])
 def test_plan_refuses_blocks_it_cannot_shard(block, why):
-    net = _Residual()
+    net = _residual()
     dms.prepare(net, torch.randn(4, 8), dms.SearchConfig("params", 0.5))
     with pytest.raises(ConfigError, match=why):
         plan_shards(net, blocks=[block])
@@ -87,7 +71,7 @@ def test_plan_refuses_blocks_it_cannot_shard(block, why):
 
 
 def test_one_process_shards_nothing_and_every_helper_passes_through():
-    net = _Residual()
+    net = _residual()
     x = torch.randn(4, 8)
     searcher = dms.prepare(net, x, dms.SearchConfig("params", 0.5))
     handle = shard_model(net, space=searcher.space)

@@ -47,6 +47,22 @@ def _loss(model: torch.nn.Module, teacher: torch.nn.Module | None, ids: torch.Te
     return loss
 
 
+def _meta_llama() -> torch.nn.Module:
+    """A Llama of 4 layers, hidden 256, on the meta device (shapes only)."""
+    dms.ensure_torchvision()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):
+        return LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=688,
+                                            num_hidden_layers=4, num_attention_heads=4))
+
+
+def _shape_loss(m: torch.nn.Module) -> torch.Tensor:
+    """A loss of :func:`_meta_llama` over random ids of 2 x 64, on the model's device."""
+    ids = torch.randint(0, 1000, (2, 64), device=next(m.parameters()).device)
+    return m(input_ids=ids).logits.float().logsumexp(-1).mean()
+
+
 def _measured_peak(batch: int, seq: int, distill: bool) -> tuple[int, dict]:
     """Peak bytes of the CPU allocator over building a tiny Llama (+ a teacher copy), preparing
     it and three search steps (AdamW on the weights, Adam on the ratios), and what was built."""
@@ -110,20 +126,11 @@ def test_the_trace_leaves_the_model_alone_and_counts_its_gradients():
 
 
 def test_a_meta_model_costs_nothing_and_sharding_divides_the_state():
-    dms.ensure_torchvision()
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=688,
-                                             num_hidden_layers=4, num_attention_heads=4))
+    model = _meta_llama()
     n = sum(p.numel() for p in model.parameters())
 
-    def loss(m: torch.nn.Module) -> torch.Tensor:
-        ids = torch.randint(0, 1000, (2, 64), device=next(m.parameters()).device)
-        return m(input_ids=ids).logits.float().logsumexp(-1).mean()
-
-    one = estimate_search_memory(model, loss, precision="bf16")
-    eight = estimate_search_memory(model, loss, world_size=8, shard="fsdp", precision="bf16")
+    one = estimate_search_memory(model, _shape_loss, precision="bf16")
+    eight = estimate_search_memory(model, _shape_loss, world_size=8, shard="fsdp", precision="bf16")
     assert one.weights == one.gradients == 4 * n and one.optimizer_state == 8 * n
     assert eight.weights == -(-4 * n // 8) and eight.optimizer_state == 2 * eight.gradients
     assert eight.communication > 0 and eight.total < one.total
@@ -142,27 +149,18 @@ def test_bad_arguments_say_what_was_expected(kw, why):
 
 
 def test_fsdp_bf16_gathers_bfloat16_weights_and_shards_a_bfloat16_teacher():
-    dms.ensure_torchvision()
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=688,
-                                             num_hidden_layers=4, num_attention_heads=4))
+    model = _meta_llama()
     n = sum(p.numel() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
 
-    def loss(m: torch.nn.Module) -> torch.Tensor:
-        ids = torch.randint(0, 1000, (2, 64), device=next(m.parameters()).device)
-        return m(input_ids=ids).logits.float().logsumexp(-1).mean()
-
-    whole = estimate_search_memory(model, loss, precision="bf16", teacher=model)
+    whole = estimate_search_memory(model, _shape_loss, precision="bf16", teacher=model)
     assert whole.teacher == 4 * n + buffers  # one process: the whole float32 teacher
-    fp32 = estimate_search_memory(model, loss, world_size=8, shard="fsdp", precision="32", teacher=model)
-    bf16 = estimate_search_memory(model, loss, world_size=8, shard="fsdp", precision="bf16", teacher=model)
+    fp32 = estimate_search_memory(model, _shape_loss, world_size=8, shard="fsdp", precision="32", teacher=model)
+    bf16 = estimate_search_memory(model, _shape_loss, world_size=8, shard="fsdp", precision="bf16", teacher=model)
     assert fp32.teacher == -(-4 * n // 8) + buffers and bf16.teacher == -(-2 * n // 8) + buffers
     assert bf16.weights == fp32.weights and bf16.communication < fp32.communication
-    copies = trace_step(model, loss, torch.bfloat16).peak_without_grads  # autocast's bfloat16 copy of each weight
-    gathered = trace_step(model, loss, torch.bfloat16, param_dtype=torch.bfloat16).peak_without_grads
+    copies = trace_step(model, _shape_loss, torch.bfloat16).peak_without_grads  # autocast's bfloat16 copy of each weight
+    gathered = trace_step(model, _shape_loss, torch.bfloat16, param_dtype=torch.bfloat16).peak_without_grads
     assert bf16.activations == gathered < copies
     assert "gathers the weights in bfloat16" in bf16.table()
     cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 8, 3))

@@ -15,6 +15,7 @@ import dmscale as dms
 from dmscale.export.hf import hf_layer_sizes
 from dmscale.search.uniform import layer_pattern, uniform_groups
 from hf_fresh import load_fresh
+from zoo import ResidualMLP
 
 dms.ensure_torchvision()
 transformers = pytest.importorskip("transformers")
@@ -82,33 +83,10 @@ def test_layer_uniform_llama_shares_count_not_importance():
     assert again.structure()["width"] == searcher.structure()["width"]
 
 
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(torch.relu(self.fc1(x)))
-
-
-class _Plain(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Linear(8, 16)
-        self.blocks = nn.ModuleList(_Block() for _ in range(4))
-        self.head = nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.stem(x)
-        for b in self.blocks:
-            h = b(h)
-        return self.head(h)
-
-
 @pytest.mark.parametrize("uniform", [False, True])
 def test_layer_uniform_plain_model(uniform):
     torch.manual_seed(1)
-    net, x = _Plain(), torch.randn(32, 8)
+    net, x = ResidualMLP(4), torch.randn(32, 8)
     y = torch.randint(0, 3, (32,))
     searcher = dms.prepare(net, x, dms.SearchConfig("params", 0.5, layer_uniform=uniform,
                                                     search_depth=False))

@@ -30,7 +30,7 @@ from dmscale.core.hook_base import DMSHook
 from dmscale.core.mask_hooks import ComputeMasks, MaskBranch, MaskedNorm, MaskInput, MaskOutput, RestoreFastpath
 from dmscale.core.weight_masks import FoldDepth, FoldMask, Unfold, depth_foldable, fold_plan
 
-__all__ = ["GATES_NAME", "attach_hooks", "detach"]
+__all__ = ["GATES_NAME", "attach_hooks", "detach", "guard_hooks_under_compile"]
 
 GATES_NAME = "dms_gates"
 
@@ -56,6 +56,7 @@ def attach_hooks(
     same function; ``depth_folds``: branch module -> the layer whose output it returns, which
     takes the depth mask when the branch module itself cannot).
     """
+    guard_hooks_under_compile()
     model.add_module(GATES_NAME, gates)
     modules = dict(model.named_modules())
     has_mha = any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
@@ -112,6 +113,23 @@ def attach_hooks(
         else:
             modules[name].register_forward_hook(MaskBranch(gates, j, i))
     return order
+
+
+def guard_hooks_under_compile() -> None:
+    """Make ``torch.compile`` tell a module with hooks from one without.
+
+    torch skips the guard on a module's empty hook dicts by default
+    (``torch._dynamo.config.skip_nnmodule_hook_guards``), so a graph compiled for a plain model
+    (a teacher, the model before :func:`dmscale.prepare`) would run for a model of the same
+    class with the search's hooks: the masks silently left out. The guard is switched on for
+    the process, and code compiled before, which has no such guard, is dropped (it compiles
+    again at its next call; results are unchanged, the guard costs a length check per module).
+    """
+    import torch._dynamo
+
+    if torch._dynamo.config.skip_nnmodule_hook_guards:
+        torch._dynamo.config.skip_nnmodule_hook_guards = False
+        torch._dynamo.reset()
 
 
 def _strip_hooks(module: nn.Module) -> None:

@@ -20,6 +20,9 @@ depend on the device:
   at the real batch size (the forward and task loss; the resource loss's graph is mask-sized
   and left out), traced under ``FakeTensorMode`` (shapes only: a ResNet-50 at batch
   64 costs nothing to trace), bf16 autocast as on a GPU, DMS over plain;
+* **launching operators** (``--compiled``: also with the model under ``torch.compile(model)``,
+  inductor's generated kernels profiled and counted one each): the operators above that run
+  device work, views, casts to the dtype a tensor has and bare allocations left out;
 * **host synchronisations**: ``aten::_local_scalar_dense`` calls (what ``.item()``,
   ``float(t)`` and ``bool(t)`` become) in the forward, losses and backward of a step outside
   the settle phase (the optimisers' step counters are CPU tensors, on a GPU too).
@@ -31,8 +34,11 @@ target=0.5))`` (0.8 for the Llama), SGD on the model's parameters, Adam on the s
 ones, loss = task + ``resource_loss(0.5)``. With ``--baseline-src`` every model is measured
 again in a subprocess whose ``PYTHONPATH`` is that snapshot (``python bench/gpu_check.py
 --make-baseline COMMIT`` makes one) and the table shows before and after side by side.
-Results: ``bench/results/search_proxies.{json,md}`` (cached per model and implementation;
-``--fresh`` re-measures). ``--quick``: the small models only, to ``bench/runs/search_proxies/``.
+Results: ``bench/results/search_proxies.{json,md}`` (cached per model and implementation, the md
+rewritten after each row and at the end;
+``--fresh`` re-measures); ``--compiled`` measures the compiled table (the "now" code only: the
+old code could not run a compiled search). ``--quick``: the small models only, to
+``bench/runs/search_proxies/``.
 """
 
 from __future__ import annotations
@@ -59,7 +65,8 @@ from benchlib import RUNS, git_commit, load_cache, save_cache  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
-__all__ = ["ProxyModel", "PROXY_MODELS", "top_level_operators", "saved_bytes", "measure", "main"]
+__all__ = ["ProxyModel", "PROXY_MODELS", "top_level_operators", "launching_operators", "saved_bytes", "measure",
+           "measure_compiled", "main"]
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,60 @@ def top_level_operators(step: Callable[[], Any]) -> Counter:
     return counts
 
 
+# allocations without a kernel (the memory is written by the op that fills it)
+_ALLOCATIONS = {"aten::empty", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
+                "aten::empty_like", "aten::lift_fresh", "aten::resize_"}
+
+
+def _returns_alias(name: str) -> bool:
+    """Whether every overload of operator ``name`` returns a view of an input (``Tensor(a)``,
+    not written to): ``detach``, ``select``, ``view``, ``to`` without a copy ..."""
+    packet = getattr(torch.ops.aten, name.split("::", 1)[1], None)
+    overloads = [getattr(packet, o) for o in packet.overloads()] if packet is not None else []
+    return bool(overloads) and all(
+        o._schema.returns and all(r.alias_info is not None and not r.alias_info.is_write for r in o._schema.returns)
+        for o in overloads)
+
+
+def _is_kernel(name: str) -> bool:
+    return "cpp_fused" in name or "triton_" in name  # inductor's generated kernels (kernel profiling on)
+
+
+def _launches(event: Any, memo: dict[int, bool]) -> bool:
+    """Whether ``event`` runs device work: a generated kernel, an operator that is neither a
+    view nor an allocation, or a view or allocation with such an operator below it (a
+    ``reshape`` that copies, a cast that copies)."""
+    key = id(event)
+    if key not in memo:
+        if _is_kernel(event.name) or (event.name not in _ALLOCATIONS and not _returns_alias(event.name)):
+            memo[key] = True
+        else:
+            memo[key] = any(_launches(c, memo) for c in event.cpu_children
+                            if c.name.startswith("aten::") or _is_kernel(c.name))
+    return memo[key]
+
+
+def launching_operators(step: Callable[[], Any]) -> Counter:
+    """The top-level operators of one call of ``step`` (as :func:`top_level_operators`) that
+    run device work: views (``detach``, ``select``, ``reshape`` without a copy), casts to the
+    dtype a tensor has and bare allocations are left out; an inductor-generated kernel counts
+    as one operator (with ``torch._inductor.config.cpp.enable_kernel_profile``)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    counts: Counter = Counter()
+    memo: dict[int, bool] = {}
+    for e in prof.events():
+        if not (e.name.startswith("aten::") or _is_kernel(e.name)):
+            continue
+        parent = e.cpu_parent
+        while parent is not None and not (parent.name.startswith("aten::") or _is_kernel(parent.name)):
+            parent = parent.cpu_parent
+        if parent is None and _launches(e, memo):
+            counts["kernel" if _is_kernel(e.name) else e.name] += 1
+    return counts
+
+
 def saved_bytes(forward_loss: Callable[[], torch.Tensor], held_anyway: Iterable[torch.Tensor] = ()) -> int:
     """Bytes of the storages the autograd graph of ``forward_loss()`` holds for its backward
     pass when it returns (each storage once; tensors saved and freed on the way not counted;
@@ -237,7 +298,37 @@ def _operators(spec: ProxyModel) -> dict[str, Any]:
         # step counters live on the CPU and are read there, on a GPU too: not a device sync)
         out[f"{label}_sync"] = top_level_operators(lambda: step(optimise=False))["sync"]
         out[f"{label}_top"] = counts.most_common(8)
+        launch = launching_operators(step)
+        out[f"{label}_launch"] = sum(v for k, v in launch.items() if k != "aten::item")
     out["ops_ratio"] = out["dms_ops"] / out["plain_ops"]
+    out["launch_ratio"] = out["dms_launch"] / out["plain_launch"]
+    return out
+
+
+def measure_compiled(name: str) -> dict[str, Any]:
+    """Operators that run device work per step (:func:`launching_operators`) with the model
+    under ``torch.compile(model)`` (inductor, its kernels profiled), plain and with DMS: the
+    forward and backward graphs become fused kernels; the gates' mask computation, the resource
+    loss and the optimisers stay eager. A prepared model of the same class as a compiled plain
+    one compiles again (the hook guard :func:`dmscale.prepare` switches on)."""
+    import torch._inductor.config as inductor_config
+    inductor_config.cpp.enable_kernel_profile = True
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    spec = PROXY_MODELS[name]
+    base = spec.build().train()
+    plain, net = copy.deepcopy(base), base
+    x = spec.inputs(2)
+    searcher = _prepare(spec, net, x)
+    out: dict[str, Any] = {"model": name, "shape": spec.shape,
+                           "dims": len(searcher.gates.width) + len(searcher.gates.depth)}
+    for label, model, s in (("plain", plain, None), ("dms", net, searcher)):
+        step = _step_fn(spec, torch.compile(model), x, s)
+        step(), step(), step()  # compiles; optimiser state, importance exist
+        counts = launching_operators(step)
+        out[f"{label}_launch"] = sum(v for k, v in counts.items() if k != "aten::item")
+        out[f"{label}_kernels"] = counts["kernel"]
+        out[f"{label}_top"] = counts.most_common(8)
+    out["launch_ratio"] = out["dms_launch"] / out["plain_launch"]
     return out
 
 
@@ -272,21 +363,37 @@ def _snapshot_commit(src: Path) -> str:
     return f.read_text().strip()[:7] if f.exists() else "?"
 
 
-def _in_subprocess(name: str, src: Path) -> dict[str, Any]:
+def _in_subprocess(name: str, src: Path, compiled: bool = False) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT / "tests")])}
-    done = subprocess.run([sys.executable, __file__, "--child", name], env=env, capture_output=True, text=True)
+    flag = "--child-compiled" if compiled else "--child"
+    done = subprocess.run([sys.executable, __file__, flag, name], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"measuring {name} with {src} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _launch_cells(r: dict[str, Any]) -> str:
+    if "dms_launch" not in r:  # rows measured before the launch count existed
+        return "- | -"
+    return f"{r['plain_launch']:,} / {r['dms_launch']:,} | {r['launch_ratio']:.2f}"
+
+
+def _order(key: str) -> tuple[int, str]:
+    names = list(PROXY_MODELS)  # rows of models no longer in the list (older caches) last
+    name = key.split("@")[0]
+    return (names.index(name) if name in names else len(names)), key
+
+
 def render(cache: dict[str, Any]) -> str:
-    """The markdown table of a cache (rows: model x implementation)."""
+    """The markdown tables of a cache (rows: model x implementation; compiled: model)."""
     lines = [
         "# What a DMS step adds, measured without a GPU (issue 29)", "",
         "Written by `bench/search_proxies.py` (see its docstring for the method). Operators: top-level "
         "`aten::` operators of one training step (forward, task loss, `resource_loss(0.5)`, backward, SGD "
         "on the weights, Adam on the ratios), DMS over plain; independent of the device and of the batch. "
+        "Launching: those of them that run device work (views such as `detach`, `select`, a `reshape` "
+        "without a copy, casts to the dtype a tensor has and bare allocations left out), the closer proxy "
+        "of kernel launches on a GPU. "
         "Saved: bytes the autograd graph holds for the backward pass when the loss is computed, at the "
         "real batch, bf16 autocast, traced with FakeTensorMode, DMS over plain (the model's own parameters "
         "and buffers, which the graph of a masked weight `W * m` refers to, are held anyway and not "
@@ -295,15 +402,38 @@ def render(cache: dict[str, Any]) -> str:
         "issue 29: operators <= 1.5x, saved bytes <= 1.10x, 0 syncs.", "",
         f"- command: `{cache.get('command', '')}`",
         f"- machine: {cache.get('machine', '')}", "",
-        "| model | input | code | dims | operators plain / DMS | ratio | saved GiB plain / DMS | ratio | syncs |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| model | input | code | dims | operators plain / DMS | ratio | launching plain / DMS | ratio "
+        "| saved GiB plain / DMS | ratio | syncs |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for key in sorted(cache["rows"], key=lambda k: (list(PROXY_MODELS).index(k.split("@")[0]), k)):
+    for key in sorted(cache["rows"], key=_order):
         r = cache["rows"][key]
         lines.append(
             f"| {r['model']} | {r['shape']} | {r['impl']} | {r['dims']} | {r['plain_ops']:,} / {r['dms_ops']:,} "
-            f"| {r['ops_ratio']:.2f} | {r['plain_bytes'] / 2**30:.2f} / {r['dms_bytes'] / 2**30:.2f} "
+            f"| {r['ops_ratio']:.2f} | {_launch_cells(r)} | {r['plain_bytes'] / 2**30:.2f} / {r['dms_bytes'] / 2**30:.2f} "
             f"| {r['bytes_ratio']:.3f} | {r['dms_sync']} |")
+    compiled = cache.get("compiled") or {}
+    if compiled:
+        lines += [
+            "", "## Under torch.compile(model)", "",
+            "The same step with the model (plain, or with DMS attached) under `torch.compile(model)` "
+            "(inductor, CPU kernels profiled): launching operators per step, a generated kernel counting "
+            "as one; graph kernels alone in their own column. The forward and backward of the model "
+            "become fused kernels; the gates' mask computation, the resource loss, the optimisers and "
+            "the backward of the eager parts stay eager, a fixed number of operators per step whatever "
+            "the model's depth. Inductor fuses differently on a GPU (Triton): the kernel counts are a "
+            "proxy for the launches there, not a count of them.", "",
+            f"- command: `{compiled.get('command', '')}`", "",
+            "| model | input | code | dims | launching plain / DMS | ratio | of which graph kernels plain / DMS "
+            "| added outside the graphs |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for key in sorted(compiled["rows"], key=_order):
+            r = compiled["rows"][key]
+            lines.append(
+                f"| {r['model']} | {r['shape']} | {r['impl']} | {r['dims']} | {r['plain_launch']:,} / "
+                f"{r['dms_launch']:,} | {r['launch_ratio']:.2f} | {r['plain_kernels']:,} / {r['dms_kernels']:,} "
+                f"| {r['dms_launch'] - r['plain_launch'] - (r['dms_kernels'] - r['plain_kernels']):,} |")
     return "\n".join(lines) + "\n"
 
 
@@ -312,35 +442,48 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", nargs="+", choices=list(PROXY_MODELS), default=None)
     ap.add_argument("--baseline-src", type=Path, default=None,
                     help="also measure the package snapshot in this src folder (before)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="measure the step under torch.compile(model) instead (inductor; minutes per model)")
     ap.add_argument("--fresh", action="store_true")
     ap.add_argument("--quick", action="store_true", help=f"models {QUICK}, results under bench/runs/search_proxies")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-compiled", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child:
-        print(json.dumps(measure(args.child)))
+    if args.child or args.child_compiled:
+        print(json.dumps(measure(args.child) if args.child else measure_compiled(args.child_compiled)))
         return
     out_dir = RUNS / "search_proxies" if args.quick else RESULTS  # --quick: nothing of bench/results is written
     out_dir.mkdir(parents=True, exist_ok=True)
     models = args.models or (QUICK if args.quick else list(PROXY_MODELS))
     path = out_dir / "search_proxies.json"
     cache = load_cache(path, {"rows": {}})
-    cache["command"] = "PYTHONPATH=src:tests python bench/search_proxies.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "PYTHONPATH=src:tests python bench/search_proxies.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.compiled:  # the compiled table keeps its own command; the eager table's stays
+        table = cache.setdefault("compiled", {"rows": {}})
+        table["command"] = command
+        impls = [(f"now ({git_commit(ROOT)})", ROOT / "src")]
+    else:
+        table = cache
+        cache["command"] = command
+        impls = [(f"now ({git_commit(ROOT)})", ROOT / "src")]
+        if args.baseline_src is not None:
+            impls.insert(0, (f"before ({_snapshot_commit(args.baseline_src)})", args.baseline_src))
     cache["machine"] = f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
-    impls = [(f"now ({git_commit(ROOT)})", ROOT / "src")]
-    if args.baseline_src is not None:
-        impls.insert(0, (f"before ({_snapshot_commit(args.baseline_src)})", args.baseline_src))
     for name in models:
         for label, src in impls:
             key = f"{name}@{label.split()[0]}"
-            if key in cache["rows"] and not args.fresh:
+            if key in table["rows"] and not args.fresh:
                 continue
-            row = _in_subprocess(name, src)
+            row = _in_subprocess(name, src, compiled=args.compiled)
             row["impl"] = label
-            cache["rows"][key] = row
+            table["rows"][key] = row
             save_cache(path, cache, sort_keys=False)
             (out_dir / "search_proxies.md").write_text(render(cache))
-            print(f"{name} {label}: operators {row['ops_ratio']:.2f}x, saved {row['bytes_ratio']:.3f}x, "
-                  f"syncs {row['dms_sync']}", flush=True)
+            what = (f"launching {row['launch_ratio']:.2f}x" if args.compiled else
+                    f"operators {row['ops_ratio']:.2f}x, launching {row['launch_ratio']:.2f}x, "
+                    f"saved {row['bytes_ratio']:.3f}x, syncs {row['dms_sync']}")
+            print(f"{name} {label}{' compiled' if args.compiled else ''}: {what}", flush=True)
+    (out_dir / "search_proxies.md").write_text(render(cache))
     print(f"wrote {out_dir / 'search_proxies.md'}")
 
 

@@ -36,7 +36,8 @@ again in a subprocess whose ``PYTHONPATH`` is that snapshot (``python bench/gpu_
 --make-baseline COMMIT`` makes one) and the table shows before and after side by side.
 Results: ``bench/results/search_proxies.{json,md}`` (cached per model and implementation, the md
 rewritten after each row and at the end;
-``--fresh`` re-measures); ``--compiled`` measures the compiled table (the "now" code only: the
+``--fresh`` re-measures); ``--fuse-norms`` adds rows of the new code with its masked norms
+compiled (``SearchConfig(fuse_norms=True)``, the default on a GPU); ``--compiled`` measures the compiled table (the "now" code only: the
 old code could not run a compiled search). ``--quick``: the small models only, to
 ``bench/runs/search_proxies/``.
 """
@@ -254,10 +255,11 @@ def saved_bytes(forward_loss: Callable[[], torch.Tensor], held_anyway: Iterable[
     return sum(held.values())
 
 
-def _prepare(spec: ProxyModel, model: nn.Module, x: Any) -> Any:
+def _prepare(spec: ProxyModel, model: nn.Module, x: Any, fuse_norms: bool = False) -> Any:
     import dmscale as dms
     example = {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
-    return dms.prepare(model, example, dms.SearchConfig(resource="macs", target=spec.target))
+    extra = {"fuse_norms": True} if fuse_norms else {}  # (the old code has no such option)
+    return dms.prepare(model, example, dms.SearchConfig(resource="macs", target=spec.target, **extra))
 
 
 def _step_fn(spec: ProxyModel, model: nn.Module, x: Any, searcher: Any) -> Callable[[], None]:
@@ -282,11 +284,11 @@ def _step_fn(spec: ProxyModel, model: nn.Module, x: Any, searcher: Any) -> Calla
     return step
 
 
-def _operators(spec: ProxyModel) -> dict[str, Any]:
+def _operators(spec: ProxyModel, fuse_norms: bool = False) -> dict[str, Any]:
     base = spec.build().train()
     plain, net = copy.deepcopy(base), base
     x = spec.inputs(2)
-    searcher = _prepare(spec, net, x)
+    searcher = _prepare(spec, net, x, fuse_norms)
     out = {"dims": len(searcher.gates.width) + len(searcher.gates.depth)}
     for label, model, s in (("plain", plain, None), ("dms", net, searcher)):
         step = _step_fn(spec, model, x, s)
@@ -350,11 +352,18 @@ def _saved(spec: ProxyModel) -> dict[str, Any]:
     return out
 
 
-def measure(name: str) -> dict[str, Any]:
-    """Operators, host synchronisations and saved bytes of one model, plain and with DMS."""
+def measure(name: str, fuse_norms: bool = False) -> dict[str, Any]:
+    """Operators, host synchronisations and saved bytes of one model, plain and with DMS;
+    ``fuse_norms``: the masked norms compiled (``SearchConfig(fuse_norms=True)``, inductor's
+    kernels profiled and counted one each). The saved bytes are traced on fake tensors, where
+    the norms run eagerly: compiled, they save the same tensors (measured on one norm)."""
+    if fuse_norms:
+        import torch._inductor.config as inductor_config
+        inductor_config.cpp.enable_kernel_profile = True
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     spec = PROXY_MODELS[name]
-    return {"model": name, "shape": spec.shape, "target": spec.target, **_operators(spec), **_saved(spec)}
+    return {"model": name, "shape": spec.shape, "target": spec.target, **_operators(spec, fuse_norms),
+            **_saved(spec)}
 
 
 # ---------------------------------------------------------------------------------- driver
@@ -363,10 +372,10 @@ def _snapshot_commit(src: Path) -> str:
     return f.read_text().strip()[:7] if f.exists() else "?"
 
 
-def _in_subprocess(name: str, src: Path, compiled: bool = False) -> dict[str, Any]:
+def _in_subprocess(name: str, src: Path, compiled: bool = False, fuse_norms: bool = False) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT / "tests")])}
-    flag = "--child-compiled" if compiled else "--child"
-    done = subprocess.run([sys.executable, __file__, flag, name], env=env, capture_output=True, text=True)
+    flags = ["--child-compiled", name] if compiled else ["--child", name] + (["--child-fuse"] if fuse_norms else [])
+    done = subprocess.run([sys.executable, __file__, *flags], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"measuring {name} with {src} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -444,13 +453,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="also measure the package snapshot in this src folder (before)")
     ap.add_argument("--compiled", action="store_true",
                     help="measure the step under torch.compile(model) instead (inductor; minutes per model)")
+    ap.add_argument("--fuse-norms", action="store_true",
+                    help="also the new code with SearchConfig(fuse_norms=True) (its masked norms compiled)")
     ap.add_argument("--fresh", action="store_true")
     ap.add_argument("--quick", action="store_true", help=f"models {QUICK}, results under bench/runs/search_proxies")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-compiled", help=argparse.SUPPRESS)
+    ap.add_argument("--child-fuse", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child or args.child_compiled:
-        print(json.dumps(measure(args.child) if args.child else measure_compiled(args.child_compiled)))
+        print(json.dumps(measure(args.child, args.child_fuse) if args.child else measure_compiled(args.child_compiled)))
         return
     out_dir = RUNS / "search_proxies" if args.quick else RESULTS  # --quick: nothing of bench/results is written
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -461,20 +473,22 @@ def main(argv: list[str] | None = None) -> None:
     if args.compiled:  # the compiled table keeps its own command; the eager table's stays
         table = cache.setdefault("compiled", {"rows": {}})
         table["command"] = command
-        impls = [(f"now ({git_commit(ROOT)})", ROOT / "src")]
+        impls = [(f"now ({git_commit(ROOT)})", ROOT / "src", False)]
     else:
         table = cache
         cache["command"] = command
-        impls = [(f"now ({git_commit(ROOT)})", ROOT / "src")]
+        impls = [(f"now ({git_commit(ROOT)})", ROOT / "src", False)]
         if args.baseline_src is not None:
-            impls.insert(0, (f"before ({_snapshot_commit(args.baseline_src)})", args.baseline_src))
+            impls.insert(0, (f"before ({_snapshot_commit(args.baseline_src)})", args.baseline_src, False))
+        if args.fuse_norms:
+            impls.append((f"now, fused norms ({git_commit(ROOT)})", ROOT / "src", True))
     cache["machine"] = f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
     for name in models:
-        for label, src in impls:
-            key = f"{name}@{label.split()[0]}"
+        for label, src, fuse in impls:
+            key = f"{name}@{'fused' if fuse else label.split()[0]}"
             if key in table["rows"] and not args.fresh:
                 continue
-            row = _in_subprocess(name, src, compiled=args.compiled)
+            row = _in_subprocess(name, src, compiled=args.compiled, fuse_norms=fuse)
             row["impl"] = label
             table["rows"][key] = row
             save_cache(path, cache, sort_keys=False)

@@ -348,6 +348,11 @@ OPTIONS: tuple[Option, ...] = (
        "run the model's forward under torch.compile during training (the masks are computed "
        "eagerly; the first steps are slow while it compiles)",
        _ALL_TRAIN, "run", flag_kind="flag"),
+    _o("fuse_norms", auto_or(boolean), None,
+       "run the search's masked LayerNorms / RMS norms under torch.compile (a few fused kernels "
+       "each instead of ~40 operators; same results up to float rounding). auto (default): on "
+       "CUDA, not on CPU; a compiler failure warns once and runs them eagerly",
+       _SEARCHING, "run", metavar="BOOL|auto"),
     _o("shard", choice("none", "fsdp"), "none",
        "under torchrun: none trains a whole copy of the model on every rank (DDP); fsdp shards "
        "weights, gradients and optimizer state over the ranks with FSDP2 (fully_shard per "
@@ -379,4 +384,5 @@ OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
 # options that may differ from the saved config when a run is resumed (--precision and
 # --compile may not: a resumed run must compute what the uninterrupted one would)
-RESUME_MUTABLE = frozenset({"stop_after", "checkpoint_every", "device", "threads", "workers", "quiet", "out"})
+RESUME_MUTABLE = frozenset({"stop_after", "checkpoint_every", "device", "threads", "workers", "quiet", "out",
+                            "fuse_norms"})

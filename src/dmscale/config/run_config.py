@@ -136,6 +136,7 @@ class RunConfig(RunConfigChecks):
     threads: int | None = None
     precision: str = "32"
     compile: bool = False
+    fuse_norms: bool | None = None  # None: auto (on CUDA)
     shard: str = "none"
     quiet: bool = False
     eval_every: int | str | None = None  # N steps, or "<X>e": X epochs

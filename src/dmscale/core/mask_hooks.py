@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from dmscale.core.hook_base import DMSHook, MaskSource, along, cast, first_input, masked_input
-from dmscale.core.masked_norm import masked_layer_norm, masked_rms_rescale
+from dmscale.core.fused_norms import layer_norm, rms_rescale
 
 __all__ = ["ComputeMasks", "RestoreFastpath", "MaskInput", "MaskOutput", "MaskedNorm", "MaskBranch"]
 
@@ -109,11 +109,12 @@ class MaskedNorm(DMSHook):
         x = found[1]
         m = cast(self.gates.channel_mask(self.key), torch.float32)  # (C,)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # nn.RMSNorm(eps=None)
+        fuse = getattr(self.gates, "fuse_norms", None)  # None: fused on CUDA (core.fused_norms)
         if self.kind == "rms":  # one autograd node: the output rescaled to the kept mean square
-            return masked_rms_rescale(out, x, m, eps, module.forward if _recomputable(module, args, kwargs) else None)
+            return rms_rescale(out, x, m, eps, module if _recomputable(module, args, kwargs) else None, fuse)
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         bias = bias if isinstance(bias, torch.Tensor) else None
-        return cast(masked_layer_norm(x, m, weight, bias, eps), out.dtype)  # one autograd node
+        return cast(layer_norm(x, m, weight, bias, eps, fuse), out.dtype)  # one autograd node
 
 
 def _recomputable(module: nn.Module, args: tuple, kwargs: dict) -> bool:

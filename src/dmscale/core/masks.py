@@ -86,6 +86,7 @@ class Gates(nn.Module):
         self.depth = nn.ModuleList(depth)
         self.mode = "soft"  # "soft" | "hard" | "open" (all ones: the self-check of prepare)
         self.enabled = True
+        self.fuse_norms: bool | None = None  # masked norms compiled (None: on CUDA), core.fused_norms
         self.grad_scaler: Any = None  # a GradScaler: importance from unscaled gradients
         self._inv_scale = 1.0
         self.depth_frozen = False  # width-only phase: depth masks hard

@@ -124,6 +124,11 @@ class SearchConfig:
             output, mask gradient and importance; far less memory and work on a GPU,
             :mod:`dmscale.core.weight_masks`). False: every mask on the activations, as the paper
             writes it. Does not change what is searched (a resume may switch it).
+        fuse_norms: run the masked LayerNorms and RMS rescales of the search under
+            ``torch.compile`` (a few fused kernels each instead of ~40 operators,
+            :mod:`dmscale.core.fused_norms`). None (default, "auto"): on a CUDA device, not on
+            a CPU (compiling costs more there than it saves); a compiler failure warns once and
+            runs them eagerly. Same results up to float rounding; a resume may switch it.
 
     ``min_width`` and ``width_step`` apply to channels; attention heads and blocks are
     always searched one at a time (``dim_overrides`` can still set a heads dim's step/min).
@@ -163,6 +168,7 @@ class SearchConfig:
     layer_uniform: bool = False
     gate_factory: GateFactory | None = None
     fold_masks: bool = True
+    fuse_norms: bool | None = None
 
     def __post_init__(self) -> None:
         if self.resource not in RESOURCES:
@@ -214,6 +220,9 @@ class SearchConfig:
             raise ConfigError(f"verify must be True or False, got {self.verify!r}")
         if not isinstance(self.fold_masks, bool):
             raise ConfigError(f"fold_masks must be True or False, got {self.fold_masks!r}")
+        if self.fuse_norms is not None and not isinstance(self.fuse_norms, bool):
+            raise ConfigError(f"fuse_norms must be None (auto: on a CUDA device), True or False, "
+                              f"got {self.fuse_norms!r}")
         if not isinstance(self.layer_uniform, bool):
             raise ConfigError(f"layer_uniform must be True or False, got {self.layer_uniform!r}")
         if self.gate_factory is not None and not callable(self.gate_factory):
@@ -267,7 +276,7 @@ def config_differences(saved: dict[str, Any], config: SearchConfig) -> str:
         if f.name not in saved and f.default is not MISSING:
             saved[f.name] = BEFORE_OPTION.get(f.name, f.default)
     saved["budget_band"] = list(saved["budget_band"])  # a tuple default, a list in config_state
-    for key in ("latency_options", "verify", "fold_masks"):
+    for key in ("latency_options", "verify", "fold_masks", "fuse_norms"):
         saved.pop(key, None), current.pop(key, None)
     if not saved.get("settle") and not current.get("settle"):  # no settle phase: the hold never acts
         saved.pop("settle_hold", None), current.pop("settle_hold", None)

@@ -110,6 +110,7 @@ def attach_gates(model: nn.Module, space: SearchSpace, config: SearchConfig,
                          importance=cfg.importance, normalize=cfg.normalize, norms=norms,
                          outputs=outputs, derived=space.derived, gate_factory=cfg.gate_factory,
                          fold_masks=cfg.fold_masks, depth_folds=depth_folds)
+    gates.fuse_norms = cfg.fuse_norms
     tie_ratios(list(gates.width), groups)
     for d, topk in zip(space.width, gates.width):
         topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]

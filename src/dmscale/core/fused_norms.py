@@ -1,0 +1,109 @@
+"""The masked norms compiled into fused kernels (``SearchConfig(fuse_norms=...)``).
+
+A masked LayerNorm (:class:`~dmscale.core.masked_norm.MaskedLayerNorm`) is about 15 operators
+forward and 25 backward in eager mode, each a full pass over the activation: on a GPU the
+masked norms of a ViT are most of what a search step adds. Here the same autograd functions
+run under ``torch.compile`` (``dynamic=True``, one graph for every norm of a model whatever
+its shape): inductor fuses each direction into a few kernels. The saved tensors and the
+closed-form backward are the functions' own, so the results equal the eager ones up to
+float rounding (the order of the fused reductions).
+
+``fuse`` None (auto): fused when the activation is on a CUDA device, eager elsewhere (a CPU
+run would spend more time compiling than it saves). Calls that cannot be fused run eagerly:
+inside a ``torch.compile`` of the whole model (which fuses them itself), on meta or fake
+tensors (the memory plan, ``prepare`` on meta), and for the rest of the process once a
+compilation failed (one warning names the error).
+
+Example:
+    >>> import torch
+    >>> x, m = torch.randn(2, 5, 8), torch.rand(8)
+    >>> w, b = torch.ones(8), torch.zeros(8)
+    >>> y = layer_norm(x, m, w, b, 1e-5, fuse=False)  # eager: the function itself
+    >>> torch.equal(y, masked_layer_norm(x, m, w, b, 1e-5))
+    True
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch._functorch.config
+from torch import nn
+
+from dmscale.core.masked_norm import MaskedLayerNorm, MaskedRMSRescale, masked_layer_norm, masked_rms_rescale
+
+__all__ = ["FUSE_BACKEND", "layer_norm", "rms_rescale", "fusion_failure"]
+
+FUSE_BACKEND: Any = "inductor"  # tests use "aot_eager" (the same graphs, no kernel compiler)
+
+_compiled: dict[str, Callable[..., torch.Tensor]] = {}
+# compile the backward graph with the forward (torch >= 2.10 has the switch), so that its
+# failure is caught below and not raised in the user's loss.backward()
+_EAGER_BACKWARD = ({"force_non_lazy_backward_lowering": True}
+                   if hasattr(torch._functorch.config, "force_non_lazy_backward_lowering") else {})
+_failure: list[str] = []  # the first compilation error: every later call runs eagerly
+
+
+def fusion_failure() -> str | None:
+    """The error that turned fusion off in this process (None: it has not failed)."""
+    return _failure[0] if _failure else None
+
+
+def _ln(x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+        eps: float) -> torch.Tensor:
+    return MaskedLayerNorm.apply(x, m, weight, bias, eps)
+
+
+def _rms(out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float, norm: nn.Module | None) -> torch.Tensor:
+    # the module, not its bound forward, is the argument: one graph serves every norm module
+    return MaskedRMSRescale.apply(out, x, m, eps, norm.forward if norm is not None else None)
+
+
+def _fusable(fuse: bool | None, x: torch.Tensor) -> bool:
+    if _failure or torch.compiler.is_compiling():
+        return False
+    if x.device.type == "meta" or torch._guards.detect_fake_mode(x) is not None:
+        return False
+    return x.is_cuda if fuse is None else bool(fuse)
+
+
+def _call(name: str, fn: Callable[..., torch.Tensor], args: tuple) -> torch.Tensor | None:
+    """``fn(*args)`` compiled, or None (the caller runs it eagerly) when compiling failed."""
+    compiled = _compiled.get(name)
+    if compiled is None:
+        compiled = _compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True, backend=FUSE_BACKEND)
+    try:
+        with torch._functorch.config.patch(**_EAGER_BACKWARD):
+            return compiled(*args)
+    except Exception as err:  # noqa: BLE001 - any compiler failure: the eager function instead
+        cause = getattr(err, "inner_exception", None) or err
+        first = (str(cause).strip().splitlines() or [""])[0][:200]
+        _failure.append(f"{type(cause).__name__}: {first}")
+        warnings.warn(f"fused masked norms: torch.compile (backend {FUSE_BACKEND}) failed ({_failure[0]}); "
+                      "the masked norms run eagerly from now on (same results, more kernels). "
+                      "SearchConfig(fuse_norms=False) / --fuse-norms false skips the attempt",
+                      RuntimeWarning, stacklevel=3)
+        return None
+
+
+def layer_norm(x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float, fuse: bool | None = None) -> torch.Tensor:
+    """:func:`~dmscale.core.masked_norm.masked_layer_norm`, fused when ``fuse`` (None: on CUDA)."""
+    if _fusable(fuse, x):
+        y = _call("layer_norm", _ln, (x, m, weight, bias, eps))
+        if y is not None:
+            return y
+    return masked_layer_norm(x, m, weight, bias, eps)
+
+
+def rms_rescale(out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float, norm: nn.Module | None = None,
+                fuse: bool | None = None) -> torch.Tensor:
+    """:func:`~dmscale.core.masked_norm.masked_rms_rescale`, fused when ``fuse`` (None: on
+    CUDA); ``norm``: the norm module whose forward the backward computes again (None: keep y)."""
+    if _fusable(fuse, x):
+        y = _call("rms_rescale", _rms, (out, x, m, eps, norm))
+        if y is not None:
+            return y
+    return masked_rms_rescale(out, x, m, eps, norm.forward if norm is not None else None)

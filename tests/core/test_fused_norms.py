@@ -1,0 +1,176 @@
+"""Masked norms under torch.compile (``SearchConfig(fuse_norms=True)``, dmscale.core.fused_norms).
+
+The default tests compile with the ``aot_eager`` backend (the same dynamo and AOTAutograd graphs
+as inductor, no kernel compiler; seconds); the slow test counts inductor's kernels.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import dmscale as dms
+from dmscale.core import fused_norms
+from dmscale.core.masked_norm import masked_layer_norm, masked_rms_rescale
+from transformer_zoo import TZOO, output_tensor, task_loss
+
+
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """Fusion compiled with aot_eager, a fresh cache and no earlier failure."""
+    monkeypatch.setattr(fused_norms, "FUSE_BACKEND", "aot_eager")
+    monkeypatch.setattr(fused_norms, "_compiled", {})
+    monkeypatch.setattr(fused_norms, "_failure", [])
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _grads(*ts: torch.Tensor) -> list[torch.Tensor]:
+    out = [t.grad.clone() for t in ts]
+    for t in ts:
+        t.grad = None
+    return out
+
+
+def test_fused_layer_norm_equals_the_eager_function(aot_eager):
+    g = torch.Generator().manual_seed(0)
+    x, m = torch.randn(2, 7, 16, generator=g, requires_grad=True), torch.rand(16, generator=g, requires_grad=True)
+    w, b = torch.randn(16, generator=g, requires_grad=True), torch.randn(16, generator=g, requires_grad=True)
+    gy = torch.randn(2, 7, 16, generator=g)
+    masked_layer_norm(x, m, w, b, 1e-5).backward(gy)
+    eager = _grads(x, m, w, b)
+    y = fused_norms.layer_norm(x, m, w, b, 1e-5, fuse=True)
+    y.backward(gy)
+    torch.testing.assert_close(y, masked_layer_norm(x, m, w, b, 1e-5))
+    for a, e in zip(_grads(x, m, w, b), eager):
+        torch.testing.assert_close(a, e)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_fused_rms_rescale_recomputes_through_the_norm_module_and_equals_the_eager_function(aot_eager):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    norms = [LlamaRMSNorm(16, eps=1e-5) for _ in range(3)]
+    for n in norms:
+        n.weight.data.normal_(generator=g)
+    m = torch.rand(16, generator=g, requires_grad=True)
+    for i, norm in enumerate(norms):  # three modules and three lengths: one graph
+        x = torch.randn(2, 5 + i, 16, generator=g, requires_grad=True)
+        gy = torch.randn(2, 5 + i, 16, generator=g)
+        masked_rms_rescale(norm(x), x, m, 1e-5, norm.forward).backward(gy)
+        eager = _grads(x, m, norm.weight)
+        y = fused_norms.rms_rescale(norm(x), x, m, 1e-5, norm, fuse=True)
+        y.backward(gy)
+        for a, e in zip(_grads(x, m, norm.weight), eager):
+            torch.testing.assert_close(a, e)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_auto_fuses_on_cuda_only_and_never_on_meta_or_fake_tensors(aot_eager):
+    x, m = torch.randn(2, 3, 8), torch.rand(8)
+    assert not fused_norms._fusable(None, x) and fused_norms._fusable(True, x)
+    assert not fused_norms._fusable(True, x.to("meta"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        y = fused_norms.layer_norm(torch.randn(2, 3, 8), torch.rand(8), None, None, 1e-5, fuse=True)
+    assert y.shape == (2, 3, 8) and not fused_norms._compiled
+
+
+def test_a_failed_compilation_warns_once_and_runs_eagerly(aot_eager, monkeypatch):
+    def broken(gm, example_inputs):
+        raise RuntimeError("no kernel compiler here")
+    monkeypatch.setattr(fused_norms, "FUSE_BACKEND", broken)
+    x, m = torch.randn(2, 3, 8), torch.rand(8)
+    with pytest.warns(RuntimeWarning, match="no kernel compiler here"):
+        y = fused_norms.layer_norm(x, m, None, None, 1e-5, fuse=True)
+    torch.testing.assert_close(y, masked_layer_norm(x, m, None, None, 1e-5))
+    assert "no kernel compiler here" in fused_norms.fusion_failure()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning, no second attempt
+        fused_norms.layer_norm(x, m, None, None, 1e-5, fuse=True)
+
+
+@pytest.mark.parametrize("name", ["timm_deit_tiny", "hf_llama_gqa"])
+def test_a_search_with_fused_norms_equals_the_eager_search(aot_eager, name):
+    entry = TZOO[name]
+    base, x = entry.build(), entry.make_inputs()
+    example = {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
+    results = []
+    for fuse in (False, True):
+        model = copy.deepcopy(base)
+        searcher = dms.prepare(model, example, dms.SearchConfig(resource="macs", target=0.5, fuse_norms=fuse))
+        searcher.gates.train()
+        searcher.randomize_importance(0)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        for step in range(3):
+            y = output_tensor(model(**x) if isinstance(x, dict) else model(x))
+            loss = task_loss(y) + searcher.resource_loss(step / 3)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        gates = list(searcher.gates.width) + list(searcher.gates.depth)
+        results.append((y.detach(), [t.importance.clone() for t in gates], [t.a.detach().clone() for t in gates],
+                        searcher.structure()))
+    (y0, imp0, a0, s0), (y1, imp1, a1, s1) = results
+    assert fused_norms._compiled and fused_norms.fusion_failure() is None  # it did run fused
+    torch.testing.assert_close(y1, y0, rtol=1e-4, atol=1e-5)
+    for a, b in zip(imp1 + a1, imp0 + a0):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+    assert s1 == s0
+    assert counters["stats"]["unique_graphs"] <= 4  # one per function and grad mode, not one per norm
+
+
+def test_inside_a_compiled_model_the_norms_are_part_of_its_graph(aot_eager):
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3).eval()
+    x = torch.randn(2, 3, 16, 16)
+    dms.prepare(model, x[:1], dms.SearchConfig(resource="macs", target=0.5, fuse_norms=True))
+    fused_norms._compiled.clear()  # (prepare's self-check ran the norms fused)
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    assert not fused_norms._compiled  # no nested compilation of its own
+
+
+def test_fuse_norms_is_checked_and_reaches_the_gates_and_the_command_line():
+    from dmscale.core.errors import ConfigError
+    with pytest.raises(ConfigError, match="fuse_norms must be None"):
+        dms.SearchConfig(fuse_norms="yes")
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+    s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(fuse_norms=False))
+    assert s.gates.fuse_norms is False
+    from dmscale.config.run_config import RunConfig
+    from dmscale.run.saved_runs import search_config
+    assert search_config(RunConfig(fuse_norms=True, resource_weight=1.0), []).fuse_norms is True
+
+
+@pytest.mark.slow
+def test_inductor_fuses_a_masked_layer_norm_into_few_kernels(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    import torch._inductor.config as inductor_config
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import search_proxies
+
+    monkeypatch.setattr(fused_norms, "_compiled", {})
+    monkeypatch.setattr(fused_norms, "_failure", [])
+    monkeypatch.setattr(inductor_config.cpp, "enable_kernel_profile", True)
+    x, m = torch.randn(4, 9, 32, requires_grad=True), torch.rand(32, requires_grad=True)
+    w, b = torch.randn(32, requires_grad=True), torch.randn(32, requires_grad=True)
+
+    def step(fuse: bool) -> None:
+        fused_norms.layer_norm(x, m, w, b, 1e-5, fuse=fuse).sum().backward()
+    step(True)
+    eager = sum(search_proxies.launching_operators(lambda: step(False)).values())
+    fused = search_proxies.launching_operators(lambda: step(True))
+    # measured 39 operators eager, 2 kernels + 4 gradient accumulations fused, when set
+    assert fused["kernel"] >= 1 and sum(fused.values()) <= eager / 4, (eager, fused)

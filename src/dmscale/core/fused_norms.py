@@ -77,7 +77,7 @@ def _call(name: str, fn: Callable[..., torch.Tensor], args: tuple) -> torch.Tens
     try:
         with torch._functorch.config.patch(**_EAGER_BACKWARD):
             return compiled(*args)
-    except Exception as err:  # noqa: BLE001 - any compiler failure: the eager function instead
+    except torch._dynamo.exc.TorchDynamoException as err:  # tracing or the backend failed (not a run error)
         cause = getattr(err, "inner_exception", None) or err
         first = (str(cause).strip().splitlines() or [""])[0][:200]
         _failure.append(f"{type(cause).__name__}: {first}")

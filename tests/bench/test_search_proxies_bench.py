@@ -58,3 +58,10 @@ def test_under_torch_compile_dms_adds_few_graph_kernels():
     row = search_proxies.measure_compiled("small_cnn")
     # measured 25 / 27 kernels when set: the masks fuse into the model's own kernels
     assert row["dms_kernels"] <= 1.2 * row["plain_kernels"], row
+
+
+@pytest.mark.slow
+def test_with_fused_norms_a_vit_step_adds_far_fewer_operators():
+    row = search_proxies.measure("vit_s16", fuse_norms=True)
+    # measured 2.16x operators / 2.93x launching (3.07x / 4.90x unfused) when set
+    assert row["ops_ratio"] <= 2.4 and row["launch_ratio"] <= 3.2, row

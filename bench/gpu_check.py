@@ -260,7 +260,10 @@ def _train_row(model: str, label: str, job: dict[str, Any] | None) -> str:
         return f"| {model} | {label} | {t.get('input', 'n/a')} | " + " | ".join([why] * 8) + " |"
     mem = (f"{_num(p.get('peak_gib'), '{:.2f}')} -> {_num(d.get('peak_gib'), '{:.2f}')}"
            if p.get("peak_gib") is not None else "n/a (CPU)")
-    return (f"| {model} | {label} | {t.get('input', '?')}, batch {t.get('batch', '?')} | {_num(p.get('median_ms'))} | "
+    fused = t.get("fused_norms") or {}
+    note = (" (masked norms compiled)" if fused.get("compiled") and not fused.get("failure") else
+            f" (fused norms failed: {fused['failure'][:80]})" if fused.get("failure") else "")
+    return (f"| {model} | {label}{note} | {t.get('input', '?')}, batch {t.get('batch', '?')} | {_num(p.get('median_ms'))} | "
             f"{_num(d.get('median_ms')) if d else _why(job, 'train')} | {_ratio(d.get('median_ms'), p.get('median_ms'))} | "
             f"{mem} | {_ratio(d.get('peak_gib'), p.get('peak_gib'))} | "
             f"{p.get('kernels', 'n/a')} -> {d.get('kernels', 'n/a')} | "

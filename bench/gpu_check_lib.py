@@ -314,7 +314,18 @@ def train_task(spec: ModelSpec, quick: bool, device: torch.device, out: dict[str
                dims=len(searcher.gates.width) + len(searcher.gates.depth))
     model.train()
     out["dms"] = train_arm(model, x, spec, device, searcher, steps, warmup, compile_how)
+    out["fused_norms"] = _fused_norms_state()
     save()
+
+
+def _fused_norms_state() -> dict[str, Any] | None:
+    """Whether the DMS arm ran its masked norms compiled (``SearchConfig(fuse_norms)``, auto on
+    CUDA) and the compiler error that stopped it; None for code without the option."""
+    try:
+        from dmscale.core import fused_norms
+    except ImportError:
+        return None
+    return {"compiled": sorted(fused_norms._compiled), "failure": fused_norms.fusion_failure()}
 
 
 # ----------------------------------------------------------------------------- table 2

@@ -912,11 +912,17 @@ def _cpu_proxies() -> str:
         return " / ".join(f"{rows[f'{m}@{when}'][field]:.2f}x" for m in ms)
     sync_before = max(rows[f"{m}@before"]["dms_sync"] for m in ms)
     sync_now = max(rows[f"{m}@now"]["dms_sync"] for m in ms)
+    fused = (f", {f('ops_ratio', 'fused')} with the masked norms fused (`--fuse-norms`, the default on a GPU)"
+             if all(f"{m}@fused" in rows for m in ms) else "")
+    compiled = (cache("search_proxies").get("compiled") or {}).get("rows", {})
+    launch = [compiled[f"{m}@now"]["launch_ratio"] for m in ms if f"{m}@now" in compiled]
+    whole = ("; under `torch.compile(model)` " + " / ".join(f"{r:.2f}x" for r in launch)
+             + " the compiled plain step's launching operators" if len(launch) == len(ms) else "")
     return (f"operators per step {f('ops_ratio', 'now')} (ResNet-50 / ViT-B / SmolLM2-shaped Llama; was "
-            f"{f('ops_ratio', 'before')}), bytes held for the backward pass at batch 64 {f('bytes_ratio', 'now')} "
+            f"{f('ops_ratio', 'before')}){fused}, bytes held for the backward pass at batch 64 {f('bytes_ratio', 'now')} "
             f"(was {f('bytes_ratio', 'before')}), "
             + (f"no host synchronisation in a step (was {sync_before})" if sync_now == 0 else
-               f"{sync_now} host synchronisations in a step (was {sync_before})"))
+               f"{sync_now} host synchronisations in a step (was {sync_before})") + whole)
 
 
 def _deploy() -> dict[str, dict[str, float]]:

@@ -3,9 +3,8 @@ the paper), the importance update (:mod:`.importance`), every gate of a model ba
 matrix (:mod:`.gate_bank`), the masks a search puts into a model (:mod:`.masks` with its
 hooks :mod:`.mask_hooks`, attached and detached by :mod:`.hook_attach`, weight folds
 :mod:`.weight_masks` and masked norms :mod:`.masked_norm`, compiled by :mod:`.fused_norms`),
-process-group helpers
-(:mod:`.distributed`), train/eval modes (:mod:`.modes`) and the errors every layer raises
-(:mod:`.errors`).
+process-group helpers (:mod:`.distributed`), train/eval modes (:mod:`.modes`) and the errors
+every layer raises (:mod:`.errors`).
 
 Layer rule: ``core`` imports nothing else of dmscale; every other layer may import it.
 """

@@ -387,10 +387,11 @@ def _launch_cells(r: dict[str, Any]) -> str:
     return f"{r['plain_launch']:,} / {r['dms_launch']:,} | {r['launch_ratio']:.2f}"
 
 
-def _order(key: str) -> tuple[int, str]:
+def _order(key: str) -> tuple[int, int, str]:
     names = list(PROXY_MODELS)  # rows of models no longer in the list (older caches) last
-    name = key.split("@")[0]
-    return (names.index(name) if name in names else len(names)), key
+    name, _, impl = key.partition("@")
+    impls = ["before", "now", "fused"]
+    return (names.index(name) if name in names else len(names)), (impls.index(impl) if impl in impls else 3), key
 
 
 def render(cache: dict[str, Any]) -> str:

@@ -43,6 +43,7 @@ CASES = [
     _case("search_overhead", "search_overhead.md", ("search_overhead",)),  # 10 s
     _case("deploy_latency", "deploy_latency.md", ("deploy_latency",), ("onnxruntime", "onnxscript")),  # 11 s
     _case("latency_fit", "latency.md", ("latency.md",)),  # 4 s
+    _case("latency_staircase", "latency_staircase_cpu.md", ("latency_staircase",), slow=True),  # 29 s
     _case("default_run", "default_run.json", ("default_run",)),  # 47 s at load 12 (a few hundred images)
     _case("loader_throughput", "loader_throughput.md", ("loader_throughput",)),  # 15 s
     _case("smollm2_prune", "smollm2_prune.md", ("smollm2_prune",), LLM, slow=True),  # 82 s

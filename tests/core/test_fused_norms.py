@@ -74,7 +74,7 @@ def test_fused_rms_rescale_recomputes_through_the_norm_module_and_equals_the_eag
 
 
 def test_auto_fuses_on_cuda_only_and_never_on_meta_or_fake_tensors(aot_eager):
-    x, m = torch.randn(2, 3, 8), torch.rand(8)
+    x = torch.randn(2, 3, 8)
     assert not fused_norms._fusable(None, x) and fused_norms._fusable(True, x)
     assert not fused_norms._fusable(True, x.to("meta"))
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -325,7 +325,7 @@ def _fused_norms_state() -> dict[str, Any] | None:
         from dmscale.core import fused_norms
     except ImportError:
         return None
-    return {"compiled": sorted(fused_norms._compiled), "failure": fused_norms.fusion_failure()}
+    return fused_norms.fusion_state() or {"compiled": [], "failure": None}
 
 
 # ----------------------------------------------------------------------------- table 2

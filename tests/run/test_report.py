@@ -78,3 +78,17 @@ def test_summary_screen() -> None:
     assert len(text.splitlines()) < 25  # one screen
     summary["resources"]["hard"] = 4e6
     assert "OVER target" in format_summary(summary)
+
+
+def test_summary_and_report_say_how_the_masked_norms_ran(tmp_path: Path) -> None:
+    summary = {"command": "search", "elapsed": 1.0, "steps": 1, "phases": ["search"], "task": "mnist",
+               "task_kind": "classification", "model": "resnet", "evals": {}, "counts": {}, "warnings": [],
+               "run_dir": "runs/x", "fused_norms": {"compiled": ["layer_norm"], "failure": None}}
+    assert "masked norms  compiled into fused kernels (layer_norm)" in format_summary(summary)
+    summary["fused_norms"] = {"compiled": [], "failure": "BackendCompilerFailed: no compiler"}
+    assert "eager: compiling them failed (BackendCompilerFailed: no compiler)" in format_summary(summary)
+    summary["fused_norms"] = None  # eager as always (a CPU run): nothing said
+    assert "masked norms" not in format_summary(summary)
+    run = fake_run(tmp_path / "run")
+    (run / "summary.json").write_text(json.dumps({"fused_norms": {"compiled": ["rms_rescale"], "failure": None}}))
+    assert "- masked norms: compiled into fused kernels (rms_rescale)" in write_report(run).read_text()

@@ -34,7 +34,7 @@ from torch import nn
 
 from dmscale.core.masked_norm import MaskedLayerNorm, MaskedRMSRescale, masked_layer_norm, masked_rms_rescale
 
-__all__ = ["FUSE_BACKEND", "layer_norm", "rms_rescale", "fusion_failure"]
+__all__ = ["FUSE_BACKEND", "layer_norm", "rms_rescale", "fusion_state", "fusion_failure"]
 
 FUSE_BACKEND: Any = "inductor"  # tests use "aot_eager" (the same graphs, no kernel compiler)
 
@@ -44,6 +44,15 @@ _compiled: dict[str, Callable[..., torch.Tensor]] = {}
 _EAGER_BACKWARD = ({"force_non_lazy_backward_lowering": True}
                    if hasattr(torch._functorch.config, "force_non_lazy_backward_lowering") else {})
 _failure: list[str] = []  # the first compilation error: every later call runs eagerly
+
+
+def fusion_state() -> dict[str, Any] | None:
+    """What this process's masked norms ran as: ``{"compiled": the functions run compiled
+    ("layer_norm", "rms_rescale"), "failure": the compiler error that stopped them}``; None
+    when neither happened (no masked norm, or every call eager)."""
+    if not (_compiled or _failure):
+        return None
+    return {"compiled": sorted(_compiled), "failure": fusion_failure()}
 
 
 def fusion_failure() -> str | None:

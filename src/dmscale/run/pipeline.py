@@ -56,15 +56,10 @@ from torch import nn
 
 import dmscale as dms
 
-from dmscale.config.run_config import (
-    OPTIONS_BY_NAME,
-    RESUME_MUTABLE,
-    ConfigError,
-    RunConfig,
-    load_run_config,
-    save_config,
-)
+from dmscale.config.run_config import (OPTIONS_BY_NAME, RESUME_MUTABLE, ConfigError, RunConfig, load_run_config,
+                                       save_config)
 from dmscale.core.distributed import is_main_process, world_size
+from dmscale.core.fused_norms import fusion_state
 from dmscale.engine.ddp import barrier, check_task_for_ranks
 from dmscale.engine.device import Precision, resolve_device, set_threads
 from dmscale.engine.loop import MAX_NON_FINITE_STEPS, StepLoop
@@ -377,6 +372,7 @@ class Pipeline(Phases, Watching):
             "elapsed": round(self.elapsed(), 1), "warnings": st["warnings"],
             "structure": _structure_brief(structure) if structure else None,
             "align": _align_brief(cfg, structure), "auto": auto_brief(cfg), **self._watch_summary(),
+            "fused_norms": fusion_state() if cfg.command == "search" else None,
         }
 
 

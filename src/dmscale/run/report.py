@@ -19,8 +19,8 @@ import yaml
 
 from dmscale.config.defaults import chosen_lines
 from dmscale.run.report_plots import write_plots
-from dmscale.run.report_text import (align_line, detect_text, format_count, lm_metrics_text, metric_line,
-                                     metric_name, posthoc_line, processes_text, reach_hint)
+from dmscale.run.report_text import (align_line, detect_text, format_count, fused_line, lm_metrics_text,
+                                     metric_line, metric_name, posthoc_line, processes_text, reach_hint)
 from dmscale.run.watching import watch_lines, watch_report_lines
 
 __all__ = ["write_report", "format_summary", "align_line", "read_metrics", "format_count", "posthoc_line", "reach_hint",
@@ -76,6 +76,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     aligned = align_line(summary.get("align"))
     if aligned:
         lines += [f"- align: {aligned}", ""]
+    fused = fused_line(summary.get("fused_norms"))
+    if fused:
+        lines += [f"- masked norms: {fused}", ""]
     auto = chosen_lines(summary.get("auto") or {})
     if auto:
         lines += ["- auto options: " + "; ".join(auto), ""]
@@ -160,6 +163,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     line = align_line(summary.get("align"))
     if line:
         out.append(f"  align         {line}")
+    line = fused_line(summary.get("fused_norms"))
+    if line:
+        out.append(f"  masked norms  {line}")
     for i, chosen in enumerate(chosen_lines(summary.get("auto") or {})):
         out.append(f"  {'auto options' if i == 0 else '':14}{chosen}")
     out.append("")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["REACH", "format_count", "metric_name", "detect_text", "lm_metrics_text", "metric_line",
-           "posthoc_line", "reach_hint", "processes_text", "align_line"]
+           "posthoc_line", "reach_hint", "processes_text", "align_line", "fused_line"]
 
 # How far (lr x steps) the structure parameters must be able to move for the search itself to
 # reach a budget: a ratio moves 0.2-0.5 to halve a network's MACs, and Adam moves it by about
@@ -130,6 +130,23 @@ def reach_hint(structure_lr: float, steps: int, ended: float) -> str | None:
 def processes_text(n: int) -> str:
     """``1 process``, ``2 processes`` (data-parallel ranks of a torchrun job)."""
     return f"{n} process" + ("es" if n != 1 else "")
+
+
+def fused_line(fused: dict[str, Any] | None) -> str:
+    """How a search run's masked norms ran (``summary["fused_norms"]``; "" when they ran
+    eagerly as always, or the run had none).
+
+    Example:
+        >>> fused_line({"compiled": ["layer_norm"], "failure": None})
+        'compiled into fused kernels (layer_norm)'
+        >>> fused_line({"compiled": [], "failure": "BackendCompilerFailed: no compiler"})
+        'eager: compiling them failed (BackendCompilerFailed: no compiler)'
+    """
+    if not fused:
+        return ""
+    if fused.get("failure"):
+        return f"eager: compiling them failed ({fused['failure']})"
+    return f"compiled into fused kernels ({', '.join(fused.get('compiled') or [])})"
 
 
 def align_line(align: dict[str, Any] | None) -> str:

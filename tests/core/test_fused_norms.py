@@ -174,3 +174,12 @@ def test_inductor_fuses_a_masked_layer_norm_into_few_kernels(monkeypatch):
     fused = search_proxies.launching_operators(lambda: step(True))
     # measured 39 operators eager, 2 kernels + 4 gradient accumulations fused, when set
     assert fused["kernel"] >= 1 and sum(fused.values()) <= eager / 4, (eager, fused)
+
+
+def test_reset_forgets_what_ran_compiled_and_the_failure(aot_eager):
+    x, m = torch.randn(2, 3, 8), torch.rand(8)
+    fused_norms.layer_norm(x, m, None, None, 1e-5, fuse=True)
+    assert fused_norms.fusion_state() == {"compiled": ["layer_norm"], "failure": None}
+    fused_norms._failure.append("RuntimeError: earlier")
+    fused_norms.reset_fusion()
+    assert fused_norms.fusion_state() is None and fused_norms._fusable(True, x)

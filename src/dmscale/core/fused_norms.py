@@ -34,7 +34,7 @@ from torch import nn
 
 from dmscale.core.masked_norm import MaskedLayerNorm, MaskedRMSRescale, masked_layer_norm, masked_rms_rescale
 
-__all__ = ["FUSE_BACKEND", "layer_norm", "rms_rescale", "fusion_state", "fusion_failure"]
+__all__ = ["FUSE_BACKEND", "layer_norm", "rms_rescale", "fusion_state", "fusion_failure", "reset_fusion"]
 
 FUSE_BACKEND: Any = "inductor"  # tests use "aot_eager" (the same graphs, no kernel compiler)
 
@@ -53,6 +53,13 @@ def fusion_state() -> dict[str, Any] | None:
     if not (_compiled or _failure):
         return None
     return {"compiled": sorted(_compiled), "failure": fusion_failure()}
+
+
+def reset_fusion() -> None:
+    """Forget which functions ran compiled and any compiler failure (a run of the command line
+    starts: its summary reports its own; the next call compiles again)."""
+    _compiled.clear()
+    _failure.clear()
 
 
 def fusion_failure() -> str | None:

@@ -59,7 +59,7 @@ import dmscale as dms
 from dmscale.config.run_config import (OPTIONS_BY_NAME, RESUME_MUTABLE, ConfigError, RunConfig, load_run_config,
                                        save_config)
 from dmscale.core.distributed import is_main_process, world_size
-from dmscale.core.fused_norms import fusion_state
+from dmscale.core.fused_norms import fusion_state, reset_fusion
 from dmscale.engine.ddp import barrier, check_task_for_ranks
 from dmscale.engine.device import Precision, resolve_device, set_threads
 from dmscale.engine.loop import MAX_NON_FINITE_STEPS, StepLoop
@@ -233,6 +233,7 @@ class Pipeline(Phases, Watching):
 
         A new run that fails on a bad option before its first step leaves no directory.
         """
+        reset_fusion()  # the summary says how this run's masked norms ran
         try:
             return self._run()
         except ConfigError:

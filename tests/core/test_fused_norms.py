@@ -183,3 +183,36 @@ def test_reset_forgets_what_ran_compiled_and_the_failure(aot_eager):
     fused_norms._failure.append("RuntimeError: earlier")
     fused_norms.reset_fusion()
     assert fused_norms.fusion_state() is None and fused_norms._fusable(True, x)
+
+
+def _tiny_causal_lm(family: str) -> torch.nn.Module:
+    import transformers as T
+    configs = {"qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM, {}), "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM, {}),
+               "mistral": (T.MistralConfig, T.MistralForCausalLM, {}), "gemma": (T.GemmaConfig, T.GemmaForCausalLM, {}),
+               "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM, {}),
+               "gemma3": (T.Gemma3TextConfig, T.Gemma3ForCausalLM, {}),
+               "gpt2": (T.GPT2Config, T.GPT2LMHeadModel, {"n_embd": 32, "n_layer": 2, "n_head": 4})}
+    config, model, extra = configs[family]
+    kwargs = extra or {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "head_dim": 8}
+    torch.manual_seed(0)
+    return model(config(vocab_size=60, **kwargs)).train()
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) for f in
+                                    ("qwen2", "qwen3", "mistral", "gemma", "gemma2", "gpt2")] + ["gemma3"])
+def test_every_family_s_norms_trace_and_fuse(aot_eager, family):
+    """Each family's norm module traces into the compiled RMS backward (Gemma's 1 + weight,
+    Qwen3's q/k norms) or LayerNorm; one step equals the eager one."""
+    base, x = _tiny_causal_lm(family), torch.randint(0, 60, (2, 10), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for fuse in (False, True):
+        model = copy.deepcopy(base)
+        searcher = dms.prepare(model, {"input_ids": x[:1]}, dms.SearchConfig(target=0.7, fuse_norms=fuse))
+        torch.manual_seed(1)  # the same dropout
+        (model(input_ids=x).logits.float().pow(2).mean() + searcher.resource_loss(0.3)).backward()
+        grads.append([a.grad.clone() for a in searcher.structure_parameters()])
+    state = fused_norms.fusion_state()
+    assert state is not None and state["compiled"] and state["failure"] is None, state
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from zoo import ZooEntry
 
-__all__ = ["TZooEntry", "TZOO", "TorchEncoderNet", "output_tensor", "task_loss", "token_ids"]
+__all__ = ["TZooEntry", "TZOO", "TorchEncoderNet", "output_tensor", "task_loss", "token_ids", "search_steps"]
 
 SEQ_LEN = 12
 VOCAB = 64
@@ -92,6 +92,20 @@ def task_loss(out: Any) -> torch.Tensor:
     element of every structural dim influences it.
     """
     return output_tensor(out).float().logsumexp(-1).mean()
+
+
+def search_steps(run: Any, model: nn.Module, x: Any, searcher: Any, steps: int = 3) -> tuple[torch.Tensor, list, list]:
+    """``steps`` SGD steps of ``task_loss + resource_loss(step / steps)`` through ``run`` (the
+    model, or a compiled form of it); returns the last output, every gate's importance and ratio."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for step in range(steps):
+        y = output_tensor(run(**x) if isinstance(x, dict) else run(x))
+        loss = task_loss(y) + searcher.resource_loss(step / steps)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    gates = list(searcher.gates.width) + list(searcher.gates.depth)
+    return y.detach(), [t.importance.clone() for t in gates], [t.a.detach().clone() for t in gates]
 
 
 def _image(batch: int = 1) -> torch.Tensor:

@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 import dmscale as dms
 from dmscale.core import fused_norms
 from dmscale.core.masked_norm import masked_layer_norm, masked_rms_rescale
-from transformer_zoo import TZOO, output_tensor, task_loss
+from transformer_zoo import TZOO, search_steps
 
 
 @pytest.fixture
@@ -108,16 +108,7 @@ def test_a_search_with_fused_norms_equals_the_eager_search(aot_eager, name):
         searcher = dms.prepare(model, example, dms.SearchConfig(resource="macs", target=0.5, fuse_norms=fuse))
         searcher.gates.train()
         searcher.randomize_importance(0)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        for step in range(3):
-            y = output_tensor(model(**x) if isinstance(x, dict) else model(x))
-            loss = task_loss(y) + searcher.resource_loss(step / 3)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        gates = list(searcher.gates.width) + list(searcher.gates.depth)
-        results.append((y.detach(), [t.importance.clone() for t in gates], [t.a.detach().clone() for t in gates],
-                        searcher.structure()))
+        results.append((*search_steps(model, model, x, searcher), searcher.structure()))
     (y0, imp0, a0, s0), (y1, imp1, a1, s1) = results
     assert fused_norms._compiled and fused_norms.fusion_failure() is None  # it did run fused
     torch.testing.assert_close(y1, y0, rtol=1e-4, atol=1e-5)

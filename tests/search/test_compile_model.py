@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import dmscale as dms
-from transformer_zoo import TZOO, output_tensor, task_loss
+from transformer_zoo import TZOO, search_steps
 from zoo import ZOO
 
 
@@ -38,15 +38,7 @@ def test_compiled_model_searches_exactly_as_the_eager_one(name):
         searcher.gates.train()
         searcher.randomize_importance(0)
         run = torch.compile(model, backend="aot_eager") if compiled else model
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        for step in range(3):
-            y = output_tensor(run(**x) if isinstance(x, dict) else run(x))
-            loss = task_loss(y) + searcher.resource_loss(step / 3)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        gates = list(searcher.gates.width) + list(searcher.gates.depth)
-        results.append((y.detach(), [t.importance.clone() for t in gates], [t.a.detach().clone() for t in gates]))
+        results.append(search_steps(run, model, x, searcher))
     (y0, imp0, a0), (y1, imp1, a1) = results
     torch.testing.assert_close(y1, y0)
     for a, b in zip(imp1 + a1, imp0 + a0):

@@ -116,3 +116,26 @@ def test_a_block_run_without_grad_first_leaves_the_other_blocks_depth_gradient()
         model(x).pow(2).sum().backward()
         depth_a = s.gates.depth[0].a
         assert depth_a.grad is not None and float(depth_a.grad.abs()) > 0, f"fold_masks={fold}"
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_batched_hard_masks_equal_every_gate_s_own(frozen):
+    """Hard masks of every gate from one batched evaluation on the device (no ``.item()`` per
+    gate) equal the gates' own ``hard_mask()``, ties in importance and required groups included."""
+    from zoo import ZOO
+
+    entry = ZOO["resnet20"]
+    searcher = dms.prepare(entry.build(), torch.randn(2, *entry.input_shape[1:]), dms.SearchConfig(target=0.5))
+    searcher.randomize_importance(3)
+    g = torch.Generator().manual_seed(0)
+    gates = list(searcher.gates.width) + list(searcher.gates.depth)
+    with torch.no_grad():
+        for t in gates:
+            t.a.uniform_(0.0, 0.9, generator=g)
+        gates[0].importance[:4] = gates[0].importance[4]  # ties: the lower index ranks higher
+    gates[1].required_groups = [torch.tensor([0, 1])]  # its own path
+    searcher.gates.depth_frozen = frozen
+    batched = searcher._masks("hard")
+    own = searcher._masks("hard", cache={})  # gate by gate (the budget solver's path)
+    assert torch.equal(batched[0], own[0]) and torch.equal(batched[1], own[1])
+    assert searcher._exact_cost("hard") == searcher._exact_cost("hard", cache={})

@@ -244,3 +244,21 @@ def test_budget_band_refuses_what_is_not_two_fractions_in_order(bad):
     from dmscale.cli import main
     with pytest.raises(SystemExit):
         main(["search", "--task", "digits", "--budget-band", bad, "--quiet"])
+
+
+def test_a_settle_step_reads_the_device_twice_at_most():
+    """The settle phase's decisions are the only host reads of a step: whether the exact cost
+    reached the target (until it has) and where the cost is against the band; the exact cost
+    itself, its straight-through term and the hard masks stay on the device (23 reads before)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    entry = ZOO["resnet20"]
+    model = entry.build()
+    x = torch.randn(4, *entry.input_shape[1:])
+    searcher = dms.prepare(model, x[:2], dms.SearchConfig(target=0.5, settle=0.3))
+    for progress in (0.1, 0.8):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            loss = model(x).logsumexp(1).mean() + searcher.resource_loss(progress)
+            loss.backward()
+        reads = sum(e.name == "aten::_local_scalar_dense" for e in prof.events())
+        assert reads == (0 if progress < 0.7 else 2), (progress, reads)

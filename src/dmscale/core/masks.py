@@ -233,35 +233,43 @@ class Gates(nn.Module):
 
         Soft masks of every :func:`~dmscale.core.gate_bank.batchable` gate come from one
         :class:`~dmscale.core.gate_bank.GateBank` evaluation, (G, N_max); with ``track`` one
-        gradient hook on it updates every gate's importance (Eq. 4). Other gates, and hard
-        masks of gates with required groups, are computed gate by gate.
+        gradient hook on it updates every gate's importance (Eq. 4); hard masks come from one
+        batched evaluation too, on the device. Other gates, and hard masks of gates with
+        required groups, are computed gate by gate.
         """
         n = len(self.width)
         gates = list(self.width) + list(self.depth)
-        bank, which = self._bank_for() if kind == "soft" else (None, [])
+        bank, which = self._bank_for() if kind in ("soft", "hard") else (None, [])
         row = {i: r for r, i in enumerate(which)}
         soft = hard = None
         if bank is not None:
-            frozen = [i for i in which if i >= n and self.depth_frozen]
-            soft = bank.unit_soft_masks()  # (G, N_max)
-            if track and soft.requires_grad:  # rows of frozen depth gates get no update
-                rows = tuple(i not in frozen and gates[i].a.requires_grad for i in which)
-                soft.register_hook(self._importance_hook(_Rows(bank, self._rows_on(rows, soft.device)),
-                                                         soft.detach(), defer, len(gates)))
-            if frozen and not any(gates[i].required_groups for i in frozen):
-                hard = bank.unit_hard_masks()
+            frozen = [i for i in which if i >= n and self.depth_frozen] if kind == "soft" else []
+            if kind == "soft":
+                soft = bank.unit_soft_masks()  # (G, N_max)
+                if track and soft.requires_grad:  # rows of frozen depth gates get no update
+                    rows = tuple(i not in frozen and gates[i].a.requires_grad for i in which)
+                    soft.register_hook(self._importance_hook(_Rows(bank, self._rows_on(rows, soft.device)),
+                                                             soft.detach(), defer, len(gates)))
+            if kind == "hard" or (frozen and not any(gates[i].required_groups for i in frozen)):
+                hard = bank.unit_hard_masks()  # (G, N_max) on the device, no host synchronisation
+
+        def batched(i: int, src: torch.Tensor | None) -> bool:
+            # hard masks of gates with required groups come from the gate itself
+            return i in row and src is not None and not (src is hard and gates[i].required_groups)
 
         def one(i: int) -> torch.Tensor:
             t = gates[i]
-            frozen = i >= n and self.depth_frozen and kind != "open"
-            if i in row and (hard if frozen else soft) is not None:
-                return bank.elements(hard if frozen else soft, [row[i]])
-            if frozen:
+            use_hard = kind == "hard" or (i >= n and self.depth_frozen and kind != "open")
+            src = hard if use_hard else soft
+            if batched(i, src):
+                return bank.elements(src, [row[i]])
+            if use_hard:
                 return t.hard_mask()
             return self._mask(t, kind, track, defer, i)
 
-        if bank is not None and n and all(i in row for i in range(n)):
-            base = bank.elements(soft, [row[i] for i in range(n)])  # (n_slots,) in one gather
+        src = soft if kind == "soft" else hard
+        if bank is not None and n and all(batched(i, src) for i in range(n)):
+            base = bank.elements(src, [row[i] for i in range(n)])  # (n_slots,) in one gather
             width = assemble_width_mask([base], self.derived_a, self.derived_b)
         else:
             width = assemble_width_mask([one(i) for i in range(n)], self.derived_a, self.derived_b,

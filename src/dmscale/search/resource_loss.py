@@ -109,7 +109,7 @@ class ResourceLossMixin:
         self.advance(progress)
         r_c = self.soft_cost()
         if cfg.cost_forward == "exact" or settling:  # forward: the export's cost; backward: soft
-            r_c = r_c + (self._exact_cost("hard") - r_c.detach())
+            r_c = r_c + (self._exact_cost_tensor("hard") - r_c.detach())
         if settling:  # zero inside budget_band x target, log of the distance outside
             return self.settle_state.loss(r_c, progress, self.target_cost, cfg.budget_band)
         r_t = self.target_at(progress)

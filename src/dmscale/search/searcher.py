@@ -167,8 +167,8 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
         def flat(parts: list[torch.Tensor]) -> torch.Tensor:
             return torch.cat(parts) if parts else torch.zeros(0, device=g._device())
 
-        if kind == "soft":  # every gate in one batched evaluation (no importance hook)
-            width, depth_parts = g.masks("soft")
+        if kind == "soft" or (kind == "hard" and cache is None):  # batched (no importance hook)
+            width, depth_parts = g.masks(kind)
             return width, flat(depth_parts)
 
         def pick(t: Any) -> torch.Tensor:
@@ -188,10 +188,16 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
 
     def _exact_cost(self, hard: str | None, resource: str | None = None,
                     cache: dict[int, list[Any]] | None = None) -> float:
+        return float(self._exact_cost_tensor(hard, resource, cache))
+
+    def _exact_cost_tensor(self, hard: str | None, resource: str | None = None,
+                           cache: dict[int, list[Any]] | None = None) -> torch.Tensor:
+        """The cost of the masks of kind ``hard`` (None: all open) as a () float64 tensor on
+        the gates' device (no host synchronisation for hard masks without ``cache``)."""
         kind = "open" if hard is None else hard
         with torch.no_grad():
             w, d = self._masks(kind, cache)
-            return float(self._cost_model(resource)(w, d))
+            return self._cost_model(resource)(w, d)
 
     # ------------------------------------------------------------------ public API
     def model_parameters(self) -> Iterator[nn.Parameter]:

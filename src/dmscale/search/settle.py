@@ -45,14 +45,16 @@ def inside_band(cost: float, target: float, band: tuple[float, float]) -> bool:
     return band[0] * target <= cost <= band[1] * target
 
 
-def band_loss(r_c: torch.Tensor, target: float, band: tuple[float, float], weight: float) -> torch.Tensor:
+def band_loss(r_c: torch.Tensor, target: float, band: tuple[float, float], weight: float,
+              cost: float | None = None) -> torch.Tensor:
     """``weight * log(r_c / (high * target))`` over the band, ``weight * log(low * target /
     r_c)`` under it, 0 inside: Eq. 6's hinge on the top edge, plus a pull back up for a
     structure the previous steps pushed under the band (its budget would go unused)."""
-    if inside_band(float(r_c.detach()), target, band):
+    cost = float(r_c.detach()) if cost is None else cost  # (``cost``: r_c's value, read already)
+    if inside_band(cost, target, band):
         return r_c.new_zeros(()).float()
     low, high = band[0] * target, band[1] * target
-    if float(r_c.detach()) > high:
+    if cost > high:
         return (weight * torch.log(r_c / high)).float()
     return (weight * torch.log(low / r_c)).float()
 
@@ -93,8 +95,9 @@ class SettleState:
 
     def loss(self, r_c: torch.Tensor, progress: float, target: float, band: tuple[float, float]) -> torch.Tensor:
         """:func:`band_loss` at the current weight, then the weight's growth when over."""
-        loss = band_loss(r_c, target, band, self.weight)
-        if float(r_c.detach()) > band[1] * target and self.grown_at != float(progress):
+        cost = float(r_c.detach())  # the step's one decision on the host
+        loss = band_loss(r_c, target, band, self.weight, cost)
+        if cost > band[1] * target and self.grown_at != float(progress):
             self.weight *= WEIGHT_GROWTH
             self.grown_at = float(progress)
         return loss

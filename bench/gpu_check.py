@@ -125,6 +125,9 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     if 1 in args.tables:
         jobs += [{"key": f"new+compile_{how}/{m}", "impl": "new", "model": m, "tasks": ["train"], "compile": how}
                  for how in args.compile for m in args.models if m in TRAIN_MODELS]
+        if args.eager_norms:  # the new code with its masked norms eager (SearchConfig(fuse_norms=False))
+            jobs += [{"key": f"new+eager_norms/{m}", "impl": "new", "model": m, "tasks": ["train"],
+                      "fuse_norms": False} for m in args.models if m in TRAIN_MODELS]
     return jobs
 
 
@@ -151,6 +154,7 @@ def _spec(job: dict[str, Any], args: argparse.Namespace, impls: dict[str, Any], 
     configs = _configs(job["impl"])
     return {"model": job["model"], "tasks": job["tasks"], "quick": args.quick, "device": args.device,
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "compile": job.get("compile"),
+            "fuse_norms": job.get("fuse_norms"),
             "configs": configs, "deadline": soft, "out": str(out), "src": impls[job["impl"]]["src"],
             "threads": args.threads, "batch": args.batch, "export_device": args.export_device}
 
@@ -292,6 +296,9 @@ def table1(state: dict[str, Any]) -> list[str]:
         lines.append(_train_row(model, _label(state, "new"), jobs.get(f"new/{model}")))
         for how in state["run"].get("compile") or []:
             lines.append(_train_row(model, _label(state, "new", how), jobs.get(f"new+compile_{how}/{model}")))
+        if state["run"].get("eager_norms"):
+            lines.append(_train_row(model, _label(state, "new").replace("new", "new, fuse_norms=False", 1),
+                                    jobs.get(f"new+eager_norms/{model}")))
     return lines
 
 
@@ -424,6 +431,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--compile", nargs="*", choices=tuple(COMPILE_LABELS), default=None,
                     help="add rows of the new code under torch.compile to table 1: model.forward compiled (dmscale's "
                          "own --compile), torch.compile(model); alone: both")
+    ap.add_argument("--eager-norms", action="store_true",
+                    help="add rows of the new code with SearchConfig(fuse_norms=False) to table 1 (what fusing the "
+                         "masked norms, the default on a GPU, gains)")
     ap.add_argument("--device", help="default: cuda when available, else cpu (cpu with --quick)")
     ap.add_argument("--steps", type=int, default=10, help="timed training steps per arm")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up training steps per arm")
@@ -465,6 +475,7 @@ def main(argv: list[str] | None = None) -> None:
         "run": {"command": command_line("bench/gpu_check.py", argv), "date": datetime.datetime.now().isoformat(" ", "seconds"),
                 "t0": t0, "budget_s": args.budget_s, "quick": args.quick, "device": args.device, "host": _gpu_line(),
                 "models": args.models, "tables": args.tables, "compile": args.compile, "steps": args.steps,
+                "eager_norms": args.eager_norms,
                 "warmup": args.warmup, "rounds": args.rounds, "export_device": args.export_device},
         "impls": impls, "jobs": {}, "notes": [], "soft_deadline": t0 + args.budget_s}
     hard = t0 + args.budget_s + args.grace_s

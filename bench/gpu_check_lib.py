@@ -291,7 +291,8 @@ def train_arm(model: nn.Module, x: Any, spec: ModelSpec, device: torch.device, s
 
 
 def train_task(spec: ModelSpec, quick: bool, device: torch.device, out: dict[str, Any], save: Callable[[], None],
-               steps: int, warmup: int, compile_how: str | None = None, batch: int | None = None) -> None:
+               steps: int, warmup: int, compile_how: str | None = None, batch: int | None = None,
+               fuse_norms: bool | None = None) -> None:
     """Table 1 for one model: the plain arm, ``dms.prepare`` on the device, the DMS arm;
     ``out`` is filled in place and saved after each arm. ``batch``: default the spec's."""
     import dmscale as dms
@@ -308,7 +309,8 @@ def train_task(spec: ModelSpec, quick: bool, device: torch.device, out: dict[str
         torch._dynamo.reset()
     _reset_peak(device)
     t0 = time.perf_counter()
-    searcher = dms.prepare(model, _example(x), dms.SearchConfig(resource="macs", target=spec.target))
+    extra = {} if fuse_norms is None else {"fuse_norms": fuse_norms}  # (today's code has no such option)
+    searcher = dms.prepare(model, _example(x), dms.SearchConfig(resource="macs", target=spec.target, **extra))
     _sync(device)
     out.update(prepare_s=time.perf_counter() - t0, prepare_peak_gib=_peak_gib(device),
                dims=len(searcher.gates.width) + len(searcher.gates.depth))
@@ -451,7 +453,7 @@ def _task(name: str, spec: ModelSpec, run: dict[str, Any], device: torch.device,
           save: Callable[[], None]) -> None:
     if name == "train":
         train_task(spec, run["quick"], device, out, save, run["steps"], run["warmup"], run.get("compile"),
-                   run.get("batch"))
+                   run.get("batch"), run.get("fuse_norms"))
     else:
         export_task(spec, run["quick"], device, out, save, run["configs"], run["rounds"], run["deadline"],
                     run.get("batch"), run.get("export_device") or run["device"])

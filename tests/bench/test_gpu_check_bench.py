@@ -92,9 +92,9 @@ def test_a_worker_stopped_after_the_plain_arm_leaves_its_numbers() -> None:
     assert "NVIDIA H100" in md and "(running)" in md
 
 
-def _quick(baseline: Path, out: Path, models: list[str]) -> tuple[dict, str]:
+def _quick(baseline: Path, out: Path, models: list[str], *extra: str) -> tuple[dict, str]:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--quick", "--out", str(out),
-                           "--baseline-src", str(baseline), "--models", *models],
+                           "--baseline-src", str(baseline), "--models", *models, *extra],
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -148,3 +148,12 @@ def test_a_worker_that_dies_before_writing_reads_error(tmp_path: Path) -> None:
     assert "- today/resnet50: the worker exited with 1 before writing results" in md
     state = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert "broken on purpose" in state["jobs"]["new/resnet50"]["log_tail"]
+
+
+@pytest.mark.slow
+def test_eager_norms_rows_run_the_new_code_with_its_masked_norms_eager(baseline: Path, tmp_path: Path) -> None:
+    state, md = _quick(baseline, tmp_path, ["vit_b16"], "--tables", "1", "--eager-norms")
+    job = state["jobs"]["new+eager_norms/vit_b16"]
+    assert job["train"]["dms"]["median_ms"] > 0 and not job["train"]["fused_norms"]["compiled"]
+    t1, _ = _tables(md)
+    assert len(t1) == 3 and "fuse_norms=False" in t1[2][1]

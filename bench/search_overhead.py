@@ -300,9 +300,11 @@ def _proxies_section() -> list[str]:
     start = next(i for i, line in enumerate(table) if line.startswith("| model"))
     return ["## What a step adds, device-independent, before and after (issue 29)", "",
             "From `bench/results/search_proxies.md` (its method and command): operators per training",
-            "step and bytes held for the backward pass at the real batch (bf16 autocast), DMS over plain,",
-            "and host synchronisations per step; 'before' is the package at 340ec91. The same change",
-            "measured on an NVIDIA H200: `bench/results/gpu_check.md`.", ""] + table[start:]
+            "step (all, and those that launch device work) and bytes held for the backward pass at the",
+            "real batch (bf16 autocast), DMS over plain, and host synchronisations per step; 'before' is",
+            "the package at 340ec91, 'fused norms' the masked norms compiled (the default on a GPU), and",
+            "the last table the step under torch.compile(model). Measured on an NVIDIA H200 (an earlier",
+            "commit): `bench/results/gpu_check.md`.", ""] + table[start:]
 
 
 READING = ("See bench/RESULTS.md (table 8) for the reading of these numbers next to the deployment "

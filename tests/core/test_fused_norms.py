@@ -207,3 +207,16 @@ def test_every_family_s_norms_trace_and_fuse(aot_eager, family):
     assert state is not None and state["compiled"] and state["failure"] is None, state
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_a_backward_that_fails_to_compile_fails_at_the_call_not_in_backward(aot_eager, monkeypatch):
+    from torch._dynamo.backends.common import aot_autograd
+
+    def boom(gm, example_inputs):
+        raise RuntimeError("no backward kernels")
+    monkeypatch.setattr(fused_norms, "FUSE_BACKEND", aot_autograd(fw_compiler=lambda gm, ex: gm, bw_compiler=boom))
+    x, m = torch.randn(2, 3, 8, requires_grad=True), torch.rand(8, requires_grad=True)
+    with pytest.warns(RuntimeWarning, match="no backward kernels"):
+        y = fused_norms.layer_norm(x, m, None, None, 1e-5, fuse=True)
+    y.sum().backward()  # the eager function's backward
+    assert x.grad is not None and m.grad is not None

@@ -85,14 +85,21 @@ def _fusable(fuse: bool | None, x: torch.Tensor) -> bool:
     return x.is_cuda if fuse is None else bool(fuse)
 
 
+def _backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+    """:data:`FUSE_BACKEND`, compiling the backward graph with the forward (dynamo calls it only
+    when it compiles: nothing is added to a call that runs compiled code)."""
+    backend = torch._dynamo.lookup_backend(FUSE_BACKEND) if isinstance(FUSE_BACKEND, str) else FUSE_BACKEND
+    with torch._functorch.config.patch(**_EAGER_BACKWARD):
+        return backend(gm, example_inputs)
+
+
 def _call(name: str, fn: Callable[..., torch.Tensor], args: tuple) -> torch.Tensor | None:
     """``fn(*args)`` compiled, or None (the caller runs it eagerly) when compiling failed."""
     compiled = _compiled.get(name)
     if compiled is None:
-        compiled = _compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True, backend=FUSE_BACKEND)
+        compiled = _compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True, backend=_backend)
     try:
-        with torch._functorch.config.patch(**_EAGER_BACKWARD):
-            return compiled(*args)
+        return compiled(*args)
     except torch._dynamo.exc.TorchDynamoException as err:  # tracing or the backend failed (not a run error)
         cause = getattr(err, "inner_exception", None) or err
         first = (str(cause).strip().splitlines() or [""])[0][:200]

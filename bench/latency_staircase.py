@@ -72,16 +72,15 @@ def sweep(size: int, align: int, points: int) -> list[int]:
 
 
 def _layer_latency_us(layer: nn.Module, x: torch.Tensor, side: str, k: int, repeats: int) -> float:
+    from dmscale.cost.latency_profile import _with_channels
     from dmscale.cost.timing import measure_latency
     from dmscale.trace.handlers.base import handler_for
     handler = handler_for(layer)
-    m = copy.deepcopy(layer)
+    m = copy.deepcopy(layer)  # pruned to its first k channels, as the profile prunes it
     keep = torch.arange(k, device=x.device)
     handler.prune(m, keep if side == "in" else None, keep if side == "out" else None)
     if side == "in":
-        shape = list(x.shape)
-        shape[handler.channel_dim] = k
-        x = torch.randn(shape, dtype=x.dtype, device=x.device)
+        x = _with_channels(x, handler.channel_dim, k)
     return 1e6 * measure_latency(m, x, repeats=repeats, warmup=2)
 
 

@@ -55,7 +55,7 @@ import weakref
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -156,25 +156,43 @@ def _call(model: nn.Module, x: Any) -> Any:
     return model(**x) if isinstance(x, dict) else model(x)
 
 
+def _events(step: Callable[[], Any]) -> list[Any]:
+    """The profiler's CPU events of one call of ``step``."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return list(prof.events())
+
+
+def _top_events(events: list[Any], counted: Callable[[str], bool]) -> Iterator[Any]:
+    """The ``counted`` events with no ``counted`` event among their callers."""
+    for e in events:
+        if not counted(e.name):
+            continue
+        parent = e.cpu_parent
+        while parent is not None and not counted(parent.name):
+            parent = parent.cpu_parent
+        if parent is None:
+            yield e
+
+
+def _is_op(name: str) -> bool:
+    return name.startswith("aten::")
+
+
+def _count_top(events: list[Any]) -> Counter:
+    counts: Counter = Counter(e.name for e in _top_events(events, _is_op))
+    syncs = sum(e.name == "aten::_local_scalar_dense" for e in events)
+    if syncs:
+        counts["sync"] = syncs
+    return counts
+
+
 def top_level_operators(step: Callable[[], Any]) -> Counter:
     """``aten::`` operators of one call of ``step`` whose caller is no other ``aten::``
     operator (what Python and the autograd engine dispatch), plus, under the key
     ``"sync"``, every ``aten::_local_scalar_dense`` at any depth."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
-    counts: Counter = Counter()
-    for e in prof.events():
-        if not e.name.startswith("aten::"):
-            continue
-        if e.name == "aten::_local_scalar_dense":
-            counts["sync"] += 1
-        parent = e.cpu_parent
-        while parent is not None and not parent.name.startswith("aten::"):
-            parent = parent.cpu_parent
-        if parent is None:
-            counts[e.name] += 1
-    return counts
+    return _count_top(_events(step))
 
 
 # allocations without a kernel (the memory is written by the op that fills it)
@@ -205,9 +223,18 @@ def _launches(event: Any, memo: dict[int, bool]) -> bool:
         if _is_kernel(event.name) or (event.name not in _ALLOCATIONS and not _returns_alias(event.name)):
             memo[key] = True
         else:
-            memo[key] = any(_launches(c, memo) for c in event.cpu_children
-                            if c.name.startswith("aten::") or _is_kernel(c.name))
+            memo[key] = any(_launches(c, memo) for c in event.cpu_children if _is_op_or_kernel(c.name))
     return memo[key]
+
+
+def _is_op_or_kernel(name: str) -> bool:
+    return _is_op(name) or _is_kernel(name)
+
+
+def _count_launching(events: list[Any]) -> Counter:
+    memo: dict[int, bool] = {}
+    return Counter("kernel" if _is_kernel(e.name) else e.name
+                   for e in _top_events(events, _is_op_or_kernel) if _launches(e, memo))
 
 
 def launching_operators(step: Callable[[], Any]) -> Counter:
@@ -215,20 +242,7 @@ def launching_operators(step: Callable[[], Any]) -> Counter:
     run device work: views (``detach``, ``select``, ``reshape`` without a copy), casts to the
     dtype a tensor has and bare allocations are left out; an inductor-generated kernel counts
     as one operator (with ``torch._inductor.config.cpp.enable_kernel_profile``)."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
-    counts: Counter = Counter()
-    memo: dict[int, bool] = {}
-    for e in prof.events():
-        if not (e.name.startswith("aten::") or _is_kernel(e.name)):
-            continue
-        parent = e.cpu_parent
-        while parent is not None and not (parent.name.startswith("aten::") or _is_kernel(parent.name)):
-            parent = parent.cpu_parent
-        if parent is None and _launches(e, memo):
-            counts["kernel" if _is_kernel(e.name) else e.name] += 1
-    return counts
+    return _count_launching(_events(step))
 
 
 def saved_bytes(forward_loss: Callable[[], torch.Tensor], held_anyway: Iterable[torch.Tensor] = ()) -> int:
@@ -284,23 +298,37 @@ def _step_fn(spec: ProxyModel, model: nn.Module, x: Any, searcher: Any) -> Calla
     return step
 
 
-def _operators(spec: ProxyModel, fuse_norms: bool = False) -> dict[str, Any]:
+def _arms(spec: ProxyModel, fuse_norms: bool = False) -> tuple[Any, int, list[tuple[str, nn.Module, Any]]]:
+    """Small inputs, the number of searched dims and the two arms: ("plain", a copy of the
+    model, None) and ("dms", the model prepared for a search, its searcher)."""
     base = spec.build().train()
     plain, net = copy.deepcopy(base), base
     x = spec.inputs(2)
     searcher = _prepare(spec, net, x, fuse_norms)
-    out = {"dims": len(searcher.gates.width) + len(searcher.gates.depth)}
-    for label, model, s in (("plain", plain, None), ("dms", net, searcher)):
+    dims = len(searcher.gates.width) + len(searcher.gates.depth)
+    return x, dims, [("plain", plain, None), ("dms", net, searcher)]
+
+
+def _profile_kernels() -> None:
+    """Inductor's generated kernels appear in the profile (one event per kernel call)."""
+    import torch._inductor.config as inductor_config
+    inductor_config.cpp.enable_kernel_profile = True
+
+
+def _operators(spec: ProxyModel, fuse_norms: bool = False) -> dict[str, Any]:
+    x, dims, arms = _arms(spec, fuse_norms)
+    out: dict[str, Any] = {"dims": dims}
+    for label, model, s in arms:
         step = _step_fn(spec, model, x, s)
         step(), step()  # warm-up: optimiser state, importance exists
-        counts = top_level_operators(step)
+        events = _events(step)
+        counts, launch = _count_top(events), _count_launching(events)
         # aten::item: Adam reads its CPU step counters (no device work, on a GPU neither)
         out[f"{label}_ops"] = sum(v for k, v in counts.items() if k not in ("sync", "aten::item"))
         # host synchronisations of the search itself: forward, loss and backward (Adam's
         # step counters live on the CPU and are read there, on a GPU too: not a device sync)
         out[f"{label}_sync"] = top_level_operators(lambda: step(optimise=False))["sync"]
         out[f"{label}_top"] = counts.most_common(8)
-        launch = launching_operators(step)
         out[f"{label}_launch"] = sum(v for k, v in launch.items() if k != "aten::item")
     out["ops_ratio"] = out["dms_ops"] / out["plain_ops"]
     out["launch_ratio"] = out["dms_launch"] / out["plain_launch"]
@@ -313,17 +341,12 @@ def measure_compiled(name: str) -> dict[str, Any]:
     forward and backward graphs become fused kernels; the gates' mask computation, the resource
     loss and the optimisers stay eager. A prepared model of the same class as a compiled plain
     one compiles again (the hook guard :func:`dmscale.prepare` switches on)."""
-    import torch._inductor.config as inductor_config
-    inductor_config.cpp.enable_kernel_profile = True
+    _profile_kernels()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     spec = PROXY_MODELS[name]
-    base = spec.build().train()
-    plain, net = copy.deepcopy(base), base
-    x = spec.inputs(2)
-    searcher = _prepare(spec, net, x)
-    out: dict[str, Any] = {"model": name, "shape": spec.shape,
-                           "dims": len(searcher.gates.width) + len(searcher.gates.depth)}
-    for label, model, s in (("plain", plain, None), ("dms", net, searcher)):
+    x, dims, arms = _arms(spec)
+    out: dict[str, Any] = {"model": name, "shape": spec.shape, "dims": dims}
+    for label, model, s in arms:
         step = _step_fn(spec, torch.compile(model), x, s)
         step(), step(), step()  # compiles; optimiser state, importance exist
         counts = launching_operators(step)
@@ -336,11 +359,9 @@ def measure_compiled(name: str) -> dict[str, Any]:
 
 def _saved(spec: ProxyModel) -> dict[str, Any]:
     from torch._subclasses.fake_tensor import FakeTensorMode
-    base = spec.build().train()
-    plain, net = copy.deepcopy(base), base
-    searcher = _prepare(spec, net, spec.inputs(2))
+    _, _, arms = _arms(spec)
     out = {}
-    for label, model, s in (("plain", plain, None), ("dms", net, searcher)):
+    for label, model, s in arms:
         with FakeTensorMode(allow_non_fake_inputs=True):
             x = spec.inputs(spec.batch)
 
@@ -358,8 +379,7 @@ def measure(name: str, fuse_norms: bool = False) -> dict[str, Any]:
     kernels profiled and counted one each). The saved bytes are traced on fake tensors, where
     the norms run eagerly: compiled, they save the same tensors (measured on one norm)."""
     if fuse_norms:
-        import torch._inductor.config as inductor_config
-        inductor_config.cpp.enable_kernel_profile = True
+        _profile_kernels()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     spec = PROXY_MODELS[name]
     return {"model": name, "shape": spec.shape, "target": spec.target, **_operators(spec, fuse_norms),

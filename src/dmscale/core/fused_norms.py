@@ -93,8 +93,12 @@ def _backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., An
         return backend(gm, example_inputs)
 
 
-def _call(name: str, fn: Callable[..., torch.Tensor], args: tuple) -> torch.Tensor | None:
-    """``fn(*args)`` compiled, or None (the caller runs it eagerly) when compiling failed."""
+def _fused(name: str, fn: Callable[..., torch.Tensor], args: tuple, fuse: bool | None,
+           x: torch.Tensor) -> torch.Tensor | None:
+    """``fn(*args)`` compiled; None (the caller runs it eagerly) when it is not to be fused
+    for activation ``x`` (:func:`_fusable`) or compiling it failed."""
+    if not _fusable(fuse, x):
+        return None
     compiled = _compiled.get(name)
     if compiled is None:
         compiled = _compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True, backend=_backend)
@@ -114,19 +118,13 @@ def _call(name: str, fn: Callable[..., torch.Tensor], args: tuple) -> torch.Tens
 def layer_norm(x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float, fuse: bool | None = None) -> torch.Tensor:
     """:func:`~dmscale.core.masked_norm.masked_layer_norm`, fused when ``fuse`` (None: on CUDA)."""
-    if _fusable(fuse, x):
-        y = _call("layer_norm", _ln, (x, m, weight, bias, eps))
-        if y is not None:
-            return y
-    return masked_layer_norm(x, m, weight, bias, eps)
+    y = _fused("layer_norm", _ln, (x, m, weight, bias, eps), fuse, x)
+    return y if y is not None else masked_layer_norm(x, m, weight, bias, eps)
 
 
 def rms_rescale(out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float, norm: nn.Module | None = None,
                 fuse: bool | None = None) -> torch.Tensor:
     """:func:`~dmscale.core.masked_norm.masked_rms_rescale`, fused when ``fuse`` (None: on
     CUDA); ``norm``: the norm module whose forward the backward computes again (None: keep y)."""
-    if _fusable(fuse, x):
-        y = _call("rms_rescale", _rms, (out, x, m, eps, norm))
-        if y is not None:
-            return y
-    return masked_rms_rescale(out, x, m, eps, norm.forward if norm is not None else None)
+    y = _fused("rms_rescale", _rms, (out, x, m, eps, norm), fuse, x)
+    return y if y is not None else masked_rms_rescale(out, x, m, eps, norm.forward if norm is not None else None)

@@ -35,11 +35,10 @@ ones, loss = task + ``resource_loss(0.5)``. With ``--baseline-src`` every model 
 again in a subprocess whose ``PYTHONPATH`` is that snapshot (``python bench/gpu_check.py
 --make-baseline COMMIT`` makes one) and the table shows before and after side by side.
 Results: ``bench/results/search_proxies.{json,md}`` (cached per model and implementation, the md
-rewritten after each row and at the end;
-``--fresh`` re-measures); ``--fuse-norms`` adds rows of the new code with its masked norms
-compiled (``SearchConfig(fuse_norms=True)``, the default on a GPU); ``--compiled`` measures the compiled table (the "now" code only: the
-old code could not run a compiled search). ``--quick``: the small models only, to
-``bench/runs/search_proxies/``.
+rewritten after each row and at the end; ``--fresh`` re-measures); ``--fuse-norms`` adds rows of
+the new code with its masked norms compiled (``SearchConfig(fuse_norms=True)``, the default on a
+GPU); ``--compiled`` measures the compiled table (the "now" code only: the old code could not run
+a compiled search). ``--quick``: the small models only, to ``bench/runs/search_proxies/``.
 """
 
 from __future__ import annotations
@@ -440,8 +439,9 @@ def render(cache: dict[str, Any]) -> str:
         r = cache["rows"][key]
         lines.append(
             f"| {r['model']} | {r['shape']} | {r['impl']} | {r['dims']} | {r['plain_ops']:,} / {r['dms_ops']:,} "
-            f"| {r['ops_ratio']:.2f} | {_launch_cells(r)} | {r['plain_bytes'] / 2**30:.2f} / {r['dms_bytes'] / 2**30:.2f} "
-            f"| {r['bytes_ratio']:.3f} | {r['dms_sync']} |")
+            f"| {r['ops_ratio']:.2f} | {_launch_cells(r)} "
+            f"| {r['plain_bytes'] / 2**30:.2f} / {r['dms_bytes'] / 2**30:.2f} | {r['bytes_ratio']:.3f} "
+            f"| {r['dms_sync']} |")
     compiled = cache.get("compiled") or {}
     if compiled:
         lines += [

@@ -97,6 +97,36 @@ def test_a_failed_compilation_warns_once_and_runs_eagerly(aot_eager, monkeypatch
         fused_norms.layer_norm(x, m, None, None, 1e-5, fuse=True)
 
 
+def test_norms_of_many_widths_in_one_process_all_run_compiled(aot_eager):
+    # dynamo specialises a graph on the channel count (a norm's weight is a static parameter)
+    # and, under fullgraph=True, raised FailOnRecompileLimitHit at the ninth width: every
+    # configuration now compiles a copy of its own
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    for c in range(8, 20):
+        x, m = torch.randn(2, 3, c, generator=g, requires_grad=True), torch.rand(c, generator=g, requires_grad=True)
+        norm = LlamaRMSNorm(c, eps=1e-6)
+        y = fused_norms.layer_norm(x, m, torch.ones(c), None, 1e-5, fuse=True)
+        y2 = fused_norms.rms_rescale(norm(x), x, m, 1e-6, norm, fuse=True)
+        torch.testing.assert_close(y2, masked_rms_rescale(norm(x), x, m, 1e-6, norm.forward))
+        (y.sum() + y2.sum()).backward()
+    assert fused_norms.fusion_failure() is None
+    assert fused_norms.fusion_state()["compiled"] == ["layer_norm", "rms_rescale"]
+
+
+def test_warnings_as_errors_do_not_stop_the_fusion(aot_eager):
+    # torch's own warnings while dynamo traces (it reads .grad of the non-leaf activation) were
+    # errors under -W error: the fusion failed and its RuntimeWarning was raised in the forward
+    x = torch.randn(2, 3, 8, requires_grad=True) * 2  # a non-leaf activation, as in a model
+    m = torch.rand(8, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = fused_norms.layer_norm(x, m, None, None, 1e-5, fuse=True)
+        y.sum().backward()
+    assert fused_norms.fusion_failure() is None and fused_norms._compiled
+
+
 @pytest.mark.parametrize("name", ["timm_deit_tiny", "hf_llama_gqa"])
 def test_a_search_with_fused_norms_equals_the_eager_search(aot_eager, name):
     entry = TZOO[name]

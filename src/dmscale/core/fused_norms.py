@@ -3,8 +3,9 @@
 A masked LayerNorm (:class:`~dmscale.core.masked_norm.MaskedLayerNorm`) is about 15 operators
 forward and 25 backward in eager mode, each a full pass over the activation: on a GPU the
 masked norms of a ViT are most of what a search step adds. Here the same autograd functions
-run under ``torch.compile`` (``dynamic=True``, one graph for every norm of a model whatever
-its shape): inductor fuses each direction into a few kernels. The saved tensors and the
+run under ``torch.compile`` (``dynamic=True``: one graph for every norm of a channel count,
+class and eps whatever its batch and length, a compiled copy per such configuration):
+inductor fuses each direction into a few kernels. The saved tensors and the
 closed-form backward are the functions' own, so the results equal the eager ones up to
 float rounding (the order of the fused reductions).
 
@@ -25,6 +26,8 @@ Example:
 
 from __future__ import annotations
 
+import itertools
+import types
 import warnings
 from typing import Any, Callable
 
@@ -38,7 +41,9 @@ __all__ = ["FUSE_BACKEND", "layer_norm", "rms_rescale", "fusion_state", "fusion_
 
 FUSE_BACKEND: Any = "inductor"  # tests use "aot_eager" (the same graphs, no kernel compiler)
 
-_compiled: dict[str, Callable[..., torch.Tensor]] = {}
+# one compiled copy per function and norm configuration (see _configuration)
+_compiled: dict[tuple, Callable[..., torch.Tensor]] = {}
+_copies = itertools.count()
 # compile the backward graph with the forward (torch >= 2.10 has the switch), so that its
 # failure is caught below and not raised in the user's loss.backward()
 _EAGER_BACKWARD = ({"force_non_lazy_backward_lowering": True}
@@ -52,7 +57,7 @@ def fusion_state() -> dict[str, Any] | None:
     when neither happened (no masked norm, or every call eager)."""
     if not (_compiled or _failure):
         return None
-    return {"compiled": sorted(_compiled), "failure": fusion_failure()}
+    return {"compiled": sorted({key[0] for key in _compiled}), "failure": fusion_failure()}
 
 
 def reset_fusion() -> None:
@@ -93,18 +98,40 @@ def _backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., An
         return backend(gm, example_inputs)
 
 
+def _own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of ``fn`` with a code object of its own: dynamo keeps compiled code, and counts
+    recompilations against ``torch._dynamo.config.recompile_limit`` (8), per code object."""
+    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{next(_copies)}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+_DYNAMO_ERRORS = tuple(e for e in (torch._dynamo.exc.TorchDynamoException,  # tracing or the backend failed
+                                   getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None)) if e is not None)
+
+
 def _fused(name: str, fn: Callable[..., torch.Tensor], args: tuple, fuse: bool | None,
-           x: torch.Tensor) -> torch.Tensor | None:
+           x: torch.Tensor, configuration: tuple) -> torch.Tensor | None:
     """``fn(*args)`` compiled; None (the caller runs it eagerly) when it is not to be fused
-    for activation ``x`` (:func:`_fusable`) or compiling it failed."""
+    for activation ``x`` (:func:`_fusable`) or compiling it failed.
+
+    Each ``configuration`` (what dynamo specialises a graph on whatever ``dynamic=True`` says:
+    the channel count, which a norm's weight, a static parameter, fixes; the norm's class; eps)
+    gets a compiled copy of its own, so a process that meets many (a model with norms of
+    several widths, several models in one notebook) never reaches dynamo's recompilation limit,
+    which under ``fullgraph=True`` raises instead of running eagerly (it did at the ninth)."""
     if not _fusable(fuse, x):
         return None
-    compiled = _compiled.get(name)
+    key = (name, *configuration)
+    compiled = _compiled.get(key)
     if compiled is None:
-        compiled = _compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True, backend=_backend)
+        compiled = _compiled[key] = torch.compile(_own_code(fn), dynamic=True, fullgraph=True, backend=_backend)
     try:
-        return compiled(*args)
-    except torch._dynamo.exc.TorchDynamoException as err:  # tracing or the backend failed (not a run error)
+        with warnings.catch_warnings():
+            # torch's own warnings while dynamo traces (it reads .grad of the non-leaf activation,
+            # instantiates autograd functions): not the user's concern, errors under -W error
+            warnings.filterwarnings("ignore", module=r"torch(\.|$)")
+            return compiled(*args)
+    except _DYNAMO_ERRORS as err:  # (not a run error: those propagate)
         cause = getattr(err, "inner_exception", None) or err
         first = (str(cause).strip().splitlines() or [""])[0][:200]
         _failure.append(f"{type(cause).__name__}: {first}")
@@ -118,7 +145,8 @@ def _fused(name: str, fn: Callable[..., torch.Tensor], args: tuple, fuse: bool |
 def layer_norm(x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float, fuse: bool | None = None) -> torch.Tensor:
     """:func:`~dmscale.core.masked_norm.masked_layer_norm`, fused when ``fuse`` (None: on CUDA)."""
-    y = _fused("layer_norm", _ln, (x, m, weight, bias, eps), fuse, x)
+    y = _fused("layer_norm", _ln, (x, m, weight, bias, eps), fuse, x,
+               (m.numel(), weight is None, bias is None, eps))
     return y if y is not None else masked_layer_norm(x, m, weight, bias, eps)
 
 
@@ -126,5 +154,6 @@ def rms_rescale(out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float,
                 fuse: bool | None = None) -> torch.Tensor:
     """:func:`~dmscale.core.masked_norm.masked_rms_rescale`, fused when ``fuse`` (None: on
     CUDA); ``norm``: the norm module whose forward the backward computes again (None: keep y)."""
-    y = _fused("rms_rescale", _rms, (out, x, m, eps, norm), fuse, x)
+    y = _fused("rms_rescale", _rms, (out, x, m, eps, norm), fuse, x,
+               (m.numel(), type(norm) if norm is not None else None, eps))
     return y if y is not None else masked_rms_rescale(out, x, m, eps, norm.forward if norm is not None else None)

@@ -143,3 +143,20 @@ def test_a_second_derivative_through_the_recomputing_rescale_is_refused():
     y = masked_rms_rescale(norm(x), x, m, 1e-6, norm.forward)
     with pytest.raises(RuntimeError, match="second derivative"):
         torch.autograd.grad(y.sum(), x, create_graph=True)
+
+
+def test_no_autocast_turns_autocast_off_inside_and_restores_it_after_an_error():
+    from dmscale.core.masked_norm import no_autocast
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with no_autocast("cpu"):
+            assert not torch.is_autocast_enabled("cpu")
+            assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+        assert torch.is_autocast_enabled("cpu")
+        with pytest.raises(ValueError):
+            with no_autocast("cpu"):
+                raise ValueError("inside")
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with no_autocast("cpu"):  # off already: stays off
+        assert not torch.is_autocast_enabled("cpu")
+    assert not torch.is_autocast_enabled("cpu")

@@ -83,11 +83,11 @@ def _rms(out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float, norm: 
 
 
 def _fusable(fuse: bool | None, x: torch.Tensor) -> bool:
-    if _failure or torch.compiler.is_compiling():
+    # cheapest first: a norm asks on every call (detect_fake_mode alone is ~20 us of Python)
+    if not (x.is_cuda if fuse is None else fuse) or _failure or torch.compiler.is_compiling():
         return False
-    if x.device.type == "meta" or torch._guards.detect_fake_mode(x) is not None:
-        return False
-    return x.is_cuda if fuse is None else bool(fuse)
+    # meta or fake tensors (the memory plan, prepare on meta): a fake tensor is a subclass
+    return x.device.type != "meta" and (type(x) is torch.Tensor or torch._guards.detect_fake_mode(x) is None)
 
 
 def _backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:

@@ -32,9 +32,37 @@ import torch
 
 from dmscale.core.hook_base import cast
 
-__all__ = ["MaskedLayerNorm", "masked_layer_norm", "MaskedRMSRescale", "masked_rms_rescale"]
+__all__ = ["MaskedLayerNorm", "masked_layer_norm", "MaskedRMSRescale", "masked_rms_rescale", "no_autocast"]
 
 _MIN_TOTAL = 1e-6  # sum(m) is clamped here (all channels masked to ~0)
+
+
+class _AutocastOff:
+    """Autocast off on one device type inside the block, back on after (also on an error): a
+    flag read and, under autocast, two flag writes. ``torch.autocast(enabled=False)`` does the
+    same with about 20 us of Python per use, and a masked norm used it twice per call."""
+
+    __slots__ = ("device_type", "was_on")
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+
+    def __enter__(self) -> None:
+        self.was_on = torch.is_autocast_enabled(self.device_type)
+        if self.was_on:
+            torch.set_autocast_enabled(self.device_type, False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.was_on:
+            torch.set_autocast_enabled(self.device_type, True)
+
+
+def no_autocast(device_type: str) -> Any:
+    """A context with autocast off on ``device_type`` (the statistics in float32, as
+    LayerNorm's); ``torch.autocast(enabled=False)`` while dynamo traces (it knows that one)."""
+    if torch.compiler.is_compiling():
+        return torch.autocast(device_type, enabled=False)
+    return _AutocastOff(device_type)
 
 
 class MaskedLayerNorm(torch.autograd.Function):
@@ -45,7 +73,7 @@ class MaskedLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None,
                 bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-        with torch.autocast(x.device.type, enabled=False):  # statistics in float32, as LayerNorm's
+        with no_autocast(x.device.type):  # statistics in float32, as LayerNorm's
             return MaskedLayerNorm._forward(ctx, x, m, weight, bias, eps)
 
     @staticmethod
@@ -72,7 +100,7 @@ class MaskedLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        with torch.autocast(gy.device.type, enabled=False):
+        with no_autocast(gy.device.type):
             return MaskedLayerNorm._backward(ctx, gy)
 
     @staticmethod
@@ -127,7 +155,7 @@ class MaskedRMSRescale(torch.autograd.Function):
     def forward(ctx: Any, out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float,
                 norm: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         ctx.autocast = (torch.is_autocast_enabled(x.device.type), torch.get_autocast_dtype(x.device.type))
-        with torch.autocast(x.device.type, enabled=False):
+        with no_autocast(x.device.type):
             dt = torch.float64 if x.dtype == torch.float64 else torch.float32
             xf = cast(x, dt)
             total = cast(m, dt).sum().clamp_min(_MIN_TOTAL)
@@ -154,14 +182,14 @@ class MaskedRMSRescale(torch.autograd.Function):
         enabled, dtype = ctx.autocast
         with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
             out = ctx.norm(x)
-        with torch.autocast(x.device.type, enabled=False):
+        with no_autocast(x.device.type):
             return cast(cast(out, ctx.dt) * s.unsqueeze(-1), out.dtype)
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, s, ms_all, ms_kept, p, total, *kept = ctx.saved_tensors
         y = MaskedRMSRescale._out_times_s(ctx, x, s, tuple(kept))
-        with torch.autocast(gy.device.type, enabled=False):
+        with no_autocast(gy.device.type):
             dt, eps, c = ctx.dt, ctx.eps, x.shape[-1]
             gyf = cast(gy, dt)
             s1 = s.unsqueeze(-1)

@@ -1,0 +1,173 @@
+"""Host time of a DMS training step, measured without a GPU (issue 29).
+
+    PYTHONPATH=src:tests python bench/host_time.py [--models resnet50 vit_b16 llama_135m] [--rounds 30]
+
+On a GPU a step of small kernels is bound by the host: Python, the dispatcher and the launch of
+every operator, not the device (the Llama of `bench/results/gpu_profile.md` spent 78 ms of kernel
+time in a 185 ms DMS step). The operator counts of ``search_proxies.py`` count operators but do
+not weigh them: a Python hook, an autograd function's Python forward and backward, a compiled
+function's guards and wrappers all cost host time without launching anything. Here each model
+keeps the real model's layers, so its step runs the same operators, hooks and autograd nodes,
+but with tiny widths and inputs, so the compute is negligible and the wall time of a step on one
+CPU thread is its host time (under bf16 autocast, as on a GPU): plain, DMS with eager masked norms, DMS with the masked norms
+compiled (``SearchConfig(fuse_norms=True)``, the default on a GPU; inductor's CPU kernels and
+wrappers stand in for Triton's). Rounds interleave the arms; median and interquartile range
+of the per-step times. The step is ``search_proxies``'s (forward, task loss,
+``resource_loss(0.5)``, backward, SGD, Adam, both ``foreach``).
+
+A CPU operator costs less host time than a CUDA one (no launch), so the ratios understate what
+the operators add on a GPU and overstate what Python adds; they rank changes, they do not
+predict GPU times. Results: ``bench/results/host_time.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import git_commit, load_cache, save_cache  # noqa: E402
+from search_proxies import ProxyModel, _ce, _images, _llama, _lm, _prepare, _step_fn, _tokens  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+__all__ = ["TINY_MODELS", "measure", "render", "main"]
+
+
+def _timm_tiny(name: str, **kw: Any) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import dmscale as dms
+        dms.ensure_torchvision()
+        import timm
+        torch.manual_seed(0)
+        return timm.create_model(name, pretrained=False, num_classes=10, **kw)
+    return build
+
+
+# the layers of the proxy models of search_proxies.py, tiny widths and inputs
+TINY_MODELS: dict[str, ProxyModel] = {m.name: m for m in [
+    ProxyModel("resnet50", _timm_tiny("resnet50", channels=(8, 16, 32, 64), stem_width=8), _images(32), _ce, 2,
+               shape="ResNet-50's layers (timm), widths / 8, 32 px, batch 2"),
+    ProxyModel("vit_b16", _timm_tiny("vit_base_patch16_224", img_size=32, embed_dim=96), _images(32), _ce, 2,
+               shape="ViT-B/16's layers (12 blocks, 12 heads), width 96, 32 px, batch 2"),
+    ProxyModel("llama_135m", _llama(30, 72, 192, 9, 3, 256), _tokens(16, 256), _lm, 2, target=0.8,
+               shape="SmolLM2-135M's layers (30, GQA 9/3), width 72, 16 tokens, batch 2"),
+]}
+
+ARMS = ("plain", "dms", "dms_fused")
+
+
+def _bf16(step: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # as on a GPU: the casts autocast adds
+            step()
+    return run
+
+
+def _arms(spec: ProxyModel) -> dict[str, Callable[[], None]]:
+    base = spec.build().train()
+    x = spec.inputs(spec.batch)
+    steps = {"plain": _bf16(_step_fn(spec, copy.deepcopy(base), x, None))}
+    for arm, fuse in (("dms", False), ("dms_fused", True)):
+        model = copy.deepcopy(base)
+        searcher = _prepare(spec, model, x, fuse)
+        if not fuse:
+            searcher.gates.fuse_norms = False  # eager even where auto would fuse
+        steps[arm] = _bf16(_step_fn(spec, model, x, searcher))
+    return steps
+
+
+def measure(name: str, rounds: int = 30, per_round: int = 3) -> dict[str, Any]:
+    """Per-step wall times (ms) of the three arms on one thread: median and quartiles."""
+    torch.set_num_threads(1)
+    spec = TINY_MODELS[name]
+    steps = _arms(spec)
+    for step in steps.values():
+        for _ in range(5):  # optimiser state, importance; the fused arm compiles here
+            step()
+    times: dict[str, list[float]] = {arm: [] for arm in steps}
+    for _ in range(rounds):
+        for arm, step in steps.items():
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                step()
+                times[arm].append((time.perf_counter() - t0) * 1e3)
+    out: dict[str, Any] = {"model": name, "shape": spec.shape, "rounds": rounds, "per_round": per_round}
+    for arm, ts in times.items():
+        q = statistics.quantiles(ts, n=4)
+        out[arm] = {"median": statistics.median(ts), "q1": q[0], "q3": q[2]}
+    for arm in ("dms", "dms_fused"):
+        out[f"{arm}_ratio"] = out[arm]["median"] / out["plain"]["median"]
+    return out
+
+
+def _cell(r: dict[str, Any], arm: str) -> str:
+    a = r[arm]
+    return f"{a['median']:.1f} ({a['q1']:.1f}-{a['q3']:.1f})"
+
+
+def render(cache: dict[str, Any]) -> str:
+    lines = [
+        "# Host time of a DMS step, measured without a GPU (issue 29)", "",
+        "Written by `bench/host_time.py` (see its docstring for the method): wall time per training step of "
+        "models with the real model's layers but tiny widths and inputs, on one CPU thread, bf16 autocast, so the step's "
+        "time is its host time (Python, dispatcher, autograd), what bounds a GPU step of small kernels. "
+        "Median (interquartile range) over the interleaved rounds; DMS = eager masked norms, fused = "
+        "`SearchConfig(fuse_norms=True)` (the default on a GPU). A CPU operator is cheaper on the host than "
+        "a CUDA one (no launch): the ratios rank changes, they do not predict GPU times.", "",
+        f"- command: `{cache.get('command', '')}`",
+        f"- commit: {cache.get('commit', '')}; machine: {cache.get('machine', '')}", "",
+        "| model | layers and input | plain ms | DMS ms | DMS / plain | DMS fused norms ms | fused / plain | steps |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in [m for m in TINY_MODELS if m in cache["rows"]]:
+        r = cache["rows"][name]
+        lines.append(f"| {name} | {r['shape']} | {_cell(r, 'plain')} | {_cell(r, 'dms')} | {r['dms_ratio']:.2f} "
+                     f"| {_cell(r, 'dms_fused')} | {r['dms_fused_ratio']:.2f} | {r['rounds'] * r['per_round']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", choices=list(TINY_MODELS), default=list(TINY_MODELS))
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder of host_time.{json,md}")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(measure(args.child, args.rounds)))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "host_time.json"
+    cache = load_cache(path, {"rows": {}})
+    cache["command"] = "PYTHONPATH=src:tests python bench/host_time.py " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    cache["commit"] = git_commit(ROOT)
+    cache["machine"] = f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, one thread"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
+    for name in args.models:  # one process per model: no compiled code or allocator state shared
+        done = subprocess.run([sys.executable, __file__, "--child", name, "--rounds", str(args.rounds)],
+                              env=env, check=True, capture_output=True, text=True)
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        cache["rows"][name] = row
+        save_cache(path, cache, sort_keys=False)
+        (args.out / "host_time.md").write_text(render(cache))
+        print(f"{name}: DMS {row['dms_ratio']:.2f}x, fused norms {row['dms_fused_ratio']:.2f}x the plain step's host time",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -78,13 +78,21 @@ def _bf16(step: Callable[[], None]) -> Callable[[], None]:
 
 
 def _arms(spec: ProxyModel) -> dict[str, Callable[[], None]]:
+    """The steps of the arms; code without ``SearchConfig(fuse_norms)`` (a snapshot from before
+    it) has no fused arm."""
+    import dataclasses
+
+    import dmscale as dms
+    fusable = "fuse_norms" in {f.name for f in dataclasses.fields(dms.SearchConfig)}
     base = spec.build().train()
     x = spec.inputs(spec.batch)
     steps = {"plain": _bf16(_step_fn(spec, copy.deepcopy(base), x, None))}
     for arm, fuse in (("dms", False), ("dms_fused", True)):
+        if fuse and not fusable:
+            continue
         model = copy.deepcopy(base)
         searcher = _prepare(spec, model, x, fuse)
-        if not fuse:
+        if fusable and not fuse:
             searcher.gates.fuse_norms = False  # eager even where auto would fuse
         steps[arm] = _bf16(_step_fn(spec, model, x, searcher))
     return steps
@@ -110,13 +118,18 @@ def measure(name: str, rounds: int = 30, per_round: int = 3) -> dict[str, Any]:
         q = statistics.quantiles(ts, n=4)
         out[arm] = {"median": statistics.median(ts), "q1": q[0], "q3": q[2]}
     for arm in ("dms", "dms_fused"):
-        out[f"{arm}_ratio"] = out[arm]["median"] / out["plain"]["median"]
+        if arm in out:
+            out[f"{arm}_ratio"] = out[arm]["median"] / out["plain"]["median"]
     return out
 
 
 def _cell(r: dict[str, Any], arm: str) -> str:
-    a = r[arm]
-    return f"{a['median']:.1f} ({a['q1']:.1f}-{a['q3']:.1f})"
+    a = r.get(arm)
+    return f"{a['median']:.1f} ({a['q1']:.1f}-{a['q3']:.1f})" if a else "-"
+
+
+def _ratio(r: dict[str, Any], arm: str) -> str:
+    return f"{r[arm + '_ratio']:.2f}" if arm + "_ratio" in r else "-"
 
 
 def render(cache: dict[str, Any]) -> str:
@@ -130,13 +143,16 @@ def render(cache: dict[str, Any]) -> str:
         "a CUDA one (no launch): the ratios rank changes, they do not predict GPU times.", "",
         f"- command: `{cache.get('command', '')}`",
         f"- commit: {cache.get('commit', '')}; machine: {cache.get('machine', '')}", "",
-        "| model | layers and input | plain ms | DMS ms | DMS / plain | DMS fused norms ms | fused / plain | steps |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| model | layers and input | code | plain ms | DMS ms | DMS / plain | DMS fused norms ms | fused / plain "
+        "| steps |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in [m for m in TINY_MODELS if m in cache["rows"]]:
-        r = cache["rows"][name]
-        lines.append(f"| {name} | {r['shape']} | {_cell(r, 'plain')} | {_cell(r, 'dms')} | {r['dms_ratio']:.2f} "
-                     f"| {_cell(r, 'dms_fused')} | {r['dms_fused_ratio']:.2f} | {r['rounds'] * r['per_round']} |")
+    order = {name: i for i, name in enumerate(TINY_MODELS)}
+    for key in sorted(cache["rows"], key=lambda k: (order.get(k.split("@")[0], 99), "@before" not in k)):
+        r = cache["rows"][key]
+        lines.append(f"| {r['model']} | {r['shape']} | {r.get('code', 'now')} | {_cell(r, 'plain')} | {_cell(r, 'dms')} "
+                     f"| {_ratio(r, 'dms')} | {_cell(r, 'dms_fused')} | {_ratio(r, 'dms_fused')} "
+                     f"| {r['rounds'] * r['per_round']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -145,6 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", nargs="+", choices=list(TINY_MODELS), default=list(TINY_MODELS))
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder of host_time.{json,md}")
+    ap.add_argument("--baseline-src", type=Path, default=None,
+                    help="also the package snapshot in this src folder (python bench/gpu_check.py --make-baseline "
+                         "COMMIT makes one): rows 'before'")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -157,16 +176,22 @@ def main(argv: list[str] | None = None) -> None:
         argv if argv is not None else sys.argv[1:])
     cache["commit"] = git_commit(ROOT)
     cache["machine"] = f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, one thread"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
-    for name in args.models:  # one process per model: no compiled code or allocator state shared
-        done = subprocess.run([sys.executable, __file__, "--child", name, "--rounds", str(args.rounds)],
-                              env=env, check=True, capture_output=True, text=True)
-        row = json.loads(done.stdout.strip().splitlines()[-1])
-        cache["rows"][name] = row
-        save_cache(path, cache, sort_keys=False)
-        (args.out / "host_time.md").write_text(render(cache))
-        print(f"{name}: DMS {row['dms_ratio']:.2f}x, fused norms {row['dms_fused_ratio']:.2f}x the plain step's host time",
-              flush=True)
+    impls = [(f"now ({cache['commit']})", "", ROOT / "src")]
+    if args.baseline_src is not None:
+        commit = (args.baseline_src.parent / "COMMIT").read_text().strip()[:7] \
+            if (args.baseline_src.parent / "COMMIT").exists() else "?"
+        impls.insert(0, (f"before ({commit})", "@before", args.baseline_src.resolve()))
+    for name in args.models:
+        for code, suffix, src in impls:  # one process per row: no compiled code or allocator state shared
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT / "tests")])}
+            done = subprocess.run([sys.executable, __file__, "--child", name, "--rounds", str(args.rounds)],
+                                  env=env, check=True, capture_output=True, text=True)
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            row["code"] = code
+            cache["rows"][name + suffix] = row
+            save_cache(path, cache, sort_keys=False)
+            (args.out / "host_time.md").write_text(render(cache))
+            print(f"{name} {code}: DMS {row['dms_ratio']:.2f}x the plain step's host time", flush=True)
 
 
 if __name__ == "__main__":

@@ -160,3 +160,17 @@ def test_no_autocast_turns_autocast_off_inside_and_restores_it_after_an_error():
     with no_autocast("cpu"):  # off already: stays off
         assert not torch.is_autocast_enabled("cpu")
     assert not torch.is_autocast_enabled("cpu")
+
+
+def test_autocast_as_sets_autocast_for_the_block_and_drops_its_cast_cache():
+    from dmscale.core.masked_norm import autocast_as
+
+    w = torch.nn.Parameter(torch.ones(2, 2))
+    with autocast_as("cpu", True, torch.bfloat16):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert (torch.ones(2, 2) @ w).dtype == torch.bfloat16  # the cast of w may be cached here
+    assert not torch.is_autocast_enabled("cpu")
+    with torch.no_grad():
+        w.mul_(3.0)
+    with autocast_as("cpu", True, torch.bfloat16):  # a stale cached copy of w would give 2
+        assert (torch.ones(2, 2) @ w)[0, 0].item() == 6.0

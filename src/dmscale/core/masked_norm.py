@@ -57,6 +57,38 @@ class _AutocastOff:
             torch.set_autocast_enabled(self.device_type, True)
 
 
+class _AutocastAs:
+    """Autocast on ``device_type`` set to ``enabled`` and ``dtype`` inside the block (as the
+    forward ran: the backward of a norm that computes its output again), restored after."""
+
+    __slots__ = ("device_type", "enabled", "dtype", "before")
+
+    def __init__(self, device_type: str, enabled: bool, dtype: torch.dtype) -> None:
+        self.device_type, self.enabled, self.dtype = device_type, enabled, dtype
+
+    def __enter__(self) -> None:
+        self.before = (torch.is_autocast_enabled(self.device_type), torch.get_autocast_dtype(self.device_type))
+        if self.before != (self.enabled, self.dtype):
+            torch.set_autocast_enabled(self.device_type, self.enabled)
+            torch.set_autocast_dtype(self.device_type, self.dtype)
+            torch.autocast_increment_nesting()  # as torch.autocast: its cast cache is dropped at the end
+
+    def __exit__(self, *exc: object) -> None:
+        if self.before != (self.enabled, self.dtype):
+            if torch.autocast_decrement_nesting() == 0:
+                torch.clear_autocast_cache()
+            torch.set_autocast_enabled(self.device_type, self.before[0])
+            torch.set_autocast_dtype(self.device_type, self.before[1])
+
+
+def autocast_as(device_type: str, enabled: bool, dtype: torch.dtype) -> Any:
+    """A context with autocast ``enabled`` in ``dtype`` on ``device_type``, cheaply (see
+    :class:`_AutocastOff`); ``torch.autocast`` while dynamo traces."""
+    if torch.compiler.is_compiling():
+        return torch.autocast(device_type, dtype=dtype, enabled=enabled)
+    return _AutocastAs(device_type, enabled, dtype)
+
+
 def no_autocast(device_type: str) -> Any:
     """A context with autocast off on ``device_type`` (the statistics in float32, as
     LayerNorm's); ``torch.autocast(enabled=False)`` while dynamo traces (it knows that one)."""
@@ -180,7 +212,7 @@ class MaskedRMSRescale(torch.autograd.Function):
                                "backward computes the norm's output again without a graph; call "
                                "masked_rms_rescale without norm= (it then keeps its output)")
         enabled, dtype = ctx.autocast
-        with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=enabled):
+        with torch.no_grad(), autocast_as(x.device.type, enabled, dtype):
             out = ctx.norm(x)
         with no_autocast(x.device.type):
             return cast(cast(out, ctx.dt) * s.unsqueeze(-1), out.dtype)

@@ -9,9 +9,9 @@ not weigh them: a Python hook, an autograd function's Python forward and backwar
 function's guards and wrappers all cost host time without launching anything. Here each model
 keeps the real model's layers, so its step runs the same operators, hooks and autograd nodes,
 but with tiny widths and inputs, so the compute is negligible and the wall time of a step on one
-CPU thread is its host time (under bf16 autocast, as on a GPU): plain, DMS with eager masked norms, DMS with the masked norms
-compiled (``SearchConfig(fuse_norms=True)``, the default on a GPU; inductor's CPU kernels and
-wrappers stand in for Triton's). Rounds interleave the arms; median and interquartile range
+CPU thread is its host time (under bf16 autocast, as on a GPU): plain, DMS with eager masked
+norms, DMS with the masked norms compiled (``SearchConfig(fuse_norms=True)``, the default on a
+GPU; inductor's CPU kernels and wrappers stand in for Triton's). Rounds interleave the arms; median and interquartile range
 of the per-step times. The step is ``search_proxies``'s (forward, task loss,
 ``resource_loss(0.5)``, backward, SGD, Adam, both ``foreach``).
 
@@ -136,8 +136,8 @@ def render(cache: dict[str, Any]) -> str:
     lines = [
         "# Host time of a DMS step, measured without a GPU (issue 29)", "",
         "Written by `bench/host_time.py` (see its docstring for the method): wall time per training step of "
-        "models with the real model's layers but tiny widths and inputs, on one CPU thread, bf16 autocast, so the step's "
-        "time is its host time (Python, dispatcher, autograd), what bounds a GPU step of small kernels. "
+        "models with the real model's layers but tiny widths and inputs, on one CPU thread, bf16 autocast, so "
+        "the step's time is its host time (Python, dispatcher, autograd), what bounds a GPU step of small kernels. "
         "Median (interquartile range) over the interleaved rounds; DMS = eager masked norms, fused = "
         "`SearchConfig(fuse_norms=True)` (the default on a GPU). A CPU operator is cheaper on the host than "
         "a CUDA one (no launch): the ratios rank changes, they do not predict GPU times.", "",
@@ -150,7 +150,8 @@ def render(cache: dict[str, Any]) -> str:
     order = {name: i for i, name in enumerate(TINY_MODELS)}
     for key in sorted(cache["rows"], key=lambda k: (order.get(k.split("@")[0], 99), "@before" not in k)):
         r = cache["rows"][key]
-        lines.append(f"| {r['model']} | {r['shape']} | {r.get('code', 'now')} | {_cell(r, 'plain')} | {_cell(r, 'dms')} "
+        lines.append(f"| {r['model']} | {r['shape']} | {r.get('code', 'now')} | {_cell(r, 'plain')} "
+                     f"| {_cell(r, 'dms')} "
                      f"| {_ratio(r, 'dms')} | {_cell(r, 'dms_fused')} | {_ratio(r, 'dms_fused')} "
                      f"| {r['rounds'] * r['per_round']} |")
     return "\n".join(lines) + "\n"

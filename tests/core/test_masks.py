@@ -139,3 +139,16 @@ def test_batched_hard_masks_equal_every_gate_s_own(frozen):
     own = searcher._masks("hard", cache={})  # gate by gate (the budget solver's path)
     assert torch.equal(batched[0], own[0]) and torch.equal(batched[1], own[1])
     assert searcher._exact_cost("hard") == searcher._exact_cost("hard", cache={})
+
+
+def test_the_bank_is_reused_until_a_gate_is_replaced_or_changes_what_the_bank_batches():
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6), torch.nn.ReLU(),
+                              torch.nn.Linear(6, 2))
+    g = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(target=0.5)).gates
+    bank, which = g._bank_for()
+    assert g._bank_for() == (bank, which)  # cached: the same gates
+    g.width[0].importance = g.width[0].importance.clone()  # a replaced buffer (load_state_dict(assign=True))
+    rebuilt, _ = g._bank_for()
+    assert rebuilt is not bank and g.width[0].importance._base is rebuilt.matrix
+    g.width[0].decay = 0.5  # settings no longer shared: every gate on its own path
+    assert g._bank_for() == (None, [])

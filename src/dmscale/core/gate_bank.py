@@ -95,10 +95,14 @@ class GateBank:
     # ------------------------------------------------------------------ bookkeeping
     def valid_for(self, gates: Sequence[Any]) -> bool:
         """Whether the bank still describes ``gates``: the same gate objects and ``a``
-        parameters, and every importance buffer still a view of the bank's matrix (a
-        ``model.to(device)``, ``load_state_dict(assign=True)`` or an assignment replaces it)."""
+        parameters, every importance buffer still a view of the bank's matrix (a
+        ``model.to(device)``, ``load_state_dict(assign=True)`` or an assignment replaces it),
+        and the settings the bank batches unchanged."""
+        # (the modules' own dicts: nn.Module.__getattr__ on every gate twice per step is host time)
+        setting = (self.metric, self.decay, self.centered, True)
         return (len(gates) == len(self.gates)
-                and all(g is h and g.a is a and g.importance._base is self.matrix
+                and all(g is h and g._parameters.get("a") is a and g._buffers.get("importance")._base is self.matrix
+                        and (g.metric, g.decay, g.centered, g.normalize) == setting
                         for g, h, a in zip(gates, self.gates, self._ratios)))
 
     # ------------------------------------------------------------------ Eq. 2 and 3

@@ -125,6 +125,7 @@ class Gates(nn.Module):
         state["_masks"] = state["_depth_units"] = state["_channels"] = None
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
+        state.pop("_bank_key", None)
         state.pop("_rows_cache", None)
         return state
 
@@ -214,12 +215,16 @@ class Gates(nn.Module):
         """The :class:`~dmscale.core.gate_bank.GateBank` of the batchable gates (built on first
         use, rebuilt when a gate, its ``a`` or its importance buffer was replaced) and the
         positions of its gates in ``width + depth``."""
-        gates = list(self.width) + list(self.depth)
+        gates = (*self.width._modules.values(), *self.depth._modules.values())
+        cached = self.__dict__.get("_bank_key")
+        bank = self.__dict__.get("_bank")
+        if cached is not None and cached[0] == gates and bank is not None and bank.valid_for(cached[2]):
+            return bank, cached[1]  # the same gates as last time (compared by identity), still valid
         which = [i for i, t in enumerate(gates) if batchable(t)]
         members = [gates[i] for i in which]
         if members and len({(t.metric, t.decay, t.centered) for t in members}) > 1:
             which, members = [], []  # mixed gate settings: each gate on its own path
-        bank = self.__dict__.get("_bank")
+        self.__dict__["_bank_key"] = (gates, which, members)
         if not members:
             return None, []
         if bank is None or not bank.valid_for(members):

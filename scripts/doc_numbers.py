@@ -903,6 +903,17 @@ def _cpu_step() -> str:
             f"+{100 * min(mem):.0f}-{100 * max(mem):.0f} %")
 
 
+@number("cpu.host")
+def _cpu_host() -> str:
+    rows = cache("host_time")["rows"]
+
+    def f(arm: str, suffix: str = "") -> str:
+        return " / ".join(f"{rows[m + suffix][arm + '_ratio']:.2f}x" for m in GPU_MODELS)
+    return (f"host time per step {f('dms')} the plain step's (the same layers at tiny widths, where a step's "
+            f"time is its Python and dispatch; was {f('dms', '@before')}), {f('dms_fused')} with the masked "
+            "norms compiled")
+
+
 @number("cpu.proxies")
 def _cpu_proxies() -> str:
     rows = cache("search_proxies")["rows"]

@@ -194,7 +194,7 @@ class MaskedRMSRescale(torch.autograd.Function):
             p = cast(m, dt) / total
             x2 = xf * xf
             ms_all = x2.mean(-1)  # (...)
-            ms_kept = (x2 * p).sum(-1)  # (...)
+            ms_kept = x2 @ p  # (...): sum_c p_c x_c^2, one matrix-vector product (no product tensor)
             s = torch.sqrt((ms_all + eps) / (ms_kept + eps))  # (...)
             y = cast(cast(out, dt) * s.unsqueeze(-1), out.dtype)
             kept = () if norm is not None else (y,)

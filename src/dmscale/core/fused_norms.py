@@ -41,7 +41,7 @@ __all__ = ["FUSE_BACKEND", "layer_norm", "rms_rescale", "fusion_state", "fusion_
 
 FUSE_BACKEND: Any = "inductor"  # tests use "aot_eager" (the same graphs, no kernel compiler)
 
-# one compiled copy per function and norm configuration (see _configuration)
+# one compiled copy per function and norm configuration (see _fused)
 _compiled: dict[tuple, Callable[..., torch.Tensor]] = {}
 _copies = itertools.count()
 # compile the backward graph with the forward (torch >= 2.10 has the switch), so that its

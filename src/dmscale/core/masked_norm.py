@@ -32,7 +32,8 @@ import torch
 
 from dmscale.core.hook_base import cast
 
-__all__ = ["MaskedLayerNorm", "masked_layer_norm", "MaskedRMSRescale", "masked_rms_rescale", "no_autocast"]
+__all__ = ["MaskedLayerNorm", "masked_layer_norm", "MaskedRMSRescale", "masked_rms_rescale", "no_autocast",
+           "autocast_as"]
 
 _MIN_TOTAL = 1e-6  # sum(m) is clamped here (all channels masked to ~0)
 

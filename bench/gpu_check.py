@@ -261,7 +261,7 @@ def _train_row(model: str, label: str, job: dict[str, Any] | None) -> str:
     p, d = t.get("plain") or {}, t.get("dms") or {}
     if not p and not d:
         why = _why(job, "train")
-        return f"| {model} | {label} | {t.get('input', 'n/a')} | " + " | ".join([why] * 8) + " |"
+        return f"| {model} | {label} | {t.get('input', 'n/a')} | " + " | ".join([why] * 9) + " |"
     mem = (f"{_num(p.get('peak_gib'), '{:.2f}')} -> {_num(d.get('peak_gib'), '{:.2f}')}"
            if p.get("peak_gib") is not None else "n/a (CPU)")
     fused = t.get("fused_norms") or {}
@@ -271,7 +271,12 @@ def _train_row(model: str, label: str, job: dict[str, Any] | None) -> str:
             f"{_num(d.get('median_ms')) if d else _why(job, 'train')} | {_ratio(d.get('median_ms'), p.get('median_ms'))} | "
             f"{mem} | {_ratio(d.get('peak_gib'), p.get('peak_gib'))} | "
             f"{p.get('kernels', 'n/a')} -> {d.get('kernels', 'n/a')} | "
-            f"{_ratio(d.get('kernels'), p.get('kernels'))} | {_num(t.get('prepare_s'))} |")
+            f"{_ratio(d.get('kernels'), p.get('kernels'))} | {_busy(p)} -> {_busy(d)} | {_num(t.get('prepare_s'))} |")
+
+
+def _busy(arm: dict[str, Any]) -> str:
+    """The kernels' device time in the profiled step (a GPU only), ms."""
+    return _num(arm.get("kernel_ms")) if arm.get("kernel_ms") is not None else "n/a"
 
 
 def _label(state: dict[str, Any], impl: str, how: str | None = None) -> str:
@@ -285,10 +290,11 @@ def table1(state: dict[str, Any]) -> list[str]:
                       if _get(j, "train", a, "counted")}) or ["kernels"]
     lines = ["## Table 1: training step, plain vs DMS (bf16 autocast)", "",
              f"Median of the timed steps; peak = `torch.cuda.max_memory_allocated` over each arm's steps (weights "
-             f"included); per step: {', '.join(counted)} of one profiled step.", "",
+             f"included); per step: {', '.join(counted)} of one profiled step; kernel ms: their device time in "
+             "that step (a step whose wall time is far above it is bound by the host, not the GPU).", "",
              "| model | code | input | plain ms | DMS ms | DMS / plain | peak GiB plain -> DMS | peak ratio "
-             "| per step plain -> DMS | ratio | prepare s |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| per step plain -> DMS | ratio | kernel ms plain -> DMS | prepare s |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for model in TRAIN_MODELS:
         if model not in state["run"]["models"]:
             continue

@@ -212,8 +212,11 @@ def count_ops(fn: Callable[[], Any], device: torch.device) -> dict[str, Any]:
         if dev:
             break
     mem = sum(1 for e in dev if e.name.startswith(("Memcpy", "Memset")))
+    # the device's busy time in the step: against the wall time it says whether the step is bound
+    # by the GPU or by the host (Python, dispatch, launches)
+    busy_ms = sum(e.time_range.elapsed_us() for e in dev) / 1e3
     return {"kernels": len(dev) - mem, "memcpy_memset": mem, "counted": "CUDA kernels",
-            "profiled": "+".join(a.name for a in activities)}
+            "kernel_ms": busy_ms, "profiled": "+".join(a.name for a in activities)}
 
 
 def env_info(device: torch.device) -> dict[str, Any]:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import gpu_check  # noqa: E402
 
-T1_COLS, T2_COLS = 11, 9
+T1_COLS, T2_COLS = 12, 9
 
 
 def _tables(md: str) -> tuple[list[list[str]], list[list[str]]]:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-import torch
 
 from dmscale.core.errors import DataError, MissingFileError
 

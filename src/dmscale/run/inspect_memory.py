@@ -66,7 +66,7 @@ def inspect_memory(cfg: RunConfig, world_size: int = 1, load: bool = False) -> M
     else:
         task = build_task(cfg)
         model, exclude = build_model(cfg, task.info)
-    searcher = make_searcher(cfg, model, task.example_inputs(), exclude)
+    make_searcher(cfg, model, task.example_inputs(), exclude)  # attaches the gates to model (the plan's subject)
     try:
         teacher: nn.Module | None = None
         if cfg.teacher and cfg.distills:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 __all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "environment", "command_line", "paired_diff", "paired_ci", "ci_text",
-           "record_invocation", "invocations_text",
+           "record_invocation", "invocations_text", "snapshot_commit", "child_json",
            "pyplot", "save_figure", "load_cache", "save_cache", "save_merged", "locked",
            "RESULTS", "RUNS", "add_quick_flags", "quick_mode", "hand_reading", "kept_reading", "write_md"]
 
@@ -47,6 +47,24 @@ def git_commit(root: Path) -> str:
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "?"
+
+
+def snapshot_commit(src: Path) -> str:
+    """The short hash of a package snapshot (``python bench/gpu_check.py --make-baseline COMMIT``
+    writes ``COMMIT`` beside its ``src``), or "?" without one."""
+    f = src.parent / "COMMIT"
+    return f.read_text().strip()[:7] if f.exists() else "?"
+
+
+def child_json(script: str, args: list[str], pythonpath: list[Path]) -> dict[str, Any]:
+    """Run ``python script *args`` with ``PYTHONPATH`` set to ``pythonpath`` (a package
+    snapshot's ``src`` measured in a process of its own) and return the json object its last
+    line of output holds; a failure raises with the end of its error output."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)}
+    done = subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{Path(script).name} {' '.join(args)} with {pythonpath[0]} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def spread(values: list[float], digits: int = 3) -> str:

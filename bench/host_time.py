@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import git_commit, load_cache, save_cache  # noqa: E402
+from benchlib import child_json, git_commit, load_cache, save_cache, snapshot_commit  # noqa: E402
 from search_proxies import ProxyModel, _ce, _images, _llama, _lm, _prepare, _step_fn, _tokens  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -179,15 +178,10 @@ def main(argv: list[str] | None = None) -> None:
     cache["machine"] = f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, one thread"
     impls = [(f"now ({cache['commit']})", "", ROOT / "src")]
     if args.baseline_src is not None:
-        commit = (args.baseline_src.parent / "COMMIT").read_text().strip()[:7] \
-            if (args.baseline_src.parent / "COMMIT").exists() else "?"
-        impls.insert(0, (f"before ({commit})", "@before", args.baseline_src.resolve()))
+        impls.insert(0, (f"before ({snapshot_commit(args.baseline_src)})", "@before", args.baseline_src.resolve()))
     for name in args.models:
         for code, suffix, src in impls:  # one process per row: no compiled code or allocator state shared
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT / "tests")])}
-            done = subprocess.run([sys.executable, __file__, "--child", name, "--rounds", str(args.rounds)],
-                                  env=env, check=True, capture_output=True, text=True)
-            row = json.loads(done.stdout.strip().splitlines()[-1])
+            row = child_json(__file__, ["--child", name, "--rounds", str(args.rounds)], [src, ROOT / "tests"])
             row["code"] = code
             cache["rows"][name + suffix] = row
             save_cache(path, cache, sort_keys=False)

@@ -48,7 +48,6 @@ import copy
 import json
 import os
 import platform
-import subprocess
 import sys
 import weakref
 from collections import Counter
@@ -61,7 +60,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import RUNS, git_commit, load_cache, save_cache  # noqa: E402
+from benchlib import RUNS, child_json, git_commit, load_cache, save_cache, snapshot_commit  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -386,18 +385,9 @@ def measure(name: str, fuse_norms: bool = False) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------- driver
-def _snapshot_commit(src: Path) -> str:
-    f = src.parent / "COMMIT"
-    return f.read_text().strip()[:7] if f.exists() else "?"
-
-
 def _in_subprocess(name: str, src: Path, compiled: bool = False, fuse_norms: bool = False) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT / "tests")])}
     flags = ["--child-compiled", name] if compiled else ["--child", name] + (["--child-fuse"] if fuse_norms else [])
-    done = subprocess.run([sys.executable, __file__, *flags], env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"measuring {name} with {src} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json(__file__, flags, [src, ROOT / "tests"])
 
 
 def _launch_cells(r: dict[str, Any]) -> str:
@@ -500,7 +490,7 @@ def main(argv: list[str] | None = None) -> None:
         cache["command"] = command
         impls = [(f"now ({git_commit(ROOT)})", ROOT / "src", False)]
         if args.baseline_src is not None:
-            impls.insert(0, (f"before ({_snapshot_commit(args.baseline_src)})", args.baseline_src, False))
+            impls.insert(0, (f"before ({snapshot_commit(args.baseline_src)})", args.baseline_src, False))
         if args.fuse_norms:
             impls.append((f"now, fused norms ({git_commit(ROOT)})", ROOT / "src", True))
     cache["machine"] = f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}"

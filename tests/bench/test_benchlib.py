@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -80,3 +81,19 @@ def test_a_rerun_that_completes_a_cut_off_invocation_is_named_once() -> None:
     assert benchlib.invocations_text(info["k"]) == (
         "`python b.py --seeds 0 1` (commit `aaa`), `python b.py --seeds 2` (commit `bbb`)")
     assert len(info["k"]["earlier"]) == 2  # the record keeps every invocation
+
+
+def test_child_json_returns_the_last_line_and_a_failure_carries_its_error_output(tmp_path):
+    from benchlib import child_json, snapshot_commit
+
+    script = tmp_path / "child.py"
+    script.write_text("import json, os, sys\nprint('progress')\n"
+                      "if sys.argv[1] == 'fail': sys.exit('no such model')\n"
+                      "print(json.dumps({'arg': sys.argv[1], 'path': os.environ['PYTHONPATH']}))\n")
+    out = child_json(str(script), ["x"], [tmp_path / "src", tmp_path / "tests"])
+    assert out == {"arg": "x", "path": os.pathsep.join([str(tmp_path / "src"), str(tmp_path / "tests")])}
+    with pytest.raises(RuntimeError, match="no such model"):
+        child_json(str(script), ["fail"], [tmp_path / "src"])
+    assert snapshot_commit(tmp_path / "src") == "?"
+    (tmp_path / "COMMIT").write_text("340ec91143e7\n")
+    assert snapshot_commit(tmp_path / "src") == "340ec91"

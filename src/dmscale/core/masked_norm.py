@@ -38,29 +38,11 @@ __all__ = ["MaskedLayerNorm", "masked_layer_norm", "MaskedRMSRescale", "masked_r
 _MIN_TOTAL = 1e-6  # sum(m) is clamped here (all channels masked to ~0)
 
 
-class _AutocastOff:
-    """Autocast off on one device type inside the block, back on after (also on an error): a
-    flag read and, under autocast, two flag writes. ``torch.autocast(enabled=False)`` does the
-    same with about 20 us of Python per use, and a masked norm used it twice per call."""
-
-    __slots__ = ("device_type", "was_on")
-
-    def __init__(self, device_type: str) -> None:
-        self.device_type = device_type
-
-    def __enter__(self) -> None:
-        self.was_on = torch.is_autocast_enabled(self.device_type)
-        if self.was_on:
-            torch.set_autocast_enabled(self.device_type, False)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.was_on:
-            torch.set_autocast_enabled(self.device_type, True)
-
-
 class _AutocastAs:
-    """Autocast on ``device_type`` set to ``enabled`` and ``dtype`` inside the block (as the
-    forward ran: the backward of a norm that computes its output again), restored after."""
+    """Autocast on ``device_type`` set to ``enabled`` and ``dtype`` inside the block, restored
+    after (also on an error), with the nesting count and cast-cache drop ``torch.autocast`` keeps:
+    flag reads, and flag writes only where the state changes. ``torch.autocast`` does the same
+    with about 20 us of Python per use, and a masked norm used it twice per call."""
 
     __slots__ = ("device_type", "enabled", "dtype", "before")
 
@@ -83,8 +65,9 @@ class _AutocastAs:
 
 
 def autocast_as(device_type: str, enabled: bool, dtype: torch.dtype) -> Any:
-    """A context with autocast ``enabled`` in ``dtype`` on ``device_type``, cheaply (see
-    :class:`_AutocastOff`); ``torch.autocast`` while dynamo traces."""
+    """A context with autocast ``enabled`` in ``dtype`` on ``device_type``, cheaply (the backward
+    of a norm that computes its output again, as the forward ran); ``torch.autocast`` while
+    dynamo traces (it knows that one)."""
     if torch.compiler.is_compiling():
         return torch.autocast(device_type, dtype=dtype, enabled=enabled)
     return _AutocastAs(device_type, enabled, dtype)
@@ -92,10 +75,8 @@ def autocast_as(device_type: str, enabled: bool, dtype: torch.dtype) -> Any:
 
 def no_autocast(device_type: str) -> Any:
     """A context with autocast off on ``device_type`` (the statistics in float32, as
-    LayerNorm's); ``torch.autocast(enabled=False)`` while dynamo traces (it knows that one)."""
-    if torch.compiler.is_compiling():
-        return torch.autocast(device_type, enabled=False)
-    return _AutocastOff(device_type)
+    LayerNorm's): :func:`autocast_as` with ``enabled=False``."""
+    return autocast_as(device_type, False, torch.get_autocast_dtype(device_type))
 
 
 class MaskedLayerNorm(torch.autograd.Function):

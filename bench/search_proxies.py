@@ -198,14 +198,25 @@ _ALLOCATIONS = {"aten::empty", "aten::empty_strided", "aten::new_empty", "aten::
                 "aten::empty_like", "aten::lift_fresh", "aten::resize_"}
 
 
+def _is_tensor_type(t: Any) -> bool:
+    """A schema type that is a Tensor, an optional one or a list of them."""
+    if isinstance(t, torch._C.OptionalType):
+        t = t.getElementType()
+    if isinstance(t, torch._C.ListType):
+        t = t.getElementType()
+    return isinstance(t, torch._C.TensorType)
+
+
 def _returns_alias(name: str) -> bool:
-    """Whether every overload of operator ``name`` returns a view of an input (``Tensor(a)``,
-    not written to): ``detach``, ``select``, ``view``, ``to`` without a copy ..."""
+    """Whether every overload of operator ``name`` that returns tensors returns views of an
+    input (``Tensor(a)``, not written to): ``detach``, ``select``, ``view``, ``to`` without a
+    copy ... (``slice`` and ``split`` also have list and string overloads, which do not count)."""
     packet = getattr(torch.ops.aten, name.split("::", 1)[1], None)
     overloads = [getattr(packet, o) for o in packet.overloads()] if packet is not None else []
-    return bool(overloads) and all(
-        o._schema.returns and all(r.alias_info is not None and not r.alias_info.is_write for r in o._schema.returns)
-        for o in overloads)
+    tensor_returns = [[r for r in o._schema.returns if _is_tensor_type(r.type)] for o in overloads]
+    tensor_returns = [rs for rs in tensor_returns if rs]
+    return bool(tensor_returns) and all(
+        r.alias_info is not None and not r.alias_info.is_write for rs in tensor_returns for r in rs)
 
 
 def _is_kernel(name: str) -> bool:

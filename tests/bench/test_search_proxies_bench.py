@@ -17,10 +17,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import search_proxies  # noqa: E402
 
-# (operators, bytes) DMS over plain; measured 3.42 / 1.001 and 3.10 / 1.026 when set (bytes without
+# (operators, bytes) DMS over plain; measured 2.99 / 1.001 and 2.97 / 1.026 when set, after the
+# forward and the resource loss shared one stack of the ratios (3.42 and 3.07 before; bytes without
 # the model's own parameters, which the graph of a masked weight refers to; 3.57 / 1.018 and
 # 3.56 / 1.156 counting them, before the no-op casts went and the transformer depth masks folded)
-BUDGETS = {"small_cnn": (3.6, 1.03), "vit_s16": (3.3, 1.06)}
+BUDGETS = {"small_cnn": (3.1, 1.03), "vit_s16": (3.1, 1.06)}
 
 
 @pytest.mark.parametrize("name", sorted(BUDGETS))
@@ -51,6 +52,9 @@ def test_launching_operators_leave_out_views_no_op_casts_and_allocations():
     # does a cast to another dtype
     counts = search_proxies.launching_operators(lambda: x.t().reshape(12).to(torch.float64))
     assert counts == {"aten::reshape": 1, "aten::to": 1}
+    # slicing, narrowing and splitting are views (their list and string overloads aside)
+    counts = search_proxies.launching_operators(lambda: x[1:].narrow(1, 0, 2).split(1)[0].sum())
+    assert counts == {"aten::sum": 1}
 
 
 @pytest.mark.slow

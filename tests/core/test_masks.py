@@ -152,3 +152,64 @@ def test_the_bank_is_reused_until_a_gate_is_replaced_or_changes_what_the_bank_ba
     assert rebuilt is not bank and g.width[0].importance._base is rebuilt.matrix
     g.width[0].decay = 0.5  # settings no longer shared: every gate on its own path
     assert g._bank_for() == (None, [])
+
+
+def _resnet20_search(seed: int = 0):
+    from zoo import ZOO
+
+    entry = ZOO["resnet20"]
+    torch.manual_seed(seed)
+    model = entry.build()
+    searcher = dms.prepare(model, torch.randn(2, *entry.input_shape[1:]), dms.SearchConfig(target=0.5))
+    return model, searcher, torch.randn(4, *entry.input_shape[1:])
+
+
+def test_forward_and_resource_loss_share_one_ratio_stack_and_give_the_gradients_of_separate_ones():
+    """The resource loss reuses the training forward's stacked ratios (one gradient per gate per
+    backward); the gradients equal those of two separate stacks, also with the two losses
+    backpropagated one after the other, and an optimiser step between forward and resource
+    loss is seen (the ratios' version counters)."""
+    grads = []
+    for shared in (True, False):
+        model, s, x = _resnet20_search()
+        s.randomize_importance(0)
+        bank, _ = s.gates._bank_for()
+        task = model(x).square().mean()
+        forward_stack = bank._stacked[2]
+        if not shared:
+            bank.__dict__.pop("_stacked")  # the resource loss stacks its own
+        resource = s.resource_loss(0.5)
+        assert (bank._stacked[2] is forward_stack) == shared
+        task.backward()
+        resource.backward()  # a second backward through the shared stack (it saves no tensor)
+        grads.append(torch.stack([g.a.grad for g in (*s.gates.width, *s.gates.depth)]))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-6, atol=1e-12) and grads[0].abs().sum() > 0
+
+    model, s, x = _resnet20_search()
+    model(x)
+    before = float(s.resource_loss(0.5))
+    with torch.no_grad():
+        for g in s.gates.width:
+            g.a.add_(0.2)  # what an optimiser step does (in place)
+    after = float(s.resource_loss(0.5))
+    bank, _ = s.gates._bank_for()
+    bank.__dict__.pop("_stacked")
+    assert after != before and after == float(s.resource_loss(0.5))
+
+
+def test_unit_positions_follow_every_importance_update():
+    """The ranks are reused while the importance is unchanged and computed again after an
+    update through the bank (the gradient hook) or through a gate's own buffer."""
+    from dmscale.core.gate_bank import GateBank
+
+    model, s, x = _resnet20_search()
+    s.randomize_importance(1)
+    bank, which = s.gates._bank_for()
+    first = bank.unit_positions()
+    assert bank.unit_positions() is first
+    model(x).square().mean().backward()  # Eq. 4 through the bank's hook
+    gates = [(*s.gates.width, *s.gates.depth)[i] for i in which]
+    gates[0].importance.copy_(torch.rand(gates[0].importance.shape))  # a gate's own view
+    fresh = GateBank(gates)  # (built from the same buffers: the ranks from scratch)
+    assert torch.equal(bank.unit_positions(), fresh.unit_positions())
+    assert not torch.equal(bank.unit_positions(), first)

@@ -96,7 +96,8 @@ def test_each_mask_is_computed_once_per_forward(monkeypatch):
     per_gate, batched = [], []
     original, original_bank = DifferentiableTopK.unit_soft_mask, GateBank.unit_soft_masks
     monkeypatch.setattr(DifferentiableTopK, "unit_soft_mask", lambda self: per_gate.append(self) or original(self))
-    monkeypatch.setattr(GateBank, "unit_soft_masks", lambda self: batched.append(self) or original_bank(self))
+    monkeypatch.setattr(GateBank, "unit_soft_masks",
+                        lambda self, **kw: batched.append(self) or original_bank(self, **kw))
     model.train()
     model(x).sum().backward()
     n_dims = len(searcher.gates.width) + len(searcher.gates.depth)

@@ -106,28 +106,60 @@ class GateBank:
                         for g, h, a in zip(gates, self.gates, self._ratios)))
 
     # ------------------------------------------------------------------ Eq. 2 and 3
-    def ratios(self) -> torch.Tensor:
+    def ratios(self, fresh: bool = False) -> torch.Tensor:
         """The pruning ratios (G, 1), each first projected into [0, 1 - n_min/N] in place
-        (what :meth:`~dmscale.core.topk.DifferentiableTopK.clamp_` does, for all gates at once)."""
+        (what :meth:`~dmscale.core.topk.DifferentiableTopK.clamp_` does, for all gates at once).
+
+        The stacked tensor is shared by later calls (unless ``fresh``) while no ratio changed
+        (their version counters: an optimiser step, ``fill_``, ``load_state_dict``) and the grad
+        mode is the same: the forward's masks and the resource loss's then hang off one (G, 1)
+        node and each ``a`` gets one gradient per backward, not one per evaluation (one addition
+        per gate fewer per step). The stack saves no tensor for its backward, so a task and a
+        resource loss may still be backpropagated one after the other."""
+        mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        shared = self.__dict__.get("_stacked")
+        if not fresh and shared is not None and shared[0] == mode \
+                and all(a._version == v for a, v in zip(self._ratios, shared[1])):
+            return shared[2]
         with torch.no_grad():
             torch._foreach_clamp_min_(self._ratios, 0.0)
             torch._foreach_clamp_max_(self._ratios, self.max_ratio)
-        return torch.stack(self._ratios)[:, None]
+        stacked = torch.stack(self._ratios)[:, None]
+        self._stacked = (mode, [a._version for a in self._ratios], stacked)
+        return stacked
 
     def integer_ranks(self) -> torch.Tensor:
         """``#{j : c_gi > c_gj}`` per row (G, N_max), ties broken by index (lower index ranks
-        higher), padding ranked above every unit (it never counts)."""
+        higher), padding ranked above every unit (it never counts). Computed again only when
+        an importance changed (the matrix's version counter; every gate's buffer is a view of
+        it, so an update through either counts)."""
+        key = (self.matrix._version, torch.is_inference_mode_enabled())
+        shared = self.__dict__.get("_ranks")
+        if shared is None or shared[0] != key:
+            shared = self._ranks = (key, self._integer_ranks())
+        return shared[1]
+
+    def _integer_ranks(self) -> torch.Tensor:
         c = self.matrix.detach().masked_fill(self.pad, float("inf")).flip(1)
         order = torch.argsort(c, dim=1, stable=True)  # flipped: among ties the higher index first
         rank = torch.empty_like(order)
         steps = torch.arange(self.n_max, device=order.device).expand_as(order)
         return rank.scatter_(1, (self.n_max - 1) - order, steps)
 
-    def unit_soft_masks(self) -> torch.Tensor:
+    def unit_soft_masks(self, fresh: bool = False) -> torch.Tensor:
         """Eq. 3 for every gate, (G, N_max): ``sigmoid(lam (c' - a))``, c' = rank / N
-        (+ 1/(2N) centred); padding columns hold values that no element reads."""
-        c = self.integer_ranks().to(torch.float32) / self.n_units + self.shift
-        return torch.sigmoid(self.lam * (c - self.ratios()))
+        (+ 1/(2N) centred); padding columns hold values that no element reads. ``fresh``: the
+        ratios stacked anew (see :meth:`ratios`)."""
+        return torch.sigmoid(self.lam * (self.unit_positions() - self.ratios(fresh)))
+
+    def unit_positions(self) -> torch.Tensor:
+        """c' = rank / N (+ 1/(2N) centred) of every unit (G, N_max), computed again only when
+        an importance changed (as :meth:`integer_ranks`)."""
+        key = (self.matrix._version, torch.is_inference_mode_enabled())
+        shared = self.__dict__.get("_positions")
+        if shared is None or shared[0] != key:
+            shared = self._positions = (key, self.integer_ranks().to(torch.float32) / self.n_units + self.shift)
+        return shared[1]
 
     def unit_hard_masks(self) -> torch.Tensor:
         """0/1 per unit (G, N_max): the k = round((1 - a) N) highest-ranked units, k clamped

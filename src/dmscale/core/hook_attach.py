@@ -63,18 +63,17 @@ def attach_hooks(
     model.register_forward_pre_hook(ComputeMasks(gates, no_fastpath=has_mha))
     if has_mha:
         model.register_forward_hook(RestoreFastpath(gates), always_call=True)
-    keys: dict[bytes, str] = {}
     order: list[str] = []
 
     def slot_key(prefix: str, name: str, slots: Any) -> str:
-        """One buffer (and one gather per forward) per distinct slot vector."""
-        idx = torch.as_tensor(slots, dtype=torch.long)
-        content = idx.numpy().tobytes()
-        if content not in keys:
-            keys[content] = prefix + name.replace(".", "__")
-            gates.register_buffer(keys[content], idx, persistent=False)
-            order.append(keys[content])
-        return keys[content]
+        """One buffer per hooked layer, also where two layers read the same slots: every layer's
+        mask is its own slice of the forward's one gather, so the backward sums the gradients of
+        a shared slot inside that gather's backward (one operation), not one addition per layer."""
+        key = prefix + name.replace(".", "__")
+        if key not in order:
+            gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
+            order.append(key)
+        return key
 
     folded: set[str] = set()
 
@@ -97,7 +96,7 @@ def attach_hooks(
         if not fold(name, dim, "in", key):
             modules[name].register_forward_pre_hook(MaskInput(gates, key, dim), with_kwargs=True)
     for name, (slots, kind, eps) in (norms or {}).items():
-        key = slot_key("idx_", name, slots)
+        key = slot_key("norm_", name, slots)
         modules[name].register_forward_hook(MaskedNorm(gates, key, kind, eps), with_kwargs=True)
     for name, (dim, slots) in (outputs or {}).items():
         key = slot_key("out_", name, slots)

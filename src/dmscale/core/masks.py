@@ -49,12 +49,14 @@ __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "f
 
 
 def assemble_width_mask(parts: list[torch.Tensor], derived_a: torch.Tensor, derived_b: torch.Tensor,
-                        like: torch.Tensor | None = None) -> torch.Tensor:
+                        like: torch.Tensor | None = None, one: torch.Tensor | None = None) -> torch.Tensor:
     """The global width mask: every dim's element mask, then the derived (product) slots
-    ``m[a] * m[b]`` (a or b = -1: factor 1), then a trailing 1 for fixed channels."""
+    ``m[a] * m[b]`` (a or b = -1: factor 1), then a trailing 1 for fixed channels (``one``, a
+    (1,) tensor of 1 on the parts' device and dtype, or made here)."""
     ref = parts[0] if parts else like
-    one = torch.ones(1, device=ref.device if ref is not None else None,
-                     dtype=ref.dtype if ref is not None else torch.float32)
+    if one is None or ref is None or (one.device, one.dtype) != (ref.device, ref.dtype):
+        one = torch.ones(1, device=ref.device if ref is not None else None,
+                         dtype=ref.dtype if ref is not None else torch.float32)
     base = torch.cat(parts) if parts else one[:0]
     if len(derived_a):
         ext = torch.cat([base, one])
@@ -127,6 +129,7 @@ class Gates(nn.Module):
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
         state.pop("_bank_key", None)
         state.pop("_rows_cache", None)
+        state.pop("_one_cache", None)
         return state
 
     # ------------------------------------------------------------------ construction
@@ -206,7 +209,8 @@ class Gates(nn.Module):
             self._forwards += 1
         width, depth = self.masks(self.mode, track, defer)
         self._masks = width
-        self._depth_units = [d.unbind(0) for d in depth]  # under this forward's grad mode
+        units, sizes = depth.unbind(0), [t.size for t in self.depth]  # under this forward's grad mode
+        self._depth_units = [units[sum(sizes[:j]):sum(sizes[:j + 1])] for j in range(len(sizes))]
         self._channels = dict(zip(self._keys, width[self.channel_index].split(self._key_sizes))) \
             if self._keys else {}
 
@@ -232,8 +236,9 @@ class Gates(nn.Module):
         return bank, which
 
     def masks(self, kind: str = "soft", track: bool = False,
-              defer: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """(global width mask with its derived slots and trailing 1, per-dim depth masks)
+              defer: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(global width mask with its derived slots and trailing 1, every depth dim's mask
+        concatenated (n_blocks,))
         of ``kind`` "soft", "hard" or "open", the depth masks hard while depth is frozen.
 
         Soft masks of every :func:`~dmscale.core.gate_bank.batchable` gate come from one
@@ -250,7 +255,7 @@ class Gates(nn.Module):
         if bank is not None:
             frozen = [i for i in which if i >= n and self.depth_frozen] if kind == "soft" else []
             if kind == "soft":
-                soft = bank.unit_soft_masks()  # (G, N_max)
+                soft = bank.unit_soft_masks(fresh=track)  # (G, N_max); a training forward stacks anew
                 if track and soft.requires_grad:  # rows of frozen depth gates get no update
                     rows = tuple(i not in frozen and gates[i].a.requires_grad for i in which)
                     soft.register_hook(self._importance_hook(_Rows(bank, self._rows_on(rows, soft.device)),
@@ -258,28 +263,37 @@ class Gates(nn.Module):
             if kind == "hard" or (frozen and not any(gates[i].required_groups for i in frozen)):
                 hard = bank.unit_hard_masks()  # (G, N_max) on the device, no host synchronisation
 
-        def batched(i: int, src: torch.Tensor | None) -> bool:
+        def use_hard(i: int) -> bool:
+            return kind == "hard" or (i >= n and self.depth_frozen and kind != "open")
+
+        def source(i: int) -> torch.Tensor | None:
+            return hard if use_hard(i) else soft
+
+        def batched(i: int) -> bool:
             # hard masks of gates with required groups come from the gate itself
-            return i in row and src is not None and not (src is hard and gates[i].required_groups)
+            return i in row and source(i) is not None and not (use_hard(i) and gates[i].required_groups)
 
         def one(i: int) -> torch.Tensor:
-            t = gates[i]
-            use_hard = kind == "hard" or (i >= n and self.depth_frozen and kind != "open")
-            src = hard if use_hard else soft
-            if batched(i, src):
-                return bank.elements(src, [row[i]])
-            if use_hard:
-                return t.hard_mask()
-            return self._mask(t, kind, track, defer, i)
+            if batched(i):
+                return bank.elements(source(i), [row[i]])
+            return gates[i].hard_mask() if use_hard(i) else self._mask(gates[i], kind, track, defer, i)
 
-        src = soft if kind == "soft" else hard
-        if bank is not None and n and all(batched(i, src) for i in range(n)):
-            base = bank.elements(src, [row[i] for i in range(n)])  # (n_slots,) in one gather
-            width = assemble_width_mask([base], self.derived_a, self.derived_b)
+        def joined(ids: list[int]) -> torch.Tensor:
+            """The element masks of gates ``ids`` concatenated: one gather when the bank has them
+            all from one source (one index forward, one backward per evaluation)."""
+            if ids and all(batched(i) and source(i) is source(ids[0]) for i in ids):
+                return bank.elements(source(ids[0]), [row[i] for i in ids])
+            parts = [one(i) for i in ids]
+            return torch.cat(parts) if parts else torch.zeros(0, device=self._device())
+
+        all_ids = list(range(len(gates)))
+        if n and len(gates) > n and all(batched(i) and source(i) is source(0) for i in all_ids):
+            base, depth = joined(all_ids).split([sum(g.size for g in gates[:n]), sum(g.size for g in gates[n:])])
         else:
-            width = assemble_width_mask([one(i) for i in range(n)], self.derived_a, self.derived_b,
-                                        like=torch.ones(1, device=self._device()))
-        return width, [one(n + j) for j in range(len(self.depth))]
+            base, depth = joined(all_ids[:n]), joined(all_ids[n:])
+        width = assemble_width_mask([base], self.derived_a, self.derived_b, one=self._one()) if n else \
+            assemble_width_mask([], self.derived_a, self.derived_b, like=torch.ones(1, device=self._device()))
+        return width, depth
 
     def _mask(self, topk: StructuralGate, kind: str, track: bool, defer: bool = False,
               index: int = 0) -> torch.Tensor:
@@ -334,6 +348,13 @@ class Gates(nn.Module):
         if getattr(self, "_depth_units", None) is None:  # (absent from gates pickled before it existed)
             self.compute()
         return self._depth_units[j][block]
+
+    def _one(self) -> torch.Tensor:
+        """A (1,) float32 tensor of 1 on the gates' device, made once per device."""
+        cached = self.__dict__.get("_one_cache")
+        if cached is None or cached.device != self._device():
+            cached = self.__dict__["_one_cache"] = torch.ones(1, device=self._device())
+        return cached
 
     def _device(self) -> torch.device:
         return self.width[0].a.device if len(self.width) else (

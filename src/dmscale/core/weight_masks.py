@@ -182,6 +182,12 @@ class FoldDepth(DMSHook):
         if not self.gates.enabled:
             return
         m = self.gates.depth_unit(self.dim, self.block)  # () scalar
+        weight, bias = _current(module, "weight"), _current(module, "bias")
+        if bias is not None and weight.shape == bias.shape and weight.dtype == bias.dtype:
+            # a norm's affine pair, (2, C): one multiply, and one gradient for m in the backward
+            module.__dict__["weight"], module.__dict__["bias"] = (
+                torch.stack((weight, bias)) * cast(m, weight.dtype)).unbind(0)
+            return
         for name in ("weight", "bias"):
             value = _current(module, name)
             if value is not None:

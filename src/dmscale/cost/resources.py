@@ -161,6 +161,10 @@ class CostModel(DeviceCache):
             torch.tensor([r[2] if r[2] >= 0 else g for r in kept], dtype=torch.long),
             torch.tensor([r[3] if r[3] >= 0 else b for r in kept], dtype=torch.long),
         )
+        # every term's three factors as one gather from [keep (G), 1, depth (B), 1]: (3, T)
+        t = self.terms
+        self._factor_index = torch.stack([t.f_in, t.f_out, t.depth + g + 1])
+        self._one = torch.ones(1, dtype=torch.float64)
         lengths = [len(x) for x in self._groups]
         self._flat = torch.cat(self._groups) if self._groups else torch.zeros(0, dtype=torch.long)
         self._seg = torch.repeat_interleave(torch.arange(g), torch.tensor(lengths, dtype=torch.long)) if g else torch.zeros(0, dtype=torch.long)
@@ -241,12 +245,10 @@ class CostModel(DeviceCache):
         """r_c from the width mask (n_slots + 1,) and flat depth mask (n_blocks,)."""
         w = width_mask.to(torch.float64)
         dev = w.device
-        g = len(self._groups)
-        t = self.terms
-        seg, flat, length, base, f_in, f_out, depth = self.on(
-            dev, self._seg, self._flat, self._len, t.base, t.f_in, t.f_out, t.depth)
-        keep = torch.zeros(g, dtype=torch.float64, device=dev).index_add(0, seg, w[flat]) / length
-        keep = torch.cat([keep, torch.ones(1, dtype=torch.float64, device=dev)])
-        d = torch.cat([depth_mask.to(torch.float64), torch.ones(1, dtype=torch.float64, device=dev)])
-        per_term = base * keep[f_in] * keep[f_out] * d[depth]
+        seg, flat, length, base, index, one = self.on(
+            dev, self._seg, self._flat, self._len, self.terms.base, self._factor_index, self._one)
+        keep = torch.zeros(len(self._groups), dtype=torch.float64, device=dev).index_add(0, seg, w[flat]) / length
+        factors = torch.cat([keep, one, depth_mask.to(torch.float64), one])  # (G + 1 + B + 1,)
+        k_in, k_out, d = factors[index].unbind(0)  # (T,) each: one gather, one backward
+        per_term = base * k_in * k_out * d
         return per_term.sum() + self.constant

@@ -168,8 +168,7 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
             return torch.cat(parts) if parts else torch.zeros(0, device=g._device())
 
         if kind == "soft" or (kind == "hard" and cache is None):  # batched (no importance hook)
-            width, depth_parts = g.masks(kind)
-            return width, flat(depth_parts)
+            return g.masks(kind)
 
         def pick(t: Any) -> torch.Tensor:
             if kind == "hard":

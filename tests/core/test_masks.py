@@ -154,13 +154,13 @@ def test_the_bank_is_reused_until_a_gate_is_replaced_or_changes_what_the_bank_ba
     assert g._bank_for() == (None, [])
 
 
-def _resnet20_search(seed: int = 0):
+def _resnet20_search(seed: int = 0, **config):
     from zoo import ZOO
 
     entry = ZOO["resnet20"]
     torch.manual_seed(seed)
     model = entry.build()
-    searcher = dms.prepare(model, torch.randn(2, *entry.input_shape[1:]), dms.SearchConfig(target=0.5))
+    searcher = dms.prepare(model, torch.randn(2, *entry.input_shape[1:]), dms.SearchConfig(target=0.5, **config))
     return model, searcher, torch.randn(4, *entry.input_shape[1:])
 
 
@@ -213,3 +213,32 @@ def test_unit_positions_follow_every_importance_update():
     fresh = GateBank(gates)  # (built from the same buffers: the ranks from scratch)
     assert torch.equal(bank.unit_positions(), fresh.unit_positions())
     assert not torch.equal(bank.unit_positions(), first)
+
+
+def test_a_depth_frozen_between_the_forward_and_the_resource_loss_gets_no_gradient_from_it():
+    """The resource loss of the first width-only step freezes depth after the forward
+    (``requires_grad_(False)``, no version change) and stacks the ratios anew: reusing the
+    forward's stack sent the frozen ratios a gradient (and DDP, which had found them unused,
+    failed on it)."""
+    model, s, x = _resnet20_search(width_only_from=0.4)
+    assert len(s.gates.depth) > 0 and not s.gates.depth_frozen
+    model(x).square().mean()
+    loss = s.resource_loss(0.5)  # progress 0.5: depth frozen from here on
+    assert s.gates.depth_frozen
+    reached = _leaves_reached(loss)  # (autograd drops a gradient to a frozen leaf; DDP's hook saw it)
+    assert not any(v is g.a for g in s.gates.depth for v in reached)
+    assert all(any(v is g.a for v in reached) for g in s.gates.width)
+
+
+def _leaves_reached(t: torch.Tensor) -> list[torch.Tensor]:
+    """The leaf tensors the autograd graph of ``t`` sends a gradient to."""
+    seen, stack, leaves = set(), [t.grad_fn], []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):
+            leaves.append(node.variable)
+        stack.extend(n for n, _ in node.next_functions)
+    return leaves

@@ -111,21 +111,21 @@ class GateBank:
         (what :meth:`~dmscale.core.topk.DifferentiableTopK.clamp_` does, for all gates at once).
 
         The stacked tensor is shared by later calls (unless ``fresh``) while no ratio changed
-        (their version counters: an optimiser step, ``fill_``, ``load_state_dict``) and the grad
-        mode is the same: the forward's masks and the resource loss's then hang off one (G, 1)
+        (their version counters: an optimiser step, ``fill_``, ``load_state_dict``) or started or
+        stopped requiring a gradient (frozen depth), and the grad mode is the same: the forward's masks and the resource loss's then hang off one (G, 1)
         node and each ``a`` gets one gradient per backward, not one per evaluation (one addition
         per gate fewer per step). The stack saves no tensor for its backward, so a task and a
         resource loss may still be backpropagated one after the other."""
         mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         shared = self.__dict__.get("_stacked")
         if not fresh and shared is not None and shared[0] == mode \
-                and all(a._version == v for a, v in zip(self._ratios, shared[1])):
+                and all(a._version == v and a.requires_grad is r for a, (v, r) in zip(self._ratios, shared[1])):
             return shared[2]
         with torch.no_grad():
             torch._foreach_clamp_min_(self._ratios, 0.0)
             torch._foreach_clamp_max_(self._ratios, self.max_ratio)
         stacked = torch.stack(self._ratios)[:, None]
-        self._stacked = (mode, [a._version for a in self._ratios], stacked)
+        self._stacked = (mode, [(a._version, a.requires_grad) for a in self._ratios], stacked)
         return stacked
 
     def integer_ranks(self) -> torch.Tensor:

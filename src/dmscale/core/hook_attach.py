@@ -44,10 +44,10 @@ def attach_hooks(
     outputs: dict[str, tuple[int, Any]] | None = None,
     fold_masks: bool = True,
     depth_folds: dict[str, str] | None = None,
-) -> list[str]:
+) -> dict[str, torch.Tensor]:
     """Register ``gates`` (a :class:`~dmscale.core.masks.Gates`) on ``model`` as
-    :data:`GATES_NAME` and attach every hook; returns the names of the slot buffers registered
-    on the gates (one per distinct slot vector), in the order the gates gather them.
+    :data:`GATES_NAME` and attach every hook; returns every hooked layer's mask key and the
+    global slot of each of its channels ((C,) long), in the order the gates gather them.
 
     Args: as :meth:`dmscale.core.masks.Gates.attach` (``consumers``: layer name -> (channel
     dim of its input, global slot per channel); ``norms``: norm name -> (slots, kind, eps);
@@ -63,16 +63,14 @@ def attach_hooks(
     model.register_forward_pre_hook(ComputeMasks(gates, no_fastpath=has_mha))
     if has_mha:
         model.register_forward_hook(RestoreFastpath(gates), always_call=True)
-    order: list[str] = []
+    order: dict[str, torch.Tensor] = {}
 
     def slot_key(prefix: str, name: str, slots: Any) -> str:
-        """One buffer per hooked layer, also where two layers read the same slots: every layer's
+        """One key per hooked layer, also where two layers read the same slots: every layer's
         mask is its own slice of the forward's one gather, so the backward sums the gradients of
         a shared slot inside that gather's backward (one operation), not one addition per layer."""
         key = prefix + name.replace(".", "__")
-        if key not in order:
-            gates.register_buffer(key, torch.as_tensor(slots, dtype=torch.long), persistent=False)
-            order.append(key)
+        order.setdefault(key, torch.as_tensor(slots, dtype=torch.long))
         return key
 
     folded: set[str] = set()

@@ -124,9 +124,14 @@ class MaskedLayerNorm(torch.autograd.Function):
         gyf = cast(gy.reshape(-1, c), dt)  # (N, C): every position one row
         r1 = r.reshape(-1, 1)  # (N, 1)
         xhat = (cast(x.reshape(-1, c), dt) - mu.reshape(-1, 1)).mul_(r1)  # (N, C)
-        g = gyf * cast(weight, dt) if weight is not None else gyf
-        g1 = g.sum(-1, keepdim=True)  # G1, (N, 1)
-        g2 = (g * xhat).sum(-1, keepdim=True)  # G2, (N, 1)
+        gx = gyf * xhat  # dL/dy_k x̂_k, (N, C): G2 and dw from one product
+        if weight is not None:
+            wf = cast(weight, dt)
+            g = gyf * wf
+            g1, g2 = (gyf @ wf).unsqueeze(-1), (gx @ wf).unsqueeze(-1)  # G1, G2: (N, 1)
+        else:
+            g = gyf
+            g1, g2 = g.sum(-1, keepdim=True), gx.sum(-1, keepdim=True)
         dx = dm = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = cast((g - torch.addcmul(g1, xhat, g2).mul_(p)).mul_(r1), x.dtype).reshape(x.shape)
@@ -137,7 +142,7 @@ class MaskedLayerNorm(torch.autograd.Function):
             s3 = 0.5 * (g2.sum() - ctx.eps * torch.linalg.vecdot(g2.reshape(-1), (r1 * r1).reshape(-1)))
             dm = cast((s3 - s12) / total, p.dtype)
         if weight is not None and ctx.needs_input_grad[2]:
-            dw = cast((gyf * xhat).sum(0), weight.dtype)  # sum_n gy_nk x̂_nk
+            dw = cast(gx.sum(0), weight.dtype)  # sum_n gy_nk x̂_nk
         if ctx.has_bias and ctx.needs_input_grad[3]:
             db = gyf.sum(0)
         return dx, dm, dw, db, None
@@ -185,38 +190,38 @@ class MaskedRMSRescale(torch.autograd.Function):
             return y
 
     @staticmethod
-    def _out_times_s(ctx: Any, x: torch.Tensor, s: torch.Tensor, kept: tuple) -> torch.Tensor:
-        """``out`` (recomputed from x, as the forward computed it) times s; or the saved y."""
+    def _out(ctx: Any, x: torch.Tensor, kept: tuple) -> tuple[torch.Tensor, bool]:
+        """(``out``, False) computed again from x as the forward computed it; or (the saved y,
+        True)."""
         if ctx.norm is None:
-            return kept[0]
+            return kept[0], True
         if torch.is_grad_enabled():  # create_graph: the recomputed output has no graph back to out
             raise RuntimeError("a second derivative through a masked RMS norm is not supported: its "
                                "backward computes the norm's output again without a graph; call "
                                "masked_rms_rescale without norm= (it then keeps its output)")
         enabled, dtype = ctx.autocast
         with torch.no_grad(), autocast_as(x.device.type, enabled, dtype):
-            out = ctx.norm(x)
-        with no_autocast(x.device.type):
-            return cast(cast(out, ctx.dt) * s.unsqueeze(-1), out.dtype)
+            return ctx.norm(x), False
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, s, ms_all, ms_kept, p, total, *kept = ctx.saved_tensors
-        y = MaskedRMSRescale._out_times_s(ctx, x, s, tuple(kept))
+        out, is_y = MaskedRMSRescale._out(ctx, x, tuple(kept))
         with no_autocast(gy.device.type):
             dt, eps, c = ctx.dt, ctx.eps, x.shape[-1]
             gyf = cast(gy, dt)
-            s1 = s.unsqueeze(-1)
-            d_out = cast(gyf * s1, y.dtype) if ctx.needs_input_grad[0] else None
-            big_g = torch.linalg.vecdot(gyf, cast(y, dt)) / s  # sum_j dL/dy_j out_j, (...)
-            gs = (big_g * s).unsqueeze(-1)  # (..., 1)
-            kept_ms = (ms_kept + eps).unsqueeze(-1)
+            d_out = cast(gyf * s.unsqueeze(-1), out.dtype) if ctx.needs_input_grad[0] else None
+            # G s with G = sum_j dL/dy_j out_j, (..., 1): sum_j dL/dy_j y_j (y = out s)
+            gs = torch.linalg.vecdot(gyf, cast(out, dt))
+            gs = (gs if is_y else gs * s).unsqueeze(-1)
+            v = gs / (ms_kept + eps).unsqueeze(-1)  # (..., 1)
             dx = dm = None
             xf = cast(x, dt)
-            if ctx.needs_input_grad[1]:
-                dx = cast(gs * xf * (1.0 / (c * (ms_all + eps)).unsqueeze(-1) - p / kept_ms), x.dtype)
+            if ctx.needs_input_grad[1]:  # x_k (G s / (C (ms_all + eps)) - p_k G s / (ms_kept + eps))
+                u = gs / ((ms_all + eps) * c).unsqueeze(-1)  # (..., 1)
+                dx = cast(xf * torch.addcmul(u, p, v, value=-1.0), x.dtype)
             if ctx.needs_input_grad[2]:
-                w = (-0.5 * gs / kept_ms).reshape(-1)  # (N,)
+                w = (v * -0.5).reshape(-1)  # (N,)
                 dp = (xf * xf).reshape(-1, c).T @ w  # sum_n w_n x_nk^2, (C,)
                 dm = cast((dp - torch.dot(w, ms_kept.reshape(-1))) / total, p.dtype)
             return d_out, dx, dm, None, None

@@ -101,7 +101,7 @@ class Gates(nn.Module):
         self._depth_units: list[tuple[torch.Tensor, ...]] | None = None  # per depth dim, one () per block
         # every layer's channel mask of this forward, by its slot buffer's name (compute)
         self._channels: dict[str, torch.Tensor] | None = None
-        self._keys: list[str] = []  # the slot buffers, in the order of channel_index
+        self._keys: list[str] = []  # every hooked layer's mask key, in the order of channel_index
         self._key_sizes: list[int] = []
 
     def _apply(self, fn: Any, recurse: bool = True) -> "Gates":
@@ -179,11 +179,12 @@ class Gates(nn.Module):
         pairs = torch.tensor(derived or [], dtype=torch.long).reshape(-1, 2)
         gates.register_buffer("derived_a", pairs[:, 0].clone(), persistent=False)
         gates.register_buffer("derived_b", pairs[:, 1].clone(), persistent=False)
-        gates._keys = attach_hooks(model, gates, consumers, branches, norms=norms, outputs=outputs,
-                                    fold_masks=fold_masks, depth_folds=depth_folds)
-        slots = [getattr(gates, k) for k in gates._keys]
-        gates.register_buffer("channel_index", torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long),
-                              persistent=False)
+        keyed = attach_hooks(model, gates, consumers, branches, norms=norms, outputs=outputs,
+                             fold_masks=fold_masks, depth_folds=depth_folds)
+        gates._keys, slots = list(keyed), list(keyed.values())
+        # every hooked layer's channels, (sum of C,): int32, half the memory (an LLM has many layers)
+        index = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long)
+        gates.register_buffer("channel_index", index.to(torch.int32), persistent=False)
         gates._key_sizes = [t.numel() for t in slots]
         return gates
 

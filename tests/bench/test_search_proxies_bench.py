@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import search_proxies  # noqa: E402
 
-# (operators, bytes) DMS over plain; measured 2.99 / 1.001 and 2.97 / 1.026 when set, after the
+# (operators, bytes) DMS over plain; measured 2.89 / 1.001 and 2.94 / 1.026 when set, after the
 # forward and the resource loss shared one stack of the ratios (3.42 and 3.07 before; bytes without
 # the model's own parameters, which the graph of a masked weight refers to; 3.57 / 1.018 and
 # 3.56 / 1.156 counting them, before the no-op casts went and the transformer depth masks folded)

@@ -99,7 +99,7 @@ class Gates(nn.Module):
         self._forwards = 0  # training forwards so far: orders pending updates across ranks
         self._masks: torch.Tensor | None = None
         self._depth_units: list[tuple[torch.Tensor, ...]] | None = None  # per depth dim, one () per block
-        # every layer's channel mask of this forward, by its slot buffer's name (compute)
+        # every hooked layer's channel mask of this forward, by its mask key (compute)
         self._channels: dict[str, torch.Tensor] | None = None
         self._keys: list[str] = []  # every hooked layer's mask key, in the order of channel_index
         self._key_sizes: list[int] = []
@@ -335,7 +335,7 @@ class Gates(nn.Module):
         return self.pending.flush(self.process_group)
 
     def channel_mask(self, key: str) -> torch.Tensor:
-        """The mask of the channels behind buffer ``key``, (C,): every key's channels are
+        """The mask of the channels of hooked layer ``key``, (C,): every key's channels are
         gathered at once when the masks are computed (one index operation and one index
         backward per forward, not one per layer)."""
         if self._channels is None:

@@ -112,9 +112,9 @@ class GateBank:
 
         The stacked tensor is shared by later calls (unless ``fresh``) while no ratio changed
         (their version counters: an optimiser step, ``fill_``, ``load_state_dict``) or started or
-        stopped requiring a gradient (frozen depth), and the grad mode is the same: the forward's masks and the resource loss's then hang off one (G, 1)
-        node and each ``a`` gets one gradient per backward, not one per evaluation (one addition
-        per gate fewer per step). The stack saves no tensor for its backward, so a task and a
+        stopped requiring a gradient (frozen depth), and the grad mode is the same: the forward's
+        masks and the resource loss's then hang off one (G, 1) node and each ``a`` gets one
+        gradient per backward, not one per evaluation (one addition per gate fewer per step). The stack saves no tensor for its backward, so a task and a
         resource loss may still be backpropagated one after the other."""
         mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         shared = self.__dict__.get("_stacked")
@@ -133,10 +133,15 @@ class GateBank:
         higher), padding ranked above every unit (it never counts). Computed again only when
         an importance changed (the matrix's version counter; every gate's buffer is a view of
         it, so an update through either counts)."""
+        return self._per_importance("_ranks", self._integer_ranks)
+
+    def _per_importance(self, name: str, compute: Any) -> torch.Tensor:
+        """``compute()``, kept under ``name`` until the importance matrix changes (its version
+        counter) or inference mode is switched."""
         key = (self.matrix._version, torch.is_inference_mode_enabled())
-        shared = self.__dict__.get("_ranks")
+        shared = self.__dict__.get(name)
         if shared is None or shared[0] != key:
-            shared = self._ranks = (key, self._integer_ranks())
+            shared = self.__dict__[name] = (key, compute())
         return shared[1]
 
     def _integer_ranks(self) -> torch.Tensor:
@@ -155,11 +160,8 @@ class GateBank:
     def unit_positions(self) -> torch.Tensor:
         """c' = rank / N (+ 1/(2N) centred) of every unit (G, N_max), computed again only when
         an importance changed (as :meth:`integer_ranks`)."""
-        key = (self.matrix._version, torch.is_inference_mode_enabled())
-        shared = self.__dict__.get("_positions")
-        if shared is None or shared[0] != key:
-            shared = self._positions = (key, self.integer_ranks().to(torch.float32) / self.n_units + self.shift)
-        return shared[1]
+        return self._per_importance(
+            "_positions", lambda: self.integer_ranks().to(torch.float32) / self.n_units + self.shift)
 
     def unit_hard_masks(self) -> torch.Tensor:
         """0/1 per unit (G, N_max): the k = round((1 - a) N) highest-ranked units, k clamped

@@ -279,17 +279,22 @@ class Gates(nn.Module):
                 return bank.elements(source(i), [row[i]])
             return gates[i].hard_mask() if use_hard(i) else self._mask(gates[i], kind, track, defer, i)
 
+        def one_gather(ids: list[int]) -> bool:
+            """Whether the bank has the masks of gates ``ids`` all from one source."""
+            return bool(ids) and all(batched(i) and source(i) is source(ids[0]) for i in ids)
+
         def joined(ids: list[int]) -> torch.Tensor:
-            """The element masks of gates ``ids`` concatenated: one gather when the bank has them
-            all from one source (one index forward, one backward per evaluation)."""
-            if ids and all(batched(i) and source(i) is source(ids[0]) for i in ids):
+            """The element masks of gates ``ids`` concatenated: one gather when :func:`one_gather`
+            (one index forward, one backward per evaluation)."""
+            if one_gather(ids):
                 return bank.elements(source(ids[0]), [row[i] for i in ids])
             parts = [one(i) for i in ids]
             return torch.cat(parts) if parts else torch.zeros(0, device=self._device())
 
         all_ids = list(range(len(gates)))
-        if n and len(gates) > n and all(batched(i) and source(i) is source(0) for i in all_ids):
-            base, depth = joined(all_ids).split([sum(g.size for g in gates[:n]), sum(g.size for g in gates[n:])])
+        if n and len(gates) > n and one_gather(all_ids):  # width and depth in one gather
+            base, depth = bank.elements(source(0), [row[i] for i in all_ids]).split(
+                [sum(g.size for g in gates[:n]), sum(g.size for g in gates[n:])])
         else:
             base, depth = joined(all_ids[:n]), joined(all_ids[n:])
         width = assemble_width_mask([base], self.derived_a, self.derived_b, one=self._one()) if n else \

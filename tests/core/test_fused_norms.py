@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 
 import dmscale as dms
 from dmscale.core import fused_norms
-from dmscale.core.masked_norm import masked_layer_norm, masked_rms_rescale
+from dmscale.core.masked_norm import mask_weights, masked_layer_norm, masked_rms_rescale
 from transformer_zoo import TZOO, search_steps
 
 
@@ -45,7 +45,7 @@ def test_fused_layer_norm_equals_the_eager_function(aot_eager):
     gy = torch.randn(2, 7, 16, generator=g)
     masked_layer_norm(x, m, w, b, 1e-5).backward(gy)
     eager = _grads(x, m, w, b)
-    y = fused_norms.layer_norm(x, m, w, b, 1e-5, fuse=True)
+    y = fused_norms.layer_norm(x, mask_weights(m), w, b, 1e-5, fuse=True)
     y.backward(gy)
     torch.testing.assert_close(y, masked_layer_norm(x, m, w, b, 1e-5))
     for a, e in zip(_grads(x, m, w, b), eager):
@@ -66,7 +66,7 @@ def test_fused_rms_rescale_recomputes_through_the_norm_module_and_equals_the_eag
         gy = torch.randn(2, 5 + i, 16, generator=g)
         masked_rms_rescale(norm(x), x, m, 1e-5, norm.forward).backward(gy)
         eager = _grads(x, m, norm.weight)
-        y = fused_norms.rms_rescale(norm(x), x, m, 1e-5, norm, fuse=True)
+        y = fused_norms.rms_rescale(norm(x), x, mask_weights(m), 1e-5, norm, fuse=True)
         y.backward(gy)
         for a, e in zip(_grads(x, m, norm.weight), eager):
             torch.testing.assert_close(a, e)
@@ -79,7 +79,7 @@ def test_auto_fuses_on_cuda_only_and_never_on_meta_or_fake_tensors(aot_eager):
     assert not fused_norms._fusable(True, x.to("meta"))
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
-        y = fused_norms.layer_norm(torch.randn(2, 3, 8), torch.rand(8), None, None, 1e-5, fuse=True)
+        y = fused_norms.layer_norm(torch.randn(2, 3, 8), mask_weights(torch.rand(8)), None, None, 1e-5, fuse=True)
     assert y.shape == (2, 3, 8) and not fused_norms._compiled
 
 
@@ -89,12 +89,12 @@ def test_a_failed_compilation_warns_once_and_runs_eagerly(aot_eager, monkeypatch
     monkeypatch.setattr(fused_norms, "FUSE_BACKEND", broken)
     x, m = torch.randn(2, 3, 8), torch.rand(8)
     with pytest.warns(RuntimeWarning, match="no kernel compiler here"):
-        y = fused_norms.layer_norm(x, m, None, None, 1e-5, fuse=True)
+        y = fused_norms.layer_norm(x, mask_weights(m), None, None, 1e-5, fuse=True)
     torch.testing.assert_close(y, masked_layer_norm(x, m, None, None, 1e-5))
     assert "no kernel compiler here" in fused_norms.fusion_failure()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning, no second attempt
-        fused_norms.layer_norm(x, m, None, None, 1e-5, fuse=True)
+        fused_norms.layer_norm(x, mask_weights(m), None, None, 1e-5, fuse=True)
 
 
 def test_norms_of_many_widths_in_one_process_all_run_compiled(aot_eager):
@@ -107,7 +107,7 @@ def test_norms_of_many_widths_in_one_process_all_run_compiled(aot_eager):
     for c in range(8, 17):  # nine widths: one past the limit of 8 recompilations
         x, m = torch.randn(2, 3, c, generator=g), torch.rand(c, generator=g, requires_grad=True)
         norm = LlamaRMSNorm(c, eps=1e-6)  # its weight, a parameter, makes the width static
-        y = fused_norms.rms_rescale(norm(x), x, m, 1e-6, norm, fuse=True)
+        y = fused_norms.rms_rescale(norm(x), x, mask_weights(m), 1e-6, norm, fuse=True)
         torch.testing.assert_close(y, masked_rms_rescale(norm(x), x, m, 1e-6, norm.forward))
     assert fused_norms.fusion_failure() is None and fused_norms.fusion_state()["compiled"] == ["rms_rescale"]
 
@@ -119,7 +119,7 @@ def test_warnings_as_errors_do_not_stop_the_fusion(aot_eager):
     m = torch.rand(8, requires_grad=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        y = fused_norms.layer_norm(x, m, None, None, 1e-5, fuse=True)
+        y = fused_norms.layer_norm(x, mask_weights(m), None, None, 1e-5, fuse=True)
         y.sum().backward()
     assert fused_norms.fusion_failure() is None and fused_norms._compiled
 
@@ -186,7 +186,7 @@ def test_inductor_fuses_a_masked_layer_norm_into_few_kernels(monkeypatch):
     w, b = torch.randn(32, requires_grad=True), torch.randn(32, requires_grad=True)
 
     def step(fuse: bool) -> None:
-        fused_norms.layer_norm(x, m, w, b, 1e-5, fuse=fuse).sum().backward()
+        fused_norms.layer_norm(x, mask_weights(m), w, b, 1e-5, fuse=fuse).sum().backward()
     step(True)
     eager = sum(search_proxies.launching_operators(lambda: step(False)).values())
     fused = search_proxies.launching_operators(lambda: step(True))
@@ -196,7 +196,7 @@ def test_inductor_fuses_a_masked_layer_norm_into_few_kernels(monkeypatch):
 
 def test_reset_forgets_what_ran_compiled_and_the_failure(aot_eager):
     x, m = torch.randn(2, 3, 8), torch.rand(8)
-    fused_norms.layer_norm(x, m, None, None, 1e-5, fuse=True)
+    fused_norms.layer_norm(x, mask_weights(m), None, None, 1e-5, fuse=True)
     assert fused_norms.fusion_state() == {"compiled": ["layer_norm"], "failure": None}
     fused_norms._failure.append("RuntimeError: earlier")
     fused_norms.reset_fusion()
@@ -244,6 +244,6 @@ def test_a_backward_that_fails_to_compile_fails_at_the_call_not_in_backward(aot_
     monkeypatch.setattr(fused_norms, "FUSE_BACKEND", aot_autograd(fw_compiler=lambda gm, ex: gm, bw_compiler=boom))
     x, m = torch.randn(2, 3, 8, requires_grad=True), torch.rand(8, requires_grad=True)
     with pytest.warns(RuntimeWarning, match="no backward kernels"):
-        y = fused_norms.layer_norm(x, m, None, None, 1e-5, fuse=True)
+        y = fused_norms.layer_norm(x, mask_weights(m), None, None, 1e-5, fuse=True)
     y.sum().backward()  # the eager function's backward
     assert x.grad is not None and m.grad is not None

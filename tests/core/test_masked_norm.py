@@ -174,3 +174,24 @@ def test_autocast_as_sets_autocast_for_the_block_and_drops_its_cast_cache():
         w.mul_(3.0)
     with autocast_as("cpu", True, torch.bfloat16):  # a stale cached copy of w would give 2
         assert (torch.ones(2, 2) @ w)[0, 0].item() == 6.0
+
+
+def test_the_weights_gradient_of_the_layer_norm_is_exact_on_the_simplex():
+    """The norms take p = m / sum(m) (computed once per mask): their gradient with respect to
+    p itself is exact at any p that sums to 1, without the projection of mask_weights."""
+    from dmscale.core.masked_norm import MaskedLayerNorm
+    g = torch.Generator().manual_seed(4)
+    x, w, b = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((2, 3, 6), (6,), (6,)))
+    p = torch.rand(6, generator=g, dtype=torch.float64)
+    p = p / p.sum()
+    args = [t.requires_grad_() for t in (x, p, w, b)]
+    assert torch.autograd.gradcheck(lambda *a: MaskedLayerNorm.apply(*a, 1e-3), args)
+
+
+def test_the_weights_gradient_of_the_rms_rescale_is_exact_for_any_weights():
+    from dmscale.core.masked_norm import MaskedRMSRescale
+    g = torch.Generator().manual_seed(5)
+    out, x = (torch.randn(2, 3, 6, generator=g, dtype=torch.float64) for _ in range(2))
+    p = torch.rand(6, generator=g, dtype=torch.float64)  # not normalised
+    args = [t.requires_grad_() for t in (out, x, p)]
+    assert torch.autograd.gradcheck(lambda o, a, q: MaskedRMSRescale.apply(o, a, q, 1e-3), args)

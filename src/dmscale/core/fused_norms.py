@@ -15,11 +15,15 @@ inside a ``torch.compile`` of the whole model (which fuses them itself), on meta
 tensors (the memory plan, ``prepare`` on meta), and for the rest of the process once a
 compilation failed (one warning names the error).
 
+Both take the statistics' weights p (:func:`~dmscale.core.masked_norm.mask_weights` of the
+mask, computed once for all the norms that read it), not the mask.
+
 Example:
     >>> import torch
+    >>> from dmscale.core.masked_norm import mask_weights, masked_layer_norm
     >>> x, m = torch.randn(2, 5, 8), torch.rand(8)
     >>> w, b = torch.ones(8), torch.zeros(8)
-    >>> y = layer_norm(x, m, w, b, 1e-5, fuse=False)  # eager: the function itself
+    >>> y = layer_norm(x, mask_weights(m), w, b, 1e-5, fuse=False)  # eager: the function itself
     >>> torch.equal(y, masked_layer_norm(x, m, w, b, 1e-5))
     True
 """
@@ -35,7 +39,7 @@ import torch
 import torch._functorch.config
 from torch import nn
 
-from dmscale.core.masked_norm import MaskedLayerNorm, MaskedRMSRescale, masked_layer_norm, masked_rms_rescale
+from dmscale.core.masked_norm import MaskedLayerNorm, MaskedRMSRescale
 
 __all__ = ["FUSE_BACKEND", "layer_norm", "rms_rescale", "fusion_state", "fusion_failure", "reset_fusion"]
 
@@ -72,14 +76,14 @@ def fusion_failure() -> str | None:
     return _failure[0] if _failure else None
 
 
-def _ln(x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+def _ln(x: torch.Tensor, p: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
         eps: float) -> torch.Tensor:
-    return MaskedLayerNorm.apply(x, m, weight, bias, eps)
+    return MaskedLayerNorm.apply(x, p, weight, bias, eps)
 
 
-def _rms(out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float, norm: nn.Module | None) -> torch.Tensor:
+def _rms(out: torch.Tensor, x: torch.Tensor, p: torch.Tensor, eps: float, norm: nn.Module | None) -> torch.Tensor:
     # the module, not its bound forward, is the argument: one graph serves every norm module
-    return MaskedRMSRescale.apply(out, x, m, eps, norm.forward if norm is not None else None)
+    return MaskedRMSRescale.apply(out, x, p, eps, norm.forward if norm is not None else None)
 
 
 def _fusable(fuse: bool | None, x: torch.Tensor) -> bool:
@@ -142,18 +146,20 @@ def _fused(name: str, fn: Callable[..., torch.Tensor], args: tuple, fuse: bool |
         return None
 
 
-def layer_norm(x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+def layer_norm(x: torch.Tensor, p: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float, fuse: bool | None = None) -> torch.Tensor:
-    """:func:`~dmscale.core.masked_norm.masked_layer_norm`, fused when ``fuse`` (None: on CUDA)."""
-    y = _fused("layer_norm", _ln, (x, m, weight, bias, eps), fuse, x,
-               (m.numel(), weight is None, bias is None, eps))
-    return y if y is not None else masked_layer_norm(x, m, weight, bias, eps)
+    """:class:`~dmscale.core.masked_norm.MaskedLayerNorm` with weights ``p`` (C,), fused when
+    ``fuse`` (None: on CUDA)."""
+    y = _fused("layer_norm", _ln, (x, p, weight, bias, eps), fuse, x,
+               (p.numel(), weight is None, bias is None, eps))
+    return y if y is not None else _ln(x, p, weight, bias, eps)
 
 
-def rms_rescale(out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float, norm: nn.Module | None = None,
+def rms_rescale(out: torch.Tensor, x: torch.Tensor, p: torch.Tensor, eps: float, norm: nn.Module | None = None,
                 fuse: bool | None = None) -> torch.Tensor:
-    """:func:`~dmscale.core.masked_norm.masked_rms_rescale`, fused when ``fuse`` (None: on
-    CUDA); ``norm``: the norm module whose forward the backward computes again (None: keep y)."""
-    y = _fused("rms_rescale", _rms, (out, x, m, eps, norm), fuse, x,
-               (m.numel(), type(norm) if norm is not None else None, eps))
-    return y if y is not None else masked_rms_rescale(out, x, m, eps, norm.forward if norm is not None else None)
+    """:class:`~dmscale.core.masked_norm.MaskedRMSRescale` with weights ``p`` (C,), fused when
+    ``fuse`` (None: on CUDA); ``norm``: the norm module whose forward the backward computes
+    again (None: keep y)."""
+    y = _fused("rms_rescale", _rms, (out, x, p, eps, norm), fuse, x,
+               (p.numel(), type(norm) if norm is not None else None, eps))
+    return y if y is not None else _rms(out, x, p, eps, norm)

@@ -79,7 +79,10 @@ class GateBank:
         self.lam = torch.tensor([g.lam for g in self.gates], device=device)[:, None]  # (G, 1)
         self.max_ratio = [g.max_ratio for g in self.gates]
         self.min_units = torch.tensor([g.min_units for g in self.gates], device=device)[:, None]
-        self.pad = torch.arange(self.n_max, device=device)[None, :] >= units[:, None]  # (G, N_max)
+        steps = torch.arange(self.n_max, device=device)
+        self.pad = steps[None, :] >= units[:, None]  # (G, N_max)
+        # (G, N_max): N_max - 1 .. 0 per row, float32 as the ranks (exact below 2^24 units)
+        self._rank_of_place = steps.flip(0).to(torch.float32).expand(len(self.gates), self.n_max)
         # 1/(2N) rounded from double, as the per-gate path adds the Python float 0.5 / N
         shift = [0.5 / k if self.centered else 0.0 for k in n]
         self.shift = torch.tensor(shift, dtype=torch.float64, device=device).float()[:, None]
@@ -129,10 +132,11 @@ class GateBank:
         return stacked
 
     def integer_ranks(self) -> torch.Tensor:
-        """``#{j : c_gi > c_gj}`` per row (G, N_max), ties broken by index (lower index ranks
-        higher), padding ranked above every unit (it never counts). Computed again only when
-        an importance changed (the matrix's version counter; every gate's buffer is a view of
-        it, so an update through either counts)."""
+        """``#{j : c_gi > c_gj}`` per row (G, N_max), whole numbers in float32 (exact below 2^24
+        units; the positions divide them), ties broken by index (lower index ranks higher),
+        padding ranked above every unit (it never counts). Computed again only when an
+        importance changed (the matrix's version counter; every gate's buffer is a view of it,
+        so an update through either counts)."""
         return self._per_importance("_ranks", self._integer_ranks)
 
     def _per_importance(self, name: str, compute: Any) -> torch.Tensor:
@@ -145,11 +149,11 @@ class GateBank:
         return shared[1]
 
     def _integer_ranks(self) -> torch.Tensor:
-        c = self.matrix.detach().masked_fill(self.pad, float("inf")).flip(1)
-        order = torch.argsort(c, dim=1, stable=True)  # flipped: among ties the higher index first
-        rank = torch.empty_like(order)
-        steps = torch.arange(self.n_max, device=order.device).expand_as(order)
-        return rank.scatter_(1, (self.n_max - 1) - order, steps)
+        c = self.matrix.detach().masked_fill(self.pad, float("inf"))
+        # most important first; stable: among ties the lower index first, so it ranks higher
+        order = torch.argsort(c, dim=1, descending=True, stable=True)
+        rank = torch.empty(order.shape, dtype=torch.float32, device=order.device)
+        return rank.scatter_(1, order, self._rank_of_place)  # the unit at place q has rank N_max - 1 - q
 
     def unit_soft_masks(self, fresh: bool = False) -> torch.Tensor:
         """Eq. 3 for every gate, (G, N_max): ``sigmoid(lam (c' - a))``, c' = rank / N
@@ -161,7 +165,7 @@ class GateBank:
         """c' = rank / N (+ 1/(2N) centred) of every unit (G, N_max), computed again only when
         an importance changed (as :meth:`integer_ranks`)."""
         return self._per_importance(
-            "_positions", lambda: self.integer_ranks().to(torch.float32) / self.n_units + self.shift)
+            "_positions", lambda: self.integer_ranks() / self.n_units + self.shift)
 
     def unit_hard_masks(self) -> torch.Tensor:
         """0/1 per unit (G, N_max): the k = round((1 - a) N) highest-ranked units, k clamped

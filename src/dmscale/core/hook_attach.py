@@ -30,9 +30,10 @@ from dmscale.core.hook_base import DMSHook
 from dmscale.core.mask_hooks import ComputeMasks, MaskBranch, MaskedNorm, MaskInput, MaskOutput, RestoreFastpath
 from dmscale.core.weight_masks import FoldDepth, FoldMask, Unfold, depth_foldable, fold_plan
 
-__all__ = ["GATES_NAME", "attach_hooks", "detach", "guard_hooks_under_compile"]
+__all__ = ["GATES_NAME", "NORM_PREFIX", "attach_hooks", "detach", "guard_hooks_under_compile"]
 
 GATES_NAME = "dms_gates"
+NORM_PREFIX = "norm_"  # the mask keys of masked norms (the gates compute their weights)
 
 
 def attach_hooks(
@@ -94,7 +95,7 @@ def attach_hooks(
         if not fold(name, dim, "in", key):
             modules[name].register_forward_pre_hook(MaskInput(gates, key, dim), with_kwargs=True)
     for name, (slots, kind, eps) in (norms or {}).items():
-        key = slot_key("norm_", name, slots)
+        key = slot_key(NORM_PREFIX, name, slots)
         modules[name].register_forward_hook(MaskedNorm(gates, key, kind, eps), with_kwargs=True)
     for name, (dim, slots) in (outputs or {}).items():
         key = slot_key("out_", name, slots)

@@ -9,7 +9,7 @@ Sec. 3.2), where a mask cannot be folded into a weight (:mod:`dmscale.core.weigh
 * :class:`RestoreFastpath`: restores torch's fused-MHA switch after the forward.
 
 Each takes the :class:`~dmscale.core.masks.Gates` whose masks it reads (``gates.channel_mask(key)``,
-``gates.depth_unit(j, block)``, ``gates.enabled``); none imports it.
+``gates.norm_weights(key)``, ``gates.depth_unit(j, block)``, ``gates.enabled``); none imports it.
 
 Example:
     >>> import torch
@@ -107,14 +107,14 @@ class MaskedNorm(DMSHook):
         if found is None or not self.gates.enabled:
             return None
         x = found[1]
-        m = cast(self.gates.channel_mask(self.key), torch.float32)  # (C,)
+        p = cast(self.gates.norm_weights(self.key), torch.float32)  # (C,): m / sum(m)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # nn.RMSNorm(eps=None)
         fuse = getattr(self.gates, "fuse_norms", None)  # None: fused on CUDA (core.fused_norms)
         if self.kind == "rms":  # one autograd node: the output rescaled to the kept mean square
-            return rms_rescale(out, x, m, eps, module if _recomputable(module, args, kwargs) else None, fuse)
+            return rms_rescale(out, x, p, eps, module if _recomputable(module, args, kwargs) else None, fuse)
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         bias = bias if isinstance(bias, torch.Tensor) else None
-        return cast(layer_norm(x, m, weight, bias, eps, fuse), out.dtype)  # one autograd node
+        return cast(layer_norm(x, p, weight, bias, eps, fuse), out.dtype)  # one autograd node
 
 
 def _recomputable(module: nn.Module, args: tuple, kwargs: dict) -> bool:

@@ -8,12 +8,15 @@ statistics are the mask-weighted ones, p = m / sum(m):
 
 Written with tensor operations this saves three float32 copies of the activation for the
 backward pass (x - mu, its square, the normalised x) and launches about 15 kernels forward
-and 25 backward. :class:`MaskedLayerNorm` saves only the input, the per-position mean and
-inverse deviation and the mask, and computes the gradients in closed form (x̂ = (x - mu) r,
-g = dL/dy * w, G1 = sum_c g_c, G2 = sum_c g_c x̂_c, summed per position):
+and 25 backward. :class:`MaskedLayerNorm` takes the weights p (:func:`mask_weights`, computed
+once for every norm that reads the same mask), saves only the input, the per-position mean and
+inverse deviation and p, and computes the gradients in closed form (x̂ = (x - mu) r,
+g = dL/dy * w, G1 = sum_c g_c, G2 = sum_c g_c x̂_c, per position):
 
     dL/dx_k = r (g_k - p_k (G1 + x̂_k G2))
-    dL/dm_k = (1/S) sum_positions (-x̂_k G1 - G2 (x̂_k^2 - var r^2) / 2),   S = sum(m)
+    dL/dp_k = -sum_positions (G1 r x_k + G2 x̂_k^2 / 2)
+
+and :func:`mask_weights` carries dL/dp back to m: dL/dm = (dL/dp - <dL/dp, p>) / S, S = sum(m).
 
 Example:
     >>> import torch
@@ -32,8 +35,8 @@ import torch
 
 from dmscale.core.hook_base import cast
 
-__all__ = ["MaskedLayerNorm", "masked_layer_norm", "MaskedRMSRescale", "masked_rms_rescale", "no_autocast",
-           "autocast_as"]
+__all__ = ["MaskWeights", "mask_weights", "MaskedLayerNorm", "masked_layer_norm", "MaskedRMSRescale",
+           "masked_rms_rescale", "no_autocast", "autocast_as"]
 
 _MIN_TOTAL = 1e-6  # sum(m) is clamped here (all channels masked to ~0)
 
@@ -79,24 +82,55 @@ def no_autocast(device_type: str) -> Any:
     return autocast_as(device_type, False, torch.get_autocast_dtype(device_type))
 
 
-class MaskedLayerNorm(torch.autograd.Function):
-    """``y = (x - mu_m) rsqrt(var_m + eps) w + b`` over the last dim with mask-weighted
-    statistics; x (..., C), m (C,), w and b (C,) or None. Computes in float32 (float64
-    inputs in float64) and returns x's dtype."""
+class MaskWeights(torch.autograd.Function):
+    """``p = m / sum(m)`` over the last dim, m (..., C): the statistics' weights of a masked
+    norm, one row per mask (every norm that reads the same mask shares its row). The backward
+    is the projection ``dL/dm = (dL/dp - <dL/dp, p>) / S`` in four operations (autograd through
+    the division, the sum and a clamp takes about nine); S is clamped at 1e-6 (every channel
+    masked to ~0), and the gradient assumes it is not."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None,
+    def forward(ctx: Any, m: torch.Tensor) -> torch.Tensor:
+        total = m.sum(-1, keepdim=True).clamp_min(_MIN_TOTAL)  # S, (..., 1)
+        p = m / total
+        ctx.save_for_backward(p, total)
+        return p
+
+    @staticmethod
+    def backward(ctx: Any, gp: torch.Tensor) -> torch.Tensor:
+        p, total = ctx.saved_tensors
+        return (gp - torch.linalg.vecdot(gp, p).unsqueeze(-1)) / total
+
+
+def mask_weights(m: torch.Tensor) -> torch.Tensor:
+    """:class:`MaskWeights`: ``m / sum(m)`` over the last dim, the weights p that
+    :class:`MaskedLayerNorm` and :class:`MaskedRMSRescale` take.
+
+    Example:
+        >>> mask_weights(torch.tensor([[1.0, 1.0, 0.0, 2.0]])).tolist()
+        [[0.25, 0.25, 0.0, 0.5]]
+    """
+    return MaskWeights.apply(m)
+
+
+class MaskedLayerNorm(torch.autograd.Function):
+    """``y = (x - mu_p) rsqrt(var_p + eps) w + b`` over the last dim with p-weighted
+    statistics; x (..., C), p (C,) weights that sum to 1 (:func:`mask_weights`: the gradient
+    with respect to p is exact there, where ``sum_c p_c (x_c - mu) = 0``), w and b (C,) or None.
+    Computes in float32 (float64 inputs in float64) and returns x's dtype."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, p: torch.Tensor, weight: torch.Tensor | None,
                 bias: torch.Tensor | None, eps: float) -> torch.Tensor:
         with no_autocast(x.device.type):  # statistics in float32, as LayerNorm's
-            return MaskedLayerNorm._forward(ctx, x, m, weight, bias, eps)
+            return MaskedLayerNorm._forward(ctx, x, p, weight, bias, eps)
 
     @staticmethod
-    def _forward(ctx: Any, x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None,
+    def _forward(ctx: Any, x: torch.Tensor, p: torch.Tensor, weight: torch.Tensor | None,
                  bias: torch.Tensor | None, eps: float) -> torch.Tensor:
         dt = torch.float64 if x.dtype == torch.float64 else torch.float32
         xf = cast(x, dt)  # (..., C)
-        total = cast(m, dt).sum().clamp_min(_MIN_TOTAL)  # S; the gradient assumes S = sum(m) (unclamped)
-        p = cast(m, dt) / total  # (C,)
+        p = cast(p, dt)  # (C,)
         mu = xf @ p  # (...)
         xc = xf - mu.unsqueeze(-1)  # (..., C), ours: normalised in place below
         var = (xc * xc) @ p  # (...)
@@ -108,7 +142,7 @@ class MaskedLayerNorm(torch.autograd.Function):
             y = y.mul_(cast(weight, dt))
         elif bias is not None:
             y = y.add_(cast(bias, dt))
-        ctx.save_for_backward(x, p, mu, r, total, weight)
+        ctx.save_for_backward(x, p, mu, r, weight)
         ctx.eps, ctx.has_bias, ctx.dt = eps, bias is not None, dt
         return cast(y, x.dtype)
 
@@ -119,7 +153,7 @@ class MaskedLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, p, mu, r, total, weight = ctx.saved_tensors
+        x, p, mu, r, weight = ctx.saved_tensors
         dt, c = ctx.dt, x.shape[-1]
         gyf = cast(gy.reshape(-1, c), dt)  # (N, C): every position one row
         r1 = r.reshape(-1, 1)  # (N, 1)
@@ -135,12 +169,10 @@ class MaskedLayerNorm(torch.autograd.Function):
         dx = dm = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = cast((g - torch.addcmul(g1, xhat, g2).mul_(p)).mul_(r1), x.dtype).reshape(x.shape)
-        if ctx.needs_input_grad[1]:  # through p = m / S and both statistics, summed over N
-            # sum_n x̂_nk (G1_n + x̂_nk G2_n / 2), (C,)
-            s12 = (xhat * torch.addcmul(g1, xhat, g2, value=0.5)).sum(0)
-            # sum_n G2_n var_n r_n^2 / 2, with var r^2 = 1 - eps r^2
-            s3 = 0.5 * (g2.sum() - ctx.eps * torch.linalg.vecdot(g2.reshape(-1), (r1 * r1).reshape(-1)))
-            dm = cast((s3 - s12) / total, p.dtype)
+        if ctx.needs_input_grad[1]:  # through both statistics, summed over N
+            # sum_n G1_n r_n x_nk = sum_n G1_n x̂_nk + sum_n G1_n r_n mu_n (x = x̂ / r + mu)
+            s12 = (xhat * torch.addcmul(g1, xhat, g2, value=0.5)).sum(0)  # sum_n x̂ (G1 + x̂ G2 / 2), (C,)
+            dm = cast(s12.add_(torch.dot(g1.reshape(-1), r.reshape(-1) * mu.reshape(-1))).neg_(), p.dtype)
         if weight is not None and ctx.needs_input_grad[2]:
             dw = cast(gx.sum(0), weight.dtype)  # sum_n gy_nk x̂_nk
         if ctx.has_bias and ctx.needs_input_grad[3]:
@@ -150,8 +182,9 @@ class MaskedLayerNorm(torch.autograd.Function):
 
 def masked_layer_norm(x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None,
                       bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """:class:`MaskedLayerNorm` as a function (autograd-aware); see the module docs."""
-    return MaskedLayerNorm.apply(x, m, weight, bias, eps)
+    """:class:`MaskedLayerNorm` of the mask ``m`` (C,) as a function (autograd-aware); see the
+    module docs."""
+    return MaskedLayerNorm.apply(x, mask_weights(m), weight, bias, eps)
 
 
 class MaskedRMSRescale(torch.autograd.Function):
@@ -167,25 +200,27 @@ class MaskedRMSRescale(torch.autograd.Function):
 
         dL/dout = s dL/dy
         dL/dx_k = G s x_k (1 / (C (ms_all + eps)) - p_k / (ms_kept + eps))
-        dL/dm_k = (1/S) sum_positions -G s (x_k^2 - ms_kept) / (2 (ms_kept + eps))
+        dL/dp_k = sum_positions -G s x_k^2 / (2 (ms_kept + eps))
+
+    p (C,): the weights of the kept mean square, ``ms_kept = sum_c p_c x_c^2``
+    (:func:`mask_weights`; the gradients are exact for any p).
     """
 
     @staticmethod
-    def forward(ctx: Any, out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float,
+    def forward(ctx: Any, out: torch.Tensor, x: torch.Tensor, p: torch.Tensor, eps: float,
                 norm: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         ctx.autocast = (torch.is_autocast_enabled(x.device.type), torch.get_autocast_dtype(x.device.type))
         with no_autocast(x.device.type):
             dt = torch.float64 if x.dtype == torch.float64 else torch.float32
             xf = cast(x, dt)
-            total = cast(m, dt).sum().clamp_min(_MIN_TOTAL)
-            p = cast(m, dt) / total
+            p = cast(p, dt)
             x2 = xf * xf
             ms_all = x2.mean(-1)  # (...)
             ms_kept = x2 @ p  # (...): sum_c p_c x_c^2, one matrix-vector product (no product tensor)
             s = torch.sqrt((ms_all + eps) / (ms_kept + eps))  # (...)
             y = cast(cast(out, dt) * s.unsqueeze(-1), out.dtype)
             kept = () if norm is not None else (y,)
-            ctx.save_for_backward(x, s, ms_all, ms_kept, p, total, *kept)
+            ctx.save_for_backward(x, s, ms_all, ms_kept, p, *kept)
             ctx.eps, ctx.dt, ctx.norm = eps, dt, norm
             return y
 
@@ -205,7 +240,7 @@ class MaskedRMSRescale(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, s, ms_all, ms_kept, p, total, *kept = ctx.saved_tensors
+        x, s, ms_all, ms_kept, p, *kept = ctx.saved_tensors
         out, is_y = MaskedRMSRescale._out(ctx, x, tuple(kept))
         with no_autocast(gy.device.type):
             dt, eps, c = ctx.dt, ctx.eps, x.shape[-1]
@@ -215,7 +250,7 @@ class MaskedRMSRescale(torch.autograd.Function):
             gs = torch.linalg.vecdot(gyf, cast(out, dt))
             gs = (gs if is_y else gs * s).unsqueeze(-1)
             v = gs / (ms_kept + eps).unsqueeze(-1)  # (..., 1)
-            dx = dm = None
+            dx = dp = None
             xf = cast(x, dt)
             if ctx.needs_input_grad[1]:  # x_k (G s / (C (ms_all + eps)) - p_k G s / (ms_kept + eps))
                 u = gs / ((ms_all + eps) * c).unsqueeze(-1)  # (..., 1)
@@ -223,12 +258,12 @@ class MaskedRMSRescale(torch.autograd.Function):
             if ctx.needs_input_grad[2]:
                 w = (v * -0.5).reshape(-1)  # (N,)
                 dp = (xf * xf).reshape(-1, c).T @ w  # sum_n w_n x_nk^2, (C,)
-                dm = cast((dp - torch.dot(w, ms_kept.reshape(-1))) / total, p.dtype)
-            return d_out, dx, dm, None, None
+            return d_out, dx, dp, None, None
 
 
 def masked_rms_rescale(out: torch.Tensor, x: torch.Tensor, m: torch.Tensor, eps: float,
                        norm: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """:class:`MaskedRMSRescale` as a function (autograd-aware); ``norm``: the norm's forward
-    (``x -> out``, no hooks), to compute ``out`` again in the backward instead of keeping y."""
-    return MaskedRMSRescale.apply(out, x, m, eps, norm)
+    """:class:`MaskedRMSRescale` of the mask ``m`` (C,) as a function (autograd-aware); ``norm``:
+    the norm's forward (``x -> out``, no hooks), to compute ``out`` again in the backward
+    instead of keeping y."""
+    return MaskedRMSRescale.apply(out, x, mask_weights(m), eps, norm)

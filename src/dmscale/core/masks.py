@@ -40,31 +40,14 @@ from torch import nn
 
 from dmscale.core.distributed import is_distributed
 from dmscale.core.importance import PendingImportance
+from dmscale.core.masked_norm import mask_weights
 from dmscale.core.gate_bank import GateBank, batchable
-from dmscale.core.hook_attach import GATES_NAME, attach_hooks, detach
+from dmscale.core.channel_layout import ChannelLayout, assemble_width_mask, resolve_derived
+from dmscale.core.hook_attach import GATES_NAME, NORM_PREFIX, attach_hooks, detach
 from dmscale.core.hook_base import DMSHook, first_input
 from dmscale.core.topk import DifferentiableTopK, GateFactory, StructuralGate
 
 __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
-
-
-def assemble_width_mask(parts: list[torch.Tensor], derived_a: torch.Tensor, derived_b: torch.Tensor,
-                        like: torch.Tensor | None = None, one: torch.Tensor | None = None) -> torch.Tensor:
-    """The global width mask: every dim's element mask, then the derived (product) slots
-    ``m[a] * m[b]`` (a or b = -1: factor 1), then a trailing 1 for fixed channels (``one``, a
-    (1,) tensor of 1 on the parts' device and dtype, or made here)."""
-    ref = parts[0] if parts else like
-    if one is None or ref is None or (one.device, one.dtype) != (ref.device, ref.dtype):
-        one = torch.ones(1, device=ref.device if ref is not None else None,
-                         dtype=ref.dtype if ref is not None else torch.float32)
-    base = torch.cat(parts) if parts else one[:0]
-    if len(derived_a):
-        ext = torch.cat([base, one])
-        n = base.numel()
-        a = torch.where(derived_a < 0, n, derived_a)
-        b = torch.where(derived_b < 0, n, derived_b)
-        return torch.cat([base, ext[a] * ext[b], one])
-    return torch.cat([base, one])
 
 
 class _Rows:
@@ -97,12 +80,12 @@ class Gates(nn.Module):
         self.process_group: Any = None
         self.pending = PendingImportance()  # Eq. 4 updates waiting for the all-reduce
         self._forwards = 0  # training forwards so far: orders pending updates across ranks
-        self._masks: torch.Tensor | None = None
         self._depth_units: list[tuple[torch.Tensor, ...]] | None = None  # per depth dim, one () per block
-        # every hooked layer's channel mask of this forward, by its mask key (compute)
+        # every hooked layer's channel mask, and every masked norm's weights, of this forward by
+        # its mask key (compute)
         self._channels: dict[str, torch.Tensor] | None = None
-        self._keys: list[str] = []  # every hooked layer's mask key, in the order of channel_index
-        self._key_sizes: list[int] = []
+        self._weights: dict[str, torch.Tensor] = {}
+        self._layout = ChannelLayout()  # where each key's channels lie in channel_index
 
     def _apply(self, fn: Any, recurse: bool = True) -> "Gates":
         """``model.to(device)`` moves the gates; ``model.half()`` / ``.to(bfloat16)`` does
@@ -121,15 +104,23 @@ class Gates(nn.Module):
         (until :func:`detach`) and must pass the output through unchanged."""
         return x
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if "_layout" not in self.__dict__:  # gates pickled before the layout: no norm groups
+            self._layout = ChannelLayout(self.__dict__.pop("_keys", []), self.__dict__.pop("_key_sizes", []))
+            self._weights = {}
+
     def __getstate__(self) -> dict[str, Any]:
         """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
         state = self.__dict__.copy()
-        state["_masks"] = state["_depth_units"] = state["_channels"] = None
+        state["_depth_units"] = state["_channels"] = None
+        state["_weights"] = {}
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
         state.pop("_bank_key", None)
         state.pop("_rows_cache", None)
         state.pop("_one_cache", None)
+        state.pop("_derived_cache", None)
         return state
 
     # ------------------------------------------------------------------ construction
@@ -181,11 +172,9 @@ class Gates(nn.Module):
         gates.register_buffer("derived_b", pairs[:, 1].clone(), persistent=False)
         keyed = attach_hooks(model, gates, consumers, branches, norms=norms, outputs=outputs,
                              fold_masks=fold_masks, depth_folds=depth_folds)
-        gates._keys, slots = list(keyed), list(keyed.values())
+        gates._layout, index = ChannelLayout.arrange(keyed, {k for k in keyed if k.startswith(NORM_PREFIX)})
         # every hooked layer's channels, (sum of C,): int32, half the memory (an LLM has many layers)
-        index = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long)
         gates.register_buffer("channel_index", index.to(torch.int32), persistent=False)
-        gates._key_sizes = [t.numel() for t in slots]
         return gates
 
     # ------------------------------------------------------------------ masks
@@ -209,11 +198,9 @@ class Gates(nn.Module):
         if track:
             self._forwards += 1
         width, depth = self.masks(self.mode, track, defer)
-        self._masks = width
         units, sizes = depth.unbind(0), [t.size for t in self.depth]  # under this forward's grad mode
         self._depth_units = [units[sum(sizes[:j]):sum(sizes[:j + 1])] for j in range(len(sizes))]
-        self._channels = dict(zip(self._keys, width[self.channel_index].split(self._key_sizes))) \
-            if self._keys else {}
+        self._channels, self._weights = self._layout.split(width[self.channel_index])
 
     # ------------------------------------------------------------------ batched masks
     def _bank_for(self) -> tuple[GateBank | None, list[int]]:
@@ -297,9 +284,24 @@ class Gates(nn.Module):
                 [sum(g.size for g in gates[:n]), sum(g.size for g in gates[n:])])
         else:
             base, depth = joined(all_ids[:n]), joined(all_ids[n:])
-        width = assemble_width_mask([base], self.derived_a, self.derived_b, one=self._one()) if n else \
-            assemble_width_mask([], self.derived_a, self.derived_b, like=torch.ones(1, device=self._device()))
-        return width, depth
+        return self.assemble_width([base]) if n else self.assemble_width([]), depth
+
+    def assemble_width(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """:func:`assemble_width_mask` of the width dims' element masks ``parts`` (in the order
+        of ``width``), with this search's derived slots."""
+        if not parts:
+            return assemble_width_mask([], self.derived_a, self.derived_b, like=self._one())
+        return assemble_width_mask(parts, *self.derived_index(), one=self._one(), resolved=True)
+
+    def derived_index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The derived slots' factor indices into the element masks with a trailing 1 (-1
+        replaced by the number of width elements), on the gates' device, made once."""
+        cached, device = self.__dict__.get("_derived_cache"), self._device()
+        if cached is None or cached[0].device != device:
+            n = sum(t.size for t in self.width)
+            cached = self.__dict__["_derived_cache"] = resolve_derived(self.derived_a.to(device),
+                                                                       self.derived_b.to(device), n)
+        return cached
 
     def _mask(self, topk: StructuralGate, kind: str, track: bool, defer: bool = False,
               index: int = 0) -> torch.Tensor:
@@ -347,6 +349,15 @@ class Gates(nn.Module):
             self.compute()
         return self._channels[key]
 
+    def norm_weights(self, key: str) -> torch.Tensor:
+        """The weights ``p = m / sum(m)`` (C,) of masked norm ``key``'s statistics, computed
+        with the channel masks, one batched division for all the norms of a channel count
+        (:class:`~dmscale.core.channel_layout.ChannelLayout`)."""
+        if self._channels is None:
+            self.compute()
+        found = self._weights.get(key)  # (a norm outside the layout's groups: weighted on its own)
+        return found if found is not None else mask_weights(self._channels[key][None])[0]
+
     def depth_unit(self, j: int, block: int) -> torch.Tensor:
         """Block ``block``'s mask of depth dim ``j``, a () scalar: each depth mask is unbound
         once per forward, when the masks are computed (one operation and one backward node per
@@ -372,9 +383,9 @@ class Gates(nn.Module):
         prev = (self.mode, self.enabled)
         self.mode = mode or self.mode
         self.enabled = enabled
-        self._masks = self._depth_units = self._channels = None
+        self._depth_units = self._channels = None
         try:
             yield
         finally:
             self.mode, self.enabled = prev
-            self._masks = self._depth_units = self._channels = None
+            self._depth_units = self._channels = None

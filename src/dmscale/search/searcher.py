@@ -31,7 +31,7 @@ from torch import nn
 from dmscale.trace.discover import SearchSpace
 from dmscale.core.errors import ConfigError
 from dmscale.export.shrink import export_model, structure_of
-from dmscale.core.masks import GATES_NAME, Gates, assemble_width_mask
+from dmscale.core.masks import GATES_NAME, Gates
 from dmscale.cost.resources import CostModel
 from dmscale.search.config import COST_FORWARD, SearchConfig, resolve_align
 from dmscale.search.importance_sync import ImportanceMixin
@@ -181,8 +181,7 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
                 return t.expand(unit)
             return torch.ones(t.size, dtype=torch.float32, device=t.a.device)
 
-        width = assemble_width_mask([pick(t) for t in g.width], g.derived_a, g.derived_b,
-                                    like=torch.ones(1, device=g._device()))
+        width = g.assemble_width([pick(t) for t in g.width])
         return width, flat([pick(t) for t in g.depth])
 
     def _exact_cost(self, hard: str | None, resource: str | None = None,

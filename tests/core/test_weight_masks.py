@@ -197,3 +197,22 @@ def test_a_branch_ending_in_a_layer_that_cannot_fold_keeps_the_mask_on_its_outpu
     dms.prepare(model, _example(x), dms.SearchConfig(resource="macs", target=0.5))
     folded, on_output = _depth_hooks(model)
     assert folded == [] and len(on_output) == 2 * len(TZOO["hf_gpt2"].layers), (folded, on_output)
+
+
+def test_every_multiply_by_a_depth_mask_or_an_output_mask_reads_its_own_entry() -> None:
+    """A ViT block's depth mask goes into proj's and fc2's weight and bias (4 multiplies) and
+    qkv's output mask into its weight and bias: each reads its own scalar or slice of one
+    gather, so their gradients are summed in the gathers' backward, not by an addition per
+    extra read (4 per block on ViT-B before); the search is the same."""
+    model, x = _entry("timm_deit_tiny")
+    s = dms.prepare(model, _example(x), dms.SearchConfig(resource="macs", target=0.5))
+    blocks = len(TZOO["timm_deit_tiny"].layers)
+    gates = s.gates
+    assert gates.read_index.tolist() == [b for b in range(blocks) for _ in range(4)]
+    assert sum(k.startswith("outb_") for k in gates._layout.keys) == blocks  # qkv's bias
+    model(x)
+    units = [gates.depth_unit(0, b) for b in range(blocks)]
+    values = [gates.depth_value(r) for r in range(4 * blocks)]
+    assert len({id(v) for v in values}) == 4 * blocks  # distinct entries, not one unit read 4 times
+    for r, v in enumerate(values):
+        assert torch.equal(v, units[r // 4])

@@ -40,7 +40,7 @@ import torch
 from dmscale.core.importance import IMPORTANCE_METRICS
 from dmscale.core.topk import DifferentiableTopK
 
-__all__ = ["GateBank", "batchable"]
+__all__ = ["GateBank", "BankRows", "batchable"]
 
 
 def batchable(gate: Any) -> bool:
@@ -186,6 +186,14 @@ class GateBank:
             self._index_cache[key] = index
         return units.reshape(-1)[index]
 
+    def rows(self, active: tuple[bool, ...]) -> "BankRows":
+        """The bank's importance update restricted to the rows ``active`` (one flag per gate;
+        the (G,) tensor is copied to the device once per value)."""
+        cache = self.__dict__.setdefault("_rows_cache", {})
+        if active not in cache:
+            cache[active] = torch.tensor(active, device=self.matrix.device)
+        return BankRows(self, cache[active])
+
     # ------------------------------------------------------------------ Eq. 4
     @torch.no_grad()
     def update_importance(self, unit_mask: torch.Tensor, grad: torch.Tensor,
@@ -203,3 +211,15 @@ class GateBank:
             ok = ok & rows[:, None]
         updated = self.matrix * self.decay + score * (1.0 - self.decay)
         self.matrix.copy_(torch.where(ok, updated, self.matrix))
+
+
+class BankRows:
+    """A :class:`GateBank` update restricted to the rows of the gates whose mask a forward used
+    with a gradient (``active``, (G,) bool): what the pending all-reduce and the gradient hook
+    call as ``update_importance``."""
+
+    def __init__(self, bank: GateBank, active: torch.Tensor) -> None:
+        self.bank, self.active = bank, active
+
+    def update_importance(self, unit_mask: torch.Tensor, grad: torch.Tensor) -> None:
+        self.bank.update_importance(unit_mask, grad, rows=self.active)

@@ -28,7 +28,7 @@ from torch import nn
 
 from dmscale.core.hook_base import DMSHook
 from dmscale.core.mask_hooks import ComputeMasks, MaskBranch, MaskedNorm, MaskInput, MaskOutput, RestoreFastpath
-from dmscale.core.weight_masks import FoldDepth, FoldMask, Unfold, depth_foldable, fold_plan
+from dmscale.core.weight_masks import FoldDepth, FoldMask, Unfold, depth_foldable, depth_reads, fold_plan
 
 __all__ = ["GATES_NAME", "NORM_PREFIX", "attach_hooks", "detach", "guard_hooks_under_compile"]
 
@@ -82,11 +82,15 @@ def attach_hooks(
             modules[name].register_forward_hook(Unfold(), always_call=True)
             folded.add(name)
 
-    def fold(name: str, dim: int, side: str, key: str) -> bool:
+    def fold(name: str, dim: int, side: str, key: str, slots: Any = None) -> bool:
         plan = fold_plan(modules[name], dim, side) if fold_masks else None
         if plan is None:
             return False
-        modules[name].register_forward_pre_hook(FoldMask(gates, key, plan, dim), with_kwargs=True)
+        # an output fold's bias reads a slice of its own: its gradient and the weight's are summed
+        # in the gather's backward, not by one more addition
+        bias_key = slot_key("outb_", name, slots) \
+            if side == "out" and modules[name]._parameters.get("bias") is not None else None
+        modules[name].register_forward_pre_hook(FoldMask(gates, key, plan, dim, bias_key), with_kwargs=True)
         unfold_after(name)
         return True
 
@@ -99,17 +103,19 @@ def attach_hooks(
         modules[name].register_forward_hook(MaskedNorm(gates, key, kind, eps), with_kwargs=True)
     for name, (dim, slots) in (outputs or {}).items():
         key = slot_key("out_", name, slots)
-        if not fold(name, dim, "out", key):
+        if not fold(name, dim, "out", key, slots):
             modules[name].register_forward_hook(MaskOutput(gates, key, dim))
     for name, (j, i) in branches.items():
         # the branch module itself, else the layer whose output it returns
         candidates = (name, (depth_folds or {}).get(name)) if fold_masks else ()
         target = next((t for t in candidates if t is not None and depth_foldable(modules[t])), None)
+        # every multiply by a block's depth mask reads a scalar of its own (gates.depth_read)
         if target is not None:
-            modules[target].register_forward_pre_hook(FoldDepth(gates, j, i))
+            reads = tuple(gates.depth_read(j, i) for _ in range(depth_reads(modules[target])))
+            modules[target].register_forward_pre_hook(FoldDepth(gates, j, i, reads))
             unfold_after(target)
         else:
-            modules[name].register_forward_hook(MaskBranch(gates, j, i))
+            modules[name].register_forward_hook(MaskBranch(gates, j, i, gates.depth_read(j, i)))
     return order
 
 

@@ -34,6 +34,8 @@ class MaskSource(Protocol):
 
     def depth_unit(self, j: int, block: int) -> torch.Tensor: ...
 
+    def depth_value(self, read: int) -> torch.Tensor: ...
+
 
 class DMSHook:
     """Base class of every hook dmscale attaches (so that :func:`detach` finds them)."""

@@ -9,7 +9,7 @@ Sec. 3.2), where a mask cannot be folded into a weight (:mod:`dmscale.core.weigh
 * :class:`RestoreFastpath`: restores torch's fused-MHA switch after the forward.
 
 Each takes the :class:`~dmscale.core.masks.Gates` whose masks it reads (``gates.channel_mask(key)``,
-``gates.norm_weights(key)``, ``gates.depth_unit(j, block)``, ``gates.enabled``); none imports it.
+``gates.norm_weights(key)``, ``gates.depth_value(read)``, ``gates.enabled``); none imports it.
 
 Example:
     >>> import torch
@@ -126,15 +126,17 @@ def _recomputable(module: nn.Module, args: tuple, kwargs: dict) -> bool:
 
 
 class MaskBranch(DMSHook):
-    """Forward hook: multiply a residual branch's output by its block's depth mask."""
+    """Forward hook: multiply a residual branch's output by its block's depth mask (``read``:
+    its scalar's id, ``gates.depth_read``; None: the block's unit)."""
 
-    def __init__(self, gates: MaskSource, dim: int, block: int) -> None:
-        self.gates, self.dim, self.block = gates, dim, block
+    def __init__(self, gates: MaskSource, dim: int, block: int, read: int | None = None) -> None:
+        self.gates, self.dim, self.block, self.read = gates, dim, block, read
 
     def __call__(self, module: nn.Module, args: tuple, out: Any) -> Any:
         if not self.gates.enabled:
             return None
-        m = self.gates.depth_unit(self.dim, self.block)  # () scalar
+        read = getattr(self, "read", None)  # (hooks pickled before it existed)
+        m = self.gates.depth_unit(self.dim, self.block) if read is None else self.gates.depth_value(read)
         if isinstance(out, torch.Tensor):
             return out * cast(m, out.dtype)
         first = out[0]  # (output, attention weights, ...) as Hugging Face attention returns

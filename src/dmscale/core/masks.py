@@ -50,18 +50,6 @@ from dmscale.core.topk import DifferentiableTopK, GateFactory, StructuralGate
 __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
 
 
-class _Rows:
-    """A :class:`~dmscale.core.gate_bank.GateBank` update restricted to the rows of the gates
-    whose mask this forward used with a gradient (``active``, (G,) bool): what the pending
-    all-reduce and the gradient hook call as ``update_importance``."""
-
-    def __init__(self, bank: GateBank, active: torch.Tensor) -> None:
-        self.bank, self.active = bank, active
-
-    def update_importance(self, unit_mask: torch.Tensor, grad: torch.Tensor) -> None:
-        self.bank.update_importance(unit_mask, grad, rows=self.active)
-
-
 class Gates(nn.Module):
     """The structural parameters of one search and the masks they produce."""
 
@@ -86,6 +74,8 @@ class Gates(nn.Module):
         self._channels: dict[str, torch.Tensor] | None = None
         self._weights: dict[str, torch.Tensor] = {}
         self._layout = ChannelLayout()  # where each key's channels lie in channel_index
+        self._reads: list[int] = []  # per depth read (a hook's multiply), its flat block index
+        self._values: list[torch.Tensor] = []  # per depth read, its () scalar of this forward
 
     def _apply(self, fn: Any, recurse: bool = True) -> "Gates":
         """``model.to(device)`` moves the gates; ``model.half()`` / ``.to(bfloat16)`` does
@@ -114,11 +104,11 @@ class Gates(nn.Module):
         """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
         state = self.__dict__.copy()
         state["_depth_units"] = state["_channels"] = None
+        state["_values"] = []
         state["_weights"] = {}
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
         state.pop("_bank_key", None)
-        state.pop("_rows_cache", None)
         state.pop("_one_cache", None)
         state.pop("_derived_cache", None)
         return state
@@ -175,7 +165,16 @@ class Gates(nn.Module):
         gates._layout, index = ChannelLayout.arrange(keyed, {k for k in keyed if k.startswith(NORM_PREFIX)})
         # every hooked layer's channels, (sum of C,): int32, half the memory (an LLM has many layers)
         gates.register_buffer("channel_index", index.to(torch.int32), persistent=False)
+        gates.register_buffer("read_index", torch.tensor(gates._reads, dtype=torch.long), persistent=False)
         return gates
+
+    def depth_read(self, j: int, block: int) -> int:
+        """Register a hook's multiply by block ``block``'s mask of depth dim ``j``; returns the
+        id it reads its () scalar by (:meth:`depth_value`). Where a block is read more than once
+        every read gets an entry of its own in one gather, whose backward sums their gradients
+        (one operation) instead of one addition per extra read."""
+        self._reads.append(sum(t.size for t in list(self.depth)[:j]) + block)
+        return len(self._reads) - 1
 
     # ------------------------------------------------------------------ masks
     def compute(self) -> None:
@@ -200,6 +199,9 @@ class Gates(nn.Module):
         width, depth = self.masks(self.mode, track, defer)
         units, sizes = depth.unbind(0), [t.size for t in self.depth]  # under this forward's grad mode
         self._depth_units = [units[sum(sizes[:j]):sum(sizes[:j + 1])] for j in range(len(sizes))]
+        reads = self.__dict__.get("_reads", [])
+        repeated = len(set(reads)) < len(reads)
+        self._values = depth[self.read_index].unbind(0) if repeated else [units[b] for b in reads]
         self._channels, self._weights = self._layout.split(width[self.channel_index])
 
     # ------------------------------------------------------------------ batched masks
@@ -246,8 +248,7 @@ class Gates(nn.Module):
                 soft = bank.unit_soft_masks(fresh=track)  # (G, N_max); a training forward stacks anew
                 if track and soft.requires_grad:  # rows of frozen depth gates get no update
                     rows = tuple(i not in frozen and gates[i].a.requires_grad for i in which)
-                    soft.register_hook(self._importance_hook(_Rows(bank, self._rows_on(rows, soft.device)),
-                                                             soft.detach(), defer, len(gates)))
+                    soft.register_hook(self._importance_hook(bank.rows(rows), soft.detach(), defer, len(gates)))
             if kind == "hard" or (frozen and not any(gates[i].required_groups for i in frozen)):
                 hard = bank.unit_hard_masks()  # (G, N_max) on the device, no host synchronisation
 
@@ -314,14 +315,6 @@ class Gates(nn.Module):
             unit.register_hook(self._importance_hook(topk, unit.detach(), defer, index))
         return topk.expand(unit)
 
-    def _rows_on(self, rows: tuple[bool, ...], device: torch.device) -> torch.Tensor:
-        """The (G,) bool tensor of ``rows`` on ``device``, copied there once per value."""
-        cache = self.__dict__.setdefault("_rows_cache", {})
-        key = (rows, str(device))
-        if key not in cache:
-            cache[key] = torch.tensor(rows, device=device)
-        return cache[key]
-
     def _importance_hook(self, topk: StructuralGate, value: torch.Tensor, defer: bool,
                          index: int) -> Any:
         """The mask's gradient hook: Eq. 4 from the unscaled task-loss gradient, now (one
@@ -365,6 +358,12 @@ class Gates(nn.Module):
         if getattr(self, "_depth_units", None) is None:  # (absent from gates pickled before it existed)
             self.compute()
         return self._depth_units[j][block]
+
+    def depth_value(self, read: int) -> torch.Tensor:
+        """The () depth mask of read ``read`` (:meth:`depth_read`) for this forward."""
+        if self._channels is None:
+            self.compute()
+        return self._values[read]
 
     def _one(self) -> torch.Tensor:
         """A (1,) float32 tensor of 1 on the gates' device, made once per device."""

@@ -41,7 +41,7 @@ from torch import nn
 
 from dmscale.core.hook_base import DMSHook, MaskSource, cast, first_input, masked_input
 
-__all__ = ["WeightFold", "fold_plan", "depth_foldable", "FoldMask", "FoldDepth", "Unfold"]
+__all__ = ["WeightFold", "fold_plan", "depth_foldable", "depth_reads", "FoldMask", "FoldDepth", "Unfold"]
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -105,6 +105,14 @@ def depth_foldable(module: nn.Module) -> bool:
                                                       isinstance(params.get("bias"), nn.Parameter))
 
 
+def depth_reads(module: nn.Module) -> int:
+    """How many depth-mask scalars a :class:`FoldDepth` on ``module`` multiplies in: 2 for a
+    weight and a bias of different shapes (each its own read: no addition of their gradients),
+    else 1 (no bias, or a norm's affine pair in one multiply)."""
+    weight, bias = module._parameters.get("weight"), module._parameters.get("bias")
+    return 2 if bias is not None and weight is not None and bias.shape != weight.shape else 1
+
+
 def fold_plan(module: nn.Module, dim: int, side: str) -> WeightFold | None:
     """How to fold a mask over channel ``dim`` of the layer's input (``side="in"``) or
     output (``"out"``) into its weight, or None where that would not be the same function
@@ -148,10 +156,12 @@ class FoldMask(DMSHook):
     On the input side the smaller of the two multiplies is taken, call by call: a layer whose
     input is smaller than its weight (a language model's head over a large vocabulary, any
     layer at batch 1) gets ``X * m`` instead, the same function (``dim``: the input's channel
-    dim)."""
+    dim). An output fold multiplies the bias by the slice ``bias_key`` (the same channels; None:
+    the weight's)."""
 
-    def __init__(self, gates: MaskSource, key: str, plan: WeightFold, dim: int = 1) -> None:
-        self.gates, self.key, self.plan, self.dim = gates, key, plan, dim
+    def __init__(self, gates: MaskSource, key: str, plan: WeightFold, dim: int = 1,
+                 bias_key: str | None = None) -> None:
+        self.gates, self.key, self.plan, self.dim, self.bias_key = gates, key, plan, dim, bias_key
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if not self.gates.enabled:
@@ -166,32 +176,42 @@ class FoldMask(DMSHook):
         if self.plan.side == "out":
             bias = _current(module, "bias")
             if bias is not None:
-                module.__dict__["bias"] = bias * cast(m, bias.dtype)
+                key = getattr(self, "bias_key", None)  # (hooks pickled before it existed)
+                mb = m if key is None else self.gates.channel_mask(key)
+                module.__dict__["bias"] = bias * cast(mb, bias.dtype)
         return None
 
 
 class FoldDepth(DMSHook):
     """Forward pre-hook on the last layer of a residual branch: its weight and bias times
     the block's depth mask m_i, so the branch computes ``f(x) * m_i`` (Sec. 3.2) without a
-    multiply of (and a saved copy of) the branch's output activation."""
+    multiply of (and a saved copy of) the branch's output activation. ``reads``: the ids of
+    the depth scalars it multiplies in (``gates.depth_read``), the weight's and the bias's (one
+    id: both, or a norm's affine pair)."""
 
-    def __init__(self, gates: MaskSource, dim: int, block: int) -> None:
-        self.gates, self.dim, self.block = gates, dim, block
+    def __init__(self, gates: MaskSource, dim: int, block: int, reads: tuple[int, ...] = ()) -> None:
+        self.gates, self.dim, self.block, self.reads = gates, dim, block, reads
+
+    def _masks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        reads = getattr(self, "reads", ())  # (hooks pickled before it existed: the block's unit)
+        if not reads:
+            m = self.gates.depth_unit(self.dim, self.block)
+            return m, m
+        return self.gates.depth_value(reads[0]), self.gates.depth_value(reads[-1])  # () scalars
 
     def __call__(self, module: nn.Module, args: tuple) -> None:
         if not self.gates.enabled:
             return
-        m = self.gates.depth_unit(self.dim, self.block)  # () scalar
+        m, mb = self._masks()
         weight, bias = _current(module, "weight"), _current(module, "bias")
         if bias is not None and weight.shape == bias.shape and weight.dtype == bias.dtype:
             # a norm's affine pair, (2, C): one multiply, and one gradient for m in the backward
             module.__dict__["weight"], module.__dict__["bias"] = (
                 torch.stack((weight, bias)) * cast(m, weight.dtype)).unbind(0)
             return
-        for name in ("weight", "bias"):
-            value = _current(module, name)
-            if value is not None:
-                module.__dict__[name] = value * cast(m, value.dtype)
+        module.__dict__["weight"] = weight * cast(m, weight.dtype)
+        if bias is not None:
+            module.__dict__["bias"] = bias * cast(mb, bias.dtype)
 
 
 class Unfold(DMSHook):

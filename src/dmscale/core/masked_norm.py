@@ -143,7 +143,7 @@ class MaskedLayerNorm(torch.autograd.Function):
         elif bias is not None:
             y = y.add_(cast(bias, dt))
         ctx.save_for_backward(x, p, mu, r, weight)
-        ctx.eps, ctx.has_bias, ctx.dt = eps, bias is not None, dt
+        ctx.has_bias, ctx.dt = bias is not None, dt
         return cast(y, x.dtype)
 
     @staticmethod
@@ -157,7 +157,8 @@ class MaskedLayerNorm(torch.autograd.Function):
         dt, c = ctx.dt, x.shape[-1]
         gyf = cast(gy.reshape(-1, c), dt)  # (N, C): every position one row
         r1 = r.reshape(-1, 1)  # (N, 1)
-        xhat = (cast(x.reshape(-1, c), dt) - mu.reshape(-1, 1)).mul_(r1)  # (N, C)
+        xf = cast(x.reshape(-1, c), dt)  # (N, C)
+        xhat = (xf - mu.reshape(-1, 1)).mul_(r1)  # (N, C)
         gx = gyf * xhat  # dL/dy_k x̂_k, (N, C): G2 and dw from one product
         if weight is not None:
             wf = cast(weight, dt)
@@ -168,11 +169,10 @@ class MaskedLayerNorm(torch.autograd.Function):
             g1, g2 = g.sum(-1, keepdim=True), gx.sum(-1, keepdim=True)
         dx = dm = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = cast((g - torch.addcmul(g1, xhat, g2).mul_(p)).mul_(r1), x.dtype).reshape(x.shape)
-        if ctx.needs_input_grad[1]:  # through both statistics, summed over N
-            # sum_n G1_n r_n x_nk = sum_n G1_n x̂_nk + sum_n G1_n r_n mu_n (x = x̂ / r + mu)
-            s12 = (xhat * torch.addcmul(g1, xhat, g2, value=0.5)).sum(0)  # sum_n x̂ (G1 + x̂ G2 / 2), (C,)
-            dm = cast(s12.add_(torch.dot(g1.reshape(-1), r.reshape(-1) * mu.reshape(-1))).neg_(), p.dtype)
+            dx = cast(torch.addcmul(g, torch.addcmul(g1, xhat, g2), p, value=-1.0).mul_(r1), x.dtype).reshape(x.shape)
+        if ctx.needs_input_grad[1]:  # through both statistics: -x^T (G1 r) - (x̂^2)^T G2 / 2, (C,)
+            gr = torch.mv(xf.T, (g1 * r1).reshape(-1))  # sum_n G1_n r_n x_nk
+            dm = cast(torch.addmv(gr, (xhat * xhat).T, g2.reshape(-1), beta=-1.0, alpha=-0.5), p.dtype)
         if weight is not None and ctx.needs_input_grad[2]:
             dw = cast(gx.sum(0), weight.dtype)  # sum_n gy_nk x̂_nk
         if ctx.has_bias and ctx.needs_input_grad[3]:
@@ -215,13 +215,13 @@ class MaskedRMSRescale(torch.autograd.Function):
             xf = cast(x, dt)
             p = cast(p, dt)
             x2 = xf * xf
-            ms_all = x2.mean(-1)  # (...)
-            ms_kept = x2 @ p  # (...): sum_c p_c x_c^2, one matrix-vector product (no product tensor)
-            s = torch.sqrt((ms_all + eps) / (ms_kept + eps))  # (...)
+            all_eps = x2.mean(-1).add_(eps)  # ms_all + eps, (...)
+            kept_eps = (x2 @ p).add_(eps)  # ms_kept + eps: sum_c p_c x_c^2, one matrix-vector product
+            s = torch.sqrt(all_eps / kept_eps)  # (...)
             y = cast(cast(out, dt) * s.unsqueeze(-1), out.dtype)
             kept = () if norm is not None else (y,)
-            ctx.save_for_backward(x, s, ms_all, ms_kept, p, *kept)
-            ctx.eps, ctx.dt, ctx.norm = eps, dt, norm
+            ctx.save_for_backward(x, s, all_eps, kept_eps, p, *kept)
+            ctx.dt, ctx.norm = dt, norm
             return y
 
     @staticmethod
@@ -240,24 +240,24 @@ class MaskedRMSRescale(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, s, ms_all, ms_kept, p, *kept = ctx.saved_tensors
+        x, s, all_eps, kept_eps, p, *kept = ctx.saved_tensors
         out, is_y = MaskedRMSRescale._out(ctx, x, tuple(kept))
         with no_autocast(gy.device.type):
-            dt, eps, c = ctx.dt, ctx.eps, x.shape[-1]
+            dt, c = ctx.dt, x.shape[-1]
             gyf = cast(gy, dt)
             d_out = cast(gyf * s.unsqueeze(-1), out.dtype) if ctx.needs_input_grad[0] else None
             # G s with G = sum_j dL/dy_j out_j, (..., 1): sum_j dL/dy_j y_j (y = out s)
             gs = torch.linalg.vecdot(gyf, cast(out, dt))
             gs = (gs if is_y else gs * s).unsqueeze(-1)
-            v = gs / (ms_kept + eps).unsqueeze(-1)  # (..., 1)
+            v = gs / kept_eps.unsqueeze(-1)  # (..., 1)
             dx = dp = None
             xf = cast(x, dt)
             if ctx.needs_input_grad[1]:  # x_k (G s / (C (ms_all + eps)) - p_k G s / (ms_kept + eps))
-                u = gs / ((ms_all + eps) * c).unsqueeze(-1)  # (..., 1)
+                u = gs / (all_eps * c).unsqueeze(-1)  # (..., 1)
                 dx = cast(xf * torch.addcmul(u, p, v, value=-1.0), x.dtype)
             if ctx.needs_input_grad[2]:
-                w = (v * -0.5).reshape(-1)  # (N,)
-                dp = (xf * xf).reshape(-1, c).T @ w  # sum_n w_n x_nk^2, (C,)
+                # -sum_n v_n x_nk^2 / 2, (C,): beta=0 ignores the input (p, any (C,) tensor)
+                dp = torch.addmv(p, (xf * xf).reshape(-1, c).T, v.reshape(-1), beta=0.0, alpha=-0.5)
             return d_out, dx, dp, None, None
 
 

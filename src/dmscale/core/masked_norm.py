@@ -143,8 +143,7 @@ class MaskedLayerNorm(torch.autograd.Function):
         elif bias is not None:
             y = y.add_(cast(bias, dt))
         ctx.save_for_backward(x, p, mu, r, weight)
-        # traced by torch.compile (the backward asks: is_compiling() is False while it is traced)
-        ctx.has_bias, ctx.dt, ctx.compiled = bias is not None, dt, torch.compiler.is_compiling()
+        ctx.has_bias, ctx.dt = bias is not None, dt
         return cast(y, x.dtype)
 
     @staticmethod
@@ -172,11 +171,8 @@ class MaskedLayerNorm(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dx = cast(torch.addcmul(g, torch.addcmul(g1, xhat, g2), p, value=-1.0).mul_(r1), x.dtype).reshape(x.shape)
         if ctx.needs_input_grad[1]:  # through both statistics: -x^T (G1 r) - (x̂^2)^T G2 / 2, (C,)
-            if getattr(ctx, "compiled", False):  # one reduction that inductor fuses with the products
-                dm = cast((xf * (g1 * r1) + (xhat * xhat) * (g2 * 0.5)).sum(0).neg(), p.dtype)
-            else:  # eagerly two matrix-vector products, four operators
-                gr = torch.mv(xf.T, (g1 * r1).reshape(-1))  # sum_n G1_n r_n x_nk
-                dm = cast(torch.addmv(gr, (xhat * xhat).T, g2.reshape(-1), beta=-1.0, alpha=-0.5), p.dtype)
+            gr = torch.mv(xf.T, (g1 * r1).reshape(-1))  # sum_n G1_n r_n x_nk
+            dm = cast(torch.addmv(gr, (xhat * xhat).T, g2.reshape(-1), beta=-1.0, alpha=-0.5), p.dtype)
         if weight is not None and ctx.needs_input_grad[2]:
             dw = cast(gx.sum(0), weight.dtype)  # sum_n gy_nk x̂_nk
         if ctx.has_bias and ctx.needs_input_grad[3]:

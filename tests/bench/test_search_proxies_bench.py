@@ -17,13 +17,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import search_proxies  # noqa: E402
 
-# (operators, bytes) DMS over plain; measured 2.85 / 1.001 and 2.75 / 1.026 when set, after the
+# (operators, bytes) DMS over plain; measured 2.85 / 1.001 and 2.67 / 1.026 when set, after the
 # masked norms shared their weights per width and every depth read got its own scalar (2.89 and
 # 2.94 before; 3.42 and 3.07 before the forward and the resource loss shared one stack of the
 # ratios; bytes without the model's own parameters, which the graph of a masked weight refers to;
 # 3.57 / 1.018 and 3.56 / 1.156 counting them, before the no-op casts went and the transformer
 # depth masks folded)
-BUDGETS = {"small_cnn": (2.95, 1.03), "vit_s16": (2.85, 1.06)}
+BUDGETS = {"small_cnn": (2.95, 1.03), "vit_s16": (2.75, 1.06)}
 
 
 @pytest.mark.parametrize("name", sorted(BUDGETS))

@@ -117,8 +117,9 @@ class GateBank:
         (their version counters: an optimiser step, ``fill_``, ``load_state_dict``) or started or
         stopped requiring a gradient (frozen depth), and the grad mode is the same: the forward's
         masks and the resource loss's then hang off one (G, 1) node and each ``a`` gets one
-        gradient per backward, not one per evaluation (one addition per gate fewer per step). The stack saves no tensor for its backward, so a task and a
-        resource loss may still be backpropagated one after the other."""
+        gradient per backward, not one per evaluation (one addition per gate fewer per step).
+        The stack saves no tensor for its backward, so a task and a resource loss may still be
+        backpropagated one after the other."""
         mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         shared = self.__dict__.get("_stacked")
         if not fresh and shared is not None and shared[0] == mode \

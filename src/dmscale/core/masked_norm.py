@@ -167,17 +167,17 @@ class MaskedLayerNorm(torch.autograd.Function):
         else:
             g = gyf
             g1, g2 = g.sum(-1, keepdim=True), gx.sum(-1, keepdim=True)
-        dx = dm = dw = db = None
+        dx = dp = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = cast(torch.addcmul(g, torch.addcmul(g1, xhat, g2), p, value=-1.0).mul_(r1), x.dtype).reshape(x.shape)
         if ctx.needs_input_grad[1]:  # through both statistics: -x^T (G1 r) - (x̂^2)^T G2 / 2, (C,)
             gr = torch.mv(xf.T, (g1 * r1).reshape(-1))  # sum_n G1_n r_n x_nk
-            dm = cast(torch.addmv(gr, (xhat * xhat).T, g2.reshape(-1), beta=-1.0, alpha=-0.5), p.dtype)
+            dp = cast(torch.addmv(gr, (xhat * xhat).T, g2.reshape(-1), beta=-1.0, alpha=-0.5), p.dtype)
         if weight is not None and ctx.needs_input_grad[2]:
             dw = cast(gx.sum(0), weight.dtype)  # sum_n gy_nk x̂_nk
         if ctx.has_bias and ctx.needs_input_grad[3]:
             db = gyf.sum(0)
-        return dx, dm, dw, db, None
+        return dx, dp, dw, db, None
 
 
 def masked_layer_norm(x: torch.Tensor, m: torch.Tensor, weight: torch.Tensor | None,

@@ -99,6 +99,8 @@ class Gates(nn.Module):
         if "_layout" not in self.__dict__:  # gates pickled before the layout: no norm groups
             self._layout = ChannelLayout(self.__dict__.pop("_keys", []), self.__dict__.pop("_key_sizes", []))
             self._weights = {}
+        if "_reads" not in self.__dict__:  # before the depth reads: their hooks read depth_unit
+            self._reads, self._values = [], []
 
     def __getstate__(self) -> dict[str, Any]:
         """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
@@ -199,9 +201,8 @@ class Gates(nn.Module):
         width, depth = self.masks(self.mode, track, defer)
         units, sizes = depth.unbind(0), [t.size for t in self.depth]  # under this forward's grad mode
         self._depth_units = [units[sum(sizes[:j]):sum(sizes[:j + 1])] for j in range(len(sizes))]
-        reads = self.__dict__.get("_reads", [])
-        repeated = len(set(reads)) < len(reads)
-        self._values = depth[self.read_index].unbind(0) if repeated else [units[b] for b in reads]
+        repeated = len(set(self._reads)) < len(self._reads)
+        self._values = depth[self.read_index].unbind(0) if repeated else [units[b] for b in self._reads]
         self._channels, self._weights = self._layout.split(width[self.channel_index])
 
     # ------------------------------------------------------------------ batched masks

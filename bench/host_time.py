@@ -1,6 +1,7 @@
 """Host time of a DMS training step, measured without a GPU (issue 29).
 
     PYTHONPATH=src:tests python bench/host_time.py [--models resnet50 vit_b16 llama_135m] [--rounds 30]
+        [--compiled]     # also both under torch.compile(model)
 
 On a GPU a step of small kernels is bound by the host: Python, the dispatcher and the launch of
 every operator, not the device (the Llama of `bench/results/gpu_profile.md` spent 78 ms of kernel
@@ -11,8 +12,11 @@ keeps the real model's layers, so its step runs the same operators, hooks and au
 but with tiny widths and inputs, so the compute is negligible and the wall time of a step on one
 CPU thread is its host time (under bf16 autocast, as on a GPU): plain, DMS with eager masked
 norms, DMS with the masked norms compiled (``SearchConfig(fuse_norms=True)``, the default on a
-GPU; inductor's CPU kernels and wrappers stand in for Triton's). Rounds interleave the arms; median and interquartile range
-of the per-step times. The step is ``search_proxies``'s (forward, task loss,
+GPU; inductor's CPU kernels and wrappers stand in for Triton's); with ``--compiled`` also the
+plain model and the model with DMS under ``torch.compile(model)`` (the forward and backward of
+the layers, hooks included, compiled; the gates' masks, the resource loss and the optimisers
+eager: what a GPU user who compiles the model runs). Rounds interleave the arms; median and
+interquartile range of the per-step times. The step is ``search_proxies``'s (forward, task loss,
 ``resource_loss(0.5)``, backward, SGD, Adam, both ``foreach``).
 
 A CPU operator costs less host time than a CUDA one (no launch), so the ratios understate what
@@ -67,6 +71,7 @@ TINY_MODELS: dict[str, ProxyModel] = {m.name: m for m in [
 ]}
 
 ARMS = ("plain", "dms", "dms_fused")
+COMPILED_ARMS = ("plain_compiled", "dms_compiled")
 
 
 def _bf16(step: Callable[[], None]) -> Callable[[], None]:
@@ -76,9 +81,10 @@ def _bf16(step: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def _arms(spec: ProxyModel) -> dict[str, Callable[[], None]]:
+def _arms(spec: ProxyModel, compiled: bool = False) -> dict[str, Callable[[], None]]:
     """The steps of the arms; code without ``SearchConfig(fuse_norms)`` (a snapshot from before
-    it) has no fused arm."""
+    it) has no fused arm; ``compiled``: also :data:`COMPILED_ARMS`, the model under
+    ``torch.compile(model)`` (inductor)."""
     import dataclasses
 
     import dmscale as dms
@@ -94,16 +100,21 @@ def _arms(spec: ProxyModel) -> dict[str, Callable[[], None]]:
         if fusable and not fuse:
             searcher.gates.fuse_norms = False  # eager even where auto would fuse
         steps[arm] = _bf16(_step_fn(spec, model, x, searcher))
+    if compiled:
+        steps["plain_compiled"] = _bf16(_step_fn(spec, torch.compile(copy.deepcopy(base)), x, None))
+        model = copy.deepcopy(base)
+        searcher = _prepare(spec, model, x, False)  # (the norms are compiled with the model)
+        steps["dms_compiled"] = _bf16(_step_fn(spec, torch.compile(model), x, searcher))
     return steps
 
 
-def measure(name: str, rounds: int = 30, per_round: int = 3) -> dict[str, Any]:
-    """Per-step wall times (ms) of the three arms on one thread: median and quartiles."""
+def measure(name: str, rounds: int = 30, per_round: int = 3, compiled: bool = False) -> dict[str, Any]:
+    """Per-step wall times (ms) of the arms on one thread: median and quartiles."""
     torch.set_num_threads(1)
     spec = TINY_MODELS[name]
-    steps = _arms(spec)
+    steps = _arms(spec, compiled)
     for step in steps.values():
-        for _ in range(5):  # optimiser state, importance; the fused arm compiles here
+        for _ in range(5):  # optimiser state, importance; the fused and compiled arms compile here
             step()
     times: dict[str, list[float]] = {arm: [] for arm in steps}
     for _ in range(rounds):
@@ -119,6 +130,8 @@ def measure(name: str, rounds: int = 30, per_round: int = 3) -> dict[str, Any]:
     for arm in ("dms", "dms_fused"):
         if arm in out:
             out[f"{arm}_ratio"] = out[arm]["median"] / out["plain"]["median"]
+    if compiled:  # over the compiled plain step
+        out["dms_compiled_ratio"] = out["dms_compiled"]["median"] / out["plain_compiled"]["median"]
     return out
 
 
@@ -139,12 +152,14 @@ def render(cache: dict[str, Any]) -> str:
         "the step's time is its host time (Python, dispatcher, autograd), what bounds a GPU step of small kernels. "
         "Median (interquartile range) over the interleaved rounds; DMS = eager masked norms, fused = "
         "`SearchConfig(fuse_norms=True)` (the default on a GPU). A CPU operator is cheaper on the host than "
-        "a CUDA one (no launch): the ratios rank changes, they do not predict GPU times.", "",
+        "a CUDA one (no launch): the ratios rank changes, they do not predict GPU times. Compiled: "
+        "`torch.compile(model)`, plain and with DMS (the layers, hooks included, in inductor's graphs; the "
+        "gates' masks, resource loss and optimisers eager), their ratio over the compiled plain step.", "",
         f"- command: `{cache.get('command', '')}`",
         f"- commit: {cache.get('commit', '')}; machine: {cache.get('machine', '')}", "",
         "| model | layers and input | code | plain ms | DMS ms | DMS / plain | DMS fused norms ms | fused / plain "
-        "| steps |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| plain compiled ms | DMS compiled ms | compiled DMS / compiled plain | steps |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     order = {name: i for i, name in enumerate(TINY_MODELS)}
     for key in sorted(cache["rows"], key=lambda k: (order.get(k.split("@")[0], 99), "@before" not in k)):
@@ -152,6 +167,7 @@ def render(cache: dict[str, Any]) -> str:
         lines.append(f"| {r['model']} | {r['shape']} | {r.get('code', 'now')} | {_cell(r, 'plain')} "
                      f"| {_cell(r, 'dms')} "
                      f"| {_ratio(r, 'dms')} | {_cell(r, 'dms_fused')} | {_ratio(r, 'dms_fused')} "
+                     f"| {_cell(r, 'plain_compiled')} | {_cell(r, 'dms_compiled')} | {_ratio(r, 'dms_compiled')} "
                      f"| {r['rounds'] * r['per_round']} |")
     return "\n".join(lines) + "\n"
 
@@ -164,10 +180,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--baseline-src", type=Path, default=None,
                     help="also the package snapshot in this src folder (python bench/gpu_check.py --make-baseline "
                          "COMMIT makes one): rows 'before'")
+    ap.add_argument("--compiled", action="store_true",
+                    help="also the plain and the DMS step under torch.compile(model) (the new code only; minutes)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-compiled", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.child, args.rounds)))
+        print(json.dumps(measure(args.child, args.rounds, compiled=args.child_compiled)))
         return
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "host_time.json"
@@ -181,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
         impls.insert(0, (f"before ({snapshot_commit(args.baseline_src)})", "@before", args.baseline_src.resolve()))
     for name in args.models:
         for code, suffix, src in impls:  # one process per row: no compiled code or allocator state shared
-            row = child_json(__file__, ["--child", name, "--rounds", str(args.rounds)], [src, ROOT / "tests"])
+            flags = ["--child-compiled"] if args.compiled and not suffix else []
+            row = child_json(__file__, ["--child", name, "--rounds", str(args.rounds), *flags], [src, ROOT / "tests"])
             row["code"] = code
             cache["rows"][name + suffix] = row
             save_cache(path, cache, sort_keys=False)

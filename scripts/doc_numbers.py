@@ -909,9 +909,11 @@ def _cpu_host() -> str:
 
     def f(arm: str, suffix: str = "") -> str:
         return " / ".join(f"{rows[m + suffix][arm + '_ratio']:.2f}x" for m in GPU_MODELS)
+    compiled = (f"; under `torch.compile(model)` {f('dms_compiled')} the compiled plain step's"
+                if all("dms_compiled_ratio" in rows[m] for m in GPU_MODELS) else "")
     return (f"host time per step {f('dms')} the plain step's (the same layers at tiny widths, where a step's "
             f"time is its Python and dispatch; was {f('dms', '@before')}), {f('dms_fused')} with the masked "
-            "norms compiled")
+            f"norms compiled{compiled}")
 
 
 @number("cpu.proxies")

@@ -31,10 +31,26 @@ def test_the_tiny_models_keep_the_real_models_layers():
 
 
 @pytest.mark.slow
-def test_host_time_measures_three_arms_and_renders_them(tmp_path):
-    row = host_time.measure("resnet50", rounds=2, per_round=1)
-    for arm in host_time.ARMS:
+def test_host_time_measures_every_arm_and_renders_them(tmp_path):
+    row = host_time.measure("resnet50", rounds=2, per_round=1, compiled=True)
+    for arm in (*host_time.ARMS, *host_time.COMPILED_ARMS):
         assert 0 < row[arm]["q1"] <= row[arm]["median"] <= row[arm]["q3"]
     assert row["dms_ratio"] > 1.0  # the hooks and the masks' operators cost host time
     md = host_time.render({"rows": {"resnet50": row}, "command": "c", "commit": "x", "machine": "m"})
-    assert "| resnet50 |" in md and f"{row['dms_ratio']:.2f}" in md
+    assert "| resnet50 |" in md and f"{row['dms_ratio']:.2f}" in md and f"{row['dms_compiled_ratio']:.2f}" in md
+
+
+def test_render_shows_the_compiled_arms_where_a_row_has_them():
+    def arm(ms: float) -> dict[str, float]:
+        return {"median": ms, "q1": ms - 1, "q3": ms + 1}
+
+    base = {"shape": "s", "rounds": 2, "per_round": 1, "plain": arm(10.0), "dms": arm(15.0), "dms_ratio": 1.5}
+    now = {**base, "model": "vit_b16", "plain_compiled": arm(8.0), "dms_compiled": arm(10.0),
+           "dms_compiled_ratio": 1.25}
+    before = {**base, "model": "vit_b16", "code": "before (x)"}  # measured without --compiled
+    md = host_time.render({"rows": {"vit_b16": now, "vit_b16@before": before}, "command": "c", "commit": "x",
+                           "machine": "m"})
+    rows = [line for line in md.splitlines() if line.startswith("| vit_b16 |")]
+    assert len(rows) == 2 and all(r.count("|") == 13 for r in rows)  # 12 columns each
+    assert rows[0].endswith("| - | - | - | 2 |")  # the row before: no compiled arms
+    assert "| 8.0 (7.0-9.0) | 10.0 (9.0-11.0) | 1.25 | 2 |" in rows[1]

@@ -183,7 +183,8 @@ class GateBank:
         key = tuple(which)
         index = self._index_cache.get(key)
         if index is None:  # built once per set of gates (the same every forward)
-            index = torch.cat([self.element_index[i] for i in which]) if len(which) != 1 else self.element_index[which[0]]
+            parts = [self.element_index[i] for i in which]
+            index = torch.cat(parts) if len(parts) != 1 else parts[0]
             self._index_cache[key] = index
         return units.reshape(-1)[index]
 

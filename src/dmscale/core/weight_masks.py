@@ -27,7 +27,8 @@ Example:
     >>> conv = nn.Conv2d(4, 6, 3, groups=2)
     >>> plan = fold_plan(conv, 1, "in")
     >>> m, x = torch.rand(4), torch.randn(1, 4, 5, 5)
-    >>> torch.allclose(conv(x * m.view(1, 4, 1, 1)), nn.functional.conv2d(x, plan.fold(conv.weight, m), conv.bias, groups=2), atol=1e-6)
+    >>> folded = nn.functional.conv2d(x, plan.fold(conv.weight, m), conv.bias, groups=2)
+    >>> torch.allclose(conv(x * m.view(1, 4, 1, 1)), folded, atol=1e-6)
     True
 """
 

@@ -242,3 +242,25 @@ def _leaves_reached(t: torch.Tensor) -> list[torch.Tensor]:
             leaves.append(node.variable)
         stack.extend(n for n, _ in node.next_functions)
     return leaves
+
+
+@pytest.mark.parametrize("name", ["timm_deit_tiny", "hf_llama_gqa"])
+def test_a_first_forward_under_inference_mode_leaves_the_search_trainable(name):
+    """Regression: the gate bank, its gather indices and the derived slots' indices are built on
+    first use and kept; built inside ``torch.inference_mode()`` they were inference tensors, and
+    the first forward raised (the bank's version counter), or the next training forward did
+    (an inference tensor saved for the backward)."""
+    from transformer_zoo import TZOO, output_tensor, task_loss
+    entry = TZOO[name]
+    model, x = entry.build(), entry.make_inputs()
+    searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5))
+
+    def run() -> torch.Tensor:
+        return output_tensor(model(**x) if isinstance(x, dict) else model(x))
+    with torch.inference_mode():
+        evaluated = run()
+    model.train()
+    loss = task_loss(run()) + searcher.resource_loss(0.5)
+    loss.backward()
+    grads = [g.a.grad for g in searcher.gates.width]
+    assert evaluated.isfinite().all() and all(g is not None and g.isfinite().all() for g in grads)

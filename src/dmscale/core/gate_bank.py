@@ -182,9 +182,10 @@ class GateBank:
         """The element masks of gates ``which`` concatenated, from a (G, N_max) unit mask."""
         key = tuple(which)
         index = self._index_cache.get(key)
-        if index is None:  # built once per set of gates (the same every forward)
+        if index is None:  # built once per set of gates (the same every forward), a normal tensor
             parts = [self.element_index[i] for i in which]
-            index = torch.cat(parts) if len(parts) != 1 else parts[0]
+            with torch.inference_mode(False):
+                index = torch.cat(parts) if len(parts) != 1 else parts[0]
             self._index_cache[key] = index
         return units.reshape(-1)[index]
 
@@ -193,7 +194,8 @@ class GateBank:
         the (G,) tensor is copied to the device once per value)."""
         cache = self.__dict__.setdefault("_rows_cache", {})
         if active not in cache:
-            cache[active] = torch.tensor(active, device=self.matrix.device)
+            with torch.inference_mode(False):
+                cache[active] = torch.tensor(active, device=self.matrix.device)
         return BankRows(self, cache[active])
 
     # ------------------------------------------------------------------ Eq. 4

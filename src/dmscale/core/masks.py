@@ -223,7 +223,8 @@ class Gates(nn.Module):
         if not members:
             return None, []
         if bank is None or not bank.valid_for(members):
-            bank = self.__dict__["_bank"] = GateBank(members)
+            with torch.inference_mode(False):  # kept across forwards: normal tensors, whatever the mode
+                bank = self.__dict__["_bank"] = GateBank(members)
         return bank, which
 
     def masks(self, kind: str = "soft", track: bool = False,
@@ -301,8 +302,9 @@ class Gates(nn.Module):
         cached, device = self.__dict__.get("_derived_cache"), self._device()
         if cached is None or cached[0].device != device:
             n = sum(t.size for t in self.width)
-            cached = self.__dict__["_derived_cache"] = resolve_derived(self.derived_a.to(device),
-                                                                       self.derived_b.to(device), n)
+            with torch.inference_mode(False):  # kept across forwards: a normal tensor, whatever the mode
+                cached = self.__dict__["_derived_cache"] = resolve_derived(self.derived_a.to(device),
+                                                                           self.derived_b.to(device), n)
         return cached
 
     def _mask(self, topk: StructuralGate, kind: str, track: bool, defer: bool = False,
@@ -370,7 +372,8 @@ class Gates(nn.Module):
         """A (1,) float32 tensor of 1 on the gates' device, made once per device."""
         cached = self.__dict__.get("_one_cache")
         if cached is None or cached.device != self._device():
-            cached = self.__dict__["_one_cache"] = torch.ones(1, device=self._device())
+            with torch.inference_mode(False):
+                cached = self.__dict__["_one_cache"] = torch.ones(1, device=self._device())
         return cached
 
     def _device(self) -> torch.device:

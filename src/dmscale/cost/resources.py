@@ -122,7 +122,8 @@ class DeviceCache:
         for t in tensors:
             hit = cache.get((id(t), device))
             if hit is None or hit[0] is not t:
-                hit = cache[(id(t), device)] = (t, t.to(device))
+                with torch.inference_mode(False):  # kept across calls: a normal tensor, whatever the mode
+                    hit = cache[(id(t), device)] = (t, t.to(device))
             out.append(hit[1])
         return out
 

@@ -136,13 +136,100 @@ def test_an_rms_norm_with_a_user_forward_hook_keeps_its_output_for_the_backward(
     handle.remove()
 
 
-def test_a_second_derivative_through_the_recomputing_rescale_is_refused():
-    from dmscale.core.masked_norm import masked_rms_rescale
+@pytest.mark.parametrize("which", ["layer_norm", "rms_rescale", "rms_rescale_kept", "rms_norm", "weights"])
+def test_a_second_derivative_through_a_masked_norm_is_refused(which):
+    """Regression: these backwards use statistics saved without their graph; under
+    create_graph=True they gave a wrong second derivative without a word (gradgradcheck failed
+    for the LayerNorm, the rescale keeping its output and the weights p)."""
+    from dmscale.core.masked_norm import mask_weights, masked_rms_norm, masked_rms_rescale
     norm = torch.nn.RMSNorm(4)
     x, m = torch.randn(2, 4, requires_grad=True), torch.rand(4, requires_grad=True)
-    y = masked_rms_rescale(norm(x), x, m, 1e-6, norm.forward)
+    y = {"layer_norm": lambda: masked_layer_norm(x, m, None, None, 1e-6),
+         "rms_rescale": lambda: masked_rms_rescale(norm(x), x, m, 1e-6, norm.forward),
+         "rms_rescale_kept": lambda: masked_rms_rescale(norm(x), x, m, 1e-6),
+         "rms_norm": lambda: masked_rms_norm(x, m, norm.weight, 1e-6),
+         "weights": lambda: mask_weights(m) * x}[which]()
     with pytest.raises(RuntimeError, match="second derivative"):
-        torch.autograd.grad(y.sum(), x, create_graph=True)
+        torch.autograd.grad(y.square().sum(), (x, m), create_graph=True)
+    assert all(g is not None for g in torch.autograd.grad(y.square().sum(), (x, m), allow_unused=True)[1:])
+
+
+def _rms_whole_definition(x, m, w, offset, eps):
+    """The RMS norm over the kept channels written out: mask-weighted mean square."""
+    xf = x.float()
+    ms = (xf * xf * m).sum(-1, keepdim=True) / m.sum()
+    return (w + offset) * xf * torch.rsqrt(ms + eps)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_rms_norm_matches_its_definition_forward_and_backward(offset, dtype):
+    from dmscale.core.masked_norm import masked_rms_norm
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(3, 5, 12, generator=g) * 2 + 0.3).to(dtype).requires_grad_()
+    m = torch.rand(12, generator=g).requires_grad_()
+    w = torch.randn(12, generator=g).requires_grad_()
+    got = masked_rms_norm(x, m, w, 1e-5, offset, torch.float32)
+    want = _rms_whole_definition(x, m, w, offset, 1e-5)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(got, want, **tol)
+    gy = torch.randn(got.shape, generator=g)
+    for a, b in zip(torch.autograd.grad(got, (x, m, w), gy), torch.autograd.grad(want, (x, m, w), gy)):
+        torch.testing.assert_close(a.float(), b.float(), **tol)
+
+
+def test_masked_rms_norm_gradcheck_in_float64_and_exact_for_any_weights():
+    from dmscale.core.masked_norm import MaskedRMSNorm
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 3, 6, generator=g, dtype=torch.float64).requires_grad_()
+    p = (torch.rand(6, generator=g, dtype=torch.float64) + 0.2).requires_grad_()  # sum(p) != 1
+    w = torch.randn(6, generator=g, dtype=torch.float64).requires_grad_()
+    for offset in (0.0, 1.0):
+        assert torch.autograd.gradcheck(lambda a, b, c: MaskedRMSNorm.apply(a, b, c, 1e-3, offset, torch.float64),
+                                        (x, p, w))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_a_searched_hf_rms_norm_is_computed_whole_and_equals_the_rescaled_one(family):
+    """Where the gain is ``weight`` (Llama) or ``1 + weight`` (Gemma), the search computes the
+    masked norm whole (no backward through the norm's own graph, nothing recomputed): the same
+    output and gradients as rescaling the norm's output, to float rounding."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from dmscale.core.mask_hooks import MaskedNorm
+    from dmscale.trace.handlers.norms import norm_formula
+
+    cls, offset = {"llama": (LlamaRMSNorm, 0.0), "gemma": (GemmaRMSNorm, 1.0)}[family]
+
+    class Source:  # the gates a hook reads
+        enabled, fuse_norms = True, False
+
+        def __init__(self, m):
+            self.m = m
+
+        def channel_mask(self, key):
+            return self.m
+
+        def norm_weights(self, key):
+            return self.m / self.m.sum()
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 5, 16, generator=g, dtype=torch.float64).requires_grad_()
+    m = torch.rand(16, generator=g, dtype=torch.float64).requires_grad_()
+    outs = []
+    for whole in (True, False):
+        norm = cls(16, eps=1e-6).double()
+        with torch.no_grad():
+            norm.weight.uniform_(-1.0, 1.5, generator=torch.Generator().manual_seed(10))
+        formula = norm_formula(norm)
+        assert formula.offset == offset
+        norm.register_forward_hook(MaskedNorm(Source(m), "k", "rms", formula.eps, offset if whole else None),
+                                   with_kwargs=True)
+        y = norm(x)
+        assert type(y.grad_fn).__name__ == ("MaskedRMSNormBackward" if whole else "MaskedRMSRescaleBackward")
+        outs.append((y, *torch.autograd.grad(y.square().sum(), (x, m, norm.weight))))
+    for a, b in zip(*outs):  # (the HF norms compute in float32, whole in float64)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_no_autocast_turns_autocast_off_inside_and_restores_it_after_an_error():
@@ -176,16 +263,31 @@ def test_autocast_as_sets_autocast_for_the_block_and_drops_its_cast_cache():
         assert (torch.ones(2, 2) @ w)[0, 0].item() == 6.0
 
 
-def test_the_weights_gradient_of_the_layer_norm_is_exact_on_the_simplex():
-    """The norms take p = m / sum(m) (computed once per mask): their gradient with respect to
-    p itself is exact at any p that sums to 1, without the projection of mask_weights."""
-    from dmscale.core.masked_norm import MaskedLayerNorm
+def test_the_weights_gradient_of_the_layer_norm_is_exact_through_mask_weights():
+    """The norms take p = m / sum(m) (computed once per mask): the LayerNorm's gradient in p
+    is exact up to one number added to every channel, which mask_weights' projection removes."""
+    from dmscale.core.masked_norm import MaskedLayerNorm, mask_weights
     g = torch.Generator().manual_seed(4)
     x, w, b = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((2, 3, 6), (6,), (6,)))
-    p = torch.rand(6, generator=g, dtype=torch.float64)
-    p = p / p.sum()
-    args = [t.requires_grad_() for t in (x, p, w, b)]
-    assert torch.autograd.gradcheck(lambda *a: MaskedLayerNorm.apply(*a, 1e-3), args)
+    m = torch.rand(6, generator=g, dtype=torch.float64) + 0.1
+    args = [t.requires_grad_() for t in (x, m, w, b)]
+    assert torch.autograd.gradcheck(lambda x, m, w, b: MaskedLayerNorm.apply(x, mask_weights(m), w, b, 1e-3), args)
+
+
+def test_the_mask_gradient_of_the_layer_norm_keeps_float32_precision_where_activations_have_a_large_mean():
+    """Regression: dL/dp was written with x, whose mean (1e4 here) the projection onto m then
+    cancelled in float32 (relative error 4.3e-3 of the mask's gradient here; 1.6e-3 with x̂)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 48, generator=g, dtype=torch.float64) * 0.5 + 1e4
+    m = torch.rand(48, generator=g, dtype=torch.float64) + 0.1
+    gy = torch.randn(64, 48, generator=g, dtype=torch.float64)
+
+    def mask_grad(dtype: torch.dtype) -> torch.Tensor:
+        mm = m.to(dtype).requires_grad_()
+        y = masked_layer_norm(x.to(dtype), mm, None, None, 1e-5)
+        return torch.autograd.grad(y, mm, gy.to(dtype))[0].double()
+    want, got = mask_grad(torch.float64), mask_grad(torch.float32)
+    assert float((got - want).norm() / want.norm()) < 2.5e-3
 
 
 def test_the_weights_gradient_of_the_rms_rescale_is_exact_for_any_weights():
@@ -195,3 +297,23 @@ def test_the_weights_gradient_of_the_rms_rescale_is_exact_for_any_weights():
     p = torch.rand(6, generator=g, dtype=torch.float64)  # not normalised
     args = [t.requires_grad_() for t in (out, x, p)]
     assert torch.autograd.gradcheck(lambda o, a, q: MaskedRMSRescale.apply(o, a, q, 1e-3), args)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rms"])
+def test_a_float64_model_s_masked_norms_compute_in_float64(norm):
+    """Regression: the norms' weights p = m / sum(m) came from the gates in float32, so a
+    float64 model with every channel kept differed from itself by 1e-8 (now by float64
+    rounding)."""
+    import copy
+
+    from torch import nn
+
+    import dmscale as dms
+    torch.manual_seed(0)
+    layer = nn.LayerNorm(24) if norm == "layernorm" else nn.RMSNorm(24, eps=1e-6)
+    net = nn.Sequential(nn.Linear(8, 24), layer, nn.ReLU(), nn.Linear(24, 4)).double()
+    plain = copy.deepcopy(net)
+    x = torch.randn(64, 8, dtype=torch.float64) * 3 + 50.0
+    searcher = dms.prepare(net, x, dms.SearchConfig(resource="macs", target=0.6, verify=False))
+    with torch.no_grad(), searcher.gates.use("open"):
+        assert float((net(x) - plain(x)).abs().max()) < 1e-12

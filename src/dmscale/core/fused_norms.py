@@ -39,9 +39,10 @@ import torch
 import torch._functorch.config
 from torch import nn
 
-from dmscale.core.masked_norm import MaskedLayerNorm, MaskedRMSRescale
+from dmscale.core.masked_norm import MaskedLayerNorm, MaskedRMSNorm, MaskedRMSRescale
 
-__all__ = ["FUSE_BACKEND", "layer_norm", "rms_rescale", "fusion_state", "fusion_failure", "reset_fusion"]
+__all__ = ["FUSE_BACKEND", "layer_norm", "rms_norm", "rms_rescale", "fusion_state", "fusion_failure",
+           "reset_fusion"]
 
 FUSE_BACKEND: Any = "inductor"  # tests use "aot_eager" (the same graphs, no kernel compiler)
 
@@ -57,7 +58,7 @@ _failure: list[str] = []  # the first compilation error: every later call runs e
 
 def fusion_state() -> dict[str, Any] | None:
     """What this process's masked norms ran as: ``{"compiled": the functions run compiled
-    ("layer_norm", "rms_rescale"), "failure": the compiler error that stopped them}``; None
+    ("layer_norm", "rms_norm", "rms_rescale"), "failure": the compiler error that stopped them}``; None
     when neither happened (no masked norm, or every call eager)."""
     if not (_compiled or _failure):
         return None
@@ -79,6 +80,11 @@ def fusion_failure() -> str | None:
 def _ln(x: torch.Tensor, p: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
         eps: float) -> torch.Tensor:
     return MaskedLayerNorm.apply(x, p, weight, bias, eps)
+
+
+def _rms_norm(x: torch.Tensor, p: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+              out_dtype: torch.dtype) -> torch.Tensor:
+    return MaskedRMSNorm.apply(x, p, weight, eps, offset, out_dtype)
 
 
 def _rms(out: torch.Tensor, x: torch.Tensor, p: torch.Tensor, eps: float, norm: nn.Module | None) -> torch.Tensor:
@@ -153,6 +159,15 @@ def layer_norm(x: torch.Tensor, p: torch.Tensor, weight: torch.Tensor | None, bi
     y = _fused("layer_norm", _ln, (x, p, weight, bias, eps), fuse, x,
                (p.numel(), weight is None, bias is None, eps))
     return y if y is not None else _ln(x, p, weight, bias, eps)
+
+
+def rms_norm(x: torch.Tensor, p: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+             out_dtype: torch.dtype, fuse: bool | None = None) -> torch.Tensor:
+    """:class:`~dmscale.core.masked_norm.MaskedRMSNorm` with weights ``p`` (C,), fused when
+    ``fuse`` (None: on CUDA)."""
+    y = _fused("rms_norm", _rms_norm, (x, p, weight, eps, offset, out_dtype), fuse, x,
+               (p.numel(), offset, eps, out_dtype))
+    return y if y is not None else _rms_norm(x, p, weight, eps, offset, out_dtype)
 
 
 def rms_rescale(out: torch.Tensor, x: torch.Tensor, p: torch.Tensor, eps: float, norm: nn.Module | None = None,

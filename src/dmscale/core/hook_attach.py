@@ -51,7 +51,7 @@ def attach_hooks(
     global slot of each of its channels ((C,) long), in the order the gates gather them.
 
     Args: as :meth:`dmscale.core.masks.Gates.attach` (``consumers``: layer name -> (channel
-    dim of its input, global slot per channel); ``norms``: norm name -> (slots, kind, eps);
+    dim of its input, global slot per channel); ``norms``: norm name -> (slots, kind, eps[, offset]);
     ``outputs``: layer name -> (channel dim of its output, slots); ``branches``: module name
     -> (depth dim, block index); ``fold_masks``: fold masks into weights where that is the
     same function; ``depth_folds``: branch module -> the layer whose output it returns, which
@@ -98,9 +98,10 @@ def attach_hooks(
         key = slot_key("idx_", name, slots)
         if not fold(name, dim, "in", key):
             modules[name].register_forward_pre_hook(MaskInput(gates, key, dim), with_kwargs=True)
-    for name, (slots, kind, eps) in (norms or {}).items():
+    for name, (slots, kind, eps, *offset) in (norms or {}).items():
         key = slot_key(NORM_PREFIX, name, slots)
-        modules[name].register_forward_hook(MaskedNorm(gates, key, kind, eps), with_kwargs=True)
+        hook = MaskedNorm(gates, key, kind, eps, offset[0] if offset else None)
+        modules[name].register_forward_hook(hook, with_kwargs=True)
     for name, (dim, slots) in (outputs or {}).items():
         key = slot_key("out_", name, slots)
         if not fold(name, dim, "out", key, slots):

@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from dmscale.core.hook_base import DMSHook, MaskSource, along, cast, first_input, masked_input
-from dmscale.core.fused_norms import layer_norm, rms_rescale
+from dmscale.core.fused_norms import layer_norm, rms_norm, rms_rescale
+from dmscale.core.masked_norm import mask_weights
 
 __all__ = ["ComputeMasks", "RestoreFastpath", "MaskInput", "MaskOutput", "MaskedNorm", "MaskBranch"]
 
@@ -94,24 +95,37 @@ class MaskedNorm(DMSHook):
 
     The handler has checked what the layer computes (:mod:`dmscale.trace.handlers.norms`): ``kind`` is
     ``"layernorm"`` (``F.layer_norm`` with the module's weight, bias and eps) or ``"rms"``
-    (``y = g * x * rsqrt(mean(x^2) + eps)`` for some per-channel g, e.g. ``weight`` or
-    ``1 + weight``): an RMS output is rescaled by ``rsqrt(mean_kept + eps) / rsqrt(mean + eps)``,
-    which keeps whatever g the layer applies.
+    (``y = g * x * rsqrt(mean(x^2) + eps)`` for some per-channel g). Where g is ``weight +
+    offset`` (``offset`` 0 or 1: Llama's, Gemma's) and the output is the layer's own forward of x,
+    the hook computes the masked RMS norm whole (:class:`~dmscale.core.masked_norm.MaskedRMSNorm`:
+    the layer's own graph is dropped, nothing is computed again in the backward); otherwise the
+    output is rescaled by ``rsqrt(mean_kept + eps) / rsqrt(mean + eps)``, which keeps whatever g
+    the layer applies.
     """
 
-    def __init__(self, gates: MaskSource, key: str, kind: str, eps: float | None) -> None:
-        self.gates, self.key, self.kind, self.eps = gates, key, kind, eps
+    def __init__(self, gates: MaskSource, key: str, kind: str, eps: float | None,
+                 offset: float | None = None) -> None:
+        self.gates, self.key, self.kind, self.eps, self.offset = gates, key, kind, eps, offset
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> torch.Tensor | None:
         found = first_input(args, kwargs)
         if found is None or not self.gates.enabled:
             return None
         x = found[1]
-        p = cast(self.gates.norm_weights(self.key), torch.float32)  # (C,): m / sum(m)
+        if x.dtype == torch.float64:  # the statistics in float64: their weights too (the gates' are float32)
+            p = mask_weights(cast(self.gates.channel_mask(self.key), torch.float64)[None])[0]
+        else:
+            p = cast(self.gates.norm_weights(self.key), torch.float32)  # (C,): m / sum(m)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # nn.RMSNorm(eps=None)
         fuse = getattr(self.gates, "fuse_norms", None)  # None: fused on CUDA (core.fused_norms)
-        if self.kind == "rms":  # one autograd node: the output rescaled to the kept mean square
-            return rms_rescale(out, x, p, eps, module if _recomputable(module, args, kwargs) else None, fuse)
+        if self.kind == "rms":  # one autograd node
+            recomputable = _recomputable(module, args, kwargs)
+            offset = getattr(self, "offset", None)  # (hooks pickled before it existed)
+            weight = module._parameters.get("weight")
+            if offset is not None and recomputable and weight is not None:  # the norm computed whole
+                return rms_norm(x, p, weight, eps, offset, out.dtype, fuse)
+            # the output rescaled to the kept mean square
+            return rms_rescale(out, x, p, eps, module if recomputable else None, fuse)
         weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
         bias = bias if isinstance(bias, torch.Tensor) else None
         return cast(layer_norm(x, p, weight, bias, eps, fuse), out.dtype)  # one autograd node

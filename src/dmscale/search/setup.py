@@ -102,7 +102,7 @@ def attach_gates(model: nn.Module, space: SearchSpace, config: SearchConfig,
                     f"layer {name!r} ({type(modules[name]).__name__}) asks for a masked norm "
                     "but does not compute a LayerNorm or RMSNorm over its last dim; exclude "
                     f"it (SearchConfig(exclude=[{name!r}])) or give its handler masked_norm=False")
-            norms[name] = (layer.in_slots, formula.kind, formula.eps)
+            norms[name] = (layer.in_slots, formula.kind, formula.eps, formula.offset)
     branches = {m: (j, i) for j, d in enumerate(space.depth) for i, b in enumerate(d.blocks)
                 for m in b.branch_modules}
     depth_folds = {m: layer for d in space.depth for b in d.blocks for m, layer in b.fold_layers.items()}

@@ -27,7 +27,7 @@ Example:
     ...     def forward(self, x):
     ...         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
     >>> norm_formula(OffsetRMSNorm(8)), norm_formula(nn.LayerNorm(8)).kind
-    (NormFormula(kind='rms', eps=1e-06), 'layernorm')
+    (NormFormula(kind='rms', eps=1e-06, offset=1.0), 'layernorm')
     >>> norm_formula(nn.Linear(8, 8)) is None
     True
 """
@@ -54,10 +54,13 @@ __all__ = ["NormFormula", "norm_formula", "share_formula", "LAYERNORM", "RMSNORM
 @dataclass(frozen=True)
 class NormFormula:
     """What a norm over the last dim computes: ``kind`` "layernorm" or "rms", and its eps
-    (None: ``torch.finfo(dtype).eps``, as ``nn.RMSNorm(eps=None)``)."""
+    (None: ``torch.finfo(dtype).eps``, as ``nn.RMSNorm(eps=None)``); for an RMS norm whose
+    gain is ``weight + offset`` (Llama's ``weight``: 0, Gemma's ``1 + weight``: 1), ``offset``
+    (None: another gain; the search then rescales the norm's output instead of computing it)."""
 
     kind: str
     eps: float | None
+    offset: float | None = None
 
 
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, NormFormula | None]" = weakref.WeakKeyDictionary()
@@ -178,7 +181,25 @@ def _probe_rms(module: nn.Module, weight: torch.Tensor) -> NormFormula | None:
         x = _inputs(c, weight, scale, seed)
         if not _close(module.forward(x), (normed(x) * gain).to(weight.dtype)):
             return None
-    return NormFormula("rms", eps)
+    return NormFormula("rms", eps, _gain_offset(module, normed))
+
+
+@torch.no_grad()
+def _gain_offset(module: nn.Module, normed: Callable[[torch.Tensor], torch.Tensor]) -> float | None:
+    """0 where the gain is the weight itself, 1 where it is ``1 + weight``, else None: found on a
+    shallow copy with weights of both signs (whatever the module's own are, e.g. all ones or
+    zeros at initialisation)."""
+    weight = module._parameters["weight"]
+    g = torch.Generator().manual_seed(3)
+    signed = (torch.rand(weight.shape, generator=g) * 3.0 - 1.5).to(device=weight.device, dtype=weight.dtype)
+    twin = copy.copy(module)
+    twin._parameters = {"weight": nn.Parameter(signed, requires_grad=False)}
+    x = _inputs(weight.numel(), weight, 1.0, 4)
+    y = twin.forward(x)
+    for offset in (0.0, 1.0):
+        if _close(y, (normed(x) * (signed.float() + offset)).to(weight.dtype)):
+            return offset
+    return None
 
 
 # ----------------------------------------------------------------------------- handlers

@@ -182,15 +182,17 @@ def test_inductor_fuses_a_masked_layer_norm_into_few_kernels(monkeypatch):
     monkeypatch.setattr(fused_norms, "_compiled", {})
     monkeypatch.setattr(fused_norms, "_failure", [])
     monkeypatch.setattr(inductor_config.cpp, "enable_kernel_profile", True)
-    x, m = torch.randn(4, 9, 32, requires_grad=True), torch.rand(32, requires_grad=True)
-    w, b = torch.randn(32, requires_grad=True), torch.randn(32, requires_grad=True)
+    x, w, b = (torch.randn(*s, requires_grad=True) for s in ((4, 9, 32), (32,), (32,)))
+    p = mask_weights(torch.rand(32)).requires_grad_()  # the norm's own operators, not the weights'
 
     def step(fuse: bool) -> None:
-        fused_norms.layer_norm(x, mask_weights(m), w, b, 1e-5, fuse=fuse).sum().backward()
+        for t in (x, p, w, b):
+            t.grad = None  # no gradient accumulation counted
+        fused_norms.layer_norm(x, p, w, b, 1e-5, fuse=fuse).sum().backward()
     step(True)
     eager = sum(search_proxies.launching_operators(lambda: step(False)).values())
     fused = search_proxies.launching_operators(lambda: step(True))
-    # measured 39 operators eager, 2 kernels + 4 gradient accumulations fused, when set
+    # measured 24 operators eager; fused 2 kernels, the sum, its backward and a contiguous
     assert fused["kernel"] >= 1 and sum(fused.values()) <= eager / 4, (eager, fused)
 
 

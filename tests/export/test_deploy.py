@@ -217,7 +217,8 @@ def _pruned(model: nn.Module, x: torch.Tensor) -> nn.Module:
 def _onnx_and_pt2(small: nn.Module, x: torch.Tensor, d: Path, name: str) -> None:
     deploy.to_onnx(small, x, d / f"{name}.onnx")  # checked against PyTorch in onnxruntime
     deploy.to_pt2(small, x, d / f"{name}.pt2")  # checked after torch.export.load
-    torch.save({"x": x, "y": [t.detach() for t in deploy._tensor_leaves(small(x))]}, d / f"{name}.io.pt")
+    leaves = [t.detach() for t in torch.utils._pytree.tree_leaves(small(x)) if isinstance(t, torch.Tensor)]
+    torch.save({"x": x, "y": leaves}, d / f"{name}.io.pt")
     out = run_without_dmscale(f"""
         import torch
         m = torch.export.load("{name}.pt2").module()

@@ -146,6 +146,8 @@ PROXY_MODELS: dict[str, ProxyModel] = {m.name: m for m in [
     ProxyModel("small_cnn", _small_cnn, _images(28, 1), _ce, 64, shape="dmscale SmallCNN, 28 px, batch 64"),
     ProxyModel("vit_s16", _timm("vit_small_patch16_224", num_classes=10), _images(224), _ce, 64,
                shape="timm ViT-S/16, 224 px, batch 64"),
+    ProxyModel("llama_small", _llama(4, 64, 128, 4, 2, 256), _tokens(32, 256), _lm, 8, target=0.8,
+               shape="Llama, 4 layers, d 64, GQA 4/2, random init, 8 x 32 tokens"),
 ]}
 QUICK = ["small_cnn", "vit_s16"]
 

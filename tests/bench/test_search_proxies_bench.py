@@ -23,7 +23,9 @@ import search_proxies  # noqa: E402
 # ratios; bytes without the model's own parameters, which the graph of a masked weight refers to;
 # 3.57 / 1.018 and 3.56 / 1.156 counting them, before the no-op casts went and the transformer
 # depth masks folded)
-BUDGETS = {"small_cnn": (2.95, 1.03), "vit_s16": (2.75, 1.06)}
+# llama_small: 1.47 / 0.908 when set, with the RMS norms computed whole (1.77 / 1.063 rescaling
+# the norms' outputs, which kept the norms' own graphs)
+BUDGETS = {"small_cnn": (2.95, 1.03), "vit_s16": (2.75, 1.06), "llama_small": (1.55, 0.95)}
 
 
 @pytest.mark.parametrize("name", sorted(BUDGETS))

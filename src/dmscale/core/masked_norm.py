@@ -39,13 +39,12 @@ import torch
 from dmscale.core.hook_base import cast
 
 __all__ = ["MaskWeights", "mask_weights", "MaskedLayerNorm", "masked_layer_norm", "MaskedRMSNorm", "masked_rms_norm",
-           "MaskedRMSRescale",
-           "masked_rms_rescale", "no_autocast", "autocast_as", "refuse_second_derivative"]
+           "MaskedRMSRescale", "masked_rms_rescale", "no_autocast", "autocast_as"]
 
 _MIN_TOTAL = 1e-6  # sum(m) is clamped here (all channels masked to ~0)
 
 
-def refuse_second_derivative(what: str) -> None:
+def _refuse_second_derivative(what: str) -> None:
     """Raise where a backward runs under ``create_graph=True``: these backwards use numbers
     saved without their graph (statistics, weights), so a second derivative through them would
     be silently wrong."""
@@ -112,7 +111,7 @@ class MaskWeights(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, gp: torch.Tensor) -> torch.Tensor:
-        refuse_second_derivative("a masked norm's weights p = m / sum(m)")
+        _refuse_second_derivative("a masked norm's weights p = m / sum(m)")
         p, total = ctx.saved_tensors
         return (gp - torch.linalg.vecdot(gp, p).unsqueeze(-1)) / total
 
@@ -164,7 +163,7 @@ class MaskedLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        refuse_second_derivative("a masked LayerNorm")
+        _refuse_second_derivative("a masked LayerNorm")
         with no_autocast(gy.device.type):
             return MaskedLayerNorm._backward(ctx, gy)
 
@@ -249,7 +248,7 @@ class MaskedRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        refuse_second_derivative("a masked RMS norm")  # q is saved without its graph to x and p
+        _refuse_second_derivative("a masked RMS norm")  # q is saved without its graph to x and p
         x, p, q, weight = ctx.saved_tensors
         with no_autocast(gy.device.type):
             dt, c = ctx.dt, x.shape[-1]
@@ -258,12 +257,13 @@ class MaskedRMSNorm(torch.autograd.Function):
             xhat = cast(x, dt).reshape(-1, c) * q1  # (N, C)
             gg = gyf * MaskedRMSNorm._gain(weight, ctx.offset, dt)  # dL/dx̂
             big_g = torch.linalg.vecdot(gg, xhat)  # G: (N,)
+            pf = cast(p, dt)  # (C,)
             dx = dp = dw = None
             if ctx.needs_input_grad[0]:  # q (gg - p x̂ G)
-                dx = torch.addcmul(gg, xhat, torch.outer(big_g, cast(p, dt)), value=-1.0).mul_(q1)
+                dx = torch.addcmul(gg, xhat, torch.outer(big_g, pf), value=-1.0).mul_(q1)
                 dx = cast(dx, x.dtype).reshape(x.shape)
             if ctx.needs_input_grad[1]:  # -(x̂^2)^T G / 2, (C,): beta=0 ignores the input (p)
-                dp = cast(torch.addmv(cast(p, dt), (xhat * xhat).T, big_g, beta=0.0, alpha=-0.5), p.dtype)
+                dp = cast(torch.addmv(pf, (xhat * xhat).T, big_g, beta=0.0, alpha=-0.5), p.dtype)
             if ctx.needs_input_grad[2]:
                 dw = cast((gyf * xhat).sum(0), weight.dtype)
             return dx, dp, dw, None, None, None
@@ -325,7 +325,7 @@ class MaskedRMSRescale(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        refuse_second_derivative("a masked RMS norm")  # s and the mean squares: saved without a graph
+        _refuse_second_derivative("a masked RMS norm")  # s and the mean squares: saved without a graph
         x, s, all_eps, kept_eps, p, *kept = ctx.saved_tensors
         out, is_y = MaskedRMSRescale._out(ctx, x, tuple(kept))
         with no_autocast(gy.device.type):

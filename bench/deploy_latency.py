@@ -77,10 +77,10 @@ SERVING_BATCH = 64
 Builder = Callable[[], nn.Module]
 
 
-def _vit(size: int) -> Builder:
+def _vit(size: int, name: str = "vit_tiny_patch16_224") -> Builder:
     import timm
 
-    return lambda: timm.create_model("vit_tiny_patch16_224", img_size=size, pretrained=False)
+    return lambda: timm.create_model(name, img_size=size, pretrained=False)
 
 
 def _yolo() -> nn.Module:
@@ -92,12 +92,18 @@ def _yolo() -> nn.Module:
 def models(deploy_sizes: bool = False) -> dict[str, tuple[Builder, int]]:
     """``{row name: (builder of the model at random init, image size)}``: small images (96 px,
     YOLO 160) to keep the CPU table short, or with ``deploy_sizes`` the sizes the models are
-    deployed at (:data:`DEPLOY_SIZES`: 224 px, YOLO 640)."""
+    deployed at (:data:`DEPLOY_SIZES`: 224 px, YOLO 640) and ViT-B/16 and ResNet-50 first
+    (the device table; ``--models vit_base resnet50 yolov8n`` picks the served sizes)."""
     dms.ensure_torchvision()
     import torchvision
 
     size, yolo = DEPLOY_SIZES if deploy_sizes else (96, 160)
+    large: dict[str, tuple[Builder, int]] = {  # the device table's own models: what users serve on a GPU
+        "vit_base_patch16 (timm)": (_vit(size, "vit_base_patch16_224"), size),
+        "resnet50 (torchvision)": (lambda: torchvision.models.resnet50(), size),
+    } if deploy_sizes else {}
     return {
+        **large,
         "resnet18 (torchvision)": (lambda: torchvision.models.resnet18(), size),
         "mobilenet_v3_small (torchvision)": (lambda: torchvision.models.mobilenet_v3_small(), size),
         "vit_tiny_patch16 (timm)": (_vit(size), size),

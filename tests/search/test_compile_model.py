@@ -43,3 +43,34 @@ def test_compiled_model_searches_exactly_as_the_eager_one(name):
     torch.testing.assert_close(y1, y0)
     for a, b in zip(imp1 + a1, imp0 + a0):
         torch.testing.assert_close(a, b)
+
+
+def _small_vit():
+    import timm
+
+    torch.manual_seed(0)
+    net = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=32, depth=2, num_classes=5)
+    return net, torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("name", ["timm_vit_depth2", "hf_llama_gqa", "tv_resnet18"])
+def test_the_prepared_model_compiles_to_one_graph(name):
+    """``torch.compile(model, fullgraph=True)``: the hooks, folds and masked norms trace
+    without a graph break (regression: on torch 2.11 every folded layer broke the graph) and
+    the compiled forward and its gradients equal the eager ones."""
+    torch._dynamo.reset()
+    model, x = _small_vit() if name == "timm_vit_depth2" else _entry(name)
+    model.eval()
+    example = {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
+    searcher = dms.prepare(model, example, dms.SearchConfig(resource="macs", target=0.5))
+    searcher.randomize_importance(0)
+    outs = []
+    for run in (model, torch.compile(model, fullgraph=True, backend="aot_eager")):
+        model.zero_grad(set_to_none=True)
+        y = run(**x) if isinstance(x, dict) else run(x)
+        y = y.logits if hasattr(y, "logits") else y
+        y.float().square().mean().backward()
+        ratio = next(iter(searcher.structure_parameters()))
+        outs.append((y.detach(), ratio.grad.clone()))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-6)

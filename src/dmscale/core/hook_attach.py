@@ -74,13 +74,14 @@ def attach_hooks(
         order.setdefault(key, torch.as_tensor(slots, dtype=torch.long))
         return key
 
-    folded: set[str] = set()
+    unfolds: dict[str, Unfold] = {}
 
-    def unfold_after(name: str) -> None:
-        """One Unfold per layer, however many folds shadow its weight."""
-        if name not in folded:
-            modules[name].register_forward_hook(Unfold(), always_call=True)
-            folded.add(name)
+    def unfold_after(name: str, hook: FoldMask | FoldDepth) -> None:
+        """One Unfold per layer, however many folds shadow its weight; it knows them all."""
+        if name not in unfolds:
+            unfolds[name] = Unfold()
+            modules[name].register_forward_hook(unfolds[name], always_call=True)
+        unfolds[name].folds.append(hook)
 
     def fold(name: str, dim: int, side: str, key: str, slots: Any = None) -> bool:
         plan = fold_plan(modules[name], dim, side) if fold_masks else None
@@ -90,8 +91,9 @@ def attach_hooks(
         # in the gather's backward, not by one more addition
         bias_key = slot_key("outb_", name, slots) \
             if side == "out" and modules[name]._parameters.get("bias") is not None else None
-        modules[name].register_forward_pre_hook(FoldMask(gates, key, plan, dim, bias_key), with_kwargs=True)
-        unfold_after(name)
+        hook = FoldMask(gates, key, plan, dim, bias_key)
+        modules[name].register_forward_pre_hook(hook, with_kwargs=True)
+        unfold_after(name, hook)
         return True
 
     for name, (dim, slots) in consumers.items():
@@ -113,8 +115,9 @@ def attach_hooks(
         # every multiply by a block's depth mask reads a scalar of its own (gates.depth_read)
         if target is not None:
             reads = tuple(gates.depth_read(j, i) for _ in range(depth_reads(modules[target])))
-            modules[target].register_forward_pre_hook(FoldDepth(gates, j, i, reads))
-            unfold_after(target)
+            depth_hook = FoldDepth(gates, j, i, reads)
+            modules[target].register_forward_pre_hook(depth_hook)
+            unfold_after(target, depth_hook)
         else:
             modules[name].register_forward_hook(MaskBranch(gates, j, i, gates.depth_read(j, i)))
     return order

@@ -15,6 +15,13 @@ under ``weight`` (and ``bias``), where Python's attribute lookup finds it before
 exception) removes it again. The parameters themselves, ``named_parameters``,
 ``state_dict`` and optimisers never see anything but the user's weights.
 
+Under ``torch.compile`` (while dynamo traces the hooks) the masks go on the activations
+instead, the same function: torch 2.11's dynamo cannot remove a key from a module's
+``__dict__`` (a graph break in every folded layer, then a recompilation per layer until
+``recompile_limit``), and inductor fuses an activation's multiply into a neighbouring kernel
+anyway. The input side multiplies the input, the output side and a depth fold multiply the
+output in the :class:`Unfold` hook (``(W x + b) m``, ``BN(x) m``).
+
 Only layers whose forward is exactly torch's own (``nn.Linear`` and ``nn.Conv1d/2d/3d`` or
 subclasses that override neither ``forward`` nor ``_conv_forward``), with a plain
 ``weight`` parameter, are folded: a weight-standardised convolution, a LoRA wrapper or a
@@ -40,7 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dmscale.core.hook_base import DMSHook, MaskSource, cast, first_input, masked_input
+from dmscale.core.hook_base import DMSHook, MaskSource, along, cast, first_input, masked_input
 
 __all__ = ["WeightFold", "fold_plan", "depth_foldable", "depth_reads", "FoldMask", "FoldDepth", "Unfold"]
 
@@ -167,11 +174,14 @@ class FoldMask(DMSHook):
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if not self.gates.enabled:
             return None
+        compiling = torch.compiler.is_compiling()
+        if compiling and self.plan.side == "out":
+            return None  # the output is multiplied in Unfold (see the module docs)
         m = self.gates.channel_mask(self.key)  # (C,)
         weight = _current(module, "weight")
         if self.plan.side == "in":
             found = first_input(args, kwargs)
-            if found is not None and found[1].numel() < weight.numel():
+            if found is not None and (compiling or found[1].numel() < weight.numel()):
                 return masked_input(args, kwargs, found, m, self.dim)
         module.__dict__["weight"] = self.plan.fold(weight, m)
         if self.plan.side == "out":
@@ -181,6 +191,13 @@ class FoldMask(DMSHook):
                 mb = m if key is None else self.gates.channel_mask(key)
                 module.__dict__["bias"] = bias * cast(mb, bias.dtype)
         return None
+
+    def on_output(self, out: torch.Tensor) -> torch.Tensor:
+        """Under ``torch.compile``: the output fold as ``out * m`` along the output's channel
+        dim (``(W x + b) m``: the same function); the input side is not on the output."""
+        if self.plan.side != "out":
+            return out
+        return along(out, self.gates.channel_mask(self.key), self.dim)
 
 
 class FoldDepth(DMSHook):
@@ -200,8 +217,14 @@ class FoldDepth(DMSHook):
             return m, m
         return self.gates.depth_value(reads[0]), self.gates.depth_value(reads[-1])  # () scalars
 
+    def on_output(self, out: torch.Tensor) -> torch.Tensor:
+        """Under ``torch.compile``: the branch's output times its depth mask, ``f(x) m`` (the
+        weight's and the bias's reads are one value; the gradient goes through the first)."""
+        m, _ = self._masks()
+        return out * cast(m, out.dtype)
+
     def __call__(self, module: nn.Module, args: tuple) -> None:
-        if not self.gates.enabled:
+        if not self.gates.enabled or torch.compiler.is_compiling():  # compiling: in Unfold
             return
         m, mb = self._masks()
         weight, bias = _current(module, "weight"), _current(module, "bias")
@@ -217,8 +240,21 @@ class FoldDepth(DMSHook):
 
 class Unfold(DMSHook):
     """Forward hook registered with ``always_call=True``: the module's own parameters are
-    visible again after the call, also when the forward raised."""
+    visible again after the call, also when the forward raised. Under ``torch.compile`` nothing
+    was shadowed; the module's output and depth folds (``folds``, in the order they were
+    registered) multiply its output instead."""
 
-    def __call__(self, module: nn.Module, args: tuple, out: Any) -> None:
+    def __init__(self) -> None:
+        self.folds: list[FoldMask | FoldDepth] = []
+
+    def __call__(self, module: nn.Module, args: tuple, out: Any) -> Any:
+        if torch.compiler.is_compiling():
+            folds = getattr(self, "folds", ())  # (hooks pickled before it existed)
+            if not folds or not folds[0].gates.enabled or not isinstance(out, torch.Tensor):
+                return None
+            for f in folds:
+                out = f.on_output(out)
+            return out
         module.__dict__.pop("weight", None)
         module.__dict__.pop("bias", None)
+        return None

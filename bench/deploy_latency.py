@@ -27,7 +27,8 @@ rounds each) whose json and md go to ``WORKDIR/quick/`` (``--workdir``, default
 
 ``--device cuda`` (or ``--bf16``: the same path on the CPU, a smoke run of it) measures
 another table, cached apart in ``deploy_latency_{device}.json`` / ``.md`` (the CPU table above
-is left alone): the models at deployment sizes (224 px, YOLO 640 px), pruned the same way,
+is left alone): the models at deployment sizes (224 px, YOLO 640 px), with ViT-B/16, ResNet-50
+and a SmolLM2-shaped Llama (512 tokens, random init, no KV cache) first, pruned the same way,
 then cast to bfloat16 on the device and timed at batch 1 and a serving batch (64) in PyTorch
 eager, under ``torch.compile`` (default mode, one compilation per batch size in the warm-up
 call; ``--no-compile`` leaves it out) and in onnxruntime with the CUDA execution provider
@@ -66,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import add_quick_flags, hand_reading, load_cache, quick_mode, save_cache  # noqa: E402
 
 __all__ = ["RESULTS", "CACHE", "DEPLOY_SIZES", "Builder", "models", "prune_half", "onnx_files", "measure", "bench_one",
-           "render", "DEVICE_VARIANTS", "bench_one_device", "render_device", "main"]
+           "render", "DEVICE_VARIANTS", "VOCAB", "example", "bench_one_device", "render_device", "main"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = RESULTS / "deploy_latency.json"
@@ -74,6 +75,8 @@ VARIANTS = ("torch_orig", "torch_pruned", "ort_orig", "ort_pruned")
 DEVICE_VARIANTS = ("eager_orig", "eager_pruned", "compile_orig", "compile_pruned", "ort_orig", "ort_pruned")
 DEPLOY_SIZES = (224, 640)  # image sizes the models are deployed at: classification, YOLO
 SERVING_BATCH = 64
+LLAMA_VOCAB, LLAMA_SEQ = 49152, 512  # SmolLM2's vocabulary; the device table's sequence length
+VOCAB = {"llama_smollm2_shape (transformers)": LLAMA_VOCAB}  # rows whose input is token ids
 Builder = Callable[[], nn.Module]
 
 
@@ -81,6 +84,27 @@ def _vit(size: int, name: str = "vit_tiny_patch16_224") -> Builder:
     import timm
 
     return lambda: timm.create_model(name, img_size=size, pretrained=False)
+
+
+def _llama(small: bool = False) -> Builder:
+    """A Llama of SmolLM2-135M's shape (random init; ``small``: 2 layers, width 64, for the
+    tests), no KV cache (a forward over the whole sequence, as a batch is served)."""
+    import transformers
+
+    shape = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=256) if small else
+             dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                  num_key_value_heads=3, vocab_size=LLAMA_VOCAB))
+    cfg = transformers.LlamaConfig(**shape, max_position_embeddings=2048, tie_word_embeddings=True, use_cache=False)
+    return lambda: transformers.LlamaForCausalLM(cfg)
+
+
+def example(batch: int, size: int, vocab: int | None = None) -> torch.Tensor:
+    """A model's input: images (batch, 3, size, size), or with ``vocab`` token ids (batch, size)."""
+    g = torch.Generator().manual_seed(batch)
+    if vocab is None:
+        return torch.randn(batch, 3, size, size, generator=g)
+    return torch.randint(0, vocab, (batch, size), generator=g)
 
 
 def _yolo() -> nn.Module:
@@ -92,8 +116,9 @@ def _yolo() -> nn.Module:
 def models(deploy_sizes: bool = False) -> dict[str, tuple[Builder, int]]:
     """``{row name: (builder of the model at random init, image size)}``: small images (96 px,
     YOLO 160) to keep the CPU table short, or with ``deploy_sizes`` the sizes the models are
-    deployed at (:data:`DEPLOY_SIZES`: 224 px, YOLO 640) and ViT-B/16 and ResNet-50 first
-    (the device table; ``--models vit_base resnet50 yolov8n`` picks the served sizes)."""
+    deployed at (:data:`DEPLOY_SIZES`: 224 px, YOLO 640) and ViT-B/16, ResNet-50 and a
+    SmolLM2-shaped Llama (512 tokens; :data:`VOCAB`) first (the device table; ``--models
+    vit_base resnet50 llama yolov8n`` picks the served sizes)."""
     dms.ensure_torchvision()
     import torchvision
 
@@ -101,6 +126,7 @@ def models(deploy_sizes: bool = False) -> dict[str, tuple[Builder, int]]:
     large: dict[str, tuple[Builder, int]] = {  # the device table's own models: what users serve on a GPU
         "vit_base_patch16 (timm)": (_vit(size, "vit_base_patch16_224"), size),
         "resnet50 (torchvision)": (lambda: torchvision.models.resnet50(), size),
+        "llama_smollm2_shape (transformers)": (_llama(), LLAMA_SEQ),  # size: tokens per sequence
     } if deploy_sizes else {}
     return {
         **large,
@@ -310,8 +336,9 @@ def _synced(fn: Callable[[Any], Any], x: Any, device: torch.device) -> Callable[
 
 
 def _device_timers(nets: dict[str, nn.Module], compiled: dict[str, Any], sessions: dict[str, dict[int, Any]] | None,
-                   b: int, size: int, device: torch.device) -> dict[str, Callable[[], float]]:
-    x = torch.randn(b, 3, size, size, generator=torch.Generator().manual_seed(b)).to(device, torch.bfloat16)
+                   b: int, size: int, device: torch.device, vocab: int | None = None) -> dict[str, Callable[[], float]]:
+    x = example(b, size, vocab).to(device)
+    x = x.to(torch.bfloat16) if x.is_floating_point() else x
     fns = {f"eager_{t}": _synced(m, x, device) for t, m in nets.items()}
     fns.update({f"compile_{t}": _synced(m, x, device) for t, m in compiled.items()})
     if sessions is not None:
@@ -335,20 +362,23 @@ def _working(fns: dict[str, Callable[[], float]], errors: list[str], batch: int)
 
 
 def bench_one_device(build: Builder, size: int, device: torch.device, rounds: dict[int, int], tmp: Path,
-                     compile_: bool = True) -> dict[str, Any]:
+                     compile_: bool = True, vocab: int | None = None) -> dict[str, Any]:
     """One model's entry of the device table: pruned on the CPU as in :func:`bench_one` but
     with widths in multiples of 8 on a GPU (``align=8``, what a search on the GPU would use:
     free widths miss the tensor-core tiles), then both models in bfloat16 on ``device``, timed
     per batch size in eager mode, compiled and in onnxruntime's CUDA provider (what is not
-    available is left out: n/a in the table)."""
-    x1 = torch.randn(1, 3, size, size)
+    available is left out: n/a in the table). ``vocab``: a language model, fed ``size`` token
+    ids per sequence (no ONNX: n/a)."""
+    x1 = example(1, size, vocab)
     original, pruned, macs = prune_half(build, x1, align=8 if device.type == "cuda" else None)
     nets = {"orig": original, "pruned": pruned}
     entry: dict[str, Any] = {"size": size, "macs": list(macs), "macs_ratio": round(macs[1] / macs[0], 4),
                              "dtype": "bfloat16", "compiled": compile_, "errors": [], "batches": {},
                              "ort": "n/a (no CUDA execution provider)"}
     sessions = None
-    if device.type == "cuda" and _ort_cuda():
+    if vocab is not None:
+        entry["ort"] = "n/a (token inputs: not exported to ONNX here)"
+    elif device.type == "cuda" and _ort_cuda():
         try:
             sessions = _ort_cuda_sessions(nets, x1, list(rounds), tmp)
             entry["ort"] = "CUDAExecutionProvider, float32"
@@ -360,7 +390,7 @@ def bench_one_device(build: Builder, size: int, device: torch.device, rounds: di
     compiled = {t: torch.compile(m) for t, m in nets.items()} if compile_ else {}
     for b, n in rounds.items():
         t0 = time.perf_counter()
-        timers = _working(_device_timers(nets, compiled, sessions, b, size, device), entry["errors"], b)
+        timers = _working(_device_timers(nets, compiled, sessions, b, size, device, vocab), entry["errors"], b)
         times = measure(timers, n)
         entry["batches"][str(b)] = {"rounds": n, "seconds": round(time.perf_counter() - t0, 1), **times}
         print(_device_row(entry, b), flush=True)
@@ -486,7 +516,8 @@ def main(argv: list[str] | None = None) -> None:
             tmp = Path(d) / name.split()[0]
             if device_path:
                 try:
-                    entry = bench_one_device(build, size, torch.device(args.device), rounds, tmp, not args.no_compile)
+                    entry = bench_one_device(build, size, torch.device(args.device), rounds, tmp, not args.no_compile,
+                                             VOCAB.get(name))
                     cache.get("failed", {}).pop(name, None)
                 except Exception as e:  # noqa: BLE001 - a one-shot GPU run goes on with the next model
                     cache.setdefault("failed", {})[name] = f"{type(e).__name__}: {str(e)[:500]} ({run['command']})"

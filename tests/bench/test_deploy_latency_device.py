@@ -96,3 +96,18 @@ def test_render_device_keeps_its_columns_with_missing_engines_and_failed_models(
     assert len(rows) == 1 and len(rows[0]) == COLS
     assert rows[0][6] == "1.00" and rows[0][8:10] == ["n/a", "n/a"] and rows[0][14] == "A"
     assert "compile_pruned at batch 64" in md and "yolov8n (ultralytics): not measured" in md
+
+
+def test_the_device_table_times_a_language_model_on_token_ids(tmp_path: Path) -> None:
+    """The Llama row: token ids in, pruned to half the MACs, both nets timed in bfloat16; no
+    ONNX for token inputs (n/a, not an error)."""
+    pytest.importorskip("transformers")
+    entry = deploy_latency.bench_one_device(deploy_latency._llama(small=True), 16, torch.device("cpu"), {1: 1, 2: 1},
+                                            tmp_path, compile_=False, vocab=256)
+    assert entry["errors"] == [] and entry["ort"].startswith("n/a")
+    assert 0.45 <= entry["macs_ratio"] <= 0.5
+    for b in ("1", "2"):
+        r = entry["batches"][b]
+        assert set(r) >= {"eager_orig", "eager_pruned"} and all(v > 0 for v in r["eager_orig"])
+    assert deploy_latency.example(2, 16, 256).dtype == torch.long
+    assert "llama_smollm2_shape (transformers)" in deploy_latency.models(deploy_sizes=True)

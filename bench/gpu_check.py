@@ -26,7 +26,9 @@ measured:
    ``searcher.model_parameters()``, Adam on ``searcher.structure_parameters()``, loss = task +
    ``searcher.resource_loss(0.5)``): median step ms, DMS / plain, peak memory, CUDA kernels per
    step. ``--compile`` adds the new code under ``torch.compile``: ``model.forward`` compiled, as
-   dmscale's own ``--compile`` does it, and ``torch.compile(model)`` (off by default: minutes).
+   dmscale's own ``--compile`` does it, and ``torch.compile(model)`` (off by default: minutes;
+   ``--compile module_cudagraphs``: ``mode="reduce-overhead"``, CUDA graphs, whose replay
+   launches each compiled graph with one host call).
 2. export latency, bf16, eval: ``randomize_importance(0); meet_target(); export()`` at 0.5 x MACs
    (0.8 for the LLM; on the CPU unless ``--export-device cuda``), exported over original, at the training batch and batch 1: today's code,
    the new code with ``SearchConfig(align=1)`` and ``align=8`` (where SearchConfig has no
@@ -68,7 +70,8 @@ IMPLS = ("today", "new")
 BASELINE = ROOT / "bench" / "_baseline" / "src"
 TRAIN_MODELS = ("resnet50", "vit_b16", "llama_135m")
 EXPORT_MODELS = ("resnet50", "vit_b16", "llama_135m", "yolov8n")
-COMPILE_LABELS = {"forward": "model.forward = torch.compile(model.forward)", "module": "torch.compile(model)"}
+COMPILE_LABELS = {"forward": "model.forward = torch.compile(model.forward)", "module": "torch.compile(model)",
+                  "module_cudagraphs": "torch.compile(model, mode=\"reduce-overhead\")"}
 
 
 # ----------------------------------------------------------------------------- the snapshot
@@ -436,7 +439,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tables", nargs="+", type=int, choices=(1, 2), default=[1, 2])
     ap.add_argument("--compile", nargs="*", choices=tuple(COMPILE_LABELS), default=None,
                     help="add rows of the new code under torch.compile to table 1: model.forward compiled (dmscale's "
-                         "own --compile), torch.compile(model); alone: both")
+                         "own --compile), torch.compile(model), module_cudagraphs: with mode='reduce-overhead' "
+                         "(CUDA graphs); alone: forward and module")
     ap.add_argument("--eager-norms", action="store_true",
                     help="add rows of the new code with SearchConfig(fuse_norms=False) to table 1 (what fusing the "
                          "masked norms, the default on a GPU, gains)")
@@ -450,7 +454,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=0, help="torch threads in the workers (0: torch's default)")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny models, batch 2, CPU, 2 steps and rounds")
     args = ap.parse_args(argv)
-    args.compile = [] if args.compile is None else args.compile or list(COMPILE_LABELS)
+    args.compile = [] if args.compile is None else args.compile or ["forward", "module"]
     if args.quick:
         args.steps, args.warmup, args.rounds = 2, 1, 2
         args.device, args.threads = args.device or "cpu", args.threads or 1

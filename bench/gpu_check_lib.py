@@ -260,11 +260,14 @@ def _optimizers(model: nn.Module, searcher: Any) -> list[torch.optim.Optimizer]:
 
 
 def compiled(model: nn.Module, how: str | None) -> nn.Module:
-    """``model`` under torch.compile: ``"module"``: ``torch.compile(model)``; ``"forward"``:
+    """``model`` under torch.compile: ``"module"``: ``torch.compile(model)``
+    (``"module_cudagraphs"``: with ``mode="reduce-overhead"``); ``"forward"``:
     ``model.forward = torch.compile(model.forward)``, as dmscale's own ``--compile`` does it
     (the forward pre-hooks, where the masks are computed, stay eager); None: as it is."""
     if how == "module":
         return torch.compile(model)
+    if how == "module_cudagraphs":  # CUDA graphs replay the compiled graphs: the host launches one each
+        return torch.compile(model, mode="reduce-overhead")
     if how == "forward":
         model.forward = torch.compile(model.forward)  # type: ignore[method-assign]
     return model

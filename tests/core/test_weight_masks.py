@@ -172,6 +172,15 @@ def test_while_dynamo_traces_the_folds_mask_activations_and_leave_the_module_dic
         traced = net(x)
     assert not writes  # nothing shadowed
     torch.testing.assert_close(traced, eager, rtol=1e-5, atol=1e-5)
+    # hooks pickled before the Unfold knew its folds: they shadow the weight as in eager mode
+    for m in net.modules():
+        for h in list(m._forward_pre_hooks.values()) + list(m._forward_hooks.values()):
+            for attr in ("via_unfold", "folds"):
+                h.__dict__.pop(attr, None)
+    with s.gates.use("soft"):
+        old = net(x)
+    assert writes and all(k not in m.__dict__ for m in net.modules() for k in ("weight", "bias"))
+    torch.testing.assert_close(old, eager, rtol=1e-5, atol=1e-5)
 
 
 def test_a_layer_whose_input_is_smaller_than_its_weight_masks_the_input() -> None:

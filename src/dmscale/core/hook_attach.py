@@ -82,6 +82,7 @@ def attach_hooks(
             unfolds[name] = Unfold()
             modules[name].register_forward_hook(unfolds[name], always_call=True)
         unfolds[name].folds.append(hook)
+        hook.via_unfold = True  # under torch.compile its output side is multiplied in the Unfold
 
     def fold(name: str, dim: int, side: str, key: str, slots: Any = None) -> bool:
         plan = fold_plan(modules[name], dim, side) if fold_masks else None

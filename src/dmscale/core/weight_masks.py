@@ -156,6 +156,13 @@ def _current(module: nn.Module, name: str) -> torch.Tensor | None:
     return module.__dict__.get(name, module._parameters.get(name))
 
 
+def _traced(fold: FoldMask | FoldDepth) -> bool:
+    """Whether dynamo traces this call and the layer's :class:`Unfold` multiplies the output
+    (``via_unfold``, set where the hooks are attached; a fold pickled before it shadows as in
+    eager mode)."""
+    return bool(getattr(fold, "via_unfold", False)) and torch.compiler.is_compiling()
+
+
 class FoldMask(DMSHook):
     """Forward pre-hook (with kwargs): shadow the module's ``weight`` (and on the output side
     ``bias``) with the masked one for this call. Stacks: an input and an output fold of one
@@ -170,11 +177,12 @@ class FoldMask(DMSHook):
     def __init__(self, gates: MaskSource, key: str, plan: WeightFold, dim: int = 1,
                  bias_key: str | None = None) -> None:
         self.gates, self.key, self.plan, self.dim, self.bias_key = gates, key, plan, dim, bias_key
+        self.via_unfold = False  # (see _traced)
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if not self.gates.enabled:
             return None
-        compiling = torch.compiler.is_compiling()
+        compiling = _traced(self)
         if compiling and self.plan.side == "out":
             return None  # the output is multiplied in Unfold (see the module docs)
         m = self.gates.channel_mask(self.key)  # (C,)
@@ -209,6 +217,7 @@ class FoldDepth(DMSHook):
 
     def __init__(self, gates: MaskSource, dim: int, block: int, reads: tuple[int, ...] = ()) -> None:
         self.gates, self.dim, self.block, self.reads = gates, dim, block, reads
+        self.via_unfold = False  # (see _traced)
 
     def _masks(self) -> tuple[torch.Tensor, torch.Tensor]:
         reads = getattr(self, "reads", ())  # (hooks pickled before it existed: the block's unit)
@@ -224,7 +233,7 @@ class FoldDepth(DMSHook):
         return out * cast(m, out.dtype)
 
     def __call__(self, module: nn.Module, args: tuple) -> None:
-        if not self.gates.enabled or torch.compiler.is_compiling():  # compiling: in Unfold
+        if not self.gates.enabled or _traced(self):  # compiling: in Unfold
             return
         m, mb = self._masks()
         weight, bias = _current(module, "weight"), _current(module, "bias")
@@ -248,9 +257,9 @@ class Unfold(DMSHook):
         self.folds: list[FoldMask | FoldDepth] = []
 
     def __call__(self, module: nn.Module, args: tuple, out: Any) -> Any:
-        if torch.compiler.is_compiling():
-            folds = getattr(self, "folds", ())  # (hooks pickled before it existed)
-            if not folds or not folds[0].gates.enabled or not isinstance(out, torch.Tensor):
+        folds = getattr(self, "folds", ())  # (hooks pickled before it existed: they shadowed)
+        if folds and torch.compiler.is_compiling():
+            if not folds[0].gates.enabled or not isinstance(out, torch.Tensor):
                 return None
             for f in folds:
                 out = f.on_output(out)

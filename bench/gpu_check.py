@@ -120,7 +120,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     ``torch.compile`` rows last."""
     jobs = []
     for model in args.models:
-        for impl in IMPLS:
+        for impl in (i for i in IMPLS if i in getattr(args, "impls", IMPLS)):
             tasks = [t for t, models, table in (("train", TRAIN_MODELS, 1), ("export", EXPORT_MODELS, 2))
                      if model in models and table in args.tables]
             if tasks:
@@ -453,6 +453,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, help="the training batch of every model (default: 64, 16 for the LLM; 2 quick)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads in the workers (0: torch's default)")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny models, batch 2, CPU, 2 steps and rounds")
+    ap.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS),
+                    help="the implementations of the plain rows (default both; '--impls new' with --compile: the "
+                         "compiled rows beside the new code's eager ones, without today's)")
     args = ap.parse_args(argv)
     args.compile = [] if args.compile is None else args.compile or ["forward", "module"]
     if args.quick:

@@ -157,3 +157,13 @@ def test_eager_norms_rows_run_the_new_code_with_its_masked_norms_eager(baseline:
     assert job["train"]["dms"]["median_ms"] > 0 and not job["train"]["fused_norms"]["compiled"]
     t1, _ = _tables(md)
     assert len(t1) == 3 and "fuse_norms=False" in t1[2][1]
+
+
+def test_the_plan_can_leave_today_s_code_out_and_add_the_cuda_graph_rows() -> None:
+    args = gpu_check._parse(["--models", "vit_b16", "--tables", "1", "--impls", "new", "--compile", "module",
+                             "module_cudagraphs"])
+    assert [j["key"] for j in gpu_check.plan(args)] == [
+        "new/vit_b16", "new+compile_module/vit_b16", "new+compile_module_cudagraphs/vit_b16"]
+    assert [j["key"] for j in gpu_check.plan(gpu_check._parse(["--models", "resnet50", "--tables", "1"]))] == [
+        "today/resnet50", "new/resnet50"]
+    assert gpu_check._parse(["--compile"]).compile == ["forward", "module"]

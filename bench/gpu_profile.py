@@ -6,7 +6,9 @@ For each model of ``bench/gpu_check_lib.py`` (the same inputs, bf16 autocast, SG
 library API as the README shows it), a plain step and a DMS step are profiled once after
 three warm-up steps (``torch.profiler``, CPU and CUDA): the step's wall time, the CPU time of
 its Python and dispatch, the device time of its kernels, the number of kernels, and the
-operators with the most device time and the most calls, DMS and plain side by side. Written
+operators with the most device time and the most calls, DMS and plain side by side, the CUDA
+runtime calls with the most host time, and where a step made the host wait for the device
+(``torch.cuda.set_sync_debug_mode``, one more step: file and line of each wait). Written
 to ``DIR/gpu_profile.md`` (default ``bench/runs/gpu_profile``; results worth keeping go under
 ``bench/results/`` by hand, with the device named). ``--quick``: the tiny models on the CPU.
 """
@@ -46,10 +48,35 @@ def profile_step(step: Any, device: torch.device, top: int = 12) -> dict[str, An
     by_count = sorted(ops, key=lambda e: e.count, reverse=True)[:top]
     kernels = [e for e in prof.events() if getattr(e, "device_type", None) is not None
                and str(e.device_type).endswith("CUDA")]
+    runtime = sorted((e for e in table if e.key.startswith("cuda")), key=lambda e: e.cpu_time_total, reverse=True)
     return {"wall_ms": wall, "kernels": len(kernels),
             "device_ms": sum(e.device_time for e in kernels) / 1e3 if kernels else None,
+            "host_ms": sum(e.self_cpu_time_total for e in table) / 1e3,
+            "runtime": [(e.key, e.count, e.cpu_time_total / 1e3) for e in runtime[:6]],
             "by_time": [(e.key, e.count, getattr(e, dev, 0.0) / 1e3) for e in by_time],
             "by_count": [(e.key, e.count, getattr(e, dev, 0.0) / 1e3) for e in by_count]}
+
+
+def synchronisations(step: Any, device: torch.device) -> list[tuple[str, int]]:
+    """The places (file:line, count) where one call of ``step`` made the host wait for the
+    device (``torch.cuda.set_sync_debug_mode``: ``.item()``, ``.cpu()``, a copy from pageable
+    memory, ``nonzero`` ...); empty off CUDA."""
+    import collections
+    import warnings
+
+    if device.type != "cuda":
+        return []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    lib._sync(device)
+    where = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                                if "synchroniz" in str(w.message).lower())
+    return where.most_common(8)
 
 
 def _model(name: str, quick: bool, device: torch.device) -> list[str]:
@@ -70,12 +97,22 @@ def _model(name: str, quick: bool, device: torch.device) -> list[str]:
         for _ in range(3):
             step()
         results[label] = profile_step(step, device)
+        results[label]["syncs"] = synchronisations(step, device)
     p, d = results["plain"], results["dms"]
     lines.append(f"- wall ms per step: plain {p['wall_ms']:.1f}, DMS {d['wall_ms']:.1f} "
                  f"({d['wall_ms'] / p['wall_ms']:.2f}x)")
     if p["device_ms"] is not None:
         lines.append(f"- kernel time ms: plain {p['device_ms']:.1f}, DMS {d['device_ms']:.1f}; "
                      f"kernels: plain {p['kernels']}, DMS {d['kernels']}")
+    lines.append(f"- CPU time of the profiled operators and runtime calls (self, ms): plain {p['host_ms']:.1f}, "
+                 f"DMS {d['host_ms']:.1f}")
+    for label, r in (("plain", p), ("DMS", d)):
+        if r["runtime"]:
+            lines.append(f"- {label} runtime calls (name, calls, CPU ms): "
+                         + "; ".join(f"{k} {n} {ms:.1f}" for k, n, ms in r["runtime"]))
+        if device.type == "cuda":
+            lines.append(f"- {label} host waits for the device in a step (file:line, calls): "
+                         + ("; ".join(f"{w} {n}" for w, n in r["syncs"]) or "none"))
     lines.append("")
     for key, title in (("by_time", "most device time" if p["device_ms"] is not None else "most CPU time"),
                        ("by_count", "most calls")):

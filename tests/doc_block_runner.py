@@ -24,15 +24,18 @@ def _fix_torchvision() -> None:
     has not imported dmscale. Declare the two operator schemas torchvision needs at import,
     as tests/hf_fresh.py does: an environment fix, not dmscale's, so the blocks run as a
     reader runs them, without importing dmscale first."""
+    import glob
     import importlib.util
+    import os
 
     import torch
 
-    if importlib.util.find_spec("torchvision") is None:
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None:
         return
-    try:
-        torch.ops.torchvision.nms
-    except (AttributeError, RuntimeError):
+    try:  # a torchvision whose ops load (declaring them beside it would register them twice)
+        torch.ops.load_library(glob.glob(os.path.join(list(spec.submodule_search_locations)[0], "_C*.so"))[0])
+    except (IndexError, OSError, RuntimeError):
         lib = torch.library.Library("torchvision", "DEF")
         lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
         lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")

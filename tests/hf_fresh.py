@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 _SCRIPT = r'''
-import importlib.abc, importlib.util, json, sys
+import glob, importlib.abc, importlib.util, json, os, sys
 
 
 class _BlockDMScale(importlib.abc.MetaPathFinder):
@@ -26,12 +26,15 @@ class _BlockDMScale(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, _BlockDMScale())
 import torch
 
-# this machine's torchvision build cannot load its C++ ops; transformers imports torchvision,
-# so declare the two operator schemas it needs at import (an environment fix, not dmscale's)
-if importlib.util.find_spec("torchvision") is not None:
+# the pinned CPU environment's torchvision build cannot load its C++ ops; transformers imports
+# torchvision, so load them, or where they cannot load declare the two operator schemas it
+# needs at import (an environment fix, not dmscale's; declaring them beside a torchvision that
+# loads would register them twice, a crash of torch 2.11 + torchvision 0.26)
+_tv = importlib.util.find_spec("torchvision")
+if _tv is not None:
     try:
-        torch.ops.torchvision.nms
-    except (AttributeError, RuntimeError):
+        torch.ops.load_library(glob.glob(os.path.join(list(_tv.submodule_search_locations)[0], "_C*.so"))[0])
+    except (IndexError, OSError, RuntimeError):
         _lib = torch.library.Library("torchvision", "DEF")
         _lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
         _lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")

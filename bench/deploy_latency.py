@@ -65,6 +65,7 @@ from dmscale.export.deploy import with_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import add_quick_flags, hand_reading, load_cache, quick_mode, save_cache  # noqa: E402
+import gpu_check_lib  # noqa: E402  (the GPU check's models)
 
 __all__ = ["RESULTS", "CACHE", "DEPLOY_SIZES", "Builder", "models", "prune_half", "onnx_files", "measure", "bench_one",
            "render", "DEVICE_VARIANTS", "VOCAB", "example", "bench_one_device", "render_device", "main"]
@@ -87,16 +88,14 @@ def _vit(size: int, name: str = "vit_tiny_patch16_224") -> Builder:
 
 
 def _llama(small: bool = False) -> Builder:
-    """A Llama of SmolLM2-135M's shape (random init; ``small``: 2 layers, width 64, for the
-    tests), no KV cache (a forward over the whole sequence, as a batch is served)."""
-    import transformers
-
-    shape = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=256) if small else
-             dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                  num_key_value_heads=3, vocab_size=LLAMA_VOCAB))
-    cfg = transformers.LlamaConfig(**shape, max_position_embeddings=2048, tie_word_embeddings=True, use_cache=False)
-    return lambda: transformers.LlamaForCausalLM(cfg)
+    """:mod:`gpu_check_lib`'s Llama of SmolLM2-135M's shape (random init; ``small``: its 2-layer,
+    width-64 one, for the tests), without a KV cache (a forward over the whole sequence, as a
+    batch is served)."""
+    def build() -> nn.Module:
+        model = gpu_check_lib._llama(small)
+        model.config.use_cache = False
+        return model
+    return build
 
 
 def example(batch: int, size: int, vocab: int | None = None) -> torch.Tensor:

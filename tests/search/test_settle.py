@@ -140,16 +140,20 @@ def _search_end(settle: float, seed: int, tmp_path, target: float = 0.5,
     return end["hard"] / end["target"], final["hard"] / final["target"]
 
 
-@pytest.mark.parametrize("seed", [1, 4])
-def test_the_loss_alone_lands_in_the_band_where_eq10_to_the_last_step_does_not(seed, tmp_path):
+def test_the_loss_alone_lands_in_the_band_where_eq10_to_the_last_step_does_not(tmp_path):
     """Issue 10, table 6: measured in bench/results/budget.md over 5 seeds x 2 targets. Which
-    seeds end outside the band with settle=0 depends on the last bits of the masks: with the
-    batched masks of issue 29 seed 0 ends inside it (0.988 x), seeds 1 and 4 at 0.957 and 0.962 x."""
-    end, exported = _search_end(0.4, seed, tmp_path)
-    assert 0.98 <= end <= 1.0, f"settle: the search ended at {end:.4f} x target"
-    assert exported == pytest.approx(end)  # nothing post-hoc changed the structure
-    old, _ = _search_end(0.0, seed, tmp_path)
-    assert not 0.98 <= old <= 1.0, f"settle=0 ended in the band ({old:.4f}): the test cannot fail"
+    seeds end outside the band with settle=0 depends on the last bits of the masks, and so on
+    the CPU's arithmetic: with the batched masks of issue 29 seeds 1 and 4 end at 0.957 and
+    0.962 x on one machine, 0.991 and 0.967 x on another. The settle phase must land both in
+    the band; Eq. 10 alone must miss it on at least one, or the test could not fail."""
+    olds = []
+    for seed in (1, 4):
+        end, exported = _search_end(0.4, seed, tmp_path)
+        assert 0.98 <= end <= 1.0, f"settle: the search with seed {seed} ended at {end:.4f} x target"
+        assert exported == pytest.approx(end)  # nothing post-hoc changed the structure
+        olds.append(_search_end(0.0, seed, tmp_path)[0])
+    assert not all(0.98 <= old <= 1.0 for old in olds), \
+        f"settle=0 ended in the band with seeds 1 and 4 ({olds}): the test cannot fail"
 
 
 def test_settle_weight_grows_while_over_the_band_and_resumes():
@@ -193,20 +197,24 @@ def test_settle_hold_stops_the_ratios_inside_the_band():
     assert off.in_band() and off.structure_lr_scale(0.9) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("seed", [6, 7])
-def test_settle_hold_lands_runs_the_anneal_alone_left_outside_the_band(seed, tmp_path):
-    """Issue 10, table 6 at width 8 and 0.25 x MACs: with the anneal alone these two seeds end
-    at 1.006 and 1.010 x target; holding the structure once inside the band lands them (0.995
-    and 0.991 x). Which seeds the anneal alone leaves outside depends on the last bits of the
-    mask gradients: seeds 4 and 7, recorded in bench/results/budget.md, ended inside after the
-    batched masks of issue 29, and 1 and 5 after the forward and the resource loss came to share
-    one stack of the ratios and the channel masks one gather (sums in another order); seeds 0-19
-    were run again then, and 0, 6, 7 and 15 end outside (0 stays outside with the hold)."""
-    end, exported = _search_end(0.4, seed, tmp_path, target=0.25)
-    assert 0.98 <= end <= 1.0, f"settle_hold: the search ended at {end:.4f} x target"
-    assert exported == pytest.approx(end)
-    old, _ = _search_end(0.4, seed, tmp_path, target=0.25, hold=False)
-    assert not 0.98 <= old <= 1.0 + 1e-9, f"the anneal alone ended in the band ({old:.4f}): the test cannot fail"
+def test_settle_hold_lands_runs_the_anneal_alone_leaves_over_the_band(tmp_path):
+    """Issue 10, table 6 at width 8 and 0.25 x MACs: the anneal alone can end a search just over
+    the band (it keeps pulling after the structure entered it); holding the structure once inside
+    lands it. Which seeds the anneal alone leaves over depends on the last bits of the mask
+    gradients, and so on the CPU's arithmetic: seeds 6 and 7 at 1.006 and 1.010 x target on one
+    machine (the hold: 0.995 and 0.991 x), seeds 4 and 11 at 1.0004 and 1.007 x on another (the
+    hold: 0.990 and 0.980 x). Every candidate that the anneal alone leaves over the band must land
+    with the hold; at least one must be left over, or the test could not fail."""
+    over = []
+    for seed in (4, 6, 7, 11):
+        old, _ = _search_end(0.4, seed, tmp_path, target=0.25, hold=False)
+        if old > 1.0 + 1e-9:
+            over.append((seed, old))
+            end, exported = _search_end(0.4, seed, tmp_path, target=0.25)
+            assert 0.98 <= end <= 1.0, \
+                f"settle_hold: seed {seed} ended at {end:.4f} x target (the anneal alone: {old:.4f})"
+            assert exported == pytest.approx(end)
+    assert over, "the anneal alone ended every candidate seed in or under the band: the test cannot fail"
 
 
 def test_settle_hold_validation_and_older_states():

@@ -40,9 +40,9 @@ from torch import nn
 
 from dmscale.core.distributed import is_distributed
 from dmscale.core.importance import PendingImportance
-from dmscale.core.masked_norm import mask_weights
 from dmscale.core.gate_bank import GateBank, batchable
 from dmscale.core.channel_layout import ChannelLayout, assemble_width_mask, resolve_derived
+from dmscale.core.forward_masks import ForwardMasks
 from dmscale.core.hook_attach import GATES_NAME, NORM_PREFIX, attach_hooks, detach
 from dmscale.core.hook_base import DMSHook, first_input
 from dmscale.core.topk import DifferentiableTopK, GateFactory, StructuralGate
@@ -50,7 +50,7 @@ from dmscale.core.topk import DifferentiableTopK, GateFactory, StructuralGate
 __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
 
 
-class Gates(nn.Module):
+class Gates(nn.Module, ForwardMasks):
     """The structural parameters of one search and the masks they produce."""
 
     def __init__(self, width: list[StructuralGate], depth: list[StructuralGate]) -> None:
@@ -68,14 +68,9 @@ class Gates(nn.Module):
         self.process_group: Any = None
         self.pending = PendingImportance()  # Eq. 4 updates waiting for the all-reduce
         self._forwards = 0  # training forwards so far: orders pending updates across ranks
-        self._depth_units: list[tuple[torch.Tensor, ...]] | None = None  # per depth dim, one () per block
-        # every hooked layer's channel mask, and every masked norm's weights, of this forward by
-        # its mask key (compute)
-        self._channels: dict[str, torch.Tensor] | None = None
-        self._weights: dict[str, torch.Tensor] = {}
         self._layout = ChannelLayout()  # where each key's channels lie in channel_index
         self._reads: list[int] = []  # per depth read (a hook's multiply), its flat block index
-        self._values: list[torch.Tensor] = []  # per depth read, its () scalar of this forward
+        self._clear()  # this forward's masks (core.forward_masks), computed by the first forward
 
     def _apply(self, fn: Any, recurse: bool = True) -> "Gates":
         """``model.to(device)`` moves the gates; ``model.half()`` / ``.to(bfloat16)`` does
@@ -100,14 +95,15 @@ class Gates(nn.Module):
             self._layout = ChannelLayout(self.__dict__.pop("_keys", []), self.__dict__.pop("_key_sizes", []))
             self._weights = {}
         if "_reads" not in self.__dict__:  # before the depth reads: their hooks read depth_unit
-            self._reads, self._values = [], []
+            self._reads = []
+        self._clear()
 
     def __getstate__(self) -> dict[str, Any]:
         """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
         state = self.__dict__.copy()
-        state["_depth_units"] = state["_channels"] = None
-        state["_values"] = []
-        state["_weights"] = {}
+        for key in ("_gathered", "_depth", "_depth_sizes", "_channels", "_weights", "_depth_units",
+                    "_values", "_offsets", "_norm_rows"):
+            state.pop(key, None)
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
         state.pop("_bank_key", None)
@@ -199,11 +195,7 @@ class Gates(nn.Module):
         if track:
             self._forwards += 1
         width, depth = self.masks(self.mode, track, defer)
-        units, sizes = depth.unbind(0), [t.size for t in self.depth]  # under this forward's grad mode
-        self._depth_units = [units[sum(sizes[:j]):sum(sizes[:j + 1])] for j in range(len(sizes))]
-        repeated = len(set(self._reads)) < len(self._reads)
-        self._values = depth[self.read_index].unbind(0) if repeated else [units[b] for b in self._reads]
-        self._channels, self._weights = self._layout.split(width[self.channel_index])
+        self._store(width[self.channel_index], depth, [t.size for t in self.depth])
 
     # ------------------------------------------------------------------ batched masks
     def _bank_for(self) -> tuple[GateBank | None, list[int]]:
@@ -337,37 +329,6 @@ class Gates(nn.Module):
         their Eq. 4 updates; returns how many were applied (0: nothing pending)."""
         return self.pending.flush(self.process_group)
 
-    def channel_mask(self, key: str) -> torch.Tensor:
-        """The mask of the channels of hooked layer ``key``, (C,): every key's channels are
-        gathered at once when the masks are computed (one index operation and one index
-        backward per forward, not one per layer)."""
-        if self._channels is None:
-            self.compute()
-        return self._channels[key]
-
-    def norm_weights(self, key: str) -> torch.Tensor:
-        """The weights ``p = m / sum(m)`` (C,) of masked norm ``key``'s statistics, computed
-        with the channel masks, one batched division for all the norms of a channel count
-        (:class:`~dmscale.core.channel_layout.ChannelLayout`)."""
-        if self._channels is None:
-            self.compute()
-        found = self._weights.get(key)  # (a norm outside the layout's groups: weighted on its own)
-        return found if found is not None else mask_weights(self._channels[key][None])[0]
-
-    def depth_unit(self, j: int, block: int) -> torch.Tensor:
-        """Block ``block``'s mask of depth dim ``j``, a () scalar: each depth mask is unbound
-        once per forward, when the masks are computed (one operation and one backward node per
-        dim, not one per block; under the forward's grad mode, whatever a block's is)."""
-        if getattr(self, "_depth_units", None) is None:  # (absent from gates pickled before it existed)
-            self.compute()
-        return self._depth_units[j][block]
-
-    def depth_value(self, read: int) -> torch.Tensor:
-        """The () depth mask of read ``read`` (:meth:`depth_read`) for this forward."""
-        if self._channels is None:
-            self.compute()
-        return self._values[read]
-
     def _one(self) -> torch.Tensor:
         """A (1,) float32 tensor of 1 on the gates' device, made once per device."""
         cached = self.__dict__.get("_one_cache")
@@ -386,9 +347,9 @@ class Gates(nn.Module):
         prev = (self.mode, self.enabled)
         self.mode = mode or self.mode
         self.enabled = enabled
-        self._depth_units = self._channels = None
+        self._clear()
         try:
             yield
         finally:
             self.mode, self.enabled = prev
-            self._depth_units = self._channels = None
+            self._clear()

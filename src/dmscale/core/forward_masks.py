@@ -1,0 +1,133 @@
+"""Where the hooks read a forward's masks: one gathered tensor of channels, one of depth.
+
+:meth:`~dmscale.core.masks.Gates.compute` evaluates every mask once per forward into two
+tensors (:meth:`ForwardMasks._store`): the channel masks of every hooked layer in one gather,
+(sum of C,) in :class:`~dmscale.core.channel_layout.ChannelLayout` order, and every depth dim's
+block masks concatenated, (n_blocks,). The hooks read their pieces (:meth:`channel_mask`,
+:meth:`norm_weights`, :meth:`depth_unit`, :meth:`depth_value`):
+
+* eagerly, from one split of the channels (the norms' weights in one batched division per
+  channel count) and one unbind of the depth masks, made when the masks are computed (under the
+  forward's grad mode, and outside any block's activation checkpoint, whose recomputation must
+  save what its first forward saved): one autograd node each, not one per layer;
+* while dynamo traces the layers (``torch.compile(model)``), as slices and elements of the two
+  tensors inside the graph: the backward of the split and the unbind (a zero-filled tensor per
+  piece without a gradient, then a ``cat``, ~50 eager operators per step on ViT-B) never runs,
+  as no piece of theirs reaches the loss, and the graph takes two mask inputs.
+
+Both give the same values and gradients (tests compare the compiled and the eager search).
+
+Example:
+    >>> import torch
+    >>> from dmscale.core.channel_layout import ChannelLayout
+    >>> class Masks(ForwardMasks):
+    ...     def compute(self): self._store(torch.tensor([1.0, 0.5, 0.0]), torch.tensor([1.0, 0.25]))
+    >>> m = Masks()
+    >>> m._layout = ChannelLayout(["fc", "proj"], [2, 1])
+    >>> m._reads = [1]
+    >>> m.channel_mask("fc").tolist(), m.channel_mask("proj").tolist(), float(m.depth_value(0))
+    ([1.0, 0.5], [0.0], 0.25)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dmscale.core.channel_layout import ChannelLayout
+from dmscale.core.masked_norm import mask_weights
+
+__all__ = ["ForwardMasks"]
+
+
+class ForwardMasks:
+    """The per-forward mask store of :class:`~dmscale.core.masks.Gates` (a mixin: the gates
+    provide ``compute()``, ``_layout``, ``_reads`` and ``depth``)."""
+
+    _layout: ChannelLayout
+    _reads: list[int]  # per depth read (a hook's multiply), its flat block index
+
+    def compute(self) -> None:  # pragma: no cover - the gates' own
+        raise NotImplementedError
+
+    def _store(self, gathered: torch.Tensor, depth: torch.Tensor, sizes: list[int] | None = None) -> None:
+        """This forward's masks: every hooked layer's channels (sum of C,) and every depth
+        dim's blocks (n_blocks,), ``sizes`` blocks per depth dim (default: one dim)."""
+        if "_offsets" not in self.__dict__:  # read by the traced reads (a constant of the graph)
+            self._offsets, self._norm_rows = self._layout.offsets(), self._layout.norm_rows()
+        self.__dict__.update(_gathered=gathered, _depth=depth,
+                             _depth_sizes=sizes if sizes is not None else [depth.numel()])
+        self._split()
+
+    def _clear(self) -> None:
+        """Forget this forward's masks: the next read computes them again."""
+        self.__dict__.update(_gathered=None, _depth=None, _channels=None, _weights={}, _depth_units=None,
+                             _values=None)
+
+    def _computed(self) -> None:
+        if self.__dict__.get("_gathered") is None:
+            self.compute()
+
+    # ------------------------------------------------------------------ eager pieces
+    def _split(self) -> None:
+        """The eager pieces of this forward's masks (views, and the norms' weights)."""
+        self._channels, self._weights = self._layout.split(self._gathered)
+        units, sizes = self._depth.unbind(0), self._depth_sizes
+        starts = [sum(sizes[:j]) for j in range(len(sizes) + 1)]
+        self._depth_units = [units[starts[j]:starts[j + 1]] for j in range(len(sizes))]
+        repeated = len(set(self._reads)) < len(self._reads)  # one gather: its backward sums the reads
+        self._values = self._depth[self.read_index].unbind(0) if repeated else [units[b] for b in self._reads]
+
+    @staticmethod
+    def _tracing() -> bool:
+        """Whether dynamo traces the read: the pieces are then taken inside the graph."""
+        return torch.compiler.is_compiling()
+
+    def _element(self, i: int) -> torch.Tensor:
+        """Depth mask ``i`` inside a traced graph, a () view of a one-element slice: the
+        gradients of the reads then sum into the depth masks in one fused kernel (the backward
+        of a ``select`` per read is a ``stack`` of scalars, a kernel per read in inductor's CPU code)."""
+        return self._depth[i:i + 1].view(())
+
+    # ------------------------------------------------------------------ the hooks' reads
+    def channel_mask(self, key: str) -> torch.Tensor:
+        """The mask of the channels of hooked layer ``key``, (C,): every key's channels are
+        gathered at once when the masks are computed (one index operation and one index
+        backward per forward, not one per layer)."""
+        if self._tracing():
+            self._computed()
+            start, size = self._offsets[key]
+            return self._gathered[start:start + size]
+        self._computed()
+        return self._channels[key]
+
+    def norm_weights(self, key: str) -> torch.Tensor:
+        """The weights ``p = m / sum(m)`` (C,) of masked norm ``key``'s statistics, computed
+        with the channel masks, one batched division for all the norms of a channel count
+        (:class:`~dmscale.core.channel_layout.ChannelLayout`); inside a traced graph, per norm."""
+        if self._tracing():
+            self._computed()
+            group = self._norm_rows.get(key)
+            if group is None:
+                return mask_weights(self.channel_mask(key)[None])[0]
+            start, n, c, row = group  # every norm of the group the same block's weights: one after CSE
+            return mask_weights(self._gathered[start:start + n * c].view(n, c))[row]
+        self._computed()
+        found = self._weights.get(key)  # (a norm outside the layout's groups: weighted on its own)
+        return found if found is not None else mask_weights(self._channels[key][None])[0]
+
+    def depth_unit(self, j: int, block: int) -> torch.Tensor:
+        """Block ``block``'s mask of depth dim ``j``, a () scalar (one unbind per forward)."""
+        if self._tracing():
+            self._computed()
+            return self._element(sum(self._depth_sizes[:j]) + block)
+        self._computed()
+        return self._depth_units[j][block]
+
+    def depth_value(self, read: int) -> torch.Tensor:
+        """The () depth mask of read ``read`` (:meth:`~dmscale.core.masks.Gates.depth_read`)
+        for this forward."""
+        if self._tracing():
+            self._computed()
+            return self._element(self._reads[read])
+        self._computed()
+        return self._values[read]

@@ -81,16 +81,6 @@ class ChannelLayout:
                 found[key], start = (start, c), start + c
         return found
 
-    def norm_rows(self) -> dict[str, tuple[int, int, int, int]]:
-        """norm key -> (start of its group's block, n norms, C, its row): where the (n, C)
-        block of a masked norm's channel count lies in the gather, and which row is its own."""
-        found, start = {}, sum(self.sizes)
-        for keys, c in self.norm_groups:
-            for row, key in enumerate(keys):
-                found[key] = (start, len(keys), c, row)
-            start += len(keys) * c
-        return found
-
     def split(self, gathered: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(key -> channel mask (C,), norm key -> weights p (C,)) from the gathered channels
         (sum of C,): one split; per norm group one (n, C) view, its weights in one

@@ -53,7 +53,7 @@ class ForwardMasks:
         """This forward's masks: every hooked layer's channels (sum of C,) and every depth
         dim's blocks (n_blocks,), ``sizes`` blocks per depth dim (default: one dim)."""
         if "_offsets" not in self.__dict__:  # read by the traced reads (a constant of the graph)
-            self._offsets, self._norm_rows = self._layout.offsets(), self._layout.norm_rows()
+            self._offsets = self._layout.offsets()
         self.__dict__.update(_gathered=gathered, _depth=depth,
                              _depth_sizes=sizes if sizes is not None else [depth.numel()])
         self._split()
@@ -82,52 +82,37 @@ class ForwardMasks:
         """Whether dynamo traces the read: the pieces are then taken inside the graph."""
         return torch.compiler.is_compiling()
 
-    def _element(self, i: int) -> torch.Tensor:
-        """Depth mask ``i`` inside a traced graph, a () view of a one-element slice: the
-        gradients of the reads then sum into the depth masks in one fused kernel (the backward
-        of a ``select`` per read is a ``stack`` of scalars, a kernel per read in inductor's CPU code)."""
-        return self._depth[i:i + 1].view(())
-
     # ------------------------------------------------------------------ the hooks' reads
     def channel_mask(self, key: str) -> torch.Tensor:
         """The mask of the channels of hooked layer ``key``, (C,): every key's channels are
         gathered at once when the masks are computed (one index operation and one index
         backward per forward, not one per layer)."""
+        self._computed()
         if self._tracing():
-            self._computed()
             start, size = self._offsets[key]
             return self._gathered[start:start + size]
-        self._computed()
         return self._channels[key]
 
     def norm_weights(self, key: str) -> torch.Tensor:
         """The weights ``p = m / sum(m)`` (C,) of masked norm ``key``'s statistics, computed
         with the channel masks, one batched division for all the norms of a channel count
-        (:class:`~dmscale.core.channel_layout.ChannelLayout`); inside a traced graph, per norm."""
-        if self._tracing():
-            self._computed()
-            group = self._norm_rows.get(key)
-            if group is None:
-                return mask_weights(self.channel_mask(key)[None])[0]
-            start, n, c, row = group  # every norm of the group the same block's weights: one after CSE
-            return mask_weights(self._gathered[start:start + n * c].view(n, c))[row]
+        (:class:`~dmscale.core.channel_layout.ChannelLayout`); inside a traced graph, per norm
+        (fused there into the norm's kernels)."""
         self._computed()
-        found = self._weights.get(key)  # (a norm outside the layout's groups: weighted on its own)
-        return found if found is not None else mask_weights(self._channels[key][None])[0]
+        found = None if self._tracing() else self._weights.get(key)  # (a norm outside the groups: on its own)
+        return found if found is not None else mask_weights(self.channel_mask(key)[None])[0]
 
     def depth_unit(self, j: int, block: int) -> torch.Tensor:
         """Block ``block``'s mask of depth dim ``j``, a () scalar (one unbind per forward)."""
-        if self._tracing():
-            self._computed()
-            return self._element(sum(self._depth_sizes[:j]) + block)
         self._computed()
+        if self._tracing():
+            return self._depth[sum(self._depth_sizes[:j]) + block]
         return self._depth_units[j][block]
 
     def depth_value(self, read: int) -> torch.Tensor:
         """The () depth mask of read ``read`` (:meth:`~dmscale.core.masks.Gates.depth_read`)
         for this forward."""
-        if self._tracing():
-            self._computed()
-            return self._element(self._reads[read])
         self._computed()
+        if self._tracing():
+            return self._depth[self._reads[read]]
         return self._values[read]

@@ -171,9 +171,10 @@ _PEAK = textwrap.dedent("""
 def test_peak_memory_does_not_grow_with_the_data_set(tmp_path: Path) -> None:
     """Peak RSS of 4 training steps and a full evaluation on N and on 4N images (96 x 96 crops),
     training process and loader workers, over the RSS with torch, the libraries and the model
-    loaded (a CUDA build of torch alone holds ~800 MB, a CPU one ~300): within 10 %. Held in
-    memory as float tensors, the 3N more images would add far more than that (checked, so the
-    test can tell the two apart)."""
+    loaded (a CUDA build of torch alone holds ~800 MB, a CPU one ~300, so a share of the whole
+    RSS would not be portable): the 3N more images may add at most half of what holding them in
+    memory as float tensors would (~78 MB; measured: about 30 MB for the training process,
+    nothing for the workers)."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}", "OMP_NUM_THREADS": "1"}
     folders = {n: make_image_folder(tmp_path / f"n{n}", n_train=n, n_val=n // 2) for n in (160, 640)}
 
@@ -186,12 +187,12 @@ def test_peak_memory_does_not_grow_with_the_data_set(tmp_path: Path) -> None:
     small, large = measure(160), measure(640)
     assert (small["train"], large["train"], large["test"]) == (160, 640, 320)
     in_memory_extra_kib = (480 + 240) * 3 * 96 * 96 * 4 / 1024  # what eager float tensors would add
-    assert in_memory_extra_kib > 0.1 * small["self"], (in_memory_extra_kib, small)
-    if any(large[who] > 1.10 * small[who] for who in ("self", "workers")):
-        # the forked workers' peak varies by about 10 % between identical runs (measured 0.93-1.10x
-        # over four pairs): measure both once more and compare the lower peaks
+    limit = 0.5 * in_memory_extra_kib
+    if any(large[who] - small[who] > limit for who in ("self", "workers")):
+        # the forked workers' peak varies between identical runs: measure both once more and
+        # compare the lower peaks
         again_small, again_large = measure(160), measure(640)
         small = {k: min(v, again_small[k]) for k, v in small.items()}
         large = {k: min(v, again_large[k]) for k, v in large.items()}
     for who in ("self", "workers"):
-        assert large[who] <= 1.10 * small[who], (who, small, large)
+        assert large[who] - small[who] <= limit, (who, small, large, limit)

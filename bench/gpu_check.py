@@ -28,7 +28,8 @@ measured:
    step. ``--compile`` adds the new code under ``torch.compile``: ``model.forward`` compiled, as
    dmscale's own ``--compile`` does it, and ``torch.compile(model)`` (off by default: minutes;
    ``--compile module_cudagraphs``: ``mode="reduce-overhead"``, CUDA graphs, whose replay
-   launches each compiled graph with one host call).
+   launches each compiled graph with one host call; ``--compile-today``: today's code compiled
+   too, for a snapshot that compiles).
 2. export latency, bf16, eval: ``randomize_importance(0); meet_target(); export()`` at 0.5 x MACs
    (0.8 for the LLM; on the CPU unless ``--export-device cuda``), exported over original, at the training batch and batch 1: today's code,
    the new code with ``SearchConfig(align=1)`` and ``align=8`` (where SearchConfig has no
@@ -126,8 +127,9 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
             if tasks:
                 jobs.append({"key": f"{impl}/{model}", "impl": impl, "model": model, "tasks": tasks})
     if 1 in args.tables:
-        jobs += [{"key": f"new+compile_{how}/{m}", "impl": "new", "model": m, "tasks": ["train"], "compile": how}
-                 for how in args.compile for m in args.models if m in TRAIN_MODELS]
+        compiled_impls = ("today", "new") if getattr(args, "compile_today", False) else ("new",)
+        jobs += [{"key": f"{impl}+compile_{how}/{m}", "impl": impl, "model": m, "tasks": ["train"], "compile": how}
+                 for how in args.compile for m in args.models if m in TRAIN_MODELS for impl in compiled_impls]
         if args.eager_norms:  # the new code with its masked norms eager (SearchConfig(fuse_norms=False))
             jobs += [{"key": f"new+eager_norms/{m}", "impl": "new", "model": m, "tasks": ["train"],
                       "fuse_norms": False} for m in args.models if m in TRAIN_MODELS]
@@ -304,6 +306,8 @@ def table1(state: dict[str, Any]) -> list[str]:
         lines.append(_train_row(model, _label(state, "today"), jobs.get(f"today/{model}")))
         lines.append(_train_row(model, _label(state, "new"), jobs.get(f"new/{model}")))
         for how in state["run"].get("compile") or []:
+            if state["run"].get("compile_today"):
+                lines.append(_train_row(model, _label(state, "today", how), jobs.get(f"today+compile_{how}/{model}")))
             lines.append(_train_row(model, _label(state, "new", how), jobs.get(f"new+compile_{how}/{model}")))
         if state["run"].get("eager_norms"):
             lines.append(_train_row(model, _label(state, "new").replace("new", "new, fuse_norms=False", 1),
@@ -453,6 +457,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, help="the training batch of every model (default: 64, 16 for the LLM; 2 quick)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads in the workers (0: torch's default)")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny models, batch 2, CPU, 2 steps and rounds")
+    ap.add_argument("--compile-today", action="store_true",
+                    help="the --compile rows for today's code too (a snapshot that compiles, e.g. --make-baseline "
+                         "3c16afa: the new code's compiled step against an earlier one's)")
     ap.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS),
                     help="the implementations of the plain rows (default both; '--impls new' with --compile: the "
                          "compiled rows beside the new code's eager ones, without today's)")
@@ -488,7 +495,7 @@ def main(argv: list[str] | None = None) -> None:
         "run": {"command": command_line("bench/gpu_check.py", argv), "date": datetime.datetime.now().isoformat(" ", "seconds"),
                 "t0": t0, "budget_s": args.budget_s, "quick": args.quick, "device": args.device, "host": _gpu_line(),
                 "models": args.models, "tables": args.tables, "compile": args.compile, "steps": args.steps,
-                "eager_norms": args.eager_norms,
+                "eager_norms": args.eager_norms, "compile_today": args.compile_today,
                 "warmup": args.warmup, "rounds": args.rounds, "export_device": args.export_device},
         "impls": impls, "jobs": {}, "notes": [], "soft_deadline": t0 + args.budget_s}
     hard = t0 + args.budget_s + args.grace_s

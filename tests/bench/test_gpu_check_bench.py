@@ -167,3 +167,15 @@ def test_the_plan_can_leave_today_s_code_out_and_add_the_cuda_graph_rows() -> No
     assert [j["key"] for j in gpu_check.plan(gpu_check._parse(["--models", "resnet50", "--tables", "1"]))] == [
         "today/resnet50", "new/resnet50"]
     assert gpu_check._parse(["--compile"]).compile == ["forward", "module"]
+    args = gpu_check._parse(["--models", "vit_b16", "--tables", "1", "--compile", "module", "--compile-today"])
+    assert [j["key"] for j in gpu_check.plan(args)] == [
+        "today/vit_b16", "new/vit_b16", "today+compile_module/vit_b16", "new+compile_module/vit_b16"]
+
+
+def test_compiled_rows_of_today_s_code_are_in_table_1_when_asked_for(tmp_path: Path) -> None:
+    gpu_check.main(["--quick", "--out", str(tmp_path), "--budget-s", "0", "--models", "vit_b16", "--tables", "1",
+                    "--compile", "module", "--compile-today", "--baseline-src", str(tmp_path / "none" / "src")])
+    t1, _ = _tables((tmp_path / "gpu_check.md").read_text())
+    assert [r[1].split(" (")[0] for r in t1] == ["today", "new", "today + torch.compile(model)",
+                                                 "new + torch.compile(model)"]
+    assert {len(r) for r in t1} == {T1_COLS}

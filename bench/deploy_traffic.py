@@ -24,7 +24,6 @@ Results: ``bench/results/deploy_traffic.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import deploy_latency as dl  # noqa: E402
-from benchlib import add_quick_flags, command_line, environment, git_commit, quick_mode, write_md  # noqa: E402
+from benchlib import (add_quick_flags, command_line, environment, git_commit, load_cache, quick_mode,  # noqa: E402
+                      save_cache, write_md)
 
 RESULTS = ROOT / "bench" / "results"
 CHOICES = {"vit_base": "vit_base_patch16 (timm)", "resnet50": "resnet50 (torchvision)",
@@ -68,8 +68,7 @@ def activation_elements(model: nn.Module, x: torch.Tensor) -> int:
 
 def measure(name: str, build: dl.Builder, size: int) -> dict[str, Any]:
     """MACs, parameters and activation elements of the original and its export at half the MACs."""
-    vocab = dl.LLAMA_VOCAB if "llama" in name else None
-    x = dl.example(1, size, vocab)
+    x = dl.example(1, size, dl.VOCAB.get(name))
     original, pruned, (macs_o, macs_p) = dl.prune_half(build, x, align=8)
     params = [sum(p.numel() for p in m.parameters()) for m in (original, pruned)]
     acts = [activation_elements(m, x) for m in (original, pruned)]
@@ -78,16 +77,16 @@ def measure(name: str, build: dl.Builder, size: int) -> dict[str, Any]:
             "activations_ratio": acts[1] / acts[0]}
 
 
-def _latency(name: str, engine: str) -> str:
-    """The GPU's pruned/original median at the serving batch, from deploy_latency_cuda.json."""
-    path = RESULTS / "deploy_latency_cuda.json"
-    entry = json.loads(path.read_text()).get("models", {}).get(name) if path.exists() else None
-    cell = (entry or {}).get("batches", {}).get(SERVING_BATCH, {})
+def _latency(gpu: dict[str, Any], name: str, engine: str) -> str:
+    """The GPU's pruned/original median at the serving batch, from deploy_latency_cuda.json's
+    cache ``gpu``."""
+    cell = gpu.get("models", {}).get(name, {}).get("batches", {}).get(SERVING_BATCH, {})
     orig, pruned = cell.get(f"{engine}_orig"), cell.get(f"{engine}_pruned")
     return f"{pruned[1] / orig[1]:.2f}" if orig and pruned else "-"
 
 
 def render(cache: dict[str, Any]) -> str:
+    gpu = load_cache(RESULTS / "deploy_latency_cuda.json")
     lines = [
         "# What an export at half the MACs still moves (issue 29)", "",
         "Written by `bench/deploy_traffic.py` (its docstring gives the method): the exports of the device "
@@ -103,9 +102,10 @@ def render(cache: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for name, r in cache["models"].items():
-        what = f"{r['size']} tokens" if "llama" in name else f"{r['size']} px"
+        what = f"{r['size']} tokens" if name in dl.VOCAB else f"{r['size']} px"
         lines.append(f"| {name} | {what} | {r['macs_ratio']:.3f} | {r['params_ratio']:.3f} "
-                     f"| {r['activations_ratio']:.3f} | {_latency(name, 'eager')} | {_latency(name, 'compile')} |")
+                     f"| {r['activations_ratio']:.3f} | {_latency(gpu, name, 'eager')} "
+                     f"| {_latency(gpu, name, 'compile')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: MACs {r['macs_ratio']:.3f}, params {r['params_ratio']:.3f}, "
               f"activations {r['activations_ratio']:.3f}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "deploy_traffic.json").write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+    save_cache(out / "deploy_traffic.json", cache, end="\n")
     write_md(out / "deploy_traffic.md", render(cache).splitlines())
 
 

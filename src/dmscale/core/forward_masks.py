@@ -41,7 +41,8 @@ __all__ = ["ForwardMasks"]
 
 class ForwardMasks:
     """The per-forward mask store of :class:`~dmscale.core.masks.Gates` (a mixin: the gates
-    provide ``compute()``, ``_layout``, ``_reads`` and ``depth``)."""
+    provide ``compute()``, ``_layout``, ``_reads`` and, where a block is read more than once,
+    the ``read_index`` buffer)."""
 
     _layout: ChannelLayout
     _reads: list[int]  # per depth read (a hook's multiply), its flat block index

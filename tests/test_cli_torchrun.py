@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 from dmscale.cli import main
 from dmscale.config.run_config import RunConfig
 from dmscale.core.errors import ConfigError
+from torchrun_util import run_group
 
 __all__: list[str] = []
 
@@ -41,8 +42,7 @@ ARGS = ["search", "--task", "digits", "--model", "smallcnn", "--model-args", "wi
 
 def torchrun(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
-    return subprocess.run([*TORCHRUN, "-m", "dmscale", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return run_group([*TORCHRUN, "-m", "dmscale", *args], cwd=ROOT, env=env, timeout=300)
 
 
 def _structure(run: Path) -> dict:

@@ -38,12 +38,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from torchrun_util import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
 PRELUDES = ROOT / "tests" / "doc_preludes"
@@ -279,8 +279,7 @@ def run_chain(chain: Chain, tmp: Path, timeout: int) -> None:
     if chain.torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", str(chain.torchrun), *cmd[1:]]
-    done = subprocess.run(cmd, cwd=work, env=_environment(tmp), capture_output=True, text=True,
-                          timeout=timeout)
+    done = run_group(cmd, cwd=work, env=_environment(tmp), timeout=timeout)
     assert done.returncode == 0, (
         f"{chain.where} failed (exit {done.returncode}):\n{done.stdout[-6000:]}\n{done.stderr[-10000:]}")
 
@@ -321,9 +320,8 @@ def test_a_torchrun_block_leaves_its_process_group_before_exit(tmp_path: Path):
     chain = tmp_path / "chain.json"
     chain.write_text(json.dumps({"steps": [
         {"kind": "python", "where": "ddp block", "name": "ddp.py", "code": _LEAVES, "line": 1}]}))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node", "2", str(RUNNER), str(chain)],
-                          cwd=work, env=_environment(tmp_path), capture_output=True, text=True,
-                          timeout=300)
+    done = run_group([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                      "--nproc_per_node", "2", str(RUNNER), str(chain)],
+                     cwd=work, env=_environment(tmp_path), timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     assert [(work / f"exit{r}.txt").read_text() for r in (0, 1)] == ["False", "False"]

@@ -116,10 +116,10 @@ def test_dms_trainer_takes_a_searcher_and_names_wrong_use(tmp_path):
 def run_torchrun(script: str, *argv: str, timeout: float = 240) -> tuple[int, str]:
     """``torchrun --nproc_per_node 2 <script in this folder> argv...`` on CPU: (returncode, stderr)."""
     import os
-    import signal
-    import subprocess
     import sys
     from pathlib import Path
+
+    from torchrun_util import run_group
 
     here = Path(__file__).resolve().parent
     env = {**os.environ, "OMP_NUM_THREADS": "1",
@@ -127,15 +127,8 @@ def run_torchrun(script: str, *argv: str, timeout: float = 240) -> tuple[int, st
                                           os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(here / script), *argv]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its two workers
-        _, err = proc.communicate()
-        raise AssertionError(f"torchrun did not finish in {timeout} s: {err[-2000:]}") from None
-    return proc.returncode, err
+    done = run_group(cmd, env=env, timeout=timeout)  # (a hang fails with every process's stacks)
+    return done.returncode, done.stderr
 
 
 @pytest.mark.slow  # two processes importing transformers: about 40 s on 2 cores

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +23,7 @@ import dmscale as dms
 from dmscale.cli import main
 from spawn_ranks import spawn_ranks
 from tiny_hf import tiny_tokenizer
+from torchrun_util import run_group
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--task", "text", "--pipeline", "p", "--resource", "params", "--target", "0.7", "--seq-len", "16",
@@ -145,10 +145,10 @@ def test_torchrun_refusal_is_one_message(models, tmp_path):
     launcher's report of the failed ranks follows)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1",
                DMSCALE_CACHE=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "dmscale", "search", "--model", f"hf:{models['gpt2']}", "--data",
-                           str(models["data"]), *COMMON, "--out", str(tmp_path / "run")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                      "-m", "dmscale", "search", "--model", f"hf:{models['gpt2']}", "--data",
+                      str(models["data"]), *COMMON, "--out", str(tmp_path / "run")],
+                     cwd=ROOT, env=env, timeout=300)
     assert proc.returncode != 0
     assert proc.stderr.count("dmscale search: error:") == 1, proc.stderr[-3000:]
     assert "'gpt2' model" in proc.stderr

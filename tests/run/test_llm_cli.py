@@ -21,6 +21,7 @@ import torch
 from dmscale.cli import main
 from dmscale.config.run_config import ConfigError, RunConfig
 from tiny_hf import TEXT_CHARS, make_tiny_hf
+from torchrun_util import run_group
 
 
 @pytest.fixture(scope="session")
@@ -353,7 +354,6 @@ def test_fsdp_under_torchrun_writes_the_hf_dir_ddp_writes(tiny_hf, tmp_path):
     """``--shard fsdp`` on an hf: model, pipeline p: decoder layers sharded, distillation from
     the unsharded original, the export gathered on rank 0, retraining sharded again and RUN/hf
     written from the gathered model: the DDP run's structure and RUN/hf weights."""
-    import subprocess
     import sys
 
     from safetensors.torch import load_file
@@ -367,9 +367,9 @@ def test_fsdp_under_torchrun_writes_the_hf_dir_ddp_writes(tiny_hf, tmp_path):
     runs = {}
     for shard in ("fsdp", "none"):
         runs[shard] = tmp_path / shard
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                               "2", "-m", "dmscale", *args, "--shard", shard, "--out", str(runs[shard])],
-                              cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        proc = run_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                          "2", "-m", "dmscale", *args, "--shard", shard, "--out", str(runs[shard])],
+                         cwd=root, env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
     found = [json.loads((runs[s] / "structure.json").read_text()) for s in runs]
     assert all(found[0][k] == found[1][k] for k in ("width", "depth", "layers"))

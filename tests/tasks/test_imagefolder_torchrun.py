@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from dmscale.data.order import StepBatchSampler
 from image_folders import make_image_folder
+from torchrun_util import run_group
 
 __all__: list[str] = []
 
@@ -28,8 +28,8 @@ def test_two_ranks_load_disjoint_halves_and_end_alike(tmp_path: Path) -> None:
             "--structure-lr", "0.05", "--epochs", "1", "--retrain-epochs", "0.5", "--seed", "0", "--quiet",
             "--out", str(tmp_path / "run")]
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT / 'tests'}", OMP_NUM_THREADS="1")
-    proc = subprocess.run([*TORCHRUN, str(Path(__file__).with_name("imagefolder_ddp_script.py")), str(tmp_path),
-                           "--", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_group([*TORCHRUN, str(Path(__file__).with_name("imagefolder_ddp_script.py")), str(tmp_path),
+                      "--", *args], cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2] and [r["rc"] for r in ranks] == [0, 0]

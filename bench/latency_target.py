@@ -43,8 +43,8 @@ import dmscale as dms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import deploy_latency as dl  # noqa: E402
-from benchlib import (RESULTS, add_quick_flags, command_line, environment, git_commit, load_cache,  # noqa: E402
-                      quick_mode, save_cache, write_md)
+from benchlib import (RESULTS, add_quick_flags, command_line, environment, git_commit, hand_reading,  # noqa: E402
+                      load_cache, quick_mode, save_cache, write_md)
 
 __all__ = ["TARGET", "pruned", "time_ratios", "measure", "render", "main"]
 
@@ -156,6 +156,12 @@ def render(cache: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _with_reading(lines: list[str], stem: str) -> list[str]:
+    """The table followed by its hand-written reading (``bench/results/STEM_reading.md``)."""
+    reading = hand_reading(RESULTS / f"{stem}_reading.md")
+    return lines + ["", reading] if reading is not None else lines
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=None, help="substrings of deploy_latency's model names")
@@ -190,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
                 cache["rows"][f"{name}@{batch}@{row['dtype']}"] = row
                 save_cache(path, cache)
                 print(render({"rows": {"r": row}})[-1], flush=True)
-    write_md(out / f"{stem}.md", render(cache))
+    write_md(out / f"{stem}.md", _with_reading(render(cache), stem) if out == RESULTS else render(cache))
 
 
 if __name__ == "__main__":

@@ -26,3 +26,12 @@ def test_quick_run_meets_both_budgets_and_tables_them(tmp_path: Path) -> None:
     line = next(t for t in table.splitlines() if t.startswith("| resnet18 (torchvision) | 96 px, float32 | 1 |"))
     assert f"| {macs['macs_ratio']:.3f} / {macs['ratio']:.3f} (" in line, line
     assert f"| {lat['predicted']:.3f} / {lat['ratio']:.3f} (" in line, line
+
+
+def test_a_target_below_the_smallest_structure_is_tabled_as_not_met() -> None:
+    row = {"model": "m", "size": 32, "batch": 2, "rounds": 4, "dtype": "float32", "target": 0.5, "original_ms": 1.0,
+           "arms": {"macs": {"macs_ratio": 0.5, "predicted": 0.5, "ratio": 0.7, "q1": 0.6, "q3": 0.8, "prepare_s": 0.1},
+                    "latency0": {"error": "target latency = 338 is outside what this search space can reach"}}}
+    line = latency_target.render({"rows": {"m@2@float32": row}})[-1]
+    assert line == ("| m | 32 px, float32 | 2 | 0.5 | 1.00 | 0.500 / 0.700 (0.600-0.800) "
+                    "| not met: target latency = 338 is outside what this search space can reach | - |")

@@ -238,6 +238,14 @@ def _row(name: str, batch: int, t: dict[str, float], m: dict[str, dict[str, Any]
             + (f"{t['settle_ratio']:.3f} |" if "settle_ratio" in t else "- |"))
 
 
+def _table(rows: list[dict[str, Any]], batch: int) -> list[str]:
+    return ["| model | input | dims searched | step ratio | ratio q1-q3 | step ms plain / DMS | peak RSS MB "
+            "plain / DMS | peak ratio | added MB plain / DMS | added ratio | steps-only peak ratio | prepare (s) "
+            "| settle-phase step ratio |",
+            "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            *[_row(r["name"], batch, r["time"], r["mem"]) for r in rows]]
+
+
 def _steps_ratio(p: dict[str, Any], d: dict[str, Any]) -> str:
     """(peak over the steps alone - base), DMS over plain; '-' where it was not measured."""
     if "steps_peak_mb" not in p or "steps_peak_mb" not in d:
@@ -275,14 +283,13 @@ def write_table(cache: dict[str, Any], args: argparse.Namespace) -> Path:
         f"{torch.__version__}, {args.threads} thread(s); load average (1 min) when each row started: "
         + ", ".join(f"{r['name']} {r['load']:.1f}" for r in rows),
         f"- seeds: model init 0, batch generator 0; {args.rounds} rounds after 2 warm-up steps; one run "
-        "(the spread is the per-round q1-q3, not across runs)", "",
-        "| model | input | dims searched | step ratio | ratio q1-q3 | step ms plain / DMS | peak RSS MB "
-        "plain / DMS | peak ratio | added MB plain / DMS | added ratio | steps-only peak ratio | prepare (s) "
-        "| settle-phase step ratio |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [_row(r["name"], args.batch, r["time"], r["mem"]) for r in rows]
-    lines += ["", "These rows were measured at the commits named above, before the batched masks and the",
-              "masks folded into weights of issue 29; the section below measures that change.", ""]
+        "(the spread is the per-round q1-q3, not across runs)", "", *_table(rows, args.batch)]
+    before = [cache["before"][n] for n in BENCHES if n in cache.get("before", {})]
+    if before:  # the rows of an earlier commit, kept when the table was measured again
+        lines += ["", f"Before issue 29's batched masks and masks folded into weights (commits "
+                  f"{', '.join(sorted({'`' + r['commit'] + '`' for r in before}))}, the same protocol and "
+                  "machine type; a run on another day):", "", *_table(before, args.batch)]
+    lines.append("")
     lines += _proxies_section()
     lines += ["", "## Reading", "", READING]
     return write_md(RESULTS / "search_overhead.md", lines)

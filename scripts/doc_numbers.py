@@ -901,7 +901,7 @@ def _cpu_step() -> str:
     t = [r["time"]["ratio"] for r in rows]
     mem = [r["mem"]["dms"]["peak_mb"] / r["mem"]["plain"]["peak_mb"] - 1 for r in rows]
     return (f"step time {min(t):.2f}-{max(t):.2f}x a plain step, the settle phase no more; peak RSS "
-            f"+{100 * min(mem):.0f}-{100 * max(mem):.0f} %")
+            f"{100 * min(mem):+.0f} to {100 * max(mem):+.0f} %")
 
 
 @number("cpu.host")

@@ -252,3 +252,52 @@ def test_every_multiply_by_a_depth_mask_or_an_output_mask_reads_its_own_entry() 
     assert len({id(v) for v in values}) == 4 * blocks  # distinct entries, not one unit read 4 times
     for r, v in enumerate(values):
         assert torch.equal(v, units[r // 4])
+
+
+def _held_for_backward(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The model's output and the bytes of the storages its graph holds for the backward pass,
+    the model's own parameters and buffers left out (held anyway)."""
+    skip = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
+    held: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage._cdata not in skip:
+            held[storage._cdata] = storage.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = _call(model, x)
+    return y, sum(held.values())
+
+
+def test_a_layer_whose_output_is_smaller_than_its_weight_masks_the_output() -> None:
+    """A ViT at a few tokens: qkv's per-head dims (output side) and each branch's depth mask
+    in proj and fc2 multiply the layer's output, ``(W x + b) m``, not a copy of the weight and
+    bias; the graph then holds about what it holds with every mask on the activations (before: a
+    copy of every such weight and bias, 10x the bytes on this model), with the same outputs and
+    gradients. At many tokens the weights take the masks again."""
+    model, x = _entry("timm_deit_tiny")  # (1, 3, 32, 32): 5 tokens of width 192; qkv (576, 192)
+    model.eval()
+    runs = {}
+    for fold in (True, False):
+        net = copy.deepcopy(model)
+        s = dms.prepare(net, x, dms.SearchConfig(resource="macs", target=0.5, fold_masks=fold))
+        s.gates.train()
+        s.randomize_importance(0)
+        shadowed = []
+        for name in ("blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc2"):
+            net.get_submodule(name).register_forward_pre_hook(lambda m, a: shadowed.append("weight" in m.__dict__))
+        y, held = _held_for_backward(net, x)
+        task_loss(y).backward()
+        runs[fold] = (y.detach(), held, [p.grad.clone() for p in s.structure_parameters() if p.grad is not None],
+                      list(shadowed))
+        if fold:
+            shadowed.clear()
+            net(x.expand(64, -1, -1, -1))  # 320 tokens: outputs larger than the weights
+            assert shadowed == [True, True, True]
+    (y_f, held_f, g_f, seen_f), (y_a, held_a, g_a, _) = runs[True], runs[False]
+    assert seen_f == [False, False, False]  # nothing folded into a weight at 5 tokens
+    assert held_f <= held_a * 1.25, (held_f, held_a)  # (the gathered masks of more keys: a few %)
+    torch.testing.assert_close(y_f, y_a, rtol=1e-5, atol=1e-6)
+    for a, b in zip(g_f, g_a):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)

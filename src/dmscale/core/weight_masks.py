@@ -7,7 +7,9 @@ the same Taylor importance, Eq. 4) and the same weight gradient, but the multipl
 it saves for the backward pass are the size of the weight (C_out x C_in x k x k), not of the
 activation (B x C_in x H x W), and no masked copy of the activation is kept for the backward
 pass. An output mask (``Q' = Q m``, the per-head dims of timm attention) folds the same way
-into the weight's rows and the bias.
+into the weight's rows and the bias. Call by call the smaller multiply is taken: where the
+input (or, for an output or depth mask, the output) has fewer elements than the weight, as
+at a few tokens, the activation is multiplied instead.
 
 How: a forward pre-hook computes ``W * m`` and puts it in the module's instance ``__dict__``
 under ``weight`` (and ``bias``), where Python's attribute lookup finds it before
@@ -41,6 +43,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +159,28 @@ def _current(module: nn.Module, name: str) -> torch.Tensor | None:
     return module.__dict__.get(name, module._parameters.get(name))
 
 
+def _output_numel(module: nn.Module, x: torch.Tensor) -> int:
+    """The elements of ``module``'s output for input ``x`` (B, C_in, ...): a linear layer's
+    exactly, a convolution's up to what its padding adds back (its strides divide the input's
+    positions), a batch norm's exactly (its input's)."""
+    if isinstance(module, nn.Linear):
+        return x.numel() // max(module.in_features, 1) * module.out_features
+    if isinstance(module, _CONVS):
+        return x.numel() // max(module.in_channels, 1) * module.out_channels // math.prod(module.stride)
+    return x.numel()
+
+
+def _output_is_smaller(fold: FoldMask | FoldDepth, module: nn.Module, args: tuple, kwargs: dict) -> bool:
+    """Whether this (eager) call multiplies the layer's output instead of its weight and bias,
+    the same function: where the output has fewer elements than what the fold would copy (a
+    transformer's projections at a few tokens), and the layer's :class:`Unfold` can do it."""
+    found = first_input(args, kwargs)
+    if found is None or not getattr(fold, "via_unfold", False):
+        return False
+    weight, bias = _current(module, "weight"), _current(module, "bias")
+    return _output_numel(module, found[1]) < weight.numel() + (0 if bias is None else bias.numel())
+
+
 def _traced(fold: FoldMask | FoldDepth) -> bool:
     """Whether dynamo traces this call and the layer's :class:`Unfold` multiplies the output
     (``via_unfold``, set where the hooks are attached; a fold pickled before it shadows as in
@@ -168,11 +193,12 @@ class FoldMask(DMSHook):
     ``bias``) with the masked one for this call. Stacks: an input and an output fold of one
     layer multiply the same shadowed weight.
 
-    On the input side the smaller of the two multiplies is taken, call by call: a layer whose
-    input is smaller than its weight (a language model's head over a large vocabulary, any
-    layer at batch 1) gets ``X * m`` instead, the same function (``dim``: the input's channel
-    dim). An output fold multiplies the bias by the slice ``bias_key`` (the same channels; None:
-    the weight's)."""
+    The smaller of the two multiplies is taken, call by call: a layer whose input is smaller
+    than its weight (a language model's head over a large vocabulary, any layer at batch 1) gets
+    ``X * m`` instead, the same function (``dim``: the input's channel dim); on the output side a
+    layer whose output is smaller than its weight and bias gets ``(W x + b) m`` in its
+    :class:`Unfold`. An output fold multiplies the bias by the slice ``bias_key`` (the same
+    channels; None: the weight's)."""
 
     def __init__(self, gates: MaskSource, key: str, plan: WeightFold, dim: int = 1,
                  bias_key: str | None = None) -> None:
@@ -185,6 +211,9 @@ class FoldMask(DMSHook):
         compiling = _traced(self)
         if compiling and self.plan.side == "out":
             return None  # the output is multiplied in Unfold (see the module docs)
+        if self.plan.side == "out" and _output_is_smaller(self, module, args, kwargs):
+            self._on_output_now = True  # (read and cleared by the layer's Unfold after the call)
+            return None
         m = self.gates.channel_mask(self.key)  # (C,)
         weight = _current(module, "weight")
         if self.plan.side == "in":
@@ -211,9 +240,10 @@ class FoldMask(DMSHook):
 class FoldDepth(DMSHook):
     """Forward pre-hook on the last layer of a residual branch: its weight and bias times
     the block's depth mask m_i, so the branch computes ``f(x) * m_i`` (Sec. 3.2) without a
-    multiply of (and a saved copy of) the branch's output activation. ``reads``: the ids of
-    the depth scalars it multiplies in (``gates.depth_read``), the weight's and the bias's (one
-    id: both, or a norm's affine pair)."""
+    multiply of (and a saved copy of) the branch's output activation; where that output is the
+    smaller tensor (a few tokens), the output is multiplied instead, in the layer's
+    :class:`Unfold`. ``reads``: the ids of the depth scalars it multiplies in
+    (``gates.depth_read``), the weight's and the bias's (one id: both, or a norm's affine pair)."""
 
     def __init__(self, gates: MaskSource, dim: int, block: int, reads: tuple[int, ...] = ()) -> None:
         self.gates, self.dim, self.block, self.reads = gates, dim, block, reads
@@ -235,6 +265,9 @@ class FoldDepth(DMSHook):
     def __call__(self, module: nn.Module, args: tuple) -> None:
         if not self.gates.enabled or _traced(self):  # compiling: in Unfold
             return
+        if _output_is_smaller(self, module, args, {}):  # f(x) m on the output, in Unfold
+            self._on_output_now = True
+            return
         m, mb = self._masks()
         weight, bias = _current(module, "weight"), _current(module, "bias")
         if bias is not None and weight.shape == bias.shape and weight.dtype == bias.dtype:
@@ -251,7 +284,8 @@ class Unfold(DMSHook):
     """Forward hook registered with ``always_call=True``: the module's own parameters are
     visible again after the call, also when the forward raised. Under ``torch.compile`` nothing
     was shadowed; the module's output and depth folds (``folds``, in the order they were
-    registered) multiply its output instead."""
+    registered) multiply its output instead; in eager mode the folds that found the output the
+    smaller tensor for this call do."""
 
     def __init__(self) -> None:
         self.folds: list[FoldMask | FoldDepth] = []
@@ -266,4 +300,9 @@ class Unfold(DMSHook):
             return out
         module.__dict__.pop("weight", None)
         module.__dict__.pop("bias", None)
-        return None
+        now = [f for f in folds if f.__dict__.pop("_on_output_now", False)]
+        if not now or not isinstance(out, torch.Tensor):
+            return None
+        for f in now:
+            out = f.on_output(out)
+        return out

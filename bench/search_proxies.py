@@ -79,6 +79,10 @@ class ProxyModel:
     batch: int  # the batch of the bytes-saved trace (the GPU benchmark's)
     target: float = 0.5
     shape: str = ""
+    # the batch the operators are counted at: the smallest at which every mask takes the path it
+    # takes at ``batch`` (a fold multiplies the smaller of a layer's weight and its input or output,
+    # call by call: core.weight_masks), so that the counts are the real batch's
+    ops_batch: int = 2
 
 
 def _images(size: int, channels: int = 3) -> Callable[[int], torch.Tensor]:
@@ -140,14 +144,17 @@ def _small_cnn() -> nn.Module:
 
 PROXY_MODELS: dict[str, ProxyModel] = {m.name: m for m in [
     ProxyModel("resnet50", _tv("resnet50"), _images(224), _ce, 64, shape="torchvision, 224 px, batch 64"),
-    ProxyModel("vit_b16", _timm("vit_base_patch16_224"), _images(224), _ce, 64, shape="timm, 224 px, batch 64"),
+    # 16 x 197 tokens: fc2's output (3152 x 768) outgrows its weight (768 x 3072) as at batch 64
+    ProxyModel("vit_b16", _timm("vit_base_patch16_224"), _images(224), _ce, 64, shape="timm, 224 px, batch 64",
+               ops_batch=16),
+    # 4 x 512 tokens: down_proj's output (2048 x 576) outgrows its weight (576 x 1536)
     ProxyModel("llama_135m", _llama(30, 576, 1536, 9, 3, 49152), _tokens(512, 49152), _lm, 16, target=0.8,
-               shape="SmolLM2-135M's shape, random init, 16 x 512 tokens"),
+               shape="SmolLM2-135M's shape, random init, 16 x 512 tokens", ops_batch=4),
     ProxyModel("small_cnn", _small_cnn, _images(28, 1), _ce, 64, shape="dmscale SmallCNN, 28 px, batch 64"),
     ProxyModel("vit_s16", _timm("vit_small_patch16_224", num_classes=10), _images(224), _ce, 64,
-               shape="timm ViT-S/16, 224 px, batch 64"),
+               shape="timm ViT-S/16, 224 px, batch 64", ops_batch=8),  # fc2: 1576 x 384 outputs, 384 x 1536 weight
     ProxyModel("llama_small", _llama(4, 64, 128, 4, 2, 256), _tokens(32, 256), _lm, 8, target=0.8,
-               shape="Llama, 4 layers, d 64, GQA 4/2, random init, 8 x 32 tokens"),
+               shape="Llama, 4 layers, d 64, GQA 4/2, random init, 8 x 32 tokens", ops_batch=8),
 ]}
 QUICK = ["small_cnn", "vit_s16"]
 
@@ -310,11 +317,11 @@ def _step_fn(spec: ProxyModel, model: nn.Module, x: Any, searcher: Any) -> Calla
 
 
 def _arms(spec: ProxyModel, fuse_norms: bool = False) -> tuple[Any, int, list[tuple[str, nn.Module, Any]]]:
-    """Small inputs, the number of searched dims and the two arms: ("plain", a copy of the
+    """The inputs of ``ops_batch``, the number of searched dims and the two arms: ("plain", a copy of the
     model, None) and ("dms", the model prepared for a search, its searcher)."""
     base = spec.build().train()
     plain, net = copy.deepcopy(base), base
-    x = spec.inputs(2)
+    x = spec.inputs(spec.ops_batch)
     searcher = _prepare(spec, net, x, fuse_norms)
     dims = len(searcher.gates.width) + len(searcher.gates.depth)
     return x, dims, [("plain", plain, None), ("dms", net, searcher)]

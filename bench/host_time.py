@@ -63,13 +63,14 @@ def _timm_tiny(name: str, **kw: Any) -> Callable[[], nn.Module]:
 # the layers of the proxy models of search_proxies.py, tiny widths and inputs; the transformers'
 # token rows (batch x tokens) outnumber every projection's input features, so each weight fold
 # takes the path it takes at the real batch (a fold multiplies the smaller of a layer's weight
-# and its input or output, call by call: core.weight_masks): ViT-B 24 x 5 rows over fc2's 96
-# inputs, the Llama 4 x 16 over down_proj's 48
+# and its input or output, call by call: core.weight_masks): ViT-B 3 x 37 rows over fc2's 96
+# inputs (fewer images of more tokens: timm's CPU attention loops over images x heads), the Llama
+# 4 x 16 over down_proj's 48
 TINY_MODELS: dict[str, ProxyModel] = {m.name: m for m in [
     ProxyModel("resnet50", _timm_tiny("resnet50", channels=(8, 16, 32, 64), stem_width=8), _images(32), _ce, 2,
                shape="ResNet-50's layers (timm), widths / 8, 32 px, batch 2"),
-    ProxyModel("vit_b16", _timm_tiny("vit_base_patch16_224", img_size=32, embed_dim=24), _images(32), _ce, 24,
-               shape="ViT-B/16's layers (12 blocks, 12 heads), width 24, 32 px, batch 24"),
+    ProxyModel("vit_b16", _timm_tiny("vit_base_patch16_224", img_size=96, embed_dim=24), _images(96), _ce, 3,
+               shape="ViT-B/16's layers (12 blocks, 12 heads), width 24, 96 px, batch 3"),
     ProxyModel("llama_135m", _llama(30, 18, 48, 9, 3, 256), _tokens(16, 256), _lm, 4, target=0.8,
                shape="SmolLM2-135M's layers (30, GQA 9/3), width 18, 16 tokens, batch 4"),
 ]}

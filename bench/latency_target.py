@@ -2,7 +2,7 @@
 
     PYTHONPATH=src:tests python bench/latency_target.py [--models resnet18 vit mobilenet yolo]
         [--batches 1 8] [--runs 3] [--rounds 30] [--threads 1]
-    PYTHONPATH=src:tests python bench/latency_target.py --device cuda --bf16   # on a GPU
+    PYTHONPATH=src:tests python bench/latency_target.py --device cuda --bf16 [--out OUT]   # on a GPU
     PYTHONPATH=src:tests python bench/latency_target.py --table-only           # md from the json
     PYTHONPATH=src:tests python bench/latency_target.py --quick                # smoke run, bench/runs/
 
@@ -192,9 +192,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--bf16", action="store_true", help="models, profiles and timings in bfloat16")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--out", type=Path, default=RESULTS,
+                    help="folder of the cache and table (default bench/results; on a machine whose bench/results "
+                         "does not come back, a folder that does)")
     add_quick_flags(ap, "latency_target", "resnet18 at batch 1, one profile of 2 s, 4 rounds")
     args = ap.parse_args(argv)
-    out = quick_mode(args, RESULTS, models=["resnet18"], batches=[1], runs=1, rounds=4, budget_s=2.0)
+    out = quick_mode(args, args.out, models=["resnet18"], batches=[1], runs=1, rounds=4, budget_s=2.0)
     stem = "latency_target" if args.device == "cpu" else f"latency_target_{args.device}"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{stem}.json"

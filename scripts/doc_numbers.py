@@ -879,6 +879,15 @@ def _export(model: str, batch: str, label: str) -> float:
     return lat[label]["median_ms"] / lat["original"]["median_ms"]
 
 
+@number("latency.target")
+def _latency_target() -> str:
+    rows = cache("latency_target")["rows"].values()
+    lat = [a["ratio"] for r in rows for k, a in r["arms"].items() if k.startswith("latency") and "ratio" in a]
+    macs = [r["arms"]["macs"]["ratio"] for r in rows if "ratio" in r["arms"]["macs"]]
+    return (f"{len(lat)} of {len(lat)} exports at {min(lat):.2f}-{max(lat):.2f}x the original's time at half the "
+            f"measured latency, {min(macs):.2f}-{max(macs):.2f}x at half the MACs")
+
+
 @number("gpu.export.readme")
 def _gpu_export_readme() -> str:
     return f"{_export('resnet50', '64', 'align8'):.2f}x / {_export('vit_b16', '64', 'align8'):.2f}x"

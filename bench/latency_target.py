@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -71,24 +71,12 @@ def pruned(build: dl.Builder, original: nn.Module, x: torch.Tensor, resource: st
     return export, {"predicted": res["hard"] / res["supernet"], "prepare_s": round(prepare_s, 1)}
 
 
-def _timer(model: nn.Module, x: torch.Tensor) -> Callable[[], float]:
-    def run() -> float:
-        if x.is_cuda:
-            torch.cuda.synchronize(x.device)
-        t0 = time.perf_counter()
-        model(x)
-        if x.is_cuda:
-            torch.cuda.synchronize(x.device)
-        return time.perf_counter() - t0
-    return run
-
-
 def time_ratios(original: nn.Module, exports: dict[str, nn.Module], x: torch.Tensor,
                 rounds: int) -> dict[str, Any]:
     """Run the original and ``exports`` interleaved (order rotated each round) after one warm-up
     call each; per export the quartiles of its per-round ratio to the original, and the
     original's median milliseconds."""
-    timers = {"original": _timer(original, x), **{k: _timer(m, x) for k, m in exports.items()}}
+    timers = {k: dl._synced(m, x, x.device) for k, m in {"original": original, **exports}.items()}
     times: dict[str, list[float]] = {k: [] for k in timers}
     keys = list(timers)
     with torch.no_grad():

@@ -9,7 +9,6 @@ points at ``docs/library.md``, line 20, and shows that line.
 
 from __future__ import annotations
 
-import gc
 import json
 import linecache
 import subprocess
@@ -87,14 +86,10 @@ def _leave_process_group(namespace: dict) -> None:
     among them) are dropped while the group lives, the ranks meet, then the group is destroyed.
     A DDP reducer still alive at interpreter exit aborts the process ("terminate called without
     an active exception")."""
-    import torch.distributed as dist
+    from torchrun_util import leave_process_group
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return
     namespace.clear()
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DUMP_DIR", "run_group", "with_hang_dump"]
+__all__ = ["DUMP_DIR", "leave_process_group", "run_group", "with_hang_dump"]
 
 DUMP_DIR = Path(__file__).resolve().with_name("hang_dump")  # its sitecustomize arms the stack dump
 
@@ -59,3 +59,19 @@ def run_group(cmd: list[str], *, timeout: float, env: dict[str, str] | None = No
         if proc.poll() is None:
             _signal_group(proc.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def leave_process_group() -> None:
+    """What a launched rank does last: drop what it no longer refers to (a DDP or FSDP wrapper
+    among it), meet the other ranks, destroy the process group. A reducer or a sharded module
+    still alive at interpreter exit aborts the process now and then ("terminate called without
+    an active exception", exit -6). Nothing to do outside a process group."""
+    import gc
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()

@@ -18,6 +18,7 @@ dms.ensure_torchvision()
 import lightning as L  # noqa: E402
 
 from dmscale.integrations.lightning import DMSCallback  # noqa: E402
+from torchrun_util import leave_process_group  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_lightning import Classifier  # noqa: E402
@@ -71,3 +72,4 @@ def main(out: str, strategy: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+    leave_process_group()  # (alive at exit, the sharded module aborted a rank now and then)

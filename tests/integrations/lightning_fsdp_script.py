@@ -19,6 +19,7 @@ import lightning as L  # noqa: E402
 
 from dmscale.engine.fsdp import shard_model, sharded  # noqa: E402
 from dmscale.integrations.lightning import DMSCallback  # noqa: E402
+from torchrun_util import leave_process_group  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lightning_ddp_script import ResidualClassifier  # noqa: E402
@@ -72,3 +73,4 @@ def main(out: str, devices: int = 2) -> dict:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    leave_process_group()  # (alive at exit, the sharded module aborted a rank now and then)

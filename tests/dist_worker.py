@@ -17,6 +17,7 @@ from torch import nn
 
 import dmscale as dms
 from dmscale.core.distributed import shard
+from torchrun_util import leave_process_group
 
 STEPS, BATCH, CLASSES = 4, 8, 4
 
@@ -150,5 +151,7 @@ def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
                    "settle": search(False, rank, world, settle=0.5),
                    "nonfinite": nonfinite_step(rank, world)}
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # (no barrier: another rank may wait in a collective)
+        raise
+    leave_process_group()

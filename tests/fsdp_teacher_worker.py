@@ -21,6 +21,7 @@ from dmscale.core.distributed import shard
 from dmscale.engine.fsdp import shard_frozen, shard_model
 from dmscale.tasks.distill import distill_loss
 from fsdp_worker import SEQ, STEPS, VOCAB, build, probe_ids, search_record
+from torchrun_util import leave_process_group
 
 __all__ = ["distilled_search", "teacher", "worker"]
 
@@ -120,5 +121,7 @@ def worker(rank: int, world: int, init_file: str, out_dir: str, cases: tuple[str
                             world_size=world, timeout=timedelta(seconds=120))
     try:
         torch.save({case: CASES[case](rank, world) for case in cases}, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # (no barrier: another rank may wait in a collective)
+        raise
+    leave_process_group()

@@ -16,6 +16,7 @@ from torch import nn
 import dmscale as dms
 from dmscale.core.distributed import shard
 from dmscale.engine.fsdp import shard_model
+from torchrun_util import leave_process_group
 
 __all__ = ["BATCH", "STEPS", "VOCAB", "build", "probe_ids", "search", "search_record", "worker"]
 
@@ -136,5 +137,7 @@ def worker(rank: int, world: int, init_file: str, out_dir: str, cases: tuple[str
         results = {case: search(case == "fold", rank, world, out_dir if case == "fold" else None)
                    for case in cases}
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # (no barrier: another rank may wait in a collective)
+        raise
+    leave_process_group()

@@ -23,7 +23,7 @@ import dmscale as dms
 from dmscale.cli import main
 from spawn_ranks import spawn_ranks
 from tiny_hf import tiny_tokenizer
-from torchrun_util import run_group
+from torchrun_util import leave_process_group, run_group
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--task", "text", "--pipeline", "p", "--resource", "params", "--target", "0.7", "--seq-len", "16",
@@ -129,7 +129,7 @@ def _save_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     except Exception as err:  # what each rank raises
         result = f"{type(err).__name__}: {err}"
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def test_a_save_error_on_rank0_is_every_ranks_error(tmp_path):

@@ -28,6 +28,11 @@ def spawn_ranks(worker: Callable[..., None], world: int, tmp_path: Path, *extra:
         while not ctx.join(timeout=1.0):
             if time.monotonic() > deadline:
                 pytest.fail(f"the {world} ranks did not finish in {deadline_s:.0f} s (a hang in a collective?)")
+    except mp.ProcessExitedException as err:  # say whether the rank died in its work or at exit
+        wrote = [r for r in range(world) if (tmp_path / f"rank{r}.pt").exists()]
+        raise AssertionError(f"{err}; ranks that saved their results before: {wrote or 'none'} (a rank "
+                             "that saved them died at exit: leave the process group first, "
+                             "torchrun_util.leave_process_group)") from err
     finally:
         for p in ctx.processes:
             if p.is_alive():

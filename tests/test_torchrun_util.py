@@ -1,5 +1,6 @@
 """The multi-process test runner (tests/torchrun_util.py): a launch that hangs fails with the
-stacks of its processes, children included, and leaves none of them running."""
+stacks of its processes, children included, and leaves none of them running; a spawned rank
+(tests/spawn_ranks.py) that dies after saving its results is reported as dying at exit."""
 
 from __future__ import annotations
 
@@ -58,3 +59,26 @@ def test_a_rank_leaves_its_process_group_before_exit() -> None:
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     leave_process_group()
     assert not dist.is_initialized()
+
+
+def _saves_then_aborts(rank: int, world: int, store: str, out: str) -> None:
+    """A spawned rank that finishes its work and dies at exit, as a rank did whose gloo group
+    was alive at interpreter exit (rank 1 only)."""
+    import os
+    import time
+
+    import torch
+
+    torch.save(rank, os.path.join(out, f"rank{rank}.pt"))
+    if rank == 1:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(out, "rank0.pt")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # (rank 0 saved too: a dead rank makes spawn terminate the others)
+        os.abort()
+
+
+def test_a_rank_that_dies_after_saving_is_named_as_dying_at_exit(tmp_path: Path) -> None:
+    from spawn_ranks import spawn_ranks
+
+    with pytest.raises(AssertionError, match=r"SIGABRT; ranks that saved their results before: \[0, 1\]"):
+        spawn_ranks(_saves_then_aborts, 2, tmp_path, deadline_s=120)

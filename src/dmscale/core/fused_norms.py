@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import math
 import types
 import warnings
 from typing import Any, Callable
@@ -87,7 +88,7 @@ def _rms_norm(x: torch.Tensor, p: torch.Tensor, weight: torch.Tensor, eps: float
     return MaskedRMSNorm.apply(x, p, weight, eps, offset, out_dtype)
 
 
-def _rms(out: torch.Tensor, x: torch.Tensor, p: torch.Tensor, eps: float, norm: nn.Module | None) -> torch.Tensor:
+def _rms(out: torch.Tensor, x: torch.Tensor, p: torch.Tensor, norm: nn.Module | None, eps: float) -> torch.Tensor:
     # the module, not its bound forward, is the argument: one graph serves every norm module
     return MaskedRMSRescale.apply(out, x, p, eps, norm.forward if norm is not None else None)
 
@@ -119,8 +120,23 @@ _DYNAMO_ERRORS = tuple(e for e in (torch._dynamo.exc.TorchDynamoException,  # tr
                                    getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None)) if e is not None)
 
 
+def _bind(fn: Callable[..., torch.Tensor], constants: tuple) -> Callable[..., torch.Tensor]:
+    """``fn`` with its trailing ``constants`` (eps, offset; a dtype by name) written into the
+    code as literals: dynamo makes a float argument (or one read from a closure) an input of the graph,
+    a 0-d tensor built on every call (``torch.as_tensor``: 3 operators per float per call),
+    while a literal is a constant of the graph. ``repr`` of a float reads back the same float."""
+    literals = []
+    for c in constants:
+        if isinstance(c, float) and not math.isfinite(c):
+            return lambda *args: fn(*args, *constants)  # (no literal for inf or nan)
+        literals.append(repr(c) if isinstance(c, (bool, int, float)) else f"_c{len(literals)}")
+    namespace: dict[str, Any] = {"_fn": fn, **{f"_c{i}": c for i, c in enumerate(constants)}}
+    exec(f"def bound(*args):\n    return _fn(*args, {', '.join(literals)})", namespace)  # noqa: S102
+    return namespace["bound"]
+
+
 def _fused(name: str, fn: Callable[..., torch.Tensor], args: tuple, fuse: bool | None,
-           x: torch.Tensor, configuration: tuple) -> torch.Tensor | None:
+           x: torch.Tensor, configuration: tuple, constants: tuple = ()) -> torch.Tensor | None:
     """``fn(*args)`` compiled; None (the caller runs it eagerly) when it is not to be fused
     for activation ``x`` (:func:`_fusable`) or compiling it failed.
 
@@ -134,7 +150,8 @@ def _fused(name: str, fn: Callable[..., torch.Tensor], args: tuple, fuse: bool |
     key = (name, *configuration)
     compiled = _compiled.get(key)
     if compiled is None:
-        compiled = _compiled[key] = torch.compile(_own_code(fn), dynamic=True, fullgraph=True, backend=_backend)
+        compiled = _compiled[key] = torch.compile(_own_code(_bind(fn, constants)), dynamic=True, fullgraph=True,
+                                                  backend=_backend)
     try:
         with warnings.catch_warnings():
             # torch's own warnings while dynamo traces (it reads .grad of the non-leaf activation,
@@ -156,8 +173,8 @@ def layer_norm(x: torch.Tensor, p: torch.Tensor, weight: torch.Tensor | None, bi
                eps: float, fuse: bool | None = None) -> torch.Tensor:
     """:class:`~dmscale.core.masked_norm.MaskedLayerNorm` with weights ``p`` (C,), fused when
     ``fuse`` (None: on CUDA)."""
-    y = _fused("layer_norm", _ln, (x, p, weight, bias, eps), fuse, x,
-               (p.numel(), weight is None, bias is None, eps))
+    y = _fused("layer_norm", _ln, (x, p, weight, bias), fuse, x,
+               (p.numel(), weight is None, bias is None, eps), (eps,))
     return y if y is not None else _ln(x, p, weight, bias, eps)
 
 
@@ -165,8 +182,8 @@ def rms_norm(x: torch.Tensor, p: torch.Tensor, weight: torch.Tensor, eps: float,
              out_dtype: torch.dtype, fuse: bool | None = None) -> torch.Tensor:
     """:class:`~dmscale.core.masked_norm.MaskedRMSNorm` with weights ``p`` (C,), fused when
     ``fuse`` (None: on CUDA)."""
-    y = _fused("rms_norm", _rms_norm, (x, p, weight, eps, offset, out_dtype), fuse, x,
-               (p.numel(), offset, eps, out_dtype))
+    y = _fused("rms_norm", _rms_norm, (x, p, weight), fuse, x,
+               (p.numel(), offset, eps, out_dtype), (eps, offset, out_dtype))
     return y if y is not None else _rms_norm(x, p, weight, eps, offset, out_dtype)
 
 
@@ -175,6 +192,6 @@ def rms_rescale(out: torch.Tensor, x: torch.Tensor, p: torch.Tensor, eps: float,
     """:class:`~dmscale.core.masked_norm.MaskedRMSRescale` with weights ``p`` (C,), fused when
     ``fuse`` (None: on CUDA); ``norm``: the norm module whose forward the backward computes
     again (None: keep y)."""
-    y = _fused("rms_rescale", _rms, (out, x, p, eps, norm), fuse, x,
-               (p.numel(), type(norm) if norm is not None else None, eps))
-    return y if y is not None else _rms(out, x, p, eps, norm)
+    y = _fused("rms_rescale", _rms, (out, x, p, norm), fuse, x,
+               (p.numel(), type(norm) if norm is not None else None, eps), (eps,))
+    return y if y is not None else _rms(out, x, p, norm, eps)

@@ -73,5 +73,6 @@ def test_under_torch_compile_dms_adds_few_graph_kernels():
 @pytest.mark.slow
 def test_with_fused_norms_a_vit_step_adds_far_fewer_operators():
     row = search_proxies.measure("vit_s16", fuse_norms=True)
-    # measured 2.16x operators / 2.93x launching (3.07x / 4.90x unfused) when set
-    assert row["ops_ratio"] <= 2.4 and row["launch_ratio"] <= 3.2, row
+    # measured 1.79x operators / 2.50x launching (2.62x / 3.70x unfused) at 363923a; 2.16x / 2.93x
+    # when first set, 1.86x while eps was a graph input built on every call
+    assert row["ops_ratio"] <= 1.9 and row["launch_ratio"] <= 2.7, row

@@ -122,14 +122,22 @@ _DYNAMO_ERRORS = tuple(e for e in (torch._dynamo.exc.TorchDynamoException,  # tr
 
 def _bind(fn: Callable[..., torch.Tensor], constants: tuple) -> Callable[..., torch.Tensor]:
     """``fn`` with its trailing ``constants`` (eps, offset; a dtype by name) written into the
-    code as literals: dynamo makes a float argument (or one read from a closure) an input of the graph,
-    a 0-d tensor built on every call (``torch.as_tensor``: 3 operators per float per call),
-    while a literal is a constant of the graph. ``repr`` of a float reads back the same float."""
+    code as literals: dynamo makes a float argument (or one read from a closure) an input of the
+    graph, a 0-d tensor built on every call (``torch.as_tensor``: 3 operators per float per
+    call), while a literal is a constant of the graph. ``repr`` of a float reads back the same
+    float.
+
+        >>> import numpy as np
+        >>> _bind(lambda *a: a, (np.float64(1e-5), 1, torch.float32))("x")
+        ('x', 1e-05, 1, torch.float32)
+    """
     literals = []
     for c in constants:
         if isinstance(c, float) and not math.isfinite(c):
             return lambda *args: fn(*args, *constants)  # (no literal for inf or nan)
-        literals.append(repr(c) if isinstance(c, (bool, int, float)) else f"_c{len(literals)}")
+        # (float(c), int(c): a numpy scalar's repr is not a literal)
+        literals.append(repr(c) if isinstance(c, bool) else repr(int(c)) if isinstance(c, int)
+                        else repr(float(c)) if isinstance(c, float) else f"_c{len(literals)}")
     namespace: dict[str, Any] = {"_fn": fn, **{f"_c{i}": c for i, c in enumerate(constants)}}
     exec(f"def bound(*args):\n    return _fn(*args, {', '.join(literals)})", namespace)  # noqa: S102
     return namespace["bound"]

@@ -10,6 +10,8 @@ must agree.
 from __future__ import annotations
 
 import copy
+import operator
+from typing import Any
 
 import pytest
 import torch
@@ -147,12 +149,11 @@ def test_folded_weight_is_shadowed_only_during_the_call_and_parameters_are_untou
     assert all(torch.equal(net.state_dict()[k], v) for k, v in before.items())
 
 
-def test_while_dynamo_traces_the_folds_mask_activations_and_leave_the_module_dict_alone(monkeypatch) -> None:
+def test_while_dynamo_traces_the_folds_leave_the_module_dict_alone(monkeypatch) -> None:
     """Regression: torch 2.11's dynamo cannot remove the shadow from a module's ``__dict__``
     (a graph break in every folded layer, a recompilation per layer, 4.5x a plain step on
-    an H200 under ``torch.compile(model)``). While tracing, the folds are the same function on
-    the activations: the input multiplied before the call, the output (output fold, depth fold)
-    in ``Unfold``."""
+    an H200 under ``torch.compile(model)``). While tracing, ``Unfold`` computes each folded
+    layer again from its input with the folded weight and bias: the same function."""
     import timm
 
     torch.manual_seed(0)
@@ -181,6 +182,65 @@ def test_while_dynamo_traces_the_folds_mask_activations_and_leave_the_module_dic
         old = net(x)
     assert writes and all(k not in m.__dict__ for m in net.modules() for k in ("weight", "bias"))
     torch.testing.assert_close(old, eager, rtol=1e-5, atol=1e-5)
+
+
+def _traced_graph(net: nn.Module, x: torch.Tensor) -> torch.fx.Graph:
+    graphs = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(net, backend=capture)(x)
+    torch._dynamo.reset()
+    return graphs[-1].graph  # (the gates' masks are computed eagerly, before the layers' graph)
+
+
+def test_under_torch_compile_a_folded_layer_is_computed_with_its_folded_weight() -> None:
+    """While dynamo traces, the consumer's input fold multiplies its weight, not its input, as
+    in eager mode at this batch (the input has more elements than the weight): the layer is
+    computed again in ``Unfold`` from the unmasked input, and its own output, unused, is left
+    for the compiler to drop. Before, every fold multiplied the activation under compile (a
+    reduction over the batch for each mask's gradient, which inductor splits in two kernels)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(8, 8)  # the consumer's input (8 x 16) outnumbers its weight (4 x 16)
+    dms.prepare(net, x[:1], dms.SearchConfig(resource="params", target=0.5))
+    graph = _traced_graph(net, x)
+    linears = [n for n in graph.nodes if n.op == "call_function" and n.target is torch._C._nn.linear]
+    folded = [n for n in linears if getattr(n.args[1], "target", None) in (operator.mul, torch.mul)]
+    assert len(folded) == 1, [n.args for n in linears]
+    weight, mask = folded[0].args[1].args
+    assert weight.op == "placeholder" and "modules_2_parameters_weight" in weight.name
+    assert folded[0].args[0].target is nn.functional.relu  # the input as the ReLU left it, unmasked
+
+
+@pytest.mark.slow
+def test_inductor_drops_the_output_a_folded_layer_computed_before_its_fold() -> None:
+    """The compiled step runs as many matrix products as the plain one: the layer's own
+    output, which ``Unfold`` replaces, is dead code in the graph."""
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+
+    def products(prepare: bool) -> Counter:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+        x = torch.randn(32, 8)
+        if prepare:
+            dms.prepare(net, x[:1], dms.SearchConfig(resource="params", target=0.5))
+        torch._dynamo.reset()
+        run = torch.compile(net)
+        for _ in range(2):
+            run(x).square().sum().backward()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            run(x).square().sum().backward()
+        torch._dynamo.reset()
+        return Counter(e.name for e in prof.events() if e.name in ("aten::mm", "aten::addmm"))
+
+    plain, searched = products(False), products(True)
+    assert sum(plain.values()) == 8 and sum(searched.values()) == sum(plain.values()), (plain, searched)
 
 
 def test_a_layer_whose_input_is_smaller_than_its_weight_masks_the_input() -> None:

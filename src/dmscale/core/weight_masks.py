@@ -17,12 +17,18 @@ under ``weight`` (and ``bias``), where Python's attribute lookup finds it before
 exception) removes it again. The parameters themselves, ``named_parameters``,
 ``state_dict`` and optimisers never see anything but the user's weights.
 
-Under ``torch.compile`` (while dynamo traces the hooks) the masks go on the activations
-instead, the same function: torch 2.11's dynamo cannot remove a key from a module's
-``__dict__`` (a graph break in every folded layer, then a recompilation per layer until
-``recompile_limit``), and inductor fuses an activation's multiply into a neighbouring kernel
-anyway. The input side multiplies the input, the output side and a depth fold multiply the
-output in the :class:`Unfold` hook (``(W x + b) m``, ``BN(x) m``).
+Under ``torch.compile`` (while dynamo traces the hooks) nothing is shadowed: torch 2.11's
+dynamo cannot remove a key from a module's ``__dict__`` (a graph break in every folded layer,
+then a recompilation per layer until ``recompile_limit``). A linear layer's :class:`Unfold`
+hook computes the layer again from its input with the folded weight and bias
+(``F.linear(x, W m, b m)``), taking the smaller multiply per fold as in eager mode; the layer's
+own output is then unused and inductor drops it from the graph. The mask gradients become
+reductions over the weight instead of over the token rows, which inductor split into kernels of
+their own at a real batch (a ViT-S step: 197 graph kernels with the masks on the activations,
+115 folded, 100 plain). Convolutions (see :func:`_recomputed`), a layer called with its input
+as a keyword, and a batch norm's depth fold (its forward updates the running statistics, which a
+second call would repeat) take the masks on the activations: the input side multiplies the
+input, the output side and a depth fold the output (``(W x + b) m``, ``BN(x) m``).
 
 Only layers whose forward is exactly torch's own (``nn.Linear`` and ``nn.Conv1d/2d/3d`` or
 subclasses that override neither ``forward`` nor ``_conv_forward``), with a plain
@@ -48,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from dmscale.core.hook_base import DMSHook, MaskSource, along, cast, first_input, masked_input
@@ -181,6 +188,17 @@ def _output_is_smaller(fold: FoldMask | FoldDepth, module: nn.Module, args: tupl
     return _output_numel(module, found[1]) < weight.numel() + (0 if bias is None else bias.numel())
 
 
+def _recomputed(module: nn.Module, args: tuple) -> bool:
+    """Whether, under ``torch.compile``, the layer's :class:`Unfold` computes the layer again
+    from its positional input with the folded weight and bias: a linear layer with torch's own
+    forward (see the module docs). Convolutions keep the masks on their activations there:
+    inductor fuses a channel mask's multiply and its gradient's reduction over the positions
+    into the neighbouring batch norm's kernels, while a folded weight's reduction is a kernel of
+    its own (a small CNN's compiled step: 26 graph kernels with activation masks, 31 folded)."""
+    return (bool(args) and isinstance(args[0], torch.Tensor) and isinstance(module, nn.Linear)
+            and _standard_forward(module) is nn.Linear)
+
+
 def _traced(fold: FoldMask | FoldDepth) -> bool:
     """Whether dynamo traces this call and the layer's :class:`Unfold` multiplies the output
     (``via_unfold``, set where the hooks are attached; a fold pickled before it shadows as in
@@ -209,25 +227,32 @@ class FoldMask(DMSHook):
         if not self.gates.enabled:
             return None
         compiling = _traced(self)
-        if compiling and self.plan.side == "out":
-            return None  # the output is multiplied in Unfold (see the module docs)
+        if compiling and (self.plan.side == "out" or _recomputed(module, args)):
+            return None  # folded or multiplied in Unfold (see the module docs)
         if self.plan.side == "out" and _output_is_smaller(self, module, args, kwargs):
             self._on_output_now = True  # (read and cleared by the layer's Unfold after the call)
             return None
-        m = self.gates.channel_mask(self.key)  # (C,)
         weight = _current(module, "weight")
         if self.plan.side == "in":
             found = first_input(args, kwargs)
             if found is not None and (compiling or found[1].numel() < weight.numel()):
-                return masked_input(args, kwargs, found, m, self.dim)
-        module.__dict__["weight"] = self.plan.fold(weight, m)
-        if self.plan.side == "out":
-            bias = _current(module, "bias")
-            if bias is not None:
-                key = getattr(self, "bias_key", None)  # (hooks pickled before it existed)
-                mb = m if key is None else self.gates.channel_mask(key)
-                module.__dict__["bias"] = bias * cast(mb, bias.dtype)
+                return masked_input(args, kwargs, found, self.gates.channel_mask(self.key), self.dim)
+        module.__dict__["weight"], bias = self.fold_params(weight, _current(module, "bias"))
+        if bias is not None and self.plan.side == "out":
+            module.__dict__["bias"] = bias
         return None
+
+    def fold_params(self, weight: torch.Tensor, bias: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``W m`` along the folded side, and on the output side ``b m`` (the bias's slice
+        ``bias_key``); the input side leaves the bias as it is."""
+        m = self.gates.channel_mask(self.key)  # (C,)
+        weight = self.plan.fold(weight, m)
+        if self.plan.side == "out" and bias is not None:
+            key = getattr(self, "bias_key", None)  # (hooks pickled before it existed)
+            mb = m if key is None else self.gates.channel_mask(key)
+            bias = bias * cast(mb, bias.dtype)
+        return weight, bias
 
     def on_output(self, out: torch.Tensor) -> torch.Tensor:
         """Under ``torch.compile``: the output fold as ``out * m`` along the output's channel
@@ -268,16 +293,20 @@ class FoldDepth(DMSHook):
         if _output_is_smaller(self, module, args, {}):  # f(x) m on the output, in Unfold
             self._on_output_now = True
             return
+        weight, bias = self.fold_params(_current(module, "weight"), _current(module, "bias"))
+        module.__dict__["weight"] = weight
+        if bias is not None:
+            module.__dict__["bias"] = bias
+
+    def fold_params(self, weight: torch.Tensor, bias: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``W m_i`` and ``b m_i``: the layer then computes ``f(x) m_i``."""
         m, mb = self._masks()
-        weight, bias = _current(module, "weight"), _current(module, "bias")
         if bias is not None and weight.shape == bias.shape and weight.dtype == bias.dtype:
             # a norm's affine pair, (2, C): one multiply, and one gradient for m in the backward
-            module.__dict__["weight"], module.__dict__["bias"] = (
-                torch.stack((weight, bias)) * cast(m, weight.dtype)).unbind(0)
-            return
-        module.__dict__["weight"] = weight * cast(m, weight.dtype)
-        if bias is not None:
-            module.__dict__["bias"] = bias * cast(mb, bias.dtype)
+            weight, bias = (torch.stack((weight, bias)) * cast(m, weight.dtype)).unbind(0)
+            return weight, bias
+        return weight * cast(m, weight.dtype), None if bias is None else bias * cast(mb, bias.dtype)
 
 
 class Unfold(DMSHook):
@@ -295,6 +324,8 @@ class Unfold(DMSHook):
         if folds and torch.compiler.is_compiling():
             if not folds[0].gates.enabled or not isinstance(out, torch.Tensor):
                 return None
+            if _recomputed(module, args):
+                return _folded_call(module, args[0], folds)
             for f in folds:
                 out = f.on_output(out)
             return out
@@ -306,3 +337,28 @@ class Unfold(DMSHook):
         for f in now:
             out = f.on_output(out)
         return out
+
+
+def _folded_call(module: nn.Module, x: torch.Tensor, folds: list[FoldMask | FoldDepth]) -> torch.Tensor:
+    """Under ``torch.compile``: the linear layer computed again from its input ``x`` with its folds,
+    each taking the smaller multiply as in eager mode: an input fold ``W m`` (or ``x m`` where
+    the input is smaller than the weight), an output or depth fold ``W m``, ``b m`` (or the
+    output times m where the output is smaller than the weight and bias)."""
+    weight, bias = module.weight, module.bias
+    numel = weight.numel() + (0 if bias is None else bias.numel())
+    on_output = _output_numel(module, x) < numel
+    after = []
+    for f in folds:
+        if isinstance(f, FoldMask) and f.plan.side == "in":
+            if x.numel() < weight.numel():
+                x = along(x, f.gates.channel_mask(f.key), f.dim)
+            else:
+                weight = f.fold_params(weight, None)[0]
+        elif on_output:
+            after.append(f)
+        else:
+            weight, bias = f.fold_params(weight, bias)
+    y = F.linear(x, weight, bias)
+    for f in after:
+        y = f.on_output(y)
+    return y

@@ -216,6 +216,28 @@ def test_under_torch_compile_a_folded_layer_is_computed_with_its_folded_weight()
     assert folded[0].args[0].target is nn.functional.relu  # the input as the ReLU left it, unmasked
 
 
+def test_a_hook_the_user_put_on_a_folded_layer_sees_its_masked_output_eager_and_traced(monkeypatch) -> None:
+    """A forward hook registered before ``prepare`` on a folded layer sees what the layer
+    returns to the model, eager and while dynamo traces: ``Unfold`` runs first among the
+    layer's forward hooks. Before, it ran after them: while tracing such a hook saw the layer's
+    output computed without the fold (the folded output replaces it in ``Unfold``)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(8, 8)
+    seen = []
+    net[2].register_forward_hook(lambda mod, a, out: seen.append(out.detach().clone()))
+    s = dms.prepare(net, x[:1], dms.SearchConfig(resource="params", target=0.5))
+    s.randomize_importance(0)
+    with s.gates.use("soft"):
+        eager = net(x)
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        traced = net(x)
+    torch.testing.assert_close(traced, eager)
+    assert len(seen) >= 2
+    torch.testing.assert_close(seen[-2], eager)
+    torch.testing.assert_close(seen[-1], traced)
+
+
 @pytest.mark.slow
 def test_inductor_drops_the_output_a_folded_layer_computed_before_its_fold() -> None:
     """The compiled step runs as many matrix products as the plain one: the layer's own

@@ -80,7 +80,8 @@ def attach_hooks(
         """One Unfold per layer, however many folds shadow its weight; it knows them all."""
         if name not in unfolds:
             unfolds[name] = Unfold()
-            modules[name].register_forward_hook(unfolds[name], always_call=True)
+            # first among the layer's forward hooks: those registered before see its output as the model does
+            modules[name].register_forward_hook(unfolds[name], always_call=True, prepend=True)
         unfolds[name].folds.append(hook)
         hook.via_unfold = True  # under torch.compile its output side is multiplied in the Unfold
 

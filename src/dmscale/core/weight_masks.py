@@ -310,8 +310,9 @@ class FoldDepth(DMSHook):
 
 
 class Unfold(DMSHook):
-    """Forward hook registered with ``always_call=True``: the module's own parameters are
-    visible again after the call, also when the forward raised. Under ``torch.compile`` nothing
+    """Forward hook registered with ``always_call=True``, first among the layer's forward hooks
+    (``prepend=True``: a hook registered before sees the output the model gets): the module's
+    own parameters are visible again after the call, also when the forward raised. Under ``torch.compile`` nothing
     was shadowed; the module's output and depth folds (``folds``, in the order they were
     registered) multiply its output instead; in eager mode the folds that found the output the
     smaller tensor for this call do."""

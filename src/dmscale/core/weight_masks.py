@@ -177,6 +177,12 @@ def _output_numel(module: nn.Module, x: torch.Tensor) -> int:
     return x.numel()
 
 
+def _output_below_params(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether the layer's output for input ``x`` has fewer elements than ``weight`` and ``bias``
+    together: multiplying the output is then the smaller multiply of an output or depth fold."""
+    return _output_numel(module, x) < weight.numel() + (0 if bias is None else bias.numel())
+
+
 def _output_is_smaller(fold: FoldMask | FoldDepth, module: nn.Module, args: tuple, kwargs: dict) -> bool:
     """Whether this (eager) call multiplies the layer's output instead of its weight and bias,
     the same function: where the output has fewer elements than what the fold would copy (a
@@ -184,8 +190,7 @@ def _output_is_smaller(fold: FoldMask | FoldDepth, module: nn.Module, args: tupl
     found = first_input(args, kwargs)
     if found is None or not getattr(fold, "via_unfold", False):
         return False
-    weight, bias = _current(module, "weight"), _current(module, "bias")
-    return _output_numel(module, found[1]) < weight.numel() + (0 if bias is None else bias.numel())
+    return _output_below_params(module, found[1], _current(module, "weight"), _current(module, "bias"))
 
 
 def _recomputed(module: nn.Module, args: tuple) -> bool:
@@ -312,10 +317,11 @@ class FoldDepth(DMSHook):
 class Unfold(DMSHook):
     """Forward hook registered with ``always_call=True``, first among the layer's forward hooks
     (``prepend=True``: a hook registered before sees the output the model gets): the module's
-    own parameters are visible again after the call, also when the forward raised. Under ``torch.compile`` nothing
-    was shadowed; the module's output and depth folds (``folds``, in the order they were
-    registered) multiply its output instead; in eager mode the folds that found the output the
-    smaller tensor for this call do."""
+    own parameters are visible again after the call, also when the forward raised. Under
+    ``torch.compile`` nothing was shadowed: a linear layer is computed again with all its folds
+    (``folds``, in the order they were registered; :func:`_folded_call`), any other layer's
+    output and depth folds multiply its output; in eager mode the folds that found the output
+    the smaller tensor for this call do."""
 
     def __init__(self) -> None:
         self.folds: list[FoldMask | FoldDepth] = []
@@ -346,8 +352,7 @@ def _folded_call(module: nn.Module, x: torch.Tensor, folds: list[FoldMask | Fold
     the input is smaller than the weight), an output or depth fold ``W m``, ``b m`` (or the
     output times m where the output is smaller than the weight and bias)."""
     weight, bias = module.weight, module.bias
-    numel = weight.numel() + (0 if bias is None else bias.numel())
-    on_output = _output_numel(module, x) < numel
+    on_output = _output_below_params(module, x, weight, bias)
     after = []
     for f in folds:
         if isinstance(f, FoldMask) and f.plan.side == "in":

@@ -17,7 +17,7 @@ from torch import nn
 
 import dmscale as dms
 from dmscale.core.distributed import shard
-from torchrun_util import leave_process_group
+from torchrun_util import leaving_process_group
 
 STEPS, BATCH, CLASSES = 4, 8, 4
 
@@ -143,7 +143,7 @@ def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
-    try:
+    with leaving_process_group():
         results = {"plain": search(False, rank, world), "bn": search(True, rank, world),
                    "forgot": search(False, rank, world, sync=False),
                    "scaled": search(False, rank, world, scaled=True),
@@ -151,7 +151,3 @@ def worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
                    "settle": search(False, rank, world, settle=0.5),
                    "nonfinite": nonfinite_step(rank, world)}
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        dist.destroy_process_group()  # (no barrier: another rank may wait in a collective)
-        raise
-    leave_process_group()

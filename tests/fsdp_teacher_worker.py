@@ -21,7 +21,7 @@ from dmscale.core.distributed import shard
 from dmscale.engine.fsdp import shard_frozen, shard_model
 from dmscale.tasks.distill import distill_loss
 from fsdp_worker import SEQ, STEPS, VOCAB, build, probe_ids, search_record
-from torchrun_util import leave_process_group
+from torchrun_util import leaving_process_group
 
 __all__ = ["distilled_search", "teacher", "worker"]
 
@@ -119,9 +119,5 @@ def worker(rank: int, world: int, init_file: str, out_dir: str, cases: tuple[str
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
-    try:
+    with leaving_process_group():
         torch.save({case: CASES[case](rank, world) for case in cases}, os.path.join(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        dist.destroy_process_group()  # (no barrier: another rank may wait in a collective)
-        raise
-    leave_process_group()

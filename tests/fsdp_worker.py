@@ -16,7 +16,7 @@ from torch import nn
 import dmscale as dms
 from dmscale.core.distributed import shard
 from dmscale.engine.fsdp import shard_model
-from torchrun_util import leave_process_group
+from torchrun_util import leaving_process_group
 
 __all__ = ["BATCH", "STEPS", "VOCAB", "build", "probe_ids", "search", "search_record", "worker"]
 
@@ -133,11 +133,7 @@ def worker(rank: int, world: int, init_file: str, out_dir: str, cases: tuple[str
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
-    try:
+    with leaving_process_group():
         results = {case: search(case == "fold", rank, world, out_dir if case == "fold" else None)
                    for case in cases}
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        dist.destroy_process_group()  # (no barrier: another rank may wait in a collective)
-        raise
-    leave_process_group()

@@ -5,6 +5,7 @@ stacks of its processes, children included, and leaves none of them running; a s
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,20 @@ def test_a_rank_leaves_its_process_group_before_exit() -> None:
     leave_process_group()
     assert not dist.is_initialized()
 
+
+
+def test_a_rank_s_work_leaves_its_group_after_it_and_on_an_error() -> None:
+    import torch.distributed as dist
+
+    from torchrun_util import leaving_process_group
+
+    for fails in (False, True):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        with pytest.raises(RuntimeError, match="the work failed") if fails else nullcontext():
+            with leaving_process_group():
+                if fails:
+                    raise RuntimeError("the work failed")
+        assert not dist.is_initialized()
 
 def _saves_then_aborts(rank: int, world: int, store: str, out: str) -> None:
     """A spawned rank that finishes its work and dies at exit, as a rank did whose gloo group

@@ -15,10 +15,11 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["DUMP_DIR", "leave_process_group", "run_group", "with_hang_dump"]
+__all__ = ["DUMP_DIR", "leave_process_group", "leaving_process_group", "run_group", "with_hang_dump"]
 
 DUMP_DIR = Path(__file__).resolve().with_name("hang_dump")  # its sitecustomize arms the stack dump
 
@@ -75,3 +76,17 @@ def leave_process_group() -> None:
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
+
+
+@contextmanager
+def leaving_process_group() -> Iterator[None]:
+    """A spawned rank's work: after it, :func:`leave_process_group`; on an error, the group is
+    destroyed without the barrier (another rank may wait in a collective) and the error raised."""
+    import torch.distributed as dist
+
+    try:
+        yield
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    leave_process_group()

@@ -366,3 +366,21 @@ def test_masked_norms_under_torch_compile_give_the_eager_gradients(case):
         results.append([y.detach()] + [t.grad if t.grad is not None else torch.zeros(()) for t in ts])
     for a, b in zip(*results):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms", "rescale"])
+def test_masked_norms_run_on_the_meta_device(norm):
+    """Shapes only, no data (a model on ``meta`` to count FLOPs or plan memory): autocast has
+    no state there; before, every masked norm raised 'unsupported scalarType' reading it."""
+    from dmscale.core.masked_norm import masked_rms_norm, masked_rms_rescale
+    x = torch.randn(2, 3, 8, device="meta", requires_grad=True)
+    m = torch.rand(8, device="meta", requires_grad=True)
+    w = torch.randn(8, device="meta", requires_grad=True)
+    if norm == "layer":
+        y = masked_layer_norm(x, m, w, torch.zeros(8, device="meta"), 1e-5)
+    elif norm == "rms":
+        y = masked_rms_norm(x, m, w, 1e-5, 0.0, torch.float32)
+    else:
+        y = masked_rms_rescale(x * w, x, m, 1e-5)
+    gx, gm = torch.autograd.grad(y.sum(), (x, m))
+    assert (y.shape, y.device.type, gx.shape, gm.shape) == (x.shape, "meta", x.shape, m.shape)

@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -62,7 +63,7 @@ class _AutocastAs:
 
     __slots__ = ("device_type", "enabled", "dtype", "before")
 
-    def __init__(self, device_type: str, enabled: bool, dtype: torch.dtype) -> None:
+    def __init__(self, device_type: str, enabled: bool, dtype: torch.dtype | None) -> None:
         self.device_type, self.enabled, self.dtype = device_type, enabled, dtype
 
     def __enter__(self) -> None:
@@ -80,18 +81,29 @@ class _AutocastAs:
             torch.set_autocast_dtype(self.device_type, self.before[1])
 
 
-def autocast_as(device_type: str, enabled: bool, dtype: torch.dtype) -> Any:
+def autocast_as(device_type: str, enabled: bool, dtype: torch.dtype | None) -> Any:
     """A context with autocast ``enabled`` in ``dtype`` on ``device_type``, cheaply (the backward
     of a norm that computes its output again, as the forward ran); ``torch.autocast`` while
     dynamo traces (it knows that one)."""
+    if not torch.amp.is_autocast_available(device_type):  # ``meta``: no autocast state to set
+        return contextlib.nullcontext()
     if torch.compiler.is_compiling():
         return torch.autocast(device_type, dtype=dtype, enabled=enabled)
     return _AutocastAs(device_type, enabled, dtype)
 
 
+def _autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
+    """(enabled, dtype) of autocast on ``device_type``; (False, None) where it has none (meta)."""
+    if not torch.amp.is_autocast_available(device_type):
+        return False, None
+    return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+
+
 def no_autocast(device_type: str) -> Any:
     """A context with autocast off on ``device_type`` (the statistics in float32, as
     LayerNorm's): :func:`autocast_as` with ``enabled=False``."""
+    if not torch.amp.is_autocast_available(device_type):
+        return contextlib.nullcontext()
     return autocast_as(device_type, False, torch.get_autocast_dtype(device_type))
 
 
@@ -302,7 +314,7 @@ class MaskedRMSRescale(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, out: torch.Tensor, x: torch.Tensor, p: torch.Tensor, eps: float,
                 norm: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-        ctx.autocast = (torch.is_autocast_enabled(x.device.type), torch.get_autocast_dtype(x.device.type))
+        ctx.autocast = _autocast_state(x.device.type)
         with no_autocast(x.device.type):
             dt = torch.float64 if x.dtype == torch.float64 else torch.float32
             xf = cast(x, dt)

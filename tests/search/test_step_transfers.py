@@ -52,6 +52,13 @@ def _resnet() -> tuple[torch.nn.Module, torch.Tensor]:
     return torchvision.models.resnet18(num_classes=10), torch.randn(2, 3, 32, 32)
 
 
+def _mobilenet() -> tuple[torch.nn.Module, torch.Tensor]:  # depthwise convolutions: grouped folds
+    dms.ensure_torchvision()
+    import torchvision
+    torch.manual_seed(0)
+    return torchvision.models.mobilenet_v2(num_classes=10), torch.randn(2, 3, 32, 32)
+
+
 def _vit() -> tuple[torch.nn.Module, torch.Tensor]:
     dms.ensure_torchvision()
     import timm
@@ -96,7 +103,8 @@ def _step_on_meta(build) -> collections.Counter:  # noqa: ANN001
     return mode.found
 
 
-@pytest.mark.parametrize("build", [_resnet, _vit, _llama], ids=["torchvision", "timm", "hf_llama"])
+@pytest.mark.parametrize("build", [_resnet, _mobilenet, _vit, _llama],
+                         ids=["torchvision_resnet", "torchvision_mobilenet", "timm_vit", "hf_llama"])
 def test_a_search_step_on_the_device_takes_no_tensor_from_the_host(build):
     found = _step_on_meta(build)
     assert not found, "host tensors in a step:\n" + "\n".join(f"{n}x {f}\n{w}" for (f, w), n in found.items())

@@ -47,7 +47,7 @@ from search_proxies import ProxyModel, _ce, _images, _llama, _lm, _prepare, _ste
 
 RESULTS = ROOT / "bench" / "results"
 
-__all__ = ["TINY_MODELS", "measure", "render", "main"]
+__all__ = ["TINY_MODELS", "guard_ms", "measure", "render", "main"]
 
 
 def _timm_tiny(name: str, **kw: Any) -> Callable[[], nn.Module]:
@@ -113,6 +113,19 @@ def _arms(spec: ProxyModel, compiled: bool = False) -> dict[str, Callable[[], No
     return steps
 
 
+def guard_ms(step: Callable[[], None], steps: int = 5) -> float:
+    """Milliseconds per step that torch.compile's guards take to pick the compiled code (the
+    profiler's ``TorchDynamo Cache Lookup`` events: every call of a compiled model or a fused norm
+    checks the Python values its graph was traced with, hooks and their attributes included);
+    0 for a step with nothing compiled. Measured apart from the timed rounds (the profiler slows
+    the step down)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    return sum(e.cpu_time_total for e in prof.events() if e.name == "TorchDynamo Cache Lookup") / steps / 1e3
+
+
 def measure(name: str, rounds: int = 30, per_round: int = 3, compiled: bool = False) -> dict[str, Any]:
     """Per-step wall times (ms) of the arms on one thread: median and quartiles."""
     torch.set_num_threads(1)
@@ -131,7 +144,7 @@ def measure(name: str, rounds: int = 30, per_round: int = 3, compiled: bool = Fa
     out: dict[str, Any] = {"model": name, "shape": spec.shape, "rounds": rounds, "per_round": per_round}
     for arm, ts in times.items():
         q = statistics.quantiles(ts, n=4)
-        out[arm] = {"median": statistics.median(ts), "q1": q[0], "q3": q[2]}
+        out[arm] = {"median": statistics.median(ts), "q1": q[0], "q3": q[2], "guards_ms": guard_ms(steps[arm])}
     for arm in ("dms", "dms_fused"):
         if arm in out:
             out[f"{arm}_ratio"] = out[arm]["median"] / out["plain"]["median"]
@@ -143,6 +156,11 @@ def measure(name: str, rounds: int = 30, per_round: int = 3, compiled: bool = Fa
 def _cell(r: dict[str, Any], arm: str) -> str:
     a = r.get(arm)
     return f"{a['median']:.1f} ({a['q1']:.1f}-{a['q3']:.1f})" if a else "-"
+
+
+def _guards(r: dict[str, Any]) -> str:
+    cells = [r.get(arm, {}).get("guards_ms") for arm in ("dms_fused", "plain_compiled", "dms_compiled")]
+    return "-" if all(c is None for c in cells) else " / ".join("-" if c is None else f"{c:.2f}" for c in cells)
 
 
 def _ratio(r: dict[str, Any], arm: str) -> str:
@@ -159,12 +177,16 @@ def render(cache: dict[str, Any]) -> str:
         "`SearchConfig(fuse_norms=True)` (the default on a GPU). A CPU operator is cheaper on the host than "
         "a CUDA one (no launch): the ratios rank changes, they do not predict GPU times. Compiled: "
         "`torch.compile(model)`, plain and with DMS (the layers, hooks included, in inductor's graphs; the "
-        "gates' masks, resource loss and optimisers eager), their ratio over the compiled plain step.", "",
+        "gates' masks, resource loss and optimisers eager), their ratio over the compiled plain step. Guards: "
+        "milliseconds per step in torch.compile's guard checks (the profiler's `TorchDynamo Cache Lookup`, "
+        "5 steps profiled apart from the timed ones): the fused norms' calls, the compiled plain model's, the "
+        "compiled model with DMS (its hooks and their attributes are guarded too).", "",
         f"- command: `{cache.get('command', '')}`",
         f"- commit: {cache.get('commit', '')}; machine: {cache.get('machine', '')}", "",
         "| model | layers and input | code | plain ms | DMS ms | DMS / plain | DMS fused norms ms | fused / plain "
-        "| plain compiled ms | DMS compiled ms | compiled DMS / compiled plain | steps |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| plain compiled ms | DMS compiled ms | compiled DMS / compiled plain | guards ms fused / compiled plain "
+        "/ compiled DMS | steps |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     order = {name: i for i, name in enumerate(TINY_MODELS)}
     for key in sorted(cache["rows"], key=lambda k: (order.get(k.split("@")[0], 99), "@before" not in k)):
@@ -173,7 +195,7 @@ def render(cache: dict[str, Any]) -> str:
                      f"| {_cell(r, 'dms')} "
                      f"| {_ratio(r, 'dms')} | {_cell(r, 'dms_fused')} | {_ratio(r, 'dms_fused')} "
                      f"| {_cell(r, 'plain_compiled')} | {_cell(r, 'dms_compiled')} | {_ratio(r, 'dms_compiled')} "
-                     f"| {r['rounds'] * r['per_round']} |")
+                     f"| {_guards(r)} | {r['rounds'] * r['per_round']} |")
     return "\n".join(lines) + "\n"
 
 

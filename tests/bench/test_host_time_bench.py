@@ -30,12 +30,24 @@ def test_the_tiny_models_keep_the_real_models_layers():
     assert tiny["Conv2d"] == full["Conv2d"] == 53
 
 
+def test_guard_ms_counts_the_guard_checks_of_compiled_calls_only():
+    import torch
+
+    layer, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    compiled = torch.compile(layer, backend="eager")
+    compiled(x)  # compiles
+    assert host_time.guard_ms(lambda: layer(x)) == 0
+    assert host_time.guard_ms(lambda: compiled(x)) > 0
+
+
 @pytest.mark.slow
 def test_host_time_measures_every_arm_and_renders_them(tmp_path):
     row = host_time.measure("resnet50", rounds=2, per_round=1, compiled=True)
     for arm in (*host_time.ARMS, *host_time.COMPILED_ARMS):
         assert 0 < row[arm]["q1"] <= row[arm]["median"] <= row[arm]["q3"]
     assert row["dms_ratio"] > 1.0  # the hooks and the masks' operators cost host time
+    assert row["plain"]["guards_ms"] == row["dms"]["guards_ms"] == 0  # nothing compiled
+    assert row["dms_compiled"]["guards_ms"] > row["plain_compiled"]["guards_ms"] > 0  # the hooks are guarded too
     md = host_time.render({"rows": {"resnet50": row}, "command": "c", "commit": "x", "machine": "m"})
     assert "| resnet50 |" in md and f"{row['dms_ratio']:.2f}" in md and f"{row['dms_compiled_ratio']:.2f}" in md
 
@@ -51,6 +63,9 @@ def test_render_shows_the_compiled_arms_where_a_row_has_them():
     md = host_time.render({"rows": {"vit_b16": now, "vit_b16@before": before}, "command": "c", "commit": "x",
                            "machine": "m"})
     rows = [line for line in md.splitlines() if line.startswith("| vit_b16 |")]
-    assert len(rows) == 2 and all(r.count("|") == 13 for r in rows)  # 12 columns each
-    assert rows[0].endswith("| - | - | - | 2 |")  # the row before: no compiled arms
-    assert "| 8.0 (7.0-9.0) | 10.0 (9.0-11.0) | 1.25 | 2 |" in rows[1]
+    assert len(rows) == 2 and all(r.count("|") == 14 for r in rows)  # 13 columns each
+    assert rows[0].endswith("| - | - | - | - | 2 |")  # the row before: no compiled arms, no guard times
+    assert "| 8.0 (7.0-9.0) | 10.0 (9.0-11.0) | 1.25 | - | 2 |" in rows[1]  # (a row measured before guards)
+    now["plain_compiled"]["guards_ms"], now["dms_compiled"]["guards_ms"] = 0.5, 1.25
+    md = host_time.render({"rows": {"vit_b16": now}, "command": "c", "commit": "x", "machine": "m"})
+    assert "| 1.25 | - / 0.50 / 1.25 | 2 |" in md

@@ -5,7 +5,7 @@ to the device every step; from pageable memory that copy waits for the GPU, a sy
 the operator counts of ``bench/search_proxies.py`` do not see. Run on the ``meta`` device, the
 same step shows every such copy as an operator that mixes a host tensor with device tensors:
 the whole step (forward with the masks, task and resource loss, backward with the importance
-update, SGD and Adam) is checked for one on real models (torchvision, timm, Hugging Face). A
+update, SGD and Adam) is checked for one on real models (torchvision, timm, Hugging Face, Ultralytics). A
 read-back to the host (``.item()``, a Python ``bool`` of a tensor: a synchronisation on a GPU)
 raises on ``meta``, so the same steps show there is none outside the settle phase.
 """
@@ -76,9 +76,20 @@ def _llama() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     return LlamaForCausalLM(cfg), {"input_ids": torch.randint(0, 64, (2, 8))}
 
 
+def _yolo() -> tuple[torch.nn.Module, torch.Tensor]:
+    import os
+    os.environ.setdefault("YOLO_VERBOSE", "False")
+    pytest.importorskip("ultralytics")
+    dms.ensure_torchvision()
+    from ultralytics.nn.tasks import DetectionModel
+    torch.manual_seed(0)
+    return DetectionModel("yolov8n.yaml", verbose=False), torch.rand(1, 3, 64, 64)
+
+
 def _loss(out, x) -> torch.Tensor:  # noqa: ANN001
-    logits = out.logits if hasattr(out, "logits") else out
-    return logits.float().square().mean()
+    out = out.logits if hasattr(out, "logits") else out  # a detector's training output: a dict of maps
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return sum(o.float().square().mean() for o in outs)
 
 
 def _step_on_meta(build) -> collections.Counter:  # noqa: ANN001
@@ -103,8 +114,8 @@ def _step_on_meta(build) -> collections.Counter:  # noqa: ANN001
     return mode.found
 
 
-@pytest.mark.parametrize("build", [_resnet, _mobilenet, _vit, _llama],
-                         ids=["torchvision_resnet", "torchvision_mobilenet", "timm_vit", "hf_llama"])
+@pytest.mark.parametrize("build", [_resnet, _mobilenet, _vit, _llama, _yolo],
+                         ids=["torchvision_resnet", "torchvision_mobilenet", "timm_vit", "hf_llama", "ultralytics"])
 def test_a_search_step_on_the_device_takes_no_tensor_from_the_host(build):
     found = _step_on_meta(build)
     assert not found, "host tensors in a step:\n" + "\n".join(f"{n}x {f}\n{w}" for (f, w), n in found.items())

@@ -74,3 +74,41 @@ def test_the_prepared_model_compiles_to_one_graph(name):
         outs.append((y.detach(), ratio.grad.clone()))
     torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["timm_vit_depth2", "hf_llama_gqa"])
+def test_a_compiled_search_follows_batches_of_changing_size(name):
+    """A smaller last batch (``drop_last=False``) and, for the language model, a shorter
+    sequence: dynamo compiles again with dynamic sizes, where each fold's choice between the
+    weight and the activation (call by call, by their sizes) becomes a guarded comparison; the
+    outputs, ratio gradients and importance equal the eager search's at every size."""
+    def batches(x):  # (batch, tokens) sizes the loop sees one after the other
+        sizes = [(4, None), (3, None), (4, None), (2, None)] if name != "hf_llama_gqa" else \
+            [(2, 12), (1, 12), (2, 9), (2, 12)]
+        for b, t in sizes:
+            yield {k: v[:b, :t] for k, v in x.items()} if isinstance(x, dict) else x[:b]
+    base, x = _small_vit() if name == "timm_vit_depth2" else _entry(name)
+    base.eval()
+    example = {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        model = copy.deepcopy(base)
+        searcher = dms.prepare(model, example, dms.SearchConfig(resource="macs", target=0.5))
+        searcher.gates.train()
+        searcher.randomize_importance(0)
+        run = torch.compile(model, backend="aot_eager") if compiled else model
+        steps = []
+        for xb in batches(x):
+            model.zero_grad(set_to_none=True)
+            y = run(**xb) if isinstance(xb, dict) else run(xb)
+            y = y.logits if hasattr(y, "logits") else y
+            (y.float().square().mean() + searcher.resource_loss(0.3)).backward()
+            steps.append([y.detach()] + [a.grad.clone() for a in searcher.structure_parameters()]
+                         + [g.importance.clone() for g in searcher.gates.width])
+        results.append(steps)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs >= 2, f"compiled {graphs} graph(s): the changed sizes never reached a compiled graph"
+    for eager, compiled in zip(*results):
+        for a, b in zip(compiled, eager):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

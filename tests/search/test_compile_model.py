@@ -53,11 +53,15 @@ def _small_vit():
     return net, torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("name", ["timm_vit_depth2", "hf_llama_gqa", "tv_resnet18"])
+@pytest.mark.parametrize("name", ["timm_vit_depth2", "hf_llama_gqa", "tv_resnet18", "torch_transformer_encoder"])
 def test_the_prepared_model_compiles_to_one_graph(name):
     """``torch.compile(model, fullgraph=True)``: the hooks, folds and masked norms trace
     without a graph break (regression: on torch 2.11 every folded layer broke the graph) and
-    the compiled forward and its gradients equal the eager ones."""
+    the compiled forward and its gradients equal the eager ones. A model with
+    ``nn.MultiheadAttention`` (torch's encoder; torchvision's ViT) gets its fused-attention switch
+    back after the compiled forward too (regression: the hook that restores it broke the graph,
+    and ``fullgraph=True`` failed)."""
+    fastpath = torch.backends.mha.get_fastpath_enabled()
     torch._dynamo.reset()
     model, x = _small_vit() if name == "timm_vit_depth2" else _entry(name)
     model.eval()
@@ -74,6 +78,7 @@ def test_the_prepared_model_compiles_to_one_graph(name):
         outs.append((y.detach(), ratio.grad.clone()))
     torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-6)
+    assert torch.backends.mha.get_fastpath_enabled() == fastpath
 
 
 @pytest.mark.parametrize("name", ["timm_vit_depth2", "hf_llama_gqa"])

@@ -67,6 +67,7 @@ class RestoreFastpath(DMSHook):
     def __init__(self, gates: MaskSource) -> None:
         self.gates = gates
 
+    @torch.compiler.disable  # eager under torch.compile(model), as ComputeMasks: dynamo cannot trace the switch
     def __call__(self, module: nn.Module, args: tuple, out: Any) -> None:
         prev = getattr(self.gates, "_fastpath", None)
         if prev is not None:

@@ -25,20 +25,25 @@ def _entry(name: str):
     return ZOO[name].build(), torch.randn((4,) + tuple(ZOO[name].input_shape[1:]), generator=g)
 
 
-@pytest.mark.parametrize("name", ["small_cnn", "hf_bert", "hf_llama_gqa"])
-def test_compiled_model_searches_exactly_as_the_eager_one(name):
-    base, x = _entry(name)
-    base.eval()  # no dropout; the gates train (importance is tracked)
+def _eager_and_compiled(base, x):  # noqa: ANN001, ANN202
+    """(model, searcher, what to call) of two copies of ``base`` prepared alike, the first eager,
+    the second under ``torch.compile(model)`` (``aot_eager``), each after a dynamo reset; the
+    model in eval mode (no dropout), the gates training (importance is tracked)."""
+    base.eval()
     example = {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
-    results = []
     for compiled in (False, True):
         torch._dynamo.reset()
         model = copy.deepcopy(base)
         searcher = dms.prepare(model, example, dms.SearchConfig(resource="macs", target=0.5))
         searcher.gates.train()
         searcher.randomize_importance(0)
-        run = torch.compile(model, backend="aot_eager") if compiled else model
-        results.append(search_steps(run, model, x, searcher))
+        yield model, searcher, torch.compile(model, backend="aot_eager") if compiled else model
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "hf_bert", "hf_llama_gqa"])
+def test_compiled_model_searches_exactly_as_the_eager_one(name):
+    base, x = _entry(name)
+    results = [search_steps(run, model, x, searcher) for model, searcher, run in _eager_and_compiled(base, x)]
     (y0, imp0, a0), (y1, imp1, a1) = results
     torch.testing.assert_close(y1, y0)
     for a, b in zip(imp1 + a1, imp0 + a0):
@@ -93,16 +98,8 @@ def test_a_compiled_search_follows_batches_of_changing_size(name):
         for b, t in sizes:
             yield {k: v[:b, :t] for k, v in x.items()} if isinstance(x, dict) else x[:b]
     base, x = _small_vit() if name == "timm_vit_depth2" else _entry(name)
-    base.eval()
-    example = {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
     results = []
-    for compiled in (False, True):
-        torch._dynamo.reset()
-        model = copy.deepcopy(base)
-        searcher = dms.prepare(model, example, dms.SearchConfig(resource="macs", target=0.5))
-        searcher.gates.train()
-        searcher.randomize_importance(0)
-        run = torch.compile(model, backend="aot_eager") if compiled else model
+    for model, searcher, run in _eager_and_compiled(base, x):
         steps = []
         for xb in batches(x):
             model.zero_grad(set_to_none=True)

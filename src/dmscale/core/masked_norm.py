@@ -102,9 +102,7 @@ def _autocast_state(device_type: str) -> tuple[bool, torch.dtype | None]:
 def no_autocast(device_type: str) -> Any:
     """A context with autocast off on ``device_type`` (the statistics in float32, as
     LayerNorm's): :func:`autocast_as` with ``enabled=False``."""
-    if not torch.amp.is_autocast_available(device_type):
-        return contextlib.nullcontext()
-    return autocast_as(device_type, False, torch.get_autocast_dtype(device_type))
+    return autocast_as(device_type, False, _autocast_state(device_type)[1])
 
 
 class MaskWeights(torch.autograd.Function):

@@ -19,7 +19,7 @@ def test_arrange_keeps_the_layers_order_and_groups_the_norms_by_width():
     assert layout.norm_groups == [(["norm_x", "norm_z"], 2), (["norm_y"], 3)]
     assert index.tolist() == [0, 1, 2, 3, 0, 1, 1, 0, 4, 5, 6]
     width = torch.rand(7, requires_grad=True)
-    channels, weights = layout.split(width[index])
+    channels, weights, _ = layout.split(width[index])
     for key, slots in keyed.items():  # every key reads its own slots
         assert torch.equal(channels[key], width[slots])
     for key in ("norm_x", "norm_y", "norm_z"):

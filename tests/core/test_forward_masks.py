@@ -70,7 +70,7 @@ def test_a_compiled_step_runs_no_split_or_unbind_of_the_masks_eagerly(compiled):
     if compiled:
         assert nodes == Counter({"SplitWithSizesBackward0": 1}), nodes
     else:  # (the test can fail)
-        assert nodes["SplitWithSizesBackward0"] == 2 and nodes["UnbindBackward0"] >= 2, nodes
+        assert nodes["SplitWithSizesBackward0"] >= 2 and nodes["UnbindBackward0"] >= 2, nodes
 
 
 def test_compiled_reads_give_the_eager_gradients_of_every_ratio():

@@ -176,7 +176,7 @@ def test_while_dynamo_traces_the_folds_leave_the_module_dict_alone(monkeypatch) 
     # hooks pickled before the Unfold knew its folds: they shadow the weight as in eager mode
     for m in net.modules():
         for h in list(m._forward_pre_hooks.values()) + list(m._forward_hooks.values()):
-            for attr in ("via_unfold", "folds"):
+            for attr in ("via_unfold", "folds", "unfold"):
                 h.__dict__.pop(attr, None)
     with s.gates.use("soft"):
         old = net(x)

@@ -16,7 +16,7 @@ Example:
     >>> layout, index = ChannelLayout.arrange(keyed, norm_keys={"norm_a", "norm_b"})
     >>> index.tolist(), layout.pieces
     ([2, 0, 1, 0, 1, 0, 2], [3, 4])
-    >>> channels, weights = layout.split(torch.tensor([1.0, 3.0, 0.0])[index])
+    >>> channels, weights, _ = layout.split(torch.tensor([1.0, 3.0, 0.0])[index])
     >>> channels["idx_fc"].tolist(), weights["norm_a"].tolist(), weights["norm_b"].tolist()
     ([0.0, 1.0, 3.0], [0.25, 0.75], [1.0, 0.0])
 """
@@ -34,25 +34,33 @@ __all__ = ["ChannelLayout", "assemble_width_mask", "resolve_derived"]
 
 @dataclass
 class ChannelLayout:
-    """The order of the hooked layers' channels in the gather: the other layers' keys first,
-    then the norms' keys grouped by channel count.
+    """The order of the hooked layers' channels in the gather: the keys of the block (the
+    masks folded into weights all at once, :mod:`dmscale.core.fold_batch`) first, then the other
+    layers' keys, then the norms' keys grouped by channel count.
 
     Attributes:
         keys: the keys of the layers that are not masked norms, in gather order.
         sizes: their channel counts.
         norm_groups: (keys, C) per channel count of the masked norms, in gather order.
+        n_block: the first ``n_block`` keys are one piece of the split, the block.
     """
 
     keys: list[str] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     norm_groups: list[tuple[list[str], int]] = field(default_factory=list)
+    n_block: int = 0
 
     @classmethod
-    def arrange(cls, keyed: dict[str, torch.Tensor], norm_keys: set[str]) -> tuple["ChannelLayout", torch.Tensor]:
+    def arrange(cls, keyed: dict[str, torch.Tensor], norm_keys: set[str],
+                block_keys: set[str] = frozenset()) -> tuple["ChannelLayout", torch.Tensor]:
         """The layout of ``keyed`` (key -> global slot of each channel, (C,)) and the gather's
-        index in its order, (sum of C,) long; ``norm_keys``: the keys of masked norms."""
+        index in its order, (sum of C,) long; ``norm_keys``: the keys of masked norms;
+        ``block_keys``: the keys laid out first, as one piece (the block)."""
         layout, parts, groups = cls(), [], {}
-        for key, slots in keyed.items():
+        ordered = [k for k in keyed if k in block_keys] + [k for k in keyed if k not in block_keys]
+        layout.n_block = sum(k in block_keys for k in keyed)
+        for key in ordered:
+            slots = keyed[key]
             if key in norm_keys:
                 groups.setdefault(slots.numel(), []).append((key, slots))
             else:
@@ -67,8 +75,10 @@ class ChannelLayout:
 
     @property
     def pieces(self) -> list[int]:
-        """The split of the gathered channels: each other layer's, then each norm group's block."""
-        return self.sizes + [len(keys) * c for keys, c in self.norm_groups]
+        """The split of the gathered channels: the block (one piece, if any), each other
+        layer's, then each norm group's block."""
+        block = [sum(self.sizes[:self.n_block])] if self.n_block else []
+        return block + self.sizes[self.n_block:] + [len(keys) * c for keys, c in self.norm_groups]
 
     def offsets(self) -> dict[str, tuple[int, int]]:
         """key -> (start, C): where each key's channels lie in the gather (a masked norm's in its
@@ -81,18 +91,25 @@ class ChannelLayout:
                 found[key], start = (start, c), start + c
         return found
 
-    def split(self, gathered: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """(key -> channel mask (C,), norm key -> weights p (C,)) from the gathered channels
-        (sum of C,): one split; per norm group one (n, C) view, its weights in one
-        :func:`~dmscale.core.masked_norm.mask_weights` and one unbind."""
-        pieces = gathered.split(self.pieces)
-        channels = dict(zip(self.keys, pieces))
+    def split(self, gathered: torch.Tensor
+              ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor | None]:
+        """(key -> channel mask (C,) of every key outside the block, norm key -> weights p (C,),
+        the block (sum of its C,) or None) from the gathered channels (sum of C,): one split; per
+        norm group one (n, C) view, its weights in one :func:`~dmscale.core.masked_norm.mask_weights`
+        and one unbind. The block's keys are split apart only where read (:meth:`split_block`)."""
+        pieces = list(gathered.split(self.pieces))
+        block = pieces.pop(0) if self.n_block else None
+        channels = dict(zip(self.keys[self.n_block:], pieces))
         weights: dict[str, torch.Tensor] = {}
-        for (keys, c), block in zip(self.norm_groups, pieces[len(self.keys):]):
-            rows = block.view(len(keys), c)
+        for (keys, c), block_n in zip(self.norm_groups, pieces[len(self.keys) - self.n_block:]):
+            rows = block_n.view(len(keys), c)
             channels.update(zip(keys, rows.unbind(0)))  # views; no backward unless a caller reads one
             weights.update(zip(keys, mask_weights(rows).unbind(0)))
-        return channels, weights
+        return channels, weights, block
+
+    def split_block(self, block: torch.Tensor) -> dict[str, torch.Tensor]:
+        """key -> channel mask (C,) of the block's keys, from the block (one split)."""
+        return dict(zip(self.keys[:self.n_block], block.split(self.sizes[:self.n_block])))
 
 
 def assemble_width_mask(parts: list[torch.Tensor], derived_a: torch.Tensor, derived_b: torch.Tensor,

@@ -28,9 +28,10 @@ from torch import nn
 
 from dmscale.core.hook_base import DMSHook
 from dmscale.core.mask_hooks import ComputeMasks, MaskBranch, MaskedNorm, MaskInput, MaskOutput, RestoreFastpath
-from dmscale.core.weight_masks import FoldDepth, FoldMask, Unfold, depth_foldable, depth_reads, fold_plan
+from dmscale.core.weight_masks import (FoldDepth, FoldMask, Unfold, depth_foldable, depth_reads, fold_layers,
+                                      fold_plan)
 
-__all__ = ["GATES_NAME", "NORM_PREFIX", "attach_hooks", "detach", "guard_hooks_under_compile"]
+__all__ = ["GATES_NAME", "NORM_PREFIX", "attach_hooks", "detach", "guard_hooks_under_compile", "fold_layers"]
 
 GATES_NAME = "dms_gates"
 NORM_PREFIX = "norm_"  # the mask keys of masked norms (the gates compute their weights)
@@ -84,6 +85,7 @@ def attach_hooks(
             modules[name].register_forward_hook(unfolds[name], always_call=True, prepend=True)
         unfolds[name].folds.append(hook)
         hook.via_unfold = True  # under torch.compile its output side is multiplied in the Unfold
+        hook.unfold = unfolds[name]  # eager calls: the layer's folds from one batch (core.fold_batch)
 
     def fold(name: str, dim: int, side: str, key: str, slots: Any = None) -> bool:
         plan = fold_plan(modules[name], dim, side) if fold_masks else None
@@ -123,6 +125,21 @@ def attach_hooks(
         else:
             modules[name].register_forward_hook(MaskBranch(gates, j, i, gates.depth_read(j, i)))
     return order
+
+
+def block_keys(layers: list[tuple[nn.Module, Unfold]]) -> set[str]:
+    """The mask keys of the folds that a batch can hold (:mod:`dmscale.core.fold_batch`): every
+    fold of a layer none of whose folds reads a gathered index (a grouped convolution's input)."""
+    keys: set[str] = set()
+    for _, unfold in layers:
+        folds = [f for f in unfold.folds if isinstance(f, FoldMask)]
+        if any(f.plan.index is not None for f in folds):
+            continue
+        for f in folds:
+            keys.add(f.key)
+            if f.bias_key is not None:
+                keys.add(f.bias_key)
+    return keys
 
 
 def guard_hooks_under_compile() -> None:

@@ -31,6 +31,7 @@ from torch import nn
 from dmscale.core.hook_base import DMSHook, MaskSource, along, cast, first_input, masked_input
 from dmscale.core.fused_norms import layer_norm, rms_norm, rms_rescale
 from dmscale.core.masked_norm import mask_weights
+from dmscale.core.weight_masks import fold_layers
 
 __all__ = ["ComputeMasks", "RestoreFastpath", "MaskInput", "MaskOutput", "MaskedNorm", "MaskBranch"]
 
@@ -54,6 +55,10 @@ class ComputeMasks(DMSHook):
 
     @torch.compiler.disable  # eager under torch.compile(model): a gradient hook per forward
     def __call__(self, module: nn.Module, args: tuple) -> None:
+        layers = self.__dict__.get("_layers")
+        if layers is None:  # the model's folded layers, found once (core.fold_batch)
+            layers = self._layers = fold_layers(module)
+        self.gates.__dict__["_fold_layers"] = layers
         self.gates.compute()
         if self.no_fastpath:  # the fused MHA/encoder kernel would bypass the layer hooks
             self.gates._fastpath = torch.backends.mha.get_fastpath_enabled()

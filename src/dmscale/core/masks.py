@@ -43,7 +43,7 @@ from dmscale.core.importance import PendingImportance
 from dmscale.core.gate_bank import GateBank, batchable
 from dmscale.core.channel_layout import ChannelLayout, assemble_width_mask, resolve_derived
 from dmscale.core.forward_masks import ForwardMasks
-from dmscale.core.hook_attach import GATES_NAME, NORM_PREFIX, attach_hooks, detach
+from dmscale.core.hook_attach import GATES_NAME, NORM_PREFIX, attach_hooks, block_keys, detach, fold_layers
 from dmscale.core.hook_base import DMSHook, first_input
 from dmscale.core.topk import DifferentiableTopK, GateFactory, StructuralGate
 
@@ -102,7 +102,7 @@ class Gates(nn.Module, ForwardMasks):
         """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
         state = self.__dict__.copy()
         for key in ("_gathered", "_depth", "_depth_sizes", "_channels", "_weights", "_depth_units",
-                    "_values", "_offsets"):
+                    "_values", "_offsets", "_block", "_folded", "_fold_layers", "_fold_plan", "_grad_mode"):
             state.pop(key, None)
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
@@ -160,7 +160,8 @@ class Gates(nn.Module, ForwardMasks):
         gates.register_buffer("derived_b", pairs[:, 1].clone(), persistent=False)
         keyed = attach_hooks(model, gates, consumers, branches, norms=norms, outputs=outputs,
                              fold_masks=fold_masks, depth_folds=depth_folds)
-        gates._layout, index = ChannelLayout.arrange(keyed, {k for k in keyed if k.startswith(NORM_PREFIX)})
+        gates._layout, index = ChannelLayout.arrange(keyed, {k for k in keyed if k.startswith(NORM_PREFIX)},
+                                                     block_keys(fold_layers(model)))
         # every hooked layer's channels, (sum of C,): int32, half the memory (an LLM has many layers)
         gates.register_buffer("channel_index", index.to(torch.int32), persistent=False)
         gates.register_buffer("read_index", torch.tensor(gates._reads, dtype=torch.long), persistent=False)

@@ -30,6 +30,13 @@ as a keyword, and a batch norm's depth fold (its forward updates the running sta
 second call would repeat) take the masks on the activations: the input side multiplies the
 input, the output side and a depth fold the output (``(W x + b) m``, ``BN(x) m``).
 
+In eager mode a layer's folds come from one batch of every layer's folds per forward
+(:mod:`dmscale.core.fold_batch`, one autograd node instead of about six operators per fold): the
+layer's first fold hook puts the batch's weight and bias in the ``__dict__`` for the call
+(:meth:`Unfold.install_batched`); the hooks fold on their own where the batch cannot stand for
+them (a grouped convolution's input, a sharded or parametrised weight) or a fold takes the
+activation for the call.
+
 Only layers whose forward is exactly torch's own (``nn.Linear`` and ``nn.Conv1d/2d/3d`` or
 subclasses that override neither ``forward`` nor ``_conv_forward``), with a plain
 ``weight`` parameter, are folded: a weight-standardised convolution, a LoRA wrapper or a
@@ -50,115 +57,16 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dmscale.core.fold_plans import _CONVS, WeightFold, _standard_forward, depth_foldable, depth_reads, fold_plan
 from dmscale.core.hook_base import DMSHook, MaskSource, along, cast, first_input, masked_input
 
-__all__ = ["WeightFold", "fold_plan", "depth_foldable", "depth_reads", "FoldMask", "FoldDepth", "Unfold"]
-
-_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
-
-@dataclass(frozen=True)
-class WeightFold:
-    """How a (C,) channel mask folds into a layer's weight (and, on the output side, bias).
-
-    Attributes:
-        side: "in" (the mask of the layer's input channels) or "out" (of its output channels).
-        shape: the view of the mask that broadcasts against the weight; ``(C,)`` as the mask
-            is (a Linear's input side, its weight's last dim).
-        index: grouped convolutions, input side: (C_out, C_in / groups) global input channel
-            of every weight entry (None otherwise).
-    """
-
-    side: str
-    shape: tuple[int, ...]
-    index: torch.Tensor | None = None
-
-    def _index_on(self, device: torch.device) -> torch.Tensor:
-        """``index`` on ``device``, copied there once (not once per forward)."""
-        cached = self.__dict__.get("_index_cache")
-        if cached is None or cached.device != device:
-            cached = self.index.to(device)
-            object.__setattr__(self, "_index_cache", cached)
-        return cached
-
-    def fold(self, weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``weight * m`` along the folded side (m: (C,))."""
-        m = mask if self.index is None else mask[self._index_on(mask.device)]
-        if len(self.shape) > 1:
-            m = m.reshape(self.shape)
-        return weight * cast(m, weight.dtype)
-
-
-def _standard_forward(module: nn.Module) -> type | None:
-    """The torch class whose forward ``module`` runs unchanged, or None."""
-    cls = type(module)
-    if isinstance(module, nn.Linear) and cls.forward is nn.Linear.forward:
-        return nn.Linear
-    for base in _CONVS:
-        if isinstance(module, base) and cls.forward is base.forward \
-                and cls._conv_forward is base._conv_forward:
-            return base
-    return None
-
-
-def depth_foldable(module: nn.Module) -> bool:
-    """Whether a residual branch that ends in ``module`` can take its depth mask in the
-    weights: ``f(x) * m`` is ``module`` with weight and bias times m (Sec. 3.2) when it is a
-    standard linear, convolution or affine batch norm layer (torch's own forward) whose
-    weight and bias are plain parameters."""
-    params = module._parameters
-    if not isinstance(params.get("weight"), nn.Parameter):
-        return False
-    if isinstance(module, nn.modules.batchnorm._BatchNorm):
-        return type(module).forward is nn.modules.batchnorm._BatchNorm.forward \
-            and isinstance(params.get("bias"), nn.Parameter)
-    return _standard_forward(module) is not None and (params.get("bias") is None or
-                                                      isinstance(params.get("bias"), nn.Parameter))
-
-
-def depth_reads(module: nn.Module) -> int:
-    """How many depth-mask scalars a :class:`FoldDepth` on ``module`` multiplies in: 2 for a
-    weight and a bias of different shapes (each its own read: no addition of their gradients),
-    else 1 (no bias, or a norm's affine pair in one multiply)."""
-    weight, bias = module._parameters.get("weight"), module._parameters.get("bias")
-    return 2 if bias is not None and weight is not None and bias.shape != weight.shape else 1
-
-
-def fold_plan(module: nn.Module, dim: int, side: str) -> WeightFold | None:
-    """How to fold a mask over channel ``dim`` of the layer's input (``side="in"``) or
-    output (``"out"``) into its weight, or None where that would not be the same function
-    (see the module docs)."""
-    base = _standard_forward(module)
-    weight = module._parameters.get("weight")
-    if base is None or not isinstance(weight, nn.Parameter):
-        return None
-    if side == "out" and module._parameters.get("bias") is None and getattr(module, "bias", None) is not None:
-        return None  # a bias that is not a plain parameter
-    nd = weight.dim()
-    if base is nn.Linear:
-        if dim not in (-1, 1):  # Linear reads channels from the last dim only
-            return None
-        return WeightFold("in", (weight.shape[1],)) if side == "in" else WeightFold("out", (weight.shape[0], 1))
-    if dim != 1:  # (B, C, ...) activations
-        return None
-    c_out, c_in_g = weight.shape[0], weight.shape[1]
-    rest = (1,) * (nd - 2)
-    if side == "out":
-        return WeightFold("out", (c_out, 1) + rest)
-    groups = module.groups
-    if groups == 1:
-        return WeightFold("in", (1, c_in_g) + rest)
-    group_of_out = torch.arange(c_out) // (c_out // groups)  # (C_out,)
-    index = group_of_out[:, None] * c_in_g + torch.arange(c_in_g)[None, :]  # (C_out, C_in/g)
-    return WeightFold("in", (c_out, c_in_g) + rest, index)
-
+__all__ = ["WeightFold", "fold_plan", "depth_foldable", "depth_reads", "FoldMask", "FoldDepth", "Unfold", "fold_layers"]
 
 def _current(module: nn.Module, name: str) -> torch.Tensor | None:
     """The tensor the module's forward would read as ``name`` now: an earlier fold's shadow
@@ -234,6 +142,8 @@ class FoldMask(DMSHook):
         compiling = _traced(self)
         if compiling and (self.plan.side == "out" or _recomputed(module, args)):
             return None  # folded or multiplied in Unfold (see the module docs)
+        if not compiling and _batched(self, module, args, kwargs):
+            return None  # the layer's weight and bias come from the forward's batch (core.fold_batch)
         if self.plan.side == "out" and _output_is_smaller(self, module, args, kwargs):
             self._on_output_now = True  # (read and cleared by the layer's Unfold after the call)
             return None
@@ -246,6 +156,25 @@ class FoldMask(DMSHook):
         if bias is not None and self.plan.side == "out":
             module.__dict__["bias"] = bias
         return None
+
+    def on_weight(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
+        """Whether this eager call multiplies the weight (not the input or the output)."""
+        if self.plan.side == "out":
+            return not _output_is_smaller(self, module, args, kwargs)
+        found = first_input(args, kwargs)
+        return found is None or found[1].numel() >= _current(module, "weight").numel()
+
+    def multiplies(self, w_dim: int, b_dim: int | None, keys: dict[str, int], gates: Any) -> list[tuple] | None:
+        """This fold in a batch (:class:`~dmscale.core.fold_batch.Multiply` fields, the tensor
+        as 0 weight / 1 bias), or None where it cannot be: a grouped convolution's input (its
+        mask is gathered per weight entry), a key outside the batch's block."""
+        bias_key = getattr(self, "bias_key", None) or self.key
+        if self.plan.index is not None or self.key not in keys or (b_dim is not None and bias_key not in keys):
+            return None
+        if self.plan.side == "in":  # (C_in,) + (1,) * k against (C_out, C_in, *k)
+            return [(0, "c", keys[self.key], max(w_dim - 2, 0), tuple(d for d in range(w_dim) if d != 1), -1)]
+        out = [(0, "c", keys[self.key], w_dim - 1, tuple(range(1, w_dim)), -1)]  # (C_out,) + (1,) * ...
+        return out + ([(1, "c", keys[bias_key], 0, (), -1)] if b_dim is not None else [])
 
     def fold_params(self, weight: torch.Tensor, bias: torch.Tensor | None
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -292,8 +221,25 @@ class FoldDepth(DMSHook):
         m, _ = self._masks()
         return out * cast(m, out.dtype)
 
+    def on_weight(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
+        """Whether this eager call multiplies the weight and bias (not the output)."""
+        return not _output_is_smaller(self, module, args, kwargs)
+
+    def multiplies(self, w_dim: int, b_dim: int | None, keys: dict[str, int], gates: Any) -> list[tuple]:
+        """This fold in a batch (see :meth:`FoldMask.multiplies`): the weight and the bias
+        times their () depth masks (flat block indices)."""
+        reads = getattr(self, "reads", ())
+        flat = [gates._reads[r] for r in (reads[0], reads[-1])] if reads else \
+            [gates.depth_flat(self.dim, self.block)] * 2
+        # a norm's affine pair, one read: its hook multiplies one (2, C) stack (a group of two)
+        group = 0 if b_dim is not None and len(set(reads)) <= 1 and w_dim == b_dim == 1 else -1
+        out = [(0, "d", flat[0], 0, tuple(range(w_dim)), group)]
+        return out + ([(1, "d", flat[1], 0, tuple(range(b_dim)), group)] if b_dim is not None else [])
+
     def __call__(self, module: nn.Module, args: tuple) -> None:
         if not self.gates.enabled or _traced(self):  # compiling: in Unfold
+            return
+        if _batched(self, module, args, {}):
             return
         if _output_is_smaller(self, module, args, {}):  # f(x) m on the output, in Unfold
             self._on_output_now = True
@@ -326,6 +272,38 @@ class Unfold(DMSHook):
     def __init__(self) -> None:
         self.folds: list[FoldMask | FoldDepth] = []
 
+    def multiplies(self, w_dim: int, b_dim: int | None, keys: dict[str, int], gates: Any
+                   ) -> list[list[tuple]] | None:
+        """Per fold, in the order the hooks multiply, its multiplies in a batch
+        (:meth:`FoldMask.multiplies`); None where one fold cannot be batched."""
+        out = []
+        for f in getattr(self, "folds", ()):
+            found = f.multiplies(w_dim, b_dim, keys, gates) if hasattr(f, "multiplies") else None
+            if found is None:
+                return None
+            out.append(found)
+        return out or None
+
+    def install_batched(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
+        """At the layer's first fold hook of an eager call: put the layer's weight (and bias)
+        from the forward's batch (:meth:`~dmscale.core.forward_masks.ForwardMasks.batched_params`)
+        in its instance dict for this call, where every fold takes the weight this call; False
+        (each fold hook then does its own) where one takes the activation instead, which also
+        leaves the layer out of the next forward's batch, or where the batch has no entry for it."""
+        gates = self.folds[0].gates
+        found = gates.batched_params(self) if hasattr(gates, "batched_params") else None
+        if not all(f.on_weight(module, args, kwargs) for f in self.folds):
+            self._skip = True
+            return False
+        self._skip = False
+        if found is None:
+            return False
+        module.__dict__["weight"] = found[0]
+        if found[1] is not None:
+            module.__dict__["bias"] = found[1]
+        self._batched_now = True
+        return True
+
     def __call__(self, module: nn.Module, args: tuple, out: Any) -> Any:
         folds = getattr(self, "folds", ())  # (hooks pickled before it existed: they shadowed)
         if folds and torch.compiler.is_compiling():
@@ -338,12 +316,25 @@ class Unfold(DMSHook):
             return out
         module.__dict__.pop("weight", None)
         module.__dict__.pop("bias", None)
+        self.__dict__.pop("_batched_now", None)
         now = [f for f in folds if f.__dict__.pop("_on_output_now", False)]
         if not now or not isinstance(out, torch.Tensor):
             return None
         for f in now:
             out = f.on_output(out)
         return out
+
+
+def _batched(fold: FoldMask | FoldDepth, module: nn.Module, args: tuple, kwargs: dict) -> bool:
+    """Whether this eager call of the layer takes its folded weight from the forward's batch:
+    decided at its first fold hook (:meth:`Unfold.install_batched`); the others follow."""
+    unfold = getattr(fold, "unfold", None)  # (hooks pickled before it existed: each folds alone)
+    folds = getattr(unfold, "folds", None)
+    if not folds:
+        return False
+    if folds[0] is fold:
+        return unfold.install_batched(module, args, kwargs)
+    return bool(unfold.__dict__.get("_batched_now", False))
 
 
 def _folded_call(module: nn.Module, x: torch.Tensor, folds: list[FoldMask | FoldDepth]) -> torch.Tensor:
@@ -368,3 +359,9 @@ def _folded_call(module: nn.Module, x: torch.Tensor, folds: list[FoldMask | Fold
     for f in after:
         y = f.on_output(y)
     return y
+
+
+def fold_layers(model: nn.Module) -> list[tuple[nn.Module, Unfold]]:
+    """Every layer of ``model`` whose masks are folded into its weight, with its :class:`Unfold`
+    (which knows the layer's folds)."""
+    return [(m, h) for m in model.modules() for h in m._forward_hooks.values() if isinstance(h, Unfold)]

@@ -1,0 +1,215 @@
+"""Every weight fold of a forward in one autograd node (eager mode).
+
+Folded one layer at a time (:mod:`dmscale.core.weight_masks`), each mask costs about six
+operators per training step: its view, ``W * m``, and in the backward ``g * m``, ``g * W``, the
+sum of that over the weight's other dims and the view's backward. A ResNet-50 has 65 folds, a
+ViT-B 85 and a 30-layer Llama 271: on a GPU, where every operator is a launch and some
+microseconds of host time, that is most of what a search step adds. Here the folds of all
+layers whose weights are plain parameters on the masks' device are one :class:`FoldAll` node:
+
+* forward: the masks' views in one split per view shape and one unbind of the depth masks,
+  then one ``torch._foreach_mul`` per pass (pass j: every layer's j-th fold, in the order its
+  hooks multiply, so each weight gets exactly the product the per-layer hooks compute);
+* backward, pass by pass in reverse: ``g * m`` for every tensor in one ``_foreach_mul``, ``g * W``
+  in one more, then per fold the sum over the weight's other dims (the mask's gradient: the same
+  reduction the per-layer multiply's backward takes) added into the block's and the depth
+  masks' gradients in one ``_foreach_add_`` each.
+
+The values are the per-layer hooks' to the bit; a mask's gradient may differ in the last bit
+where two folds read one mask (a batch norm's weight and bias, summed in another order).
+
+A layer is left to its own hooks where the batch cannot stand for them: a grouped
+convolution's input fold (its mask is gathered per weight entry), a weight or bias that is not
+a plain parameter (FSDP's sharded DTensor, a parametrisation) or not on the masks' device,
+and for the call, a fold that takes the smaller multiply on the activation
+(:meth:`~dmscale.core.weight_masks.Unfold.install_batched`).
+
+Example:
+    >>> import torch
+    >>> w, b = torch.randn(3, 2, requires_grad=True), torch.randn(3, requires_grad=True)
+    >>> block = torch.rand(5, requires_grad=True)  # segments: 2 input channels, 3 output channels
+    >>> plan = FoldPlan(sizes=[2, 3], passes=[[Multiply(0, "c", 0, 0, (0,)), Multiply(1, "c", 1, 0, ())],
+    ...                                       [Multiply(0, "c", 1, 1, (1,))]])
+    >>> fw, fb = FoldAll.apply(plan, block, torch.zeros(0), w, b)  # returns the folded tensors
+    >>> m_in, m_out = block.split([2, 3])
+    >>> torch.equal(fw, w * m_in * m_out[:, None]), torch.equal(fb, b * m_out)
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch.autograd.function import once_differentiable
+
+__all__ = ["Multiply", "FoldPlan", "FoldAll", "outside_checkpoint", "saving_hooks_active"]
+
+
+@dataclass(frozen=True)
+class Multiply:
+    """One fold of one tensor: ``t * m`` with m a segment of the block (``source="c"``, the
+    segment's index, viewed as (C,) + (1,) * ``trailing``) or a () depth mask (``"d"``, its flat
+    block index); ``dims``: the tensor's dims that m's gradient sums over; ``group``: the
+    multiplies of one group (a batch norm's weight and bias times one depth mask, which its own
+    hook multiplies as one (2, C) stack) have m's gradient summed as one reduction, in their
+    order, as the stack's is (the same bits); -1: none."""
+
+    tensor: int
+    source: str
+    index: int
+    trailing: int
+    dims: tuple[int, ...]
+    group: int = -1
+
+
+@dataclass
+class FoldPlan:
+    """The folds of a forward: ``sizes`` of the block's segments, per pass the multiplies
+    (pass j holds every tensor's j-th fold; a tensor's first fold is in pass 0), and the
+    segments handed out as copies, (C,) each, after the folded tensors (``copies``: the masks of
+    the layers that multiply their activation this forward, one node for them all too)."""
+
+    sizes: list[int]
+    passes: list[list[Multiply]] = field(default_factory=list)
+    copies: list[int] = field(default_factory=list)
+
+
+def _views(plan: FoldPlan, block: torch.Tensor, depth: torch.Tensor,
+           current: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Per pass, the mask view of each multiply in its tensor's dtype: one cast per dtype, one
+    view and one split of the block per (dtype, view shape), one unbind of the depth masks."""
+    made: dict[tuple[str, torch.dtype, int], Any] = {}
+    out = []
+    for p in plan.passes:
+        views = []
+        for m in p:
+            dtype = current[m.tensor].dtype
+            key = (m.source, dtype, m.trailing)
+            pieces = made.get(key)
+            if pieces is None:
+                src = block if m.source == "c" else depth
+                src = src if src.dtype == dtype else src.to(dtype)
+                pieces = made[key] = (src.view((-1,) + (1,) * m.trailing).split(plan.sizes) if m.source == "c"
+                                      else src.unbind(0))
+            views.append(pieces[m.index])
+        out.append(views)
+    return out
+
+
+class FoldAll(torch.autograd.Function):
+    """``FoldAll.apply(plan, block, depth, *tensors)``: every tensor times its masks, in the
+    order of ``plan``'s passes; returns the folded tensors (one autograd node). ``block``: the
+    channel masks, (sum of the segments' C,); ``depth``: the depth masks, (n_blocks,)."""
+
+    @staticmethod
+    def forward(ctx: Any, plan: FoldPlan, block: torch.Tensor, depth: torch.Tensor,
+                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        current = list(tensors)
+        views = _views(plan, block, depth, current)
+        inputs = []
+        for p, v in zip(plan.passes, views):
+            ins = [current[m.tensor] for m in p]
+            for m, out in zip(p, torch._foreach_mul(ins, v)):
+                current[m.tensor] = out
+            inputs.append(ins)
+        copies: list[torch.Tensor] = []
+        if plan.copies:
+            pieces = block.split(plan.sizes)
+            copies = list(torch._foreach_clone([pieces[i] for i in plan.copies]))
+        ctx.plan, ctx.counts, ctx.n = plan, [len(p) for p in plan.passes], len(tensors)
+        ctx.shapes = (block.shape, block.dtype, depth.shape, depth.dtype)
+        ctx.save_for_backward(*[t for ins in inputs for t in ins], *[t for v in views for t in v])
+        ctx.set_materialize_grads(False)
+        return (*current, *copies)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        plan, saved = ctx.plan, list(ctx.saved_tensors)
+        n = sum(ctx.counts)
+        inputs, views, start = [], [], 0
+        for c in ctx.counts:
+            inputs.append(saved[start:start + c])
+            views.append(saved[n + start:n + start + c])
+            start += c
+        want_c, want_d = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        g = list(grads[:ctx.n])
+        reduced: list[tuple[Multiply, torch.Tensor]] = [
+            (Multiply(-1, "c", i, 0, ()), gc) for i, gc in zip(plan.copies, grads[ctx.n:]) if gc is not None and want_c]
+        grouped: dict[int, list[tuple[Multiply, torch.Tensor]]] = {}
+        for p, ins, v in zip(reversed(plan.passes), reversed(inputs), reversed(views)):
+            live = [i for i, m in enumerate(p) if g[m.tensor] is not None]
+            if not live:
+                continue
+            gs = [g[p[i].tensor] for i in live]
+            if (want_c and any(p[i].source == "c" for i in live)) or (want_d and any(p[i].source == "d" for i in live)):
+                for i, prod in zip(live, torch._foreach_mul(gs, [ins[i] for i in live])):
+                    m = p[i]
+                    if m.group >= 0:
+                        grouped.setdefault(m.group, []).append((m, prod))
+                    elif want_c if m.source == "c" else want_d:
+                        reduced.append((m, prod.sum(m.dims) if m.dims else prod))
+            for i, gi in zip(live, torch._foreach_mul(gs, [v[i] for i in live])):
+                g[p[i].tensor] = gi
+        for members in grouped.values():  # in plan order, one reduction of them all
+            members.sort(key=lambda mp: mp[0].tensor)
+            m = members[0][0]
+            if want_c if m.source == "c" else want_d:
+                reduced.append((m, torch.cat([p.reshape(-1) for _, p in members]).sum()))
+        block_shape, block_dtype, depth_shape, depth_dtype = ctx.shapes
+        grad_block = _accumulate([r for r in reduced if r[0].source == "c"], block_shape, block_dtype,
+                                 lambda t: t.split(plan.sizes)) if want_c else None
+        grad_depth = _accumulate([r for r in reduced if r[0].source == "d"], depth_shape, depth_dtype,
+                                 lambda t: t.unbind(0)) if want_d else None
+        tensor_grads = [gi if ctx.needs_input_grad[3 + i] else None for i, gi in enumerate(g)]
+        return (None, grad_block, grad_depth, *tensor_grads)
+
+
+def _accumulate(reduced: list[tuple[Multiply, torch.Tensor]], shape: torch.Size, dtype: torch.dtype,
+                pieces: Any) -> torch.Tensor | None:
+    """The gradient of the block (or the depth masks): zeros, and each fold's reduced gradient
+    added into its piece, one ``_foreach_add_`` per round (a piece read twice: a second round)."""
+    if not reduced:
+        return None
+    device = reduced[0][1].device
+    total = torch.zeros(shape, dtype=dtype, device=device)
+    views = pieces(total)
+    while reduced:
+        seen: set[int] = set()
+        now, later = [], []
+        for m, r in reduced:
+            (later if m.index in seen else now).append((m, r))
+            seen.add(m.index)
+        torch._foreach_add_([views[m.index] for m, _ in now], [r for _, r in now])
+        reduced = later
+    return total
+
+
+@contextlib.contextmanager
+def outside_checkpoint() -> Iterator[None]:
+    """Save what :class:`FoldAll` saves as it is, also inside a block under non-reentrant
+    activation checkpointing: the batch is computed once per forward and read again by the
+    block's recomputation, so checkpointing must neither pack nor expect it."""
+    try:
+        hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        hooks.__enter__()
+    except RuntimeError:  # saved-tensor hooks disabled here: nothing packs them either
+        yield
+        return
+    try:
+        yield
+    finally:
+        hooks.__exit__(None, None, None)
+
+
+def saving_hooks_active() -> bool:
+    """Whether saved-tensor hooks are active here (an activation checkpoint's, an offloader's):
+    a layer's folded weight must then stay readable until the backward, which may compute the
+    layer again; otherwise the layer's call is its only reader and the batch lets go of it, so
+    that the folded copies are not all alive at once (each is freed once its layer has saved
+    what its backward needs: under autocast only the low-precision cast)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return True if top is None else top(False) is not None

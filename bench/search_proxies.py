@@ -143,7 +143,10 @@ def _small_cnn() -> nn.Module:
 
 
 PROXY_MODELS: dict[str, ProxyModel] = {m.name: m for m in [
-    ProxyModel("resnet50", _tv("resnet50"), _images(224), _ce, 64, shape="torchvision, 224 px, batch 64"),
+    # ops_batch 42: from there on only layer4's 3x3 convolutions (7 px) and fc multiply their input, as at
+    # batch 64 (below, layer4's 1x1 convolutions and, below 12, layer3's take their inputs too)
+    ProxyModel("resnet50", _tv("resnet50"), _images(224), _ce, 64, shape="torchvision, 224 px, batch 64",
+               ops_batch=42),
     # 16 x 197 tokens: fc2's output (3152 x 768) outgrows its weight (768 x 3072) as at batch 64
     ProxyModel("vit_b16", _timm("vit_base_patch16_224"), _images(224), _ce, 64, shape="timm, 224 px, batch 64",
                ops_batch=16),

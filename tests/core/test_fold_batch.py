@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.core.fold_batch import FoldAll, FoldPlan, Multiply
+from dmscale.core.fold_batch import CHUNKS, FoldAll, FoldPlan, Multiply
 from dmscale.core.forward_masks import ForwardMasks
 from transformer_zoo import TZOO, output_tensor, task_loss
 from zoo import ZOO
@@ -113,7 +113,7 @@ def test_the_batch_computes_what_each_layer_folding_alone_computes(name, monkeyp
     x = _long(model, x) if name.endswith("+long") else x
     batched = _steps(model, s, x)
     nodes = _fold_nodes(task_loss(_call(model, x)))
-    assert nodes["FoldAllBackward"] == 1, nodes
+    assert 1 <= nodes["FoldAllBackward"] <= CHUNKS + 1, nodes  # a few nodes, not one per fold
     with monkeypatch.context() as mp:
         _per_layer(mp)
         model2, s2, _ = _prepared(name)
@@ -135,7 +135,8 @@ def test_layers_that_multiply_their_activation_read_their_masks_from_the_batch()
     and leaves the next forward's batch, which hands out its masks instead (one node for all)."""
     model, s, x = _prepared("timm_vit_small")
     _steps(model, s, x)
-    copied = s.gates.__dict__["_fold_plan"][3]
+    chunks, _ = s.gates.__dict__["_fold_cache"]["made"]
+    copied = [k for c in chunks for k in c.copied]
     assert copied and all(k in s.gates._layout.keys[:s.gates._layout.n_block] for k in copied)
 
 
@@ -146,24 +147,27 @@ def _long(model: nn.Module, x: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return {"input_ids": ids, **({"attention_mask": torch.ones_like(ids)} if "attention_mask" in x else {})}
 
 
-def test_the_batch_lets_go_of_each_folded_weight_after_its_layer_unless_checkpointing(monkeypatch):
+def test_the_batch_lets_go_of_each_folded_weight_after_its_layer_and_stays_out_of_checkpoints():
+    """Each folded weight is held until its layer's call only, and made with its quarter of the
+    model (not all at the forward's start); layers under activation checkpointing fold on their
+    own (their recomputation in the backward folds again, as without the batch)."""
     model, s, x = _prepared("hf_llama_gqa")
     model.train()
     x = _long(model, x)
+    _call(model, x)  # (after prepare's one-token forwards every layer took its activation: now the weights)
     _call(model, x)
-    layers = s.gates.__dict__["_fold_layers"]
-    held = [k for k in s.gates.__dict__["_folded"] if isinstance(k, int)]
-    assert layers and not held  # every layer's entry was read once and dropped
+    folds = s.gates.__dict__["_folded"]
+    assert folds.done and len(folds.done) == len(folds.chunks) > 1
+    assert not [k for k in folds.found if isinstance(k, int)]  # every layer's entry read once and dropped
+    assert not [k for k in folds.found if isinstance(k, str)]  # no layer took its activation
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    _call(model, x)
-    held = [k for k in s.gates.__dict__["_folded"] if isinstance(k, int)]
-    assert len(held) >= len(layers) // 2  # the decoder layers' folds stay for their recomputation
-    assert not [k for k in s.gates.__dict__["_folded"] if isinstance(k, str)]  # no layer took its activation
+    nodes = _fold_nodes(task_loss(_call(model, x)))
+    assert nodes["FoldAllBackward"] <= 1 and nodes["MulBackward0"] > 10, nodes  # the lm head outside batched
 
 
-def test_activation_checkpointing_recomputes_with_the_same_batch(monkeypatch):
+def test_activation_checkpointing_gives_the_batched_search():
     """Non-reentrant checkpointing (Hugging Face's gradient checkpointing) of a Llama: the
-    layers recomputed in the backward read the forward's batch; gradients as without it."""
+    checkpointed layers fold on their own; outputs and gradients as without checkpointing."""
     found = []
     for checkpointing in (False, True):
         model, s, x = _prepared("hf_llama_gqa")

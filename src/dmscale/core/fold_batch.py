@@ -43,9 +43,16 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
+from torch import nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ["Multiply", "FoldPlan", "FoldAll", "outside_checkpoint", "saving_hooks_active"]
+__all__ = ["Multiply", "FoldPlan", "FoldAll", "ForwardFolds", "outside_checkpoint", "saving_hooks_active"]
+
+# the batch is split into this many nodes (by the layers' order, each about as many weight bytes):
+# a node's backward runs once the last of its layers' gradients arrived, so one node for the whole
+# model would hold every folded weight's incoming gradient until the end of the backward and hand
+# DDP every weight gradient at once; in quarters, a quarter at most, and DDP overlaps the rest
+CHUNKS = 4
 
 
 @dataclass(frozen=True)
@@ -92,8 +99,11 @@ def _views(plan: FoldPlan, block: torch.Tensor, depth: torch.Tensor,
             if pieces is None:
                 src = block if m.source == "c" else depth
                 src = src if src.dtype == dtype else src.to(dtype)
-                pieces = made[key] = (src.view((-1,) + (1,) * m.trailing).split(plan.sizes) if m.source == "c"
-                                      else src.unbind(0))
+                if m.source == "d":
+                    pieces = src.unbind(0)
+                else:  # (C,) + (1,) * trailing per segment
+                    pieces = (src.view((-1,) + (1,) * m.trailing) if m.trailing else src).split(plan.sizes)
+                made[key] = pieces
             views.append(pieces[m.index])
         out.append(views)
     return out
@@ -158,7 +168,9 @@ class FoldAll(torch.autograd.Function):
             members.sort(key=lambda mp: mp[0].tensor)
             m = members[0][0]
             if want_c if m.source == "c" else want_d:
-                reduced.append((m, torch.cat([p.reshape(-1) for _, p in members]).sum()))
+                parts = [p for _, p in members]
+                same = all(p.shape == parts[0].shape for p in parts)  # (a norm's pair: the stack its hook made)
+                reduced.append((m, (torch.stack(parts) if same else torch.cat([p.reshape(-1) for p in parts])).sum()))
         block_shape, block_dtype, depth_shape, depth_dtype = ctx.shapes
         grad_block = _accumulate([r for r in reduced if r[0].source == "c"], block_shape, block_dtype,
                                  lambda t: t.split(plan.sizes)) if want_c else None
@@ -213,3 +225,126 @@ def saving_hooks_active() -> bool:
     what its backward needs: under autocast only the low-precision cast)."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     return True if top is None else top(False) is not None
+
+
+@dataclass
+class _Chunk:
+    """One node of a forward's batch: its layers (module, unfold, position of the weight and of
+    the bias among its tensors or None), its plan, and the keys whose masks it hands out."""
+
+    rows: list[tuple[nn.Module, Any, int, int | None]] = field(default_factory=list)
+    plan: FoldPlan | None = None
+    copied: list[str] = field(default_factory=list)
+
+
+def _foldable(module: nn.Module, device: torch.device) -> bool:
+    """Whether the layer's weight and bias are plain parameters on the masks' device (not FSDP's
+    sharded DTensors, gathered only in the layer's own pre-forward hook; not a parametrisation)."""
+    w, b = module._parameters.get("weight"), module._parameters.get("bias")
+    return type(w) is nn.Parameter and w.device == device and (
+        b is None or (type(b) is nn.Parameter and b.device == device))
+
+
+def _mask_keys(unfold: Any) -> list[str]:
+    return [k for f in unfold.folds for k in (getattr(f, "key", None), getattr(f, "bias_key", None)) if k is not None]
+
+
+def _chunks(layers: list[tuple[nn.Module, Any]], keys: dict[str, int], sizes: list[int], gates: Any,
+            device: torch.device) -> tuple[list[_Chunk], dict[Any, int]]:
+    """The chunks of the layers that the batch holds now, in the layers' order, and where each
+    layer (by ``id(unfold)``) and each handed-out mask key lies."""
+    found = []
+    for module, unfold in layers:
+        if unfold.__dict__.get("_skip"):  # it multiplies its activation: the batch hands out its masks
+            found.append((module, unfold, None, 0))
+        elif _foldable(module, device):
+            w, b = module._parameters["weight"], module._parameters.get("bias")
+            multiplies = unfold.multiplies(w.dim(), None if b is None else b.dim(), keys, gates)
+            if multiplies is not None:
+                size = w.numel() * w.element_size() + (0 if b is None else b.numel() * b.element_size())
+                found.append((module, unfold, multiplies, size))
+    cap = max(sum(size for *_, size in found) / CHUNKS, 1)
+    chunks, where, filled = [_Chunk(plan=FoldPlan(list(sizes)))], {}, 0
+    for module, unfold, multiplies, size in found:
+        if filled and filled + size > cap:
+            chunks.append(_Chunk(plan=FoldPlan(list(sizes))))
+            filled = 0
+        filled += size
+        chunk = chunks[-1]
+        if multiplies is None:
+            for k in _mask_keys(unfold):
+                if k in keys and k not in where:
+                    where[k] = len(chunks) - 1
+                    chunk.copied.append(k)
+                    chunk.plan.copies.append(keys[k])
+            continue
+        where[id(unfold)] = len(chunks) - 1
+        _add_layer(chunk, module, unfold, multiplies)
+    return chunks, where
+
+
+def _add_layer(chunk: _Chunk, module: nn.Module, unfold: Any, multiplies: list[list[tuple]]) -> None:
+    """The layer's folds into the chunk's plan: the weight's (and the bias's) j-th multiply in pass j."""
+    n = sum(1 + (ib is not None) for *_, ib in chunk.rows)
+    uses_bias = any(t == 1 for fold in multiplies for t, *_ in fold)
+    index = (n, n + 1 if uses_bias else None)
+    chunk.rows.append((module, unfold, *index))
+    passes, count = chunk.plan.passes, {0: 0, 1: 0}  # per tensor of the layer, its multiplies so far
+    groups = sum(m.group >= 0 for p in passes for m in p)  # (fresh ids: any number above the used ones)
+    for fold in multiplies:
+        groups += any(g >= 0 for *_, g in fold)
+        for t, source, i, trailing, dims, g in fold:
+            while len(passes) <= count[t]:
+                passes.append([])
+            passes[count[t]].append(Multiply(index[t], source, i, trailing, dims, groups if g >= 0 else -1))
+            count[t] += 1
+
+
+class ForwardFolds:
+    """One forward's batch: the foldable layers in :data:`CHUNKS` nodes, each a :class:`FoldAll`
+    computed when one of its layers is first read (so the folded copies live from about their
+    layers' turn, not from the forward's start), under the grad mode the masks were computed in.
+
+    Args:
+        layers: (module, unfold) of every folded layer, in the model's order.
+        keys / sizes: the block's mask keys (key -> segment index) and segment sizes.
+        block / depth: this forward's channel masks of the block and depth masks.
+        grad_mode: whether the masks were computed with gradients.
+        gates: what the hooks read their depth indices from.
+        cache: kept across forwards: the chunks, made again when a layer's state changed.
+    """
+
+    def __init__(self, layers: list[tuple[nn.Module, Any]], keys: dict[str, int], sizes: list[int],
+                 block: torch.Tensor, depth: torch.Tensor, grad_mode: bool, gates: Any, cache: dict) -> None:
+        device = depth.device
+        state = tuple((id(u), bool(u.__dict__.get("_skip")), _foldable(m, device)) for m, u in layers)
+        if cache.get("state") != state:
+            cache.update(state=state, made=_chunks(layers, keys, sizes, gates, device))
+        self.chunks, self.where = cache["made"]
+        self.block, self.depth, self.grad_mode = block, depth, grad_mode
+        self.found: dict[Any, Any] = {}
+        self.done: set[int] = set()
+
+    def get(self, which: Any, pop: bool = False) -> Any:
+        """The folded (weight, bias or None) of a layer (``id(unfold)``), or the (C,) mask of a
+        handed-out key; None where the batch holds neither. ``pop``: let go of it."""
+        c = self.where.get(which)
+        if c is None:
+            return None
+        if c not in self.done:
+            self._compute(c)
+        return self.found.pop(which, None) if pop else self.found.get(which)
+
+    def _compute(self, c: int) -> None:
+        self.done.add(c)
+        chunk = self.chunks[c]
+        tensors = []
+        for module, _, _, ib in chunk.rows:
+            tensors.append(module._parameters["weight"])
+            if ib is not None:
+                tensors.append(module._parameters["bias"])
+        with torch.set_grad_enabled(self.grad_mode), outside_checkpoint():
+            outs = FoldAll.apply(chunk.plan, self.block, self.depth, *tensors)
+        for _, unfold, iw, ib in chunk.rows:
+            self.found[id(unfold)] = (outs[iw], None if ib is None else outs[ib])
+        self.found.update(zip(chunk.copied, outs[len(tensors):]))

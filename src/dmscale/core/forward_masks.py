@@ -35,10 +35,8 @@ import torch
 
 from typing import Any
 
-from torch import nn
-
 from dmscale.core.channel_layout import ChannelLayout
-from dmscale.core.fold_batch import FoldAll, FoldPlan, Multiply, outside_checkpoint, saving_hooks_active
+from dmscale.core.fold_batch import ForwardFolds, saving_hooks_active
 from dmscale.core.masked_norm import mask_weights
 
 __all__ = ["ForwardMasks"]
@@ -136,89 +134,27 @@ class ForwardMasks:
         return sum(self._depth_sizes[:j]) + block
 
     def batched_params(self, unfold: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """The folded (weight, bias or None) of the layer of ``unfold`` for this forward, from
-        one :class:`~dmscale.core.fold_batch.FoldAll` of every batchable layer, computed at the
-        first call (eager mode); None where the layer is not in it."""
-        folded = self._batch()
-        if saving_hooks_active():  # an activation checkpoint may compute the layer again in the backward
-            return folded.get(id(unfold))
-        return folded.pop(id(unfold), None)  # held by the layer's call only (a second call folds on its own)
+        """The folded (weight, bias or None) of the layer of ``unfold`` for this forward from
+        the forward's batch (:class:`~dmscale.core.fold_batch.ForwardFolds`), let go of once
+        read; None where the batch does not hold the layer, or under saved-tensor hooks (an
+        activation checkpoint computes the layer again in the backward: it folds on its own)."""
+        if saving_hooks_active():
+            return None
+        return self._folds().get(id(unfold), pop=True)
 
     def _batched_mask(self, key: str) -> torch.Tensor | None:
         """The (C,) mask of block key ``key`` from the batch, for a layer that multiplies its
         activation this forward (and did the last: the batch hands it out), else None."""
-        return self._batch().get(key)
+        return self._folds().get(key)
 
-    def _batch(self) -> dict[Any, Any]:
+    def _folds(self) -> ForwardFolds:
         self._computed()
-        folded = self.__dict__.get("_folded")
-        if folded is None:
-            folded = self.__dict__["_folded"] = self._fold_all()
-        return folded
-
-    def _fold_all(self) -> dict[int, tuple[torch.Tensor, torch.Tensor | None]]:
-        """{id(unfold): (weight, bias or None)} of every layer the batch can hold now: its folds
-        all batchable, its weight and bias plain parameters on the masks' device, and its last
-        eager call folded into the weight (a call that took the activation leaves it out)."""
-        layers = self.__dict__.get("_fold_layers") or ()
-        device, tensors, rows, key, copied = self._depth.device, [], [], [], []
-        for module, unfold in layers:
-            if unfold.__dict__.get("_skip"):  # its activation is multiplied: the batch copies its masks
-                copied.extend(k for f in unfold.folds for k in (getattr(f, "key", None), getattr(f, "bias_key", None))
-                              if k is not None)
-                continue
-            w, b = module._parameters.get("weight"), module._parameters.get("bias")
-            if type(w) is not nn.Parameter or w.device != device or \
-                    (b is not None and (type(b) is not nn.Parameter or b.device != device)):
-                continue
-            rows.append((unfold, w, b))
-            key.append((id(unfold), w.dim(), None if b is None else b.dim()))
-        plan, slots = self._plan_for(rows, tuple(key), copied)
-        if plan is None:
-            return {}
-        for (unfold, w, b), (iw, ib) in zip(rows, slots):
-            if iw is not None:
-                tensors.append(w)
-                if ib is not None:
-                    tensors.append(b)
-        block = self._block if self._block is not None else self._depth[:0]
-        with torch.set_grad_enabled(self.__dict__.get("_grad_mode", True)), outside_checkpoint():
-            outs = FoldAll.apply(plan, block, self._depth, *tensors)
-        found: dict[Any, Any] = {id(unfold): (outs[iw], None if ib is None else outs[ib])
-                                 for (unfold, _, _), (iw, ib) in zip(rows, slots) if iw is not None}
-        found.update(zip(self.__dict__["_fold_plan"][3], outs[len(tensors):]))
-        return found
-
-    def _plan_for(self, rows: list[tuple[Any, torch.Tensor, torch.Tensor | None]], key: tuple, copied: list[str]
-                  ) -> tuple[FoldPlan | None, list[tuple[int | None, int | None]]]:
-        """The batch's plan for ``rows`` and the block keys ``copied`` (kept while they are the
-        same) and per row the positions of its weight and bias among the batch's tensors (None:
-        not in the batch)."""
-        cached, raw = self.__dict__.get("_fold_plan"), (key, tuple(copied))
-        if cached is not None and cached[0] == raw:
-            return cached[1], cached[2]
-        n_block = self._layout.n_block
-        keys = {k: i for i, k in enumerate(self._layout.keys[:n_block])}
-        copied = [k for k in dict.fromkeys(copied) if k in keys]
-        plan, slots, n, groups = FoldPlan(list(self._layout.sizes[:n_block]), copies=[keys[k] for k in copied]), [], 0, 0
-        for unfold, w, b in rows:
-            found = unfold.multiplies(w.dim(), None if b is None else b.dim(), keys, self)
-            if found is None:
-                slots.append((None, None))
-                continue
-            uses_bias = any(t == 1 for fold in found for t, *_ in fold)
-            index = (n, n + 1 if uses_bias else None)
-            slots.append(index)
-            n += 1 + uses_bias
-            depth = {0: 0, 1: 0}  # per tensor of the layer, its multiplies so far: the pass
-            for fold in found:
-                groups += any(g >= 0 for *_, g in fold)
-                for t, source, i, trailing, dims, g in fold:
-                    p = depth[t]
-                    depth[t] += 1
-                    while len(plan.passes) <= p:
-                        plan.passes.append([])
-                    plan.passes[p].append(Multiply(index[t], source, i, trailing, dims, groups if g >= 0 else -1))
-        result = (plan if n or copied else None), slots
-        self.__dict__["_fold_plan"] = (raw, *result, copied)
-        return result
+        folds = self.__dict__.get("_folded")
+        if folds is None:
+            n = self._layout.n_block
+            block = self._block if self._block is not None else self._depth[:0]
+            folds = self.__dict__["_folded"] = ForwardFolds(
+                self.__dict__.get("_fold_layers") or [], {k: i for i, k in enumerate(self._layout.keys[:n])},
+                self._layout.sizes[:n], block, self._depth, self.__dict__.get("_grad_mode", True), self,
+                self.__dict__.setdefault("_fold_cache", {}))
+        return folds

@@ -102,7 +102,7 @@ class Gates(nn.Module, ForwardMasks):
         """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
         state = self.__dict__.copy()
         for key in ("_gathered", "_depth", "_depth_sizes", "_channels", "_weights", "_depth_units",
-                    "_values", "_offsets", "_block", "_folded", "_fold_layers", "_fold_plan", "_grad_mode"):
+                    "_values", "_offsets", "_block", "_folded", "_fold_layers", "_fold_cache", "_grad_mode"):
             state.pop(key, None)
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use

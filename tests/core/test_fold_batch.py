@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import dmscale as dms
+from dmscale.core import fold_batch
 from dmscale.core.fold_batch import CHUNKS, FoldAll, FoldPlan, Multiply
 from dmscale.core.forward_masks import ForwardMasks
 from transformer_zoo import TZOO, output_tensor, task_loss
@@ -157,7 +158,7 @@ def test_the_batch_lets_go_of_each_folded_weight_after_its_layer_and_stays_out_o
     _call(model, x)  # (after prepare's one-token forwards every layer took its activation: now the weights)
     _call(model, x)
     folds = s.gates.__dict__["_folded"]
-    assert folds.done and len(folds.done) == len(folds.chunks) > 1
+    assert folds.done and len(folds.done) == len(folds.chunks) == 1  # a small model: one node
     assert not [k for k in folds.found if isinstance(k, int)]  # every layer's entry read once and dropped
     assert not [k for k in folds.found if isinstance(k, str)]  # no layer took its activation
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -182,3 +183,19 @@ def test_activation_checkpointing_gives_the_batched_search():
             assert (p is None) == (q is None)
             if p is not None:
                 torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-9)
+
+
+def test_a_large_model_is_folded_in_quarters_in_its_order(monkeypatch):
+    """Four nodes of about equal weight bytes, in the layers' order: a node's backward (and
+    DDP's all-reduce of its weights' gradients) need not wait for the whole backward."""
+    monkeypatch.setattr(fold_batch, "MIN_CHUNK_BYTES", 1)
+    model, s, x = _prepared("hf_llama_gqa")
+    x = _long(model, x)
+    _call(model, x), _call(model, x)
+    folds = s.gates.__dict__["_folded"]
+    assert len(folds.chunks) in (CHUNKS, CHUNKS + 1) and folds.done == set(range(len(folds.chunks)))
+    order = [id(u) for _, u in s.gates.__dict__["_fold_layers"]]
+    where = [folds.where[i] for i in order if i in folds.where]
+    assert where == sorted(where)
+    nodes = _fold_nodes(task_loss(_call(model, x)))
+    assert nodes["FoldAllBackward"] == len(folds.chunks)

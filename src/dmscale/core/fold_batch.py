@@ -46,13 +46,17 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ["Multiply", "FoldPlan", "FoldAll", "ForwardFolds", "outside_checkpoint", "saving_hooks_active"]
+__all__ = ["CHUNKS", "MIN_CHUNK_BYTES", "Multiply", "FoldPlan", "FoldAll", "ForwardFolds", "outside_checkpoint",
+           "saving_hooks_active"]
 
 # the batch is split into this many nodes (by the layers' order, each about as many weight bytes):
 # a node's backward runs once the last of its layers' gradients arrived, so one node for the whole
 # model would hold every folded weight's incoming gradient until the end of the backward and hand
-# DDP every weight gradient at once; in quarters, a quarter at most, and DDP overlaps the rest
+# DDP every weight gradient at once; in quarters, a quarter at most, and DDP overlaps the rest.
+# A chunk holds at least DDP's default bucket (25 MiB): below that DDP itself waits as long, and
+# each node costs about twenty operators (a small CNN is one node)
 CHUNKS = 4
+MIN_CHUNK_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True)
@@ -263,7 +267,7 @@ def _chunks(layers: list[tuple[nn.Module, Any]], keys: dict[str, int], sizes: li
             if multiplies is not None:
                 size = w.numel() * w.element_size() + (0 if b is None else b.numel() * b.element_size())
                 found.append((module, unfold, multiplies, size))
-    cap = max(sum(size for *_, size in found) / CHUNKS, 1)
+    cap = max(sum(size for *_, size in found) / CHUNKS, MIN_CHUNK_BYTES)
     chunks, where, filled = [_Chunk(plan=FoldPlan(list(sizes)))], {}, 0
     for module, unfold, multiplies, size in found:
         if filled and filled + size > cap:

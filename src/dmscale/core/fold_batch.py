@@ -132,7 +132,9 @@ class FoldAll(torch.autograd.Function):
         copies: list[torch.Tensor] = []
         if plan.copies:
             pieces = block.split(plan.sizes)
-            copies = list(torch._foreach_clone([pieces[i] for i in plan.copies]))
+            clone = getattr(torch, "_foreach_clone", None)  # (one call; a loop where a torch lacks it)
+            wanted = [pieces[i] for i in plan.copies]
+            copies = list(clone(wanted)) if clone is not None else [p.clone() for p in wanted]
         ctx.plan, ctx.counts, ctx.n = plan, [len(p) for p in plan.passes], len(tensors)
         ctx.shapes = (block.shape, block.dtype, depth.shape, depth.dtype)
         ctx.save_for_backward(*[t for ins in inputs for t in ins], *[t for v in views for t in v])

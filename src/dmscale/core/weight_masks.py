@@ -43,15 +43,19 @@ subclasses that override neither ``forward`` nor ``_conv_forward``), with a plai
 parametrised weight would compute something else from ``W * m``, so they keep the
 activation mask (:func:`fold_plan` returns None).
 
-Example:
+Example (a fold on its own, without a batch):
     >>> import torch
     >>> from torch import nn
-    >>> conv = nn.Conv2d(4, 6, 3, groups=2)
-    >>> plan = fold_plan(conv, 1, "in")
-    >>> m, x = torch.rand(4), torch.randn(1, 4, 5, 5)
-    >>> folded = nn.functional.conv2d(x, plan.fold(conv.weight, m), conv.bias, groups=2)
-    >>> torch.allclose(conv(x * m.view(1, 4, 1, 1)), folded, atol=1e-6)
-    True
+    >>> class _Gates:  # what a hook reads from the gates
+    ...     enabled = True
+    ...     def channel_mask(self, key): return torch.tensor([1.0, 0.0, 0.5])
+    >>> fc = nn.Linear(3, 2)
+    >>> _ = fc.register_forward_pre_hook(FoldMask(_Gates(), "k", fold_plan(fc, -1, "in"), dim=-1), with_kwargs=True)
+    >>> _ = fc.register_forward_hook(Unfold(), always_call=True)
+    >>> x = torch.ones(4, 3)  # 12 inputs against 6 weights: the weight is multiplied
+    >>> masked_x = nn.functional.linear(x * torch.tensor([1.0, 0.0, 0.5]), fc.weight, fc.bias)
+    >>> torch.allclose(fc(x), masked_x), "weight" in fc.__dict__  # the shadow is gone after the call
+    (True, False)
 """
 
 from __future__ import annotations

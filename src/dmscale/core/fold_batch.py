@@ -1,11 +1,11 @@
-"""Every weight fold of a forward in one autograd node (eager mode).
+"""The weight folds of a forward in a few autograd nodes (eager mode).
 
 Folded one layer at a time (:mod:`dmscale.core.weight_masks`), each mask costs about six
 operators per training step: its view, ``W * m``, and in the backward ``g * m``, ``g * W``, the
 sum of that over the weight's other dims and the view's backward. A ResNet-50 has 65 folds, a
-ViT-B 85 and a 30-layer Llama 271: on a GPU, where every operator is a launch and some
-microseconds of host time, that is most of what a search step adds. Here the folds of all
-layers whose weights are plain parameters on the masks' device are one :class:`FoldAll` node:
+ViT-B 85 and a 30-layer Llama 271. Here the foldable layers, in the model's order, are
+:data:`CHUNKS` :class:`FoldAll` nodes (:class:`ForwardFolds`), each computed when one of its
+layers is first called:
 
 * forward: the masks' views in one split per view shape and one unbind of the depth masks,
   then one ``torch._foreach_mul`` per pass (pass j: every layer's j-th fold, in the order its
@@ -15,12 +15,16 @@ layers whose weights are plain parameters on the masks' device are one :class:`F
   reduction the per-layer multiply's backward takes) added into the block's and the depth
   masks' gradients in one ``_foreach_add_`` each.
 
-The values are the per-layer hooks' to the bit; a mask's gradient may differ in the last bit
-where two folds read one mask (a batch norm's weight and bias, summed in another order).
+The values are the per-layer hooks' to the bit, the gradients up to the order of float
+additions. Operators per step fall by a fifth to a quarter (``bench/results/search_proxies.md``),
+host time on the CPU does not (``bench/results/host_time_fold_batch/``): a ``_foreach_mul`` over
+tensors of different shapes multiplies them one by one inside, so on a GPU it saves at most one
+kernel of about four per fold; a GPU run decides whether the batch stays.
 
 A layer is left to its own hooks where the batch cannot stand for them: a grouped
 convolution's input fold (its mask is gathered per weight entry), a weight or bias that is not
-a plain parameter (FSDP's sharded DTensor, a parametrisation) or not on the masks' device,
+a plain parameter (FSDP's sharded DTensor, a parametrisation) or not on the masks' device, a
+call under saved-tensor hooks (an activation checkpoint recomputes the layer in the backward),
 and for the call, a fold that takes the smaller multiply on the activation
 (:meth:`~dmscale.core.weight_masks.Unfold.install_batched`).
 

@@ -212,9 +212,10 @@ def _accumulate(reduced: list[tuple[Multiply, torch.Tensor]], shape: torch.Size,
 
 @contextlib.contextmanager
 def outside_checkpoint() -> Iterator[None]:
-    """Save what :class:`FoldAll` saves as it is, also inside a block under non-reentrant
-    activation checkpointing: the batch is computed once per forward and read again by the
-    block's recomputation, so checkpointing must neither pack nor expect it."""
+    """Save what :class:`FoldAll` saves as it is, also where a chunk is computed inside a block
+    under non-reentrant activation checkpointing (a layer there that multiplies its activation
+    reads its mask from the chunk): the chunk is computed once per forward and its masks are read
+    again by the block's recomputation, so checkpointing must neither pack nor expect it."""
     try:
         hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
         hooks.__enter__()
@@ -229,10 +230,9 @@ def outside_checkpoint() -> Iterator[None]:
 
 def saving_hooks_active() -> bool:
     """Whether saved-tensor hooks are active here (an activation checkpoint's, an offloader's):
-    a layer's folded weight must then stay readable until the backward, which may compute the
-    layer again; otherwise the layer's call is its only reader and the batch lets go of it, so
-    that the folded copies are not all alive at once (each is freed once its layer has saved
-    what its backward needs: under autocast only the low-precision cast)."""
+    the layer then folds on its own (its recomputation in the backward folds again, as without
+    the batch); otherwise the layer's call is the only reader of its folded weight and the batch
+    lets go of it (:meth:`~dmscale.core.forward_masks.ForwardMasks.batched_params`)."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     return True if top is None else top(False) is not None
 
@@ -245,6 +245,7 @@ class _Chunk:
     rows: list[tuple[nn.Module, Any, int, int | None]] = field(default_factory=list)
     plan: FoldPlan | None = None
     copied: list[str] = field(default_factory=list)
+    groups: int = 0  # the plan's groups of multiplies so far (Multiply.group ids 1 .. groups)
 
 
 def _foldable(module: nn.Module, device: torch.device) -> bool:
@@ -253,10 +254,6 @@ def _foldable(module: nn.Module, device: torch.device) -> bool:
     w, b = module._parameters.get("weight"), module._parameters.get("bias")
     return type(w) is nn.Parameter and w.device == device and (
         b is None or (type(b) is nn.Parameter and b.device == device))
-
-
-def _mask_keys(unfold: Any) -> list[str]:
-    return [k for f in unfold.folds for k in (getattr(f, "key", None), getattr(f, "bias_key", None)) if k is not None]
 
 
 def _chunks(layers: list[tuple[nn.Module, Any]], keys: dict[str, int], sizes: list[int], gates: Any,
@@ -282,7 +279,7 @@ def _chunks(layers: list[tuple[nn.Module, Any]], keys: dict[str, int], sizes: li
         filled += size
         chunk = chunks[-1]
         if multiplies is None:
-            for k in _mask_keys(unfold):
+            for k in unfold.mask_keys():
                 if k in keys and k not in where:
                     where[k] = len(chunks) - 1
                     chunk.copied.append(k)
@@ -300,13 +297,12 @@ def _add_layer(chunk: _Chunk, module: nn.Module, unfold: Any, multiplies: list[l
     index = (n, n + 1 if uses_bias else None)
     chunk.rows.append((module, unfold, *index))
     passes, count = chunk.plan.passes, {0: 0, 1: 0}  # per tensor of the layer, its multiplies so far
-    groups = sum(m.group >= 0 for p in passes for m in p)  # (fresh ids: any number above the used ones)
     for fold in multiplies:
-        groups += any(g >= 0 for *_, g in fold)
+        chunk.groups += any(g >= 0 for *_, g in fold)
         for t, source, i, trailing, dims, g in fold:
             while len(passes) <= count[t]:
                 passes.append([])
-            passes[count[t]].append(Multiply(index[t], source, i, trailing, dims, groups if g >= 0 else -1))
+            passes[count[t]].append(Multiply(index[t], source, i, trailing, dims, chunk.groups if g >= 0 else -1))
             count[t] += 1
 
 

@@ -31,9 +31,9 @@ Example:
 
 from __future__ import annotations
 
-import torch
-
 from typing import Any
+
+import torch
 
 from dmscale.core.channel_layout import ChannelLayout
 from dmscale.core.fold_batch import ForwardFolds, saving_hooks_active
@@ -117,7 +117,7 @@ class ForwardMasks:
         """Block ``block``'s mask of depth dim ``j``, a () scalar (one unbind per forward)."""
         self._computed()
         if self._tracing():
-            return self._depth[sum(self._depth_sizes[:j]) + block]
+            return self._depth[self.depth_flat(j, block)]
         return self._depth_units[j][block]
 
     def depth_value(self, read: int) -> torch.Tensor:

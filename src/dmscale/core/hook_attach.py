@@ -31,7 +31,8 @@ from dmscale.core.mask_hooks import ComputeMasks, MaskBranch, MaskedNorm, MaskIn
 from dmscale.core.weight_masks import (FoldDepth, FoldMask, Unfold, depth_foldable, depth_reads, fold_layers,
                                       fold_plan)
 
-__all__ = ["GATES_NAME", "NORM_PREFIX", "attach_hooks", "detach", "guard_hooks_under_compile", "fold_layers"]
+__all__ = ["GATES_NAME", "NORM_PREFIX", "attach_hooks", "detach", "guard_hooks_under_compile", "fold_layers",
+           "block_keys"]
 
 GATES_NAME = "dms_gates"
 NORM_PREFIX = "norm_"  # the mask keys of masked norms (the gates compute their weights)
@@ -132,13 +133,8 @@ def block_keys(layers: list[tuple[nn.Module, Unfold]]) -> set[str]:
     fold of a layer none of whose folds reads a gathered index (a grouped convolution's input)."""
     keys: set[str] = set()
     for _, unfold in layers:
-        folds = [f for f in unfold.folds if isinstance(f, FoldMask)]
-        if any(f.plan.index is not None for f in folds):
-            continue
-        for f in folds:
-            keys.add(f.key)
-            if f.bias_key is not None:
-                keys.add(f.bias_key)
+        if not any(isinstance(f, FoldMask) and f.plan.index is not None for f in unfold.folds):
+            keys.update(unfold.mask_keys())
     return keys
 
 

@@ -148,21 +148,21 @@ class FoldMask(DMSHook):
             return None  # folded or multiplied in Unfold (see the module docs)
         if not compiling and _batched(self, module, args, kwargs):
             return None  # the layer's weight and bias come from the forward's batch (core.fold_batch)
-        if self.plan.side == "out" and _output_is_smaller(self, module, args, kwargs):
+        if self.plan.side == "out" and not self.on_weight(module, args, kwargs):
             self._on_output_now = True  # (read and cleared by the layer's Unfold after the call)
             return None
-        weight = _current(module, "weight")
         if self.plan.side == "in":
             found = first_input(args, kwargs)
-            if found is not None and (compiling or found[1].numel() < weight.numel()):
+            if found is not None and (compiling or not self.on_weight(module, args, kwargs)):
                 return masked_input(args, kwargs, found, self.gates.channel_mask(self.key), self.dim)
-        module.__dict__["weight"], bias = self.fold_params(weight, _current(module, "bias"))
+        module.__dict__["weight"], bias = self.fold_params(_current(module, "weight"), _current(module, "bias"))
         if bias is not None and self.plan.side == "out":
             module.__dict__["bias"] = bias
         return None
 
     def on_weight(self, module: nn.Module, args: tuple, kwargs: dict) -> bool:
-        """Whether this eager call multiplies the weight (not the input or the output)."""
+        """Whether this eager call multiplies the weight: not the input where it is the smaller
+        tensor, nor the output (in its :class:`Unfold`) where that is."""
         if self.plan.side == "out":
             return not _output_is_smaller(self, module, args, kwargs)
         found = first_input(args, kwargs)
@@ -245,7 +245,7 @@ class FoldDepth(DMSHook):
             return
         if _batched(self, module, args, {}):
             return
-        if _output_is_smaller(self, module, args, {}):  # f(x) m on the output, in Unfold
+        if not self.on_weight(module, args, {}):  # f(x) m on the output, in Unfold
             self._on_output_now = True
             return
         weight, bias = self.fold_params(_current(module, "weight"), _current(module, "bias"))
@@ -275,6 +275,12 @@ class Unfold(DMSHook):
 
     def __init__(self) -> None:
         self.folds: list[FoldMask | FoldDepth] = []
+
+    def mask_keys(self) -> list[str]:
+        """The channel-mask keys its folds read (each input or output fold's, an output fold's
+        bias slice), in the folds' order."""
+        return [k for f in self.folds if isinstance(f, FoldMask)  # (bias_key: hooks pickled before it existed)
+                for k in (f.key, getattr(f, "bias_key", None)) if k is not None]
 
     def multiplies(self, w_dim: int, b_dim: int | None, keys: dict[str, int], gates: Any
                    ) -> list[list[tuple]] | None:

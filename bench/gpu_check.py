@@ -133,6 +133,9 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         if args.eager_norms:  # the new code with its masked norms eager (SearchConfig(fuse_norms=False))
             jobs += [{"key": f"new+eager_norms/{m}", "impl": "new", "model": m, "tasks": ["train"],
                       "fuse_norms": False} for m in args.models if m in TRAIN_MODELS]
+        if getattr(args, "per_layer_folds", False):  # the new code with each layer folding on its own
+            jobs += [{"key": f"new+per_layer_folds/{m}", "impl": "new", "model": m, "tasks": ["train"],
+                      "fold_batch": False} for m in args.models if m in TRAIN_MODELS]
     return jobs
 
 
@@ -159,7 +162,7 @@ def _spec(job: dict[str, Any], args: argparse.Namespace, impls: dict[str, Any], 
     configs = _configs(job["impl"])
     return {"model": job["model"], "tasks": job["tasks"], "quick": args.quick, "device": args.device,
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "compile": job.get("compile"),
-            "fuse_norms": job.get("fuse_norms"),
+            "fuse_norms": job.get("fuse_norms"), "fold_batch": job.get("fold_batch"),
             "configs": configs, "deadline": soft, "out": str(out), "src": impls[job["impl"]]["src"],
             "threads": args.threads, "batch": args.batch, "export_device": args.export_device}
 
@@ -312,6 +315,9 @@ def table1(state: dict[str, Any]) -> list[str]:
         if state["run"].get("eager_norms"):
             lines.append(_train_row(model, _label(state, "new").replace("new", "new, fuse_norms=False", 1),
                                     jobs.get(f"new+eager_norms/{model}")))
+        if state["run"].get("per_layer_folds"):
+            lines.append(_train_row(model, _label(state, "new").replace("new", "new, per-layer folds", 1),
+                                    jobs.get(f"new+per_layer_folds/{model}")))
     return lines
 
 
@@ -448,6 +454,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eager-norms", action="store_true",
                     help="add rows of the new code with SearchConfig(fuse_norms=False) to table 1 (what fusing the "
                          "masked norms, the default on a GPU, gains)")
+    ap.add_argument("--per-layer-folds", action="store_true",
+                    help="add rows of the new code with each layer folding its masks on its own "
+                         "(dmscale.core.fold_batch.ENABLED = False) to table 1 (what the eager fold batch gains)")
     ap.add_argument("--device", help="default: cuda when available, else cpu (cpu with --quick)")
     ap.add_argument("--steps", type=int, default=10, help="timed training steps per arm")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up training steps per arm")
@@ -495,7 +504,8 @@ def main(argv: list[str] | None = None) -> None:
         "run": {"command": command_line("bench/gpu_check.py", argv), "date": datetime.datetime.now().isoformat(" ", "seconds"),
                 "t0": t0, "budget_s": args.budget_s, "quick": args.quick, "device": args.device, "host": _gpu_line(),
                 "models": args.models, "tables": args.tables, "compile": args.compile, "steps": args.steps,
-                "eager_norms": args.eager_norms, "compile_today": args.compile_today,
+                "eager_norms": args.eager_norms, "per_layer_folds": args.per_layer_folds,
+                "compile_today": args.compile_today,
                 "warmup": args.warmup, "rounds": args.rounds, "export_device": args.export_device},
         "impls": impls, "jobs": {}, "notes": [], "soft_deadline": t0 + args.budget_s}
     hard = t0 + args.budget_s + args.grace_s

@@ -298,17 +298,22 @@ def train_arm(model: nn.Module, x: Any, spec: ModelSpec, device: torch.device, s
 
 def train_task(spec: ModelSpec, quick: bool, device: torch.device, out: dict[str, Any], save: Callable[[], None],
                steps: int, warmup: int, compile_how: str | None = None, batch: int | None = None,
-               fuse_norms: bool | None = None) -> None:
+               fuse_norms: bool | None = None, fold_batch: bool | None = None) -> None:
     """Table 1 for one model: the plain arm, ``dms.prepare`` on the device, the DMS arm;
-    ``out`` is filled in place and saved after each arm. ``batch``: default the spec's."""
+    ``out`` is filled in place and saved after each arm. ``batch``: default the spec's;
+    ``fold_batch=False``: the DMS arm folds layer by layer (``dmscale.core.fold_batch.ENABLED``)."""
     import dmscale as dms
+
+    if fold_batch is not None:
+        from dmscale.core import fold_batch as batch_module  # (ImportError: code from before the batch)
+        batch_module.ENABLED = fold_batch
 
     torch.manual_seed(0)
     batch = batch or spec.train_batch(quick)
     model = spec.build(quick).to(device).train()
     x = spec.make_inputs(quick, batch, device)
     out.update(batch=batch, input=spec.describe(quick), compiled=compile_how,
-               target=spec.target, progress=PROGRESS)
+               target=spec.target, progress=PROGRESS, fold_batch=fold_batch)
     out["plain"] = train_arm(model, x, spec, device, None, steps, warmup, compile_how)
     save()
     if compile_how:
@@ -459,7 +464,7 @@ def _task(name: str, spec: ModelSpec, run: dict[str, Any], device: torch.device,
           save: Callable[[], None]) -> None:
     if name == "train":
         train_task(spec, run["quick"], device, out, save, run["steps"], run["warmup"], run.get("compile"),
-                   run.get("batch"), run.get("fuse_norms"))
+                   run.get("batch"), run.get("fuse_norms"), run.get("fold_batch"))
     else:
         export_task(spec, run["quick"], device, out, save, run["configs"], run["rounds"], run["deadline"],
                     run.get("batch"), run.get("export_device") or run["device"])

@@ -151,12 +151,16 @@ def test_a_worker_that_dies_before_writing_reads_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_eager_norms_rows_run_the_new_code_with_its_masked_norms_eager(baseline: Path, tmp_path: Path) -> None:
-    state, md = _quick(baseline, tmp_path, ["vit_b16"], "--tables", "1", "--eager-norms")
+def test_eager_norms_and_per_layer_rows_run_the_new_code_with_that_switched_off(baseline: Path,
+                                                                               tmp_path: Path) -> None:
+    state, md = _quick(baseline, tmp_path, ["vit_b16"], "--tables", "1", "--eager-norms", "--per-layer-folds")
     job = state["jobs"]["new+eager_norms/vit_b16"]
     assert job["train"]["dms"]["median_ms"] > 0 and not job["train"]["fused_norms"]["compiled"]
+    job = state["jobs"]["new+per_layer_folds/vit_b16"]
+    assert job["train"]["dms"]["median_ms"] > 0 and job["train"]["fold_batch"] is False
+    assert state["jobs"]["new/vit_b16"]["train"]["fold_batch"] is None
     t1, _ = _tables(md)
-    assert len(t1) == 3 and "fuse_norms=False" in t1[2][1]
+    assert len(t1) == 4 and "fuse_norms=False" in t1[2][1] and "per-layer folds" in t1[3][1]
 
 
 def test_the_plan_can_leave_today_s_code_out_and_add_the_cuda_graph_rows() -> None:
@@ -167,6 +171,9 @@ def test_the_plan_can_leave_today_s_code_out_and_add_the_cuda_graph_rows() -> No
     assert [j["key"] for j in gpu_check.plan(gpu_check._parse(["--models", "resnet50", "--tables", "1"]))] == [
         "today/resnet50", "new/resnet50"]
     assert gpu_check._parse(["--compile"]).compile == ["forward", "module"]
+    args = gpu_check._parse(["--models", "vit_b16", "yolov8n", "--tables", "1", "--impls", "new", "--per-layer-folds"])
+    assert [(j["key"], j.get("fold_batch")) for j in gpu_check.plan(args)] == [
+        ("new/vit_b16", None), ("new+per_layer_folds/vit_b16", False)]
     args = gpu_check._parse(["--models", "vit_b16", "--tables", "1", "--compile", "module", "--compile-today"])
     assert [j["key"] for j in gpu_check.plan(args)] == [
         "today/vit_b16", "new/vit_b16", "today+compile_module/vit_b16", "new+compile_module/vit_b16"]

@@ -18,7 +18,6 @@ from torch import nn
 import dmscale as dms
 from dmscale.core import fold_batch
 from dmscale.core.fold_batch import CHUNKS, FoldAll, FoldPlan, Multiply
-from dmscale.core.forward_masks import ForwardMasks
 from transformer_zoo import TZOO, output_tensor, task_loss
 from zoo import ZOO
 
@@ -91,9 +90,9 @@ def _steps(model: nn.Module, s: dms.Searcher, x: Any, steps: int = 2) -> list[An
 
 
 def _per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every layer folds on its own (the batch has no entry for any)."""
-    monkeypatch.setattr(ForwardMasks, "batched_params", lambda self, unfold: None)
-    monkeypatch.setattr(ForwardMasks, "_batched_mask", lambda self, key: None)
+    """Every layer folds on its own: the batch switched off (what bench/gpu_check.py's
+    --per-layer-folds rows run)."""
+    monkeypatch.setattr(fold_batch, "ENABLED", False)
 
 
 def _fold_nodes(loss: torch.Tensor) -> Counter:

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ["CHUNKS", "MIN_CHUNK_BYTES", "Multiply", "FoldPlan", "FoldAll", "ForwardFolds", "outside_checkpoint",
+__all__ = ["ENABLED", "CHUNKS", "MIN_CHUNK_BYTES", "Multiply", "FoldPlan", "FoldAll", "ForwardFolds", "outside_checkpoint",
            "saving_hooks_active"]
 
 # the batch is split into this many nodes (by the layers' order, each about as many weight bytes):
@@ -61,6 +61,12 @@ __all__ = ["CHUNKS", "MIN_CHUNK_BYTES", "Multiply", "FoldPlan", "FoldAll", "Forw
 # each node costs about twenty operators (a small CNN is one node)
 CHUNKS = 4
 MIN_CHUNK_BYTES = 25 * 2**20
+
+# False: every layer folds on its own (the per-layer hooks, as before the batch), from the next
+# forward on; the same values, the gradients up to the order of float additions. For measuring
+# what the batch gains (bench/gpu_check.py --per-layer-folds) and for debugging, as
+# torch.backends' flags are
+ENABLED = True
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from dmscale.core.channel_layout import ChannelLayout
+from dmscale.core import fold_batch
 from dmscale.core.fold_batch import ForwardFolds, saving_hooks_active
 from dmscale.core.masked_norm import mask_weights
 
@@ -136,16 +137,17 @@ class ForwardMasks:
     def batched_params(self, unfold: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """The folded (weight, bias or None) of the layer of ``unfold`` for this forward from
         the forward's batch (:class:`~dmscale.core.fold_batch.ForwardFolds`), let go of once
-        read; None where the batch does not hold the layer, or under saved-tensor hooks (an
-        activation checkpoint computes the layer again in the backward: it folds on its own)."""
-        if saving_hooks_active():
+        read; None where the batch does not hold the layer, under saved-tensor hooks (an
+        activation checkpoint computes the layer again in the backward: it folds on its own), or
+        with the batch switched off (:data:`~dmscale.core.fold_batch.ENABLED`)."""
+        if not fold_batch.ENABLED or saving_hooks_active():
             return None
         return self._folds().get(id(unfold), pop=True)
 
     def _batched_mask(self, key: str) -> torch.Tensor | None:
         """The (C,) mask of block key ``key`` from the batch, for a layer that multiplies its
         activation this forward (and did the last: the batch hands it out), else None."""
-        return self._folds().get(key)
+        return self._folds().get(key) if fold_batch.ENABLED else None
 
     def _folds(self) -> ForwardFolds:
         self._computed()

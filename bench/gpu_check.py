@@ -117,8 +117,9 @@ def _impl_info(src: Path, commit: str | None) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- the plan
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The workers in the order they run: per model, today's code then the new code; the
-    ``torch.compile`` rows last."""
+    """The workers in the order they run: per model, today's code then the new code; the new
+    code with its fold batch off (``--per-layer-folds``); the ``torch.compile`` rows; the eager
+    norms' rows."""
     jobs = []
     for model in args.models:
         for impl in (i for i in IMPLS if i in getattr(args, "impls", IMPLS)):
@@ -126,6 +127,9 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
                      if model in models and table in args.tables]
             if tasks:
                 jobs.append({"key": f"{impl}/{model}", "impl": impl, "model": model, "tasks": tasks})
+    if 1 in args.tables and getattr(args, "per_layer_folds", False):  # the new code, each layer folding alone
+        jobs += [{"key": f"new+per_layer_folds/{m}", "impl": "new", "model": m, "tasks": ["train"],
+                  "fold_batch": False} for m in args.models if m in TRAIN_MODELS]
     if 1 in args.tables:
         compiled_impls = ("today", "new") if getattr(args, "compile_today", False) else ("new",)
         jobs += [{"key": f"{impl}+compile_{how}/{m}", "impl": impl, "model": m, "tasks": ["train"], "compile": how}
@@ -133,9 +137,6 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         if args.eager_norms:  # the new code with its masked norms eager (SearchConfig(fuse_norms=False))
             jobs += [{"key": f"new+eager_norms/{m}", "impl": "new", "model": m, "tasks": ["train"],
                       "fuse_norms": False} for m in args.models if m in TRAIN_MODELS]
-        if getattr(args, "per_layer_folds", False):  # the new code with each layer folding on its own
-            jobs += [{"key": f"new+per_layer_folds/{m}", "impl": "new", "model": m, "tasks": ["train"],
-                      "fold_batch": False} for m in args.models if m in TRAIN_MODELS]
     return jobs
 
 

@@ -2,7 +2,8 @@
 
 A SmallCNN is pretrained inside the test (one short epoch on 14x14 MNIST), then for each budget 300
 structural steps (weights frozen) and the budget solver give an exported model whose exact
-cost is within 2 % under the target.
+cost is within 2 % under the target, and which classifies well once its batch norms' statistics
+are measured again (``recalibrate_batchnorm``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 import dmscale as dms
 from dmscale.data.mnist import mnist_tensors
+from dmscale.export.calibrate import recalibrate_batchnorm
 from dmscale.tasks.models import SmallCNN
 
 STEPS = 300
@@ -74,5 +76,9 @@ def test_structure_only_search_meets_budget(pretrained, resource, target):
     small = searcher.export()
     exact = dms.count(small, example)[resource]
     assert 0.98 * searcher.target_cost <= exact <= searcher.target_cost, (exact, searcher.target_cost)
-    # weights untouched, the export still classifies far above chance
-    assert _accuracy(small, x_test, y_test) > 0.5
+    # weights untouched, the export classifies well with its norms' statistics measured again.
+    # Without that the accuracy is chaotic at a quarter of the MACs: 0.65-0.78 over six seeds,
+    # and a 1-ulp change of one depth gradient at step 0 once gave 0.35 (the statistics of the
+    # channels kept no longer match); recalibrated, 0.82-0.87 over the same seeds
+    recalibrate_batchnorm(small, [x_train[i:i + 256] for i in range(0, 2048, 256)])
+    assert _accuracy(small, x_test, y_test) > 0.7

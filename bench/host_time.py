@@ -2,6 +2,7 @@
 
     PYTHONPATH=src:tests python bench/host_time.py [--models resnet50 vit_b16 llama_135m] [--rounds 30]
         [--compiled]     # also both under torch.compile(model)
+        [--per-layer-folds]   # also DMS with the eager fold batch off (each layer folds alone)
 
 On a GPU a step of small kernels is bound by the host: Python, the dispatcher and the launch of
 every operator, not the device (the Llama of `bench/results/gpu_profile.md` spent 78 ms of kernel
@@ -86,10 +87,24 @@ def _bf16(step: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def _arms(spec: ProxyModel, compiled: bool = False) -> dict[str, Callable[[], None]]:
+def _folding_alone(step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` with the eager fold batch off (``dmscale.core.fold_batch.ENABLED``) while it runs."""
+    from dmscale.core import fold_batch
+
+    def run() -> None:
+        fold_batch.ENABLED = False
+        try:
+            step()
+        finally:
+            fold_batch.ENABLED = True
+    return run
+
+
+def _arms(spec: ProxyModel, compiled: bool = False, per_layer: bool = False) -> dict[str, Callable[[], None]]:
     """The steps of the arms; code without ``SearchConfig(fuse_norms)`` (a snapshot from before
     it) has no fused arm; ``compiled``: also :data:`COMPILED_ARMS`, the model under
-    ``torch.compile(model)`` (inductor)."""
+    ``torch.compile(model)`` (inductor); ``per_layer``: also ``dms_per_layer``, the eager DMS arm
+    with the fold batch off."""
     import dataclasses
 
     import dmscale as dms
@@ -105,6 +120,11 @@ def _arms(spec: ProxyModel, compiled: bool = False) -> dict[str, Callable[[], No
         if fusable and not fuse:
             searcher.gates.fuse_norms = False  # eager even where auto would fuse
         steps[arm] = _bf16(_step_fn(spec, model, x, searcher))
+    if per_layer:
+        model = copy.deepcopy(base)
+        searcher = _prepare(spec, model, x, False)
+        searcher.gates.fuse_norms = False
+        steps["dms_per_layer"] = _folding_alone(_bf16(_step_fn(spec, model, x, searcher)))
     if compiled:
         steps["plain_compiled"] = _bf16(_step_fn(spec, torch.compile(copy.deepcopy(base)), x, None))
         model = copy.deepcopy(base)
@@ -126,11 +146,12 @@ def guard_ms(step: Callable[[], None], steps: int = 5) -> float:
     return sum(e.cpu_time_total for e in prof.events() if e.name == "TorchDynamo Cache Lookup") / steps / 1e3
 
 
-def measure(name: str, rounds: int = 30, per_round: int = 3, compiled: bool = False) -> dict[str, Any]:
+def measure(name: str, rounds: int = 30, per_round: int = 3, compiled: bool = False,
+            per_layer: bool = False) -> dict[str, Any]:
     """Per-step wall times (ms) of the arms on one thread: median and quartiles."""
     torch.set_num_threads(1)
     spec = TINY_MODELS[name]
-    steps = _arms(spec, compiled)
+    steps = _arms(spec, compiled, per_layer)
     for step in steps.values():
         for _ in range(5):  # optimiser state, importance; the fused and compiled arms compile here
             step()
@@ -145,7 +166,7 @@ def measure(name: str, rounds: int = 30, per_round: int = 3, compiled: bool = Fa
     for arm, ts in times.items():
         q = statistics.quantiles(ts, n=4)
         out[arm] = {"median": statistics.median(ts), "q1": q[0], "q3": q[2], "guards_ms": guard_ms(steps[arm])}
-    for arm in ("dms", "dms_fused"):
+    for arm in ("dms", "dms_fused", "dms_per_layer"):
         if arm in out:
             out[f"{arm}_ratio"] = out[arm]["median"] / out["plain"]["median"]
     if compiled:  # over the compiled plain step
@@ -180,13 +201,15 @@ def render(cache: dict[str, Any]) -> str:
         "gates' masks, resource loss and optimisers eager), their ratio over the compiled plain step. Guards: "
         "milliseconds per step in torch.compile's guard checks (the profiler's `TorchDynamo Cache Lookup`, "
         "5 steps profiled apart from the timed ones): the fused norms' calls, the compiled plain model's, the "
-        "compiled model with DMS (its hooks and their attributes are guarded too).", "",
+        "compiled model with DMS (its hooks and their attributes are guarded too). Per-layer folds "
+        "(`--per-layer-folds`): the DMS arm with the eager fold batch off (`dmscale.core.fold_batch.ENABLED = "
+        "False`, every layer folding its masks on its own), timed in the same rounds.", "",
         f"- command: `{cache.get('command', '')}`",
         f"- commit: {cache.get('commit', '')}; machine: {cache.get('machine', '')}", "",
         "| model | layers and input | code | plain ms | DMS ms | DMS / plain | DMS fused norms ms | fused / plain "
         "| plain compiled ms | DMS compiled ms | compiled DMS / compiled plain | guards ms fused / compiled plain "
-        "/ compiled DMS | steps |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "/ compiled DMS | DMS per-layer folds ms | per-layer / plain | steps |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     order = {name: i for i, name in enumerate(TINY_MODELS)}
     for key in sorted(cache["rows"], key=lambda k: (order.get(k.split("@")[0], 99), "@before" not in k)):
@@ -195,7 +218,8 @@ def render(cache: dict[str, Any]) -> str:
                      f"| {_cell(r, 'dms')} "
                      f"| {_ratio(r, 'dms')} | {_cell(r, 'dms_fused')} | {_ratio(r, 'dms_fused')} "
                      f"| {_cell(r, 'plain_compiled')} | {_cell(r, 'dms_compiled')} | {_ratio(r, 'dms_compiled')} "
-                     f"| {_guards(r)} | {r['rounds'] * r['per_round']} |")
+                     f"| {_guards(r)} | {_cell(r, 'dms_per_layer')} | {_ratio(r, 'dms_per_layer')} "
+                     f"| {r['rounds'] * r['per_round']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -209,11 +233,15 @@ def main(argv: list[str] | None = None) -> None:
                          "COMMIT makes one): rows 'before'")
     ap.add_argument("--compiled", action="store_true",
                     help="also the plain and the DMS step under torch.compile(model) (the new code only; minutes)")
+    ap.add_argument("--per-layer-folds", action="store_true",
+                    help="also the eager DMS step with the fold batch off (the new code only)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-compiled", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-per-layer", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.child, args.rounds, compiled=args.child_compiled)))
+        print(json.dumps(measure(args.child, args.rounds, compiled=args.child_compiled,
+                                 per_layer=args.child_per_layer)))
         return
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "host_time.json"
@@ -227,7 +255,8 @@ def main(argv: list[str] | None = None) -> None:
         impls.insert(0, (f"before ({snapshot_commit(args.baseline_src)})", "@before", args.baseline_src.resolve()))
     for name in args.models:
         for code, suffix, src in impls:  # one process per row: no compiled code or allocator state shared
-            flags = ["--child-compiled"] if args.compiled and not suffix else []
+            flags = (["--child-compiled"] if args.compiled and not suffix else []) + (
+                ["--child-per-layer"] if args.per_layer_folds and not suffix else [])
             row = child_json(__file__, ["--child", name, "--rounds", str(args.rounds), *flags], [src, ROOT / "tests"])
             row["code"] = code
             cache["rows"][name + suffix] = row

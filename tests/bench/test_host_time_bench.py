@@ -63,9 +63,23 @@ def test_render_shows_the_compiled_arms_where_a_row_has_them():
     md = host_time.render({"rows": {"vit_b16": now, "vit_b16@before": before}, "command": "c", "commit": "x",
                            "machine": "m"})
     rows = [line for line in md.splitlines() if line.startswith("| vit_b16 |")]
-    assert len(rows) == 2 and all(r.count("|") == 14 for r in rows)  # 13 columns each
-    assert rows[0].endswith("| - | - | - | - | 2 |")  # the row before: no compiled arms, no guard times
-    assert "| 8.0 (7.0-9.0) | 10.0 (9.0-11.0) | 1.25 | - | 2 |" in rows[1]  # (a row measured before guards)
+    assert len(rows) == 2 and all(r.count("|") == 16 for r in rows)  # 15 columns each
+    assert rows[0].endswith("| - | - | - | - | - | - | 2 |")  # the row before: no compiled arms, no guard times
+    assert "| 8.0 (7.0-9.0) | 10.0 (9.0-11.0) | 1.25 | - | - | - | 2 |" in rows[1]  # (measured before guards)
     now["plain_compiled"]["guards_ms"], now["dms_compiled"]["guards_ms"] = 0.5, 1.25
     md = host_time.render({"rows": {"vit_b16": now}, "command": "c", "commit": "x", "machine": "m"})
-    assert "| 1.25 | - / 0.50 / 1.25 | 2 |" in md
+    assert "| 1.25 | - / 0.50 / 1.25 | - | - | 2 |" in md
+    now["dms_per_layer"], now["dms_per_layer_ratio"] = arm(16.0), 1.6
+    md = host_time.render({"rows": {"vit_b16": now}, "command": "c", "commit": "x", "machine": "m"})
+    assert "| 16.0 (15.0-17.0) | 1.60 | 2 |" in md
+
+
+def test_the_per_layer_arm_runs_with_the_fold_batch_off_and_switches_it_back():
+    from dmscale.core import fold_batch
+
+    seen = []
+    host_time._folding_alone(lambda: seen.append(fold_batch.ENABLED))()
+    assert seen == [False] and fold_batch.ENABLED
+    with pytest.raises(ZeroDivisionError):
+        host_time._folding_alone(lambda: 1 / 0)()
+    assert fold_batch.ENABLED

@@ -17,7 +17,8 @@ layers is first called:
 
 The values are the per-layer hooks' to the bit, the gradients up to the order of float
 additions. Operators per step fall by a fifth to a quarter (``bench/results/search_proxies.md``),
-host time on the CPU does not (``bench/results/host_time_fold_batch/``): a ``_foreach_mul`` over
+host time on the CPU does not (``bench/results/host_time_fold_batch/``; ``host_time_per_layer/``:
+1-3 % slower than the per-layer folds, :data:`ENABLED` off, in the same rounds): a ``_foreach_mul`` over
 tensors of different shapes multiplies them one by one inside, so on a GPU it saves at most one
 kernel of about four per fold; a GPU run decides whether the batch stays.
 
@@ -50,8 +51,8 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-__all__ = ["ENABLED", "CHUNKS", "MIN_CHUNK_BYTES", "Multiply", "FoldPlan", "FoldAll", "ForwardFolds", "outside_checkpoint",
-           "saving_hooks_active"]
+__all__ = ["ENABLED", "CHUNKS", "MIN_CHUNK_BYTES", "Multiply", "FoldPlan", "FoldAll", "ForwardFolds",
+           "outside_checkpoint", "saving_hooks_active"]
 
 # the batch is split into this many nodes (by the layers' order, each about as many weight bytes):
 # a node's backward runs once the last of its layers' gradients arrived, so one node for the whole

@@ -92,11 +92,11 @@ def _folding_alone(step: Callable[[], None]) -> Callable[[], None]:
     from dmscale.core import fold_batch
 
     def run() -> None:
-        fold_batch.ENABLED = False
+        before, fold_batch.ENABLED = fold_batch.ENABLED, False
         try:
             step()
         finally:
-            fold_batch.ENABLED = True
+            fold_batch.ENABLED = before
     return run
 
 

@@ -83,3 +83,9 @@ def test_the_per_layer_arm_runs_with_the_fold_batch_off_and_switches_it_back():
     with pytest.raises(ZeroDivisionError):
         host_time._folding_alone(lambda: 1 / 0)()
     assert fold_batch.ENABLED
+    fold_batch.ENABLED = False  # switched off by the caller: it stays off
+    try:
+        host_time._folding_alone(lambda: None)()
+        assert not fold_batch.ENABLED
+    finally:
+        fold_batch.ENABLED = True

@@ -116,6 +116,21 @@ def _impl_info(src: Path, commit: str | None) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- the plan
+# the new code with one thing switched off, in table 1: run flag -> (row label, worker setting)
+VARIANTS = {
+    "eager_norms": ("fuse_norms=False", {"fuse_norms": False}),  # its masked norms eager
+    "per_layer_folds": ("per-layer folds", {"fold_batch": False}),  # each layer folding alone
+}
+
+
+def _variant_jobs(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
+    """The table-1 workers of :data:`VARIANTS` ``name``, one per model, where its flag is set."""
+    if not getattr(args, name, False):
+        return []
+    return [{"key": f"new+{name}/{m}", "impl": "new", "model": m, "tasks": ["train"], **VARIANTS[name][1]}
+            for m in args.models if m in TRAIN_MODELS]
+
+
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The workers in the order they run: per model, today's code then the new code; the new
     code with its fold batch off (``--per-layer-folds``); the ``torch.compile`` rows; the eager
@@ -127,17 +142,14 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
                      if model in models and table in args.tables]
             if tasks:
                 jobs.append({"key": f"{impl}/{model}", "impl": impl, "model": model, "tasks": tasks})
-    if 1 in args.tables and getattr(args, "per_layer_folds", False):  # the new code, each layer folding alone
-        jobs += [{"key": f"new+per_layer_folds/{m}", "impl": "new", "model": m, "tasks": ["train"],
-                  "fold_batch": False} for m in args.models if m in TRAIN_MODELS]
     if 1 in args.tables:
+        jobs += _variant_jobs(args, "per_layer_folds")
         compiled_impls = ("today", "new") if getattr(args, "compile_today", False) else ("new",)
         jobs += [{"key": f"{impl}+compile_{how}/{m}", "impl": impl, "model": m, "tasks": ["train"], "compile": how}
                  for how in args.compile for m in args.models if m in TRAIN_MODELS for impl in compiled_impls]
-        if args.eager_norms:  # the new code with its masked norms eager (SearchConfig(fuse_norms=False))
-            jobs += [{"key": f"new+eager_norms/{m}", "impl": "new", "model": m, "tasks": ["train"],
-                      "fuse_norms": False} for m in args.models if m in TRAIN_MODELS]
+        jobs += _variant_jobs(args, "eager_norms")
     return jobs
+
 
 
 def _configs(impl: str) -> dict[str, dict[str, Any]]:
@@ -313,12 +325,10 @@ def table1(state: dict[str, Any]) -> list[str]:
             if state["run"].get("compile_today"):
                 lines.append(_train_row(model, _label(state, "today", how), jobs.get(f"today+compile_{how}/{model}")))
             lines.append(_train_row(model, _label(state, "new", how), jobs.get(f"new+compile_{how}/{model}")))
-        if state["run"].get("eager_norms"):
-            lines.append(_train_row(model, _label(state, "new").replace("new", "new, fuse_norms=False", 1),
-                                    jobs.get(f"new+eager_norms/{model}")))
-        if state["run"].get("per_layer_folds"):
-            lines.append(_train_row(model, _label(state, "new").replace("new", "new, per-layer folds", 1),
-                                    jobs.get(f"new+per_layer_folds/{model}")))
+        for name, (label, _) in VARIANTS.items():
+            if state["run"].get(name):
+                lines.append(_train_row(model, _label(state, "new").replace("new", f"new, {label}", 1),
+                                        jobs.get(f"new+{name}/{model}")))
     return lines
 
 

@@ -112,19 +112,15 @@ def _arms(spec: ProxyModel, compiled: bool = False, per_layer: bool = False) -> 
     base = spec.build().train()
     x = spec.inputs(spec.batch)
     steps = {"plain": _bf16(_step_fn(spec, copy.deepcopy(base), x, None))}
-    for arm, fuse in (("dms", False), ("dms_fused", True)):
-        if fuse and not fusable:
+    for arm, fuse, alone in (("dms", False, False), ("dms_fused", True, False), ("dms_per_layer", False, True)):
+        if (fuse and not fusable) or (alone and not per_layer):
             continue
         model = copy.deepcopy(base)
         searcher = _prepare(spec, model, x, fuse)
         if fusable and not fuse:
             searcher.gates.fuse_norms = False  # eager even where auto would fuse
-        steps[arm] = _bf16(_step_fn(spec, model, x, searcher))
-    if per_layer:
-        model = copy.deepcopy(base)
-        searcher = _prepare(spec, model, x, False)
-        searcher.gates.fuse_norms = False
-        steps["dms_per_layer"] = _folding_alone(_bf16(_step_fn(spec, model, x, searcher)))
+        step = _bf16(_step_fn(spec, model, x, searcher))
+        steps[arm] = _folding_alone(step) if alone else step
     if compiled:
         steps["plain_compiled"] = _bf16(_step_fn(spec, torch.compile(copy.deepcopy(base)), x, None))
         model = copy.deepcopy(base)

@@ -89,3 +89,9 @@ def test_the_per_layer_arm_runs_with_the_fold_batch_off_and_switches_it_back():
         assert not fold_batch.ENABLED
     finally:
         fold_batch.ENABLED = True
+
+
+def test_the_per_layer_arm_is_built_only_when_asked_for():
+    spec = host_time.TINY_MODELS["vit_b16"]
+    assert list(host_time._arms(spec)) == ["plain", "dms", "dms_fused"]
+    assert list(host_time._arms(spec, per_layer=True)) == ["plain", "dms", "dms_fused", "dms_per_layer"]

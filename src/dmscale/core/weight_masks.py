@@ -301,6 +301,8 @@ class Unfold(DMSHook):
         (each fold hook then does its own) where one takes the activation instead, which also
         leaves the layer out of the next forward's batch, or where the batch has no entry for it."""
         gates = self.folds[0].gates
+        # taken (and let go of by the batch) before the check: a layer that turns to its activation
+        # this call must not leave its folded weight held by the batch until the forward ends
         found = gates.batched_params(self) if hasattr(gates, "batched_params") else None
         if not all(f.on_weight(module, args, kwargs) for f in self.folds):
             self._skip = True

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dmscale.core.ratios import ratio_key
 from dmscale.core.topk import DifferentiableTopK, GateFactory, integer_rank, top_units
 
 __all__ = ["MESGate", "SNSGate", "GETGate", "no_normalization", "GATES", "gate_factory", "n_structure_params"]
@@ -232,10 +233,10 @@ def gate_factory(name: str, **options: Any) -> GateFactory | None:
 
 def n_structure_params(gates: Any) -> int:
     """Learnable structural parameters of a search (the paper's "N" column)."""
-    seen: set[int] = set()
+    seen: set[Any] = set()
     total = 0
     for g in list(gates.width) + list(gates.depth):
-        if id(g.a) not in seen:
-            seen.add(id(g.a))
+        if ratio_key(g) not in seen:  # (tied dims share one ratio)
+            seen.add(ratio_key(g))
             total += g.a.numel()
     return total

@@ -198,10 +198,10 @@ def test_every_structure_parameter_gets_task_gradient(prepared):
         p.grad = None
     task_loss(_call(model, inputs)).backward()
     names = [d.name for d in searcher.space.width] + [d.name for d in searcher.space.depth]
-    params = list(searcher.structure_parameters())
-    assert len(names) == len(params)
-    for name, p in zip(names, params):
-        assert p.grad is not None and float(p.grad.abs()) > 0, f"no task gradient for {name}"
+    gates = [*searcher.gates.width, *searcher.gates.depth]
+    assert len(names) == len(gates)
+    for name, t in zip(names, gates):
+        assert t.ratio_grad is not None and float(t.ratio_grad.abs()) > 0, f"no task gradient for {name}"
     model.eval()
 
 

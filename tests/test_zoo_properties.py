@@ -84,8 +84,8 @@ def test_every_structure_parameter_gets_task_gradient(prepared):
     task = nn.functional.cross_entropy(model(x), torch.arange(x.shape[0]) % 10)
     task.backward()
     names = [d.name for d in searcher.space.width] + [d.name for d in searcher.space.depth]
-    for name, p in zip(names, searcher.structure_parameters()):
-        assert p.grad is not None and float(p.grad.abs()) > 0, f"no task gradient for {name}"
+    for name, t in zip(names, [*searcher.gates.width, *searcher.gates.depth]):
+        assert t.ratio_grad is not None and float(t.ratio_grad.abs()) > 0, f"no task gradient for {name}"
     model.eval()
 
 

@@ -70,8 +70,8 @@ def _prepared(name: str) -> tuple[nn.Module, dms.Searcher, Any]:
     s.gates.train()
     s.randomize_importance(0)
     with torch.no_grad():
-        for i, p in enumerate(s.structure_parameters()):
-            p.fill_(0.15 + 0.05 * (i % 5))
+        for i, t in enumerate([*s.gates.width, *s.gates.depth]):
+            t.a.fill_(0.15 + 0.05 * (i % 5))
     return model, s, x
 
 

@@ -43,7 +43,7 @@ def test_a_block_under_no_grad_that_reads_first_still_reads_differentiable_masks
         mask, depth = gates.channel_mask(key), gates.depth_value(0)
     assert mask.requires_grad and depth.requires_grad
     (mask.sum() + depth).backward()
-    assert any(g.a.grad is not None for g in gates.width)
+    assert any(g.ratio_grad is not None for g in gates.width)
 
 
 def _autograd_nodes(step) -> Counter:
@@ -82,7 +82,7 @@ def test_compiled_reads_give_the_eager_gradients_of_every_ratio():
         gates = getattr(net, GATES_NAME)
         run = torch.compile(net, backend="aot_eager", fullgraph=True) if compiled else net
         run(x).square().mean().backward()
-        grads.append(torch.stack([g.a.grad if g.a.grad is not None else torch.zeros(())
+        grads.append(torch.stack([g.ratio_grad if g.ratio_grad is not None else torch.zeros(())
                                   for g in list(gates.width) + list(gates.depth)]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
     assert grads[0].abs().sum() > 0

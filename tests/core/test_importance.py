@@ -146,13 +146,13 @@ def test_update_builds_no_graph_and_needs_no_grad(metric: str) -> None:
     assert topk.importance is buffer and buffer.data_ptr() == ptr  # in place
     assert not topk.importance.requires_grad
     assert topk.importance.grad_fn is None
-    assert topk.a.grad is None and w.grad is None  # nothing was back-propagated
+    assert topk.ratio_grad is None and w.grad is None  # nothing was back-propagated
     if metric != "index":
         expected = 0.01 * SCORES[metric](m.detach(), w.detach())  # g = dL/dm = w
         assert torch.allclose(topk.importance, expected, rtol=1e-5, atol=1e-8)
     # the graph of the task loss is still intact and unaffected by the update
     task_loss.backward()
-    assert topk.a.grad is not None and w.grad is not None
+    assert topk.ratio_grad is not None and w.grad is not None
 
 
 def test_function_leaves_inputs_alone() -> None:

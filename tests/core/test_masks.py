@@ -27,8 +27,8 @@ def test_layer_called_with_its_input_as_a_keyword_is_masked():
     searcher = dms.prepare(model, x, dms.SearchConfig(resource="macs", target=0.5))
     loss = model(x).pow(2).mean()
     loss.backward()
-    a = searcher.gates.width[0].a
-    assert a.grad is not None and a.grad.abs() > 0  # the mask acts, so the task loss sees it
+    grad = searcher.gates.width[0].ratio_grad
+    assert grad is not None and grad.abs() > 0  # the mask acts, so the task loss sees it
     assert searcher.gates.width[0].importance.abs().sum() > 0
     with torch.no_grad():
         searcher.gates.width[0].set_count(5)
@@ -182,7 +182,7 @@ def test_forward_and_resource_loss_share_one_ratio_stack_and_give_the_gradients_
         assert (bank._stacked[2] is forward_stack) == shared
         task.backward()
         resource.backward()  # a second backward through the shared stack (it saves no tensor)
-        grads.append(torch.stack([g.a.grad for g in (*s.gates.width, *s.gates.depth)]))
+        grads.append(torch.stack([g.ratio_grad for g in (*s.gates.width, *s.gates.depth)]))
     assert torch.allclose(grads[0], grads[1], rtol=1e-6, atol=1e-12) and grads[0].abs().sum() > 0
 
     model, s, x = _resnet20_search()
@@ -227,7 +227,7 @@ def test_a_depth_frozen_between_the_forward_and_the_resource_loss_gets_no_gradie
     assert s.gates.depth_frozen
     reached = _leaves_reached(loss)  # (autograd drops a gradient to a frozen leaf; DDP's hook saw it)
     assert not any(v is g.a for g in s.gates.depth for v in reached)
-    assert all(any(v is g.a for v in reached) for g in s.gates.width)
+    assert any(v is s.gates.width_ratios for v in reached)  # every width dim's entry
 
 
 def _leaves_reached(t: torch.Tensor) -> list[torch.Tensor]:
@@ -262,5 +262,5 @@ def test_a_first_forward_under_inference_mode_leaves_the_search_trainable(name):
     model.train()
     loss = task_loss(run()) + searcher.resource_loss(0.5)
     loss.backward()
-    grads = [g.a.grad for g in searcher.gates.width]
+    grads = [g.ratio_grad for g in searcher.gates.width]
     assert evaluated.isfinite().all() and all(g is not None and g.isfinite().all() for g in grads)

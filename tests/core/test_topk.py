@@ -158,7 +158,7 @@ def test_dm_da_equals_minus_lambda_m_one_minus_m(temperature: float, n: int, a: 
     assert bool((got <= 0).all())  # raising the pruning ratio never raises a mask
     # the total derivative of sum(m) accumulates into a.grad; importance gets no gradient
     m.sum().backward()
-    assert torch.allclose(topk.a.grad, expected.sum(), rtol=1e-5, atol=1e-5 * topk.lam)
+    assert torch.allclose(topk.ratio_grad, expected.sum(), rtol=1e-5, atol=1e-5 * topk.lam)
     assert not topk.importance.requires_grad
 
 
@@ -339,7 +339,7 @@ def test_coarse_units_shape_and_constant_masks() -> None:
     # soft mask still differentiable through the expansion
     _set_a(topk, 0.5)
     topk.soft_mask().sum().backward()
-    assert topk.a.grad is not None and float(topk.a.grad) < 0
+    assert topk.ratio_grad is not None and float(topk.ratio_grad) < 0
 
 
 def test_coarse_kept_elements_equal_sum_of_kept_unit_sizes() -> None:
@@ -452,7 +452,7 @@ def test_clamp_keeps_parameter_identity_and_grad() -> None:
     m = topk.soft_mask()
     assert topk.a is param and topk.a.requires_grad
     m.sum().backward()
-    assert topk.a.grad is not None
+    assert topk.ratio_grad is not None
 
 
 # ============================================================================================

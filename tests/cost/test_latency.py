@@ -270,8 +270,8 @@ def test_soft_cost_is_differentiable_in_every_structural_parameter(prepared) -> 
     for p in params:
         assert p.grad is not None and torch.isfinite(p.grad).all()
     # raising a (pruning more) never makes the model slower
-    assert all(float(p.grad) <= 1e-9 for p in params)
-    assert any(float(p.grad) < 0 for p in params)
+    assert all(bool((p.grad <= 1e-9).all()) for p in params)
+    assert any(bool((p.grad < 0).any()) for p in params)
 
 
 def test_resource_loss_with_latency(prepared) -> None:
@@ -287,7 +287,7 @@ def test_resource_loss_with_latency(prepared) -> None:
     for p in params:
         p.grad = None
     searcher.resource_loss(progress=1.0).backward()  # settle phase: the band loss on the exact latency
-    assert all(float(t.a.grad) <= 0 for t in searcher.gates.width) and searcher.settled_at is None
+    assert all(float(t.ratio_grad) <= 0 for t in searcher.gates.width) and searcher.settled_at is None
     searcher.freeze_depth(False)
     res = searcher.resources()
     assert res["resource"] == "latency" and res["target"] == pytest.approx(0.6 * res["supernet"])

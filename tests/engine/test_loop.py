@@ -120,7 +120,7 @@ def test_an_fp16_overflow_skips_every_optimizer_and_keeps_importance(tmp_path: P
     pipe.precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
     loop.run()
     assert pipe.precision.scaler.get_scale() == 2.0 ** 8
-    assert not torch.equal(loop.searcher.gates.width[0].a, gates["width.0.a"])
+    assert not torch.equal(loop.searcher.gates.width_ratios, gates["width_ratios"])
     imp = [t for n, t in _gate_tensors(loop.searcher).items() if n.endswith("importance")]
     assert all(torch.isfinite(t).all() for t in imp) and any(bool((t > 0).any()) for t in imp)
     assert any(not torch.equal(p, weights[n]) for n, p in loop.model.named_parameters() if "dms_gates" not in n)

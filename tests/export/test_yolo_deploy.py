@@ -41,8 +41,8 @@ def pruned(tmp_path_factory):
     # no training: a hand-set structure keeping channels and blocks by position (importance="index")
     searcher = dms.prepare(model, x, dms.SearchConfig(resource="macs", target=0.5, importance="index"))
     with torch.no_grad():
-        for i, p in enumerate(searcher.structure_parameters()):
-            p.fill_(0.3 + 0.4 * ((i * 7) % 5) / 5)  # different ratios per dimension, some blocks off
+        for i, t in enumerate([*searcher.gates.width, *searcher.gates.depth]):
+            t.a.fill_(0.3 + 0.4 * ((i * 7) % 5) / 5)  # different ratios per dimension, some blocks off
     small = searcher.export().eval()
     with searcher.hardened():
         model.eval()

@@ -49,7 +49,7 @@ def main(out: str, variant: str = "width") -> None:
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"world": int(os.environ.get("WORLD_SIZE", 1)), "wrapped": type(wrapped).__name__,
                    "find_unused": find_unused,
-                   "a": [float(p.detach()) for p in searcher.structure_parameters()],
+                   "a": [float(v) for p in searcher.structure_parameters() for v in p.detach().reshape(-1)],
                    "structure": searcher.structure(),
                    "has_sync": hasattr(searcher, "sync_importance"),
                    "depth_frozen": searcher.gates.depth_frozen,

@@ -64,7 +64,7 @@ def main(out: str, mode: str) -> dict:
     from torch.distributed.fsdp import FSDPModule
 
     record = {"world": world, "sharded": isinstance(trainer.model, FSDPModule),
-              "a": [float(p.detach()) for p in searcher.structure_parameters()],
+              "a": [float(v) for p in searcher.structure_parameters() for v in p.detach().reshape(-1)],
               "importance": [float(v) for b in searcher.gates.buffers() if b.is_floating_point()
                              for v in b.detach().reshape(-1)],
               "structure": searcher.structure()["width"],

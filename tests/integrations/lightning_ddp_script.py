@@ -65,7 +65,7 @@ def main(out: str, strategy: str) -> None:
     with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump({"world": trainer.world_size, "wrapped": type(probe.wrapped).__name__,
                    "find_unused": probe.find_unused,
-                   "a": [float(p.detach()) for p in searcher.structure_parameters()],
+                   "a": [float(v) for p in searcher.structure_parameters() for v in p.detach().reshape(-1)],
                    "depth_frozen": searcher.gates.depth_frozen,
                    "structure": searcher.structure()}, f)
 

@@ -61,7 +61,7 @@ def main(out: str, devices: int = 2) -> dict:
     searcher = dms_cb.searcher
     handle = sharded(module.net)
     record = {"world": trainer.world_size, "sharded": bool(handle is not None and handle.active),
-              "a": [float(p.detach()) for p in searcher.structure_parameters()],
+              "a": [float(v) for p in searcher.structure_parameters() for v in p.detach().reshape(-1)],
               "importance": [float(v) for b in searcher.gates.buffers() if b.is_floating_point()
                              for v in b.detach().reshape(-1)],
               "structure": searcher.structure()["width"], "depth_frozen": searcher.gates.depth_frozen,

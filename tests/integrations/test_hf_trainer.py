@@ -78,7 +78,7 @@ def test_dms_trainer_searches_exports_and_saves(tmp_path, monkeypatch):
     others = [p for g in trainer.optimizer.param_groups if not g.get("dms_structure") for p in g["params"]]
     assert not ids & {id(p) for p in others}
     # the structural parameters moved, and the resource loss pulled the cost toward the target
-    moved = [float((p.detach() - a).abs()) for p, a in zip(searcher.structure_parameters(), a0)]
+    moved = [float((p.detach() - a).abs().max()) for p, a in zip(searcher.structure_parameters(), a0)]
     assert max(moved) > 0.1
     logged = [h for h in trainer.state.log_history if "dms_cost_soft" in h]
     assert logged and logged[-1]["dms_cost_soft"] < 0.9 and logged[0]["dms_resource_loss"] > 0
@@ -265,7 +265,7 @@ def test_dms_trainer_checkpoints_and_resumes(tmp_path):
             example_inputs={"input_ids": torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))},
             structure_lr=0.05)
         trainer.train(resume_from_checkpoint=resume)
-        return torch.stack([p.detach() for p in trainer.searcher.structure_parameters()])
+        return torch.cat([p.detach().reshape(-1) for p in trainer.searcher.structure_parameters()])
 
     whole = run()
     checkpoint = tmp_path / "run" / "checkpoint-2"

@@ -81,7 +81,7 @@ def test_callback_searches_exports_and_saves(tmp_path, monkeypatch):
     others = [p for g in opt.param_groups if not g.get("dms_structure") for p in g["params"]]
     assert not ids & {id(p) for p in others} and len(others) == len(list(mlp().parameters()))
     # the structural parameters moved, the resource loss was applied and the cost came down
-    assert all(float(p.detach()) > 0.1 for p in searcher.structure_parameters())
+    assert all(float(v) > 0.1 for p in searcher.structure_parameters() for v in p.detach().reshape(-1))
     assert len(dms_cb.resource_losses) == 10 and max(dms_cb.resource_losses) > 0  # 0 at step 0: r_t = supernet
     assert searcher.resources()["soft"] < 0.8 * searcher.supernet_cost
     # the export is physically smaller, within the budget, and reloads from the saved files

@@ -13,6 +13,11 @@ import dmscale as dms
 from dmscale.tasks.models import SmallCNN
 
 
+def _all_topks(searcher) -> list:
+    """Every dim's gate, width then depth (each has its own ratio here: no tied dims)."""
+    return [*searcher.gates.width, *searcher.gates.depth]
+
+
 def _resnet20():
     entry = ZOO["resnet20"]
     return entry.build(), torch.randn(2, *entry.input_shape[1:])
@@ -111,7 +116,7 @@ def test_resource_loss_eq6_and_it_does_not_feed_importance():
     loss = searcher.resource_loss(progress=1.0)
     assert float(loss) == pytest.approx(2.0 * math.log(r_c / searcher.target_cost), rel=1e-5)
     loss.backward()
-    grads = [p.grad for p in searcher.structure_parameters()]
+    grads = [t.ratio_grad for t in _all_topks(searcher)]
     assert all(g is not None and float(g) < 0 for g in grads), "loss must push every a up"
     importance = [t.importance.clone() for t in searcher.gates.width]
     assert all(float(c.abs().sum()) == 0 for c in importance)  # the resource loss fed nothing
@@ -129,7 +134,7 @@ def test_exact_cost_forward_is_the_hard_cost_with_the_soft_gradient():
     assert min(res["soft"], res["hard"]) > res["target"]
     soft_loss = soft.resource_loss(progress=1.0)
     soft_loss.backward()
-    soft_grads = [float(p.grad) for p in soft.structure_parameters()]
+    soft_grads = [float(t.ratio_grad) for t in _all_topks(soft)]
     dms.detach(model)
 
     exact = dms.prepare(model, x, dms.SearchConfig(target=0.5, cost_forward="exact", settle=0.0))
@@ -141,8 +146,8 @@ def test_exact_cost_forward_is_the_hard_cost_with_the_soft_gradient():
     loss.backward()
     # d log(r_c) = d soft / r_c: the soft gradient, scaled by soft / hard
     scale = res["soft"] / res["hard"]
-    for g_soft, p in zip(soft_grads, exact.structure_parameters()):
-        assert float(p.grad) == pytest.approx(g_soft * scale, rel=1e-4)
+    for g_soft, t in zip(soft_grads, _all_topks(exact)):
+        assert float(t.ratio_grad) == pytest.approx(g_soft * scale, rel=1e-4)
 
 
 def test_soft_cost_differentiable_in_every_structural_parameter():
@@ -150,8 +155,8 @@ def test_soft_cost_differentiable_in_every_structural_parameter():
     for resource in ("macs", "params"):
         searcher = dms.prepare(model, x, dms.SearchConfig(resource=resource, target=0.5))
         searcher.soft_cost().backward()
-        for p in searcher.structure_parameters():
-            assert p.grad is not None and float(p.grad) != 0
+        for t in _all_topks(searcher):
+            assert t.ratio_grad is not None and float(t.ratio_grad) != 0
         dms.detach(model)
 
 
@@ -159,8 +164,8 @@ def test_width_only_phase_freezes_depth():
     model, x = _resnet20()
     searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5, width_only_from=0.5))
     searcher.resource_loss(progress=0.6).backward()
-    assert all(t.a.grad is None for t in searcher.gates.depth)
-    assert all(t.a.grad is not None for t in searcher.gates.width)
+    assert all(t.ratio_grad is None for t in searcher.gates.depth)
+    assert all(t.ratio_grad is not None for t in searcher.gates.width)
     searcher.resource_loss(progress=0.1)
     assert all(t.a.requires_grad for t in searcher.gates.depth)
 

@@ -85,8 +85,8 @@ def test_band_loss_is_zero_inside_and_pulls_towards_the_band_from_both_sides():
     loss = s.resource_loss(progress=0.9)
     assert float(loss) == pytest.approx(math.log(hard / high), rel=1e-5)
     loss.backward()
-    assert all(float(t.a.grad) < 0 for t in s.gates.width)
-    assert all(float(t.a.grad) < 0 for t in s.gates.depth)  # not at the target yet: depth moves
+    assert all(float(t.ratio_grad) < 0 for t in s.gates.width)
+    assert all(float(t.ratio_grad) < 0 for t in s.gates.depth)  # not at the target yet: depth moves
     assert not s.gates.depth_frozen and s.settled_at is None
     assert s.settle_state.weight == pytest.approx(1.1)  # over the band: the weight grows (dual ascent)
     # below it: log(low / hard), pulls every a down (keep more), where Eq. 6 gives 0
@@ -99,9 +99,9 @@ def test_band_loss_is_zero_inside_and_pulls_towards_the_band_from_both_sides():
     assert float(loss) == pytest.approx(1.1 * math.log(low / hard), rel=1e-5)
     assert s.settle_state.weight == pytest.approx(1.1)  # under it: unchanged
     loss.backward()
-    grads = [float(t.a.grad) for t in s.gates.width]  # 0 for the widths inside removed blocks
+    grads = [float(t.ratio_grad) for t in s.gates.width]  # 0 for the widths inside removed blocks
     assert all(g >= 0 for g in grads) and sum(g > 0 for g in grads) >= 6
-    assert all(t.a.grad is None for t in s.gates.depth)  # at the target: depth frozen from here
+    assert all(t.ratio_grad is None for t in s.gates.depth)  # at the target: depth frozen from here
     assert s.gates.depth_frozen and s.settled_at == 0.9
     assert float(s.resource_loss(progress=0.5)) == 0.0  # before the phase: the hinge of Eq. 6
     # inside: no resource gradient at all

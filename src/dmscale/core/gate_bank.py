@@ -71,7 +71,7 @@ class GateBank:
                     f"{(first.metric, first.decay, first.centered)}, got {(g.metric, g.decay, g.centered)}")
         self.gates = list(gates)
         self.metric, self.decay, self.centered = first.metric, first.decay, first.centered
-        device = first.a.device
+        device = first.ratio_leaf()[0].device
         n = [g.n_units for g in self.gates]
         self.n_max = max(n)
         units = torch.tensor(n, dtype=torch.float32, device=device)
@@ -93,7 +93,24 @@ class GateBank:
         for i, g in enumerate(self.gates):  # each gate's importance becomes a view of its row
             self.matrix[i, :g.n_units].copy_(g.importance.detach().to(torch.float32))
             g.importance = self.matrix[i, :g.n_units]
-        self._ratios = [g.a for g in self.gates]
+        # where each gate's ratio lives (core.ratios): an entry of the stacked ratios, or its own Parameter
+        self._sources = [(g.__dict__.get("_ratio_slot"), g._parameters.get("a")) for g in self.gates]
+        self._store = self._whole_store()
+        k = 0 if self._store is None else self._store.numel()
+        # the plan: the stacked ratios as they are (the bank's first k gates, in order), then the
+        # others' own Parameters; None: a view per gate (tied entries, a part of the stacked ratios)
+        self._own = [a for _, a in self._sources[k:]] if all(a is not None for _, a in self._sources[k:]) else None
+        self._store_min = torch.zeros(k, device=device)
+        self._store_max = torch.tensor(self.max_ratio[:k], dtype=torch.float32, device=device)
+
+    def _whole_store(self) -> torch.Tensor | None:
+        """The stacked ratios when the bank's first gates are all of their entries, in order."""
+        first = self._sources[0][0]
+        store = None if first is None else first[0]._parameters.get(first[1])
+        if store is None or store.dim() != 1 or store.numel() > len(self._sources):
+            return None
+        slots = [s for s, _ in self._sources[:store.numel()]]
+        return store if all(s is not None and s[0] is first[0] and s[2] == i for i, s in enumerate(slots)) else None
 
     # ------------------------------------------------------------------ bookkeeping
     def valid_for(self, gates: Sequence[Any]) -> bool:
@@ -104,9 +121,12 @@ class GateBank:
         # (the modules' own dicts: nn.Module.__getattr__ on every gate twice per step is host time)
         setting = (self.metric, self.decay, self.centered, True)
         return (len(gates) == len(self.gates)
-                and all(g is h and g._parameters.get("a") is a and g._buffers.get("importance")._base is self.matrix
+                and (self._store is None or self._sources[0][0][0]._parameters.get(self._sources[0][0][1])
+                     is self._store)
+                and all(g is h and g.__dict__.get("_ratio_slot") is slot and g._parameters.get("a") is a
+                        and g._buffers.get("importance")._base is self.matrix
                         and (g.metric, g.decay, g.centered, g.normalize) == setting
-                        for g, h, a in zip(gates, self.gates, self._ratios)))
+                        for g, h, (slot, a) in zip(gates, self.gates, self._sources)))
 
     # ------------------------------------------------------------------ Eq. 2 and 3
     def ratios(self, fresh: bool = False) -> torch.Tensor:
@@ -121,16 +141,42 @@ class GateBank:
         The stack saves no tensor for its backward, so a task and a resource loss may still be
         backpropagated one after the other."""
         mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        leaves = self._leaves()
         shared = self.__dict__.get("_stacked")
         if not fresh and shared is not None and shared[0] == mode \
-                and all(a._version == v and a.requires_grad is r for a, (v, r) in zip(self._ratios, shared[1])):
+                and all(a._version == v and a.requires_grad is r for a, (v, r) in zip(leaves, shared[1])):
             return shared[2]
+        store, own = self._store, self._own
         with torch.no_grad():
-            torch._foreach_clamp_min_(self._ratios, 0.0)
-            torch._foreach_clamp_max_(self._ratios, self.max_ratio)
-        stacked = torch.stack(self._ratios)[:, None]
-        self._stacked = (mode, [(a._version, a.requires_grad) for a in self._ratios], stacked)
+            if own is None:  # a view per gate
+                for g in self.gates:
+                    g.clamp_()
+            else:
+                if store is not None:
+                    store.clamp_(self._store_min, self._store_max)
+                if own:
+                    torch._foreach_clamp_min_(own, 0.0)
+                    torch._foreach_clamp_max_(own, self.max_ratio[len(self.max_ratio) - len(own):])
+        if own is None:
+            stacked = torch.stack([g.a for g in self.gates])
+        elif store is None:
+            stacked = torch.stack(own)
+        else:
+            stacked = torch.cat([store, torch.stack(own)]) if own else store
+        stacked = stacked[:, None]
+        self._stacked = (mode, [(a._version, a.requires_grad) for a in leaves], stacked)
         return stacked
+
+    def _leaves(self) -> list[torch.Tensor]:
+        """The Parameters the ratios are read from (each once), in a fixed order."""
+        cached = self.__dict__.get("_leaf_list")
+        if cached is None:
+            seen: dict[int, torch.Tensor] = {}
+            for g in self.gates:
+                leaf = g.ratio_leaf()[0]
+                seen.setdefault(id(leaf), leaf)
+            cached = self._leaf_list = list(seen.values())
+        return cached
 
     def integer_ranks(self) -> torch.Tensor:
         """``#{j : c_gi > c_gj}`` per row (G, N_max), whole numbers in float32 (exact below 2^24

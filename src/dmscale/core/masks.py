@@ -43,6 +43,7 @@ from dmscale.core.importance import PendingImportance
 from dmscale.core.gate_bank import GateBank, batchable
 from dmscale.core.channel_layout import ChannelLayout, assemble_width_mask, resolve_derived
 from dmscale.core.forward_masks import ForwardMasks
+from dmscale.core.ratios import stack_ratios, upgrade_state_dict
 from dmscale.core.hook_attach import GATES_NAME, NORM_PREFIX, attach_hooks, block_keys, detach, fold_layers
 from dmscale.core.hook_base import DMSHook, first_input
 from dmscale.core.topk import DifferentiableTopK, GateFactory, StructuralGate
@@ -78,11 +79,17 @@ class Gates(nn.Module, ForwardMasks):
         and the moving average need it; masks are cast to the activations' dtype)."""
         super()._apply(fn, recurse)
         for t in list(self.width) + list(self.depth):
-            if t.a.dtype != torch.float32:
-                t.a.data = t.a.data.float()
+            leaf = t.ratio_leaf()[0] if isinstance(t, DifferentiableTopK) else t.a
+            if leaf.dtype != torch.float32:
+                leaf.data = leaf.data.float()
             if t.importance.dtype != torch.float32:
                 t.importance = t.importance.float()
         return self
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        """A checkpoint with one ``a`` per width gate loads into the stacked ratios."""
+        upgrade_state_dict(self, list(self.width), state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         """Identity: when the model is an ``nn.Sequential``, the gates are its last child
@@ -155,6 +162,7 @@ class Gates(nn.Module, ForwardMasks):
             importance=importance, normalize=normalize,
         )
         gates = cls([make(s) for s in dims], [make(s) for s in depth])
+        stack_ratios(gates, list(gates.width))  # one (W,) Parameter: core.ratios
         pairs = torch.tensor(derived or [], dtype=torch.long).reshape(-1, 2)
         gates.register_buffer("derived_a", pairs[:, 0].clone(), persistent=False)
         gates.register_buffer("derived_b", pairs[:, 1].clone(), persistent=False)
@@ -242,7 +250,7 @@ class Gates(nn.Module, ForwardMasks):
             if kind == "soft":
                 soft = bank.unit_soft_masks(fresh=track)  # (G, N_max); a training forward stacks anew
                 if track and soft.requires_grad:  # rows of frozen depth gates get no update
-                    rows = tuple(i not in frozen and gates[i].a.requires_grad for i in which)
+                    rows = tuple(i not in frozen and gates[i].ratio_leaf()[0].requires_grad for i in which)
                     soft.register_hook(self._importance_hook(bank.rows(rows), soft.detach(), defer, len(gates)))
             if kind == "hard" or (frozen and not any(gates[i].required_groups for i in frozen)):
                 hard = bank.unit_hard_masks()  # (G, N_max) on the device, no host synchronisation
@@ -305,7 +313,7 @@ class Gates(nn.Module, ForwardMasks):
         if kind == "hard":
             return topk.hard_mask()
         if kind == "open":
-            return torch.ones(topk.size, device=topk.a.device)
+            return torch.ones(topk.size, device=self._device())
         unit = topk.unit_soft_mask()
         if track and unit.requires_grad:
             unit.register_hook(self._importance_hook(topk, unit.detach(), defer, index))
@@ -339,8 +347,9 @@ class Gates(nn.Module, ForwardMasks):
         return cached
 
     def _device(self) -> torch.device:
-        return self.width[0].a.device if len(self.width) else (
-            self.depth[0].a.device if len(self.depth) else torch.device("cpu"))
+        for t in (*self.width._modules.values(), *self.depth._modules.values()):  # (no view of a stacked ratio)
+            return (t.ratio_leaf()[0] if isinstance(t, DifferentiableTopK) else t.a).device
+        return torch.device("cpu")
 
     @contextlib.contextmanager
     def use(self, mode: str | None = None, enabled: bool = True) -> Iterator[None]:

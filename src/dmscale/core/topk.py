@@ -220,6 +220,38 @@ class DifferentiableTopK(nn.Module):
         self.required_groups: list[torch.Tensor] = []
 
     @property
+    def a(self) -> torch.Tensor:
+        """The pruning ratio a, (): the gate's own Parameter, or once a search holds its width
+        gates' ratios in one Parameter (:mod:`dmscale.core.ratios`) a view of its entry (read,
+        and written under ``torch.no_grad()``, as the Parameter was; its gradient:
+        :attr:`ratio_grad`)."""
+        slot = self.__dict__.get("_ratio_slot")
+        if slot is None:
+            param = self._parameters.get("a")
+            if param is None:
+                raise AttributeError(f"{type(self).__name__} has no ratio 'a'")
+            return param
+        owner, name, i = slot
+        return owner._parameters[name][i]
+
+    def ratio_leaf(self) -> tuple[nn.Parameter, int | None]:
+        """The Parameter that holds ``a`` and a's index in it (None: ``a`` is that Parameter),
+        without making a view (what per-step code reads the device and grad flag from)."""
+        slot = self.__dict__.get("_ratio_slot")
+        if slot is None:
+            return self.a, None
+        owner, name, i = slot
+        return owner._parameters[name], i
+
+    @property
+    def ratio_grad(self) -> torch.Tensor | None:
+        """The gradient accumulated for ``a`` (a.grad of the gate's own Parameter, or its entry
+        of the stacked ratios' gradient), None before any."""
+        leaf, i = self.ratio_leaf()
+        grad = leaf.grad
+        return grad if grad is None or i is None else grad[i]
+
+    @property
     def lam(self) -> float:
         """lambda of Eq. 3: temperature * N (N counted in units)."""
         return self.temperature * self.n_units

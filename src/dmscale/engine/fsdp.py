@@ -39,7 +39,7 @@ Example (one process: sharding is a no-op, as DDP's wrapping is):
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     >>> searcher = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig("params", 0.5))
     >>> plan_shards(net).replicated[:1]
-    ('dms_gates.width.0.a',)
+    ('dms_gates.width_ratios',)
     >>> handle = shard_model(net)
     >>> handle.active, unsharded(net) is net, sync_replicated_grads(net)
     (False, True, 0)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Iterator
+from typing import Any, Hashable, Iterator
 
 import torch
 from torch import nn
@@ -32,6 +32,8 @@ from dmscale.trace.discover import SearchSpace
 from dmscale.core.errors import ConfigError
 from dmscale.export.shrink import export_model, structure_of
 from dmscale.core.masks import GATES_NAME, Gates
+from dmscale.core.ratios import ratio_key
+from dmscale.core.topk import DifferentiableTopK
 from dmscale.cost.resources import CostModel
 from dmscale.search.config import COST_FORWARD, SearchConfig, resolve_align
 from dmscale.search.importance_sync import ImportanceMixin
@@ -205,8 +207,14 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
                 yield p
 
     def structure_parameters(self) -> Iterator[nn.Parameter]:
-        """The learnable pruning ratios ``a``, one per dimension."""
-        return iter([t.a for t in _distinct(list(self.gates.width) + list(self.gates.depth))])
+        """The learnable pruning ratios: the width dims' ``a`` stacked in one (W,) Parameter
+        (:mod:`dmscale.core.ratios`), then each depth dim's own ``a`` (and the own ``a`` of a
+        gate that is not stacked)."""
+        leaves: dict[int, nn.Parameter] = {}
+        for t in list(self.gates.width) + list(self.gates.depth):
+            leaf = t.ratio_leaf()[0] if isinstance(t, DifferentiableTopK) else t.a
+            leaves.setdefault(id(leaf), leaf)
+        return iter(list(leaves.values()))
 
     def optimizer(self, weights: torch.optim.Optimizer, total_steps: int,
                   structure_lr: float = STRUCTURE_LR) -> SearchOptimizer:
@@ -319,11 +327,12 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
 
 def _distinct(topks: list[Any]) -> list[Any]:
     """One gate per distinct ``a`` (layer-uniform dims share theirs)."""
-    seen: set[int] = set()
+    seen: set[Hashable] = set()
     out = []
     for t in topks:
-        if id(t.a) not in seen:
-            seen.add(id(t.a))
+        key = ratio_key(t)
+        if key not in seen:
+            seen.add(key)
             out.append(t)
     return out
 

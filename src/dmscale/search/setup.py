@@ -23,6 +23,7 @@ from dmscale.core.masks import Gates
 from dmscale.trace.handlers.norms import norm_formula
 from dmscale.search.config import SearchConfig, resolve_align
 from dmscale.export.selfcheck import describe_inputs, fails_on
+from dmscale.core.ratios import stack_ratios
 from dmscale.search.uniform import tie_ratios, uniform_groups
 
 __all__ = ["discover_space", "attach_gates", "dim_unit", "unaligned_dims", "model_device"]
@@ -112,6 +113,8 @@ def attach_gates(model: nn.Module, space: SearchSpace, config: SearchConfig,
                          fold_masks=cfg.fold_masks, depth_folds=depth_folds)
     gates.fuse_norms = cfg.fuse_norms
     tie_ratios(list(gates.width), groups)
+    if groups:  # one entry per distinct ratio
+        stack_ratios(gates, list(gates.width))
     for d, topk in zip(space.width, gates.width):
         topk.required_groups = [torch.unique(torch.tensor(g) // topk.step) for g in d.required]
     # the gates live where the model lives (prepare may come after model.to(device)); a

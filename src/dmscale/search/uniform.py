@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Sequence
 
-from torch import nn
+from dmscale.core.ratios import share_ratio
 
 __all__ = ["layer_pattern", "uniform_groups", "tie_ratios"]
 
@@ -54,11 +54,12 @@ def uniform_groups(names: Sequence[str], keys: Sequence[Hashable]) -> list[list[
 
 
 def tie_ratios(gates: Sequence[Any], groups: list[list[int]]) -> None:
-    """Make the members of each group share their first member's ``a`` (one nn.Parameter)."""
+    """Make the members of each group share their first member's ``a`` (one nn.Parameter, or
+    one entry of the stacked ratios: :func:`~dmscale.core.ratios.share_ratio`)."""
     for group in groups:
         first = gates[group[0]]
         for i in group[1:]:
             member = gates[i]
             if member.n_units != first.n_units or member.min_units != first.min_units:
                 raise ValueError(f"cannot tie dims with different units: {member} vs {first}")
-            member.a = first.a if isinstance(first.a, nn.Parameter) else nn.Parameter(first.a)
+            share_ratio(member, first)

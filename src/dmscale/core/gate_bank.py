@@ -139,7 +139,9 @@ class GateBank:
         masks and the resource loss's then hang off one (G, 1) node and each ``a`` gets one
         gradient per backward, not one per evaluation (one addition per gate fewer per step).
         The stack saves no tensor for its backward, so a task and a resource loss may still be
-        backpropagated one after the other."""
+        backpropagated one after the other. The width dims' ratios are one Parameter
+        (:mod:`dmscale.core.ratios`): when the bank's first gates are its entries in order, it is
+        read as it is (then a cat with the depth dims' own), one clamp for all of them."""
         mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         leaves = self._leaves()
         shared = self.__dict__.get("_stacked")

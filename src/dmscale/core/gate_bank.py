@@ -100,8 +100,12 @@ class GateBank:
         # the plan: the stacked ratios as they are (the bank's first k gates, in order), then the
         # others' own Parameters; None: a view per gate (tied entries, a part of the stacked ratios)
         self._own = [a for _, a in self._sources[k:]] if all(a is not None for _, a in self._sources[k:]) else None
-        self._store_min = torch.zeros(k, device=device)
-        self._store_max = torch.tensor(self.max_ratio[:k], dtype=torch.float32, device=device)
+        # the projection into [0, max_ratio] of every Parameter the ratios are read from, in one
+        # _foreach clamp each way (the stacked ratios' bounds per entry)
+        if self._own is not None:
+            self._clamped = ([self._store] if self._store is not None else []) + self._own
+            self._upper = ([torch.tensor(self.max_ratio[:k], dtype=torch.float32, device=device)] if k else []) \
+                + [torch.tensor(m, dtype=torch.float32, device=device) for m in self.max_ratio[k:]]
 
     def _whole_store(self) -> torch.Tensor | None:
         """The stacked ratios when the bank's first gates are all of their entries, in order."""
@@ -154,11 +158,8 @@ class GateBank:
                 for g in self.gates:
                     g.clamp_()
             else:
-                if store is not None:
-                    store.clamp_(self._store_min, self._store_max)
-                if own:
-                    torch._foreach_clamp_min_(own, 0.0)
-                    torch._foreach_clamp_max_(own, self.max_ratio[len(self.max_ratio) - len(own):])
+                torch._foreach_clamp_min_(self._clamped, 0.0)
+                torch._foreach_clamp_max_(self._clamped, self._upper)
         if own is None:
             stacked = torch.stack([g.a for g in self.gates])
         elif store is None:

@@ -38,6 +38,7 @@ from typing import Any, Sequence
 import torch
 
 from dmscale.core.importance import IMPORTANCE_METRICS
+from dmscale.core.ratios import distinct_leaves
 from dmscale.core.topk import DifferentiableTopK
 
 __all__ = ["GateBank", "BankRows", "batchable"]
@@ -96,6 +97,8 @@ class GateBank:
         # where each gate's ratio lives (core.ratios): an entry of the stacked ratios, or its own Parameter
         self._sources = [(g.__dict__.get("_ratio_slot"), g._parameters.get("a")) for g in self.gates]
         self._store = self._whole_store()
+        self._store_at = None if self._store is None else self._sources[0][0][:2]  # (owner, attribute name)
+        self._leaves = distinct_leaves(self.gates)  # the Parameters the ratios are read from
         k = 0 if self._store is None else self._store.numel()
         # the plan: the stacked ratios as they are (the bank's first k gates, in order), then the
         # others' own Parameters; None: a view per gate (tied entries, a part of the stacked ratios)
@@ -125,8 +128,7 @@ class GateBank:
         # (the modules' own dicts: nn.Module.__getattr__ on every gate twice per step is host time)
         setting = (self.metric, self.decay, self.centered, True)
         return (len(gates) == len(self.gates)
-                and (self._store is None or self._sources[0][0][0]._parameters.get(self._sources[0][0][1])
-                     is self._store)
+                and (self._store is None or self._store_at[0]._parameters.get(self._store_at[1]) is self._store)
                 and all(g is h and g.__dict__.get("_ratio_slot") is slot and g._parameters.get("a") is a
                         and g._buffers.get("importance")._base is self.matrix
                         and (g.metric, g.decay, g.centered, g.normalize) == setting
@@ -147,7 +149,7 @@ class GateBank:
         (:mod:`dmscale.core.ratios`): when the bank's first gates are its entries in order, it is
         read as it is (then a cat with the depth dims' own), one clamp for all of them."""
         mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-        leaves = self._leaves()
+        leaves = self._leaves
         shared = self.__dict__.get("_stacked")
         if not fresh and shared is not None and shared[0] == mode \
                 and all(a._version == v and a.requires_grad is r for a, (v, r) in zip(leaves, shared[1])):
@@ -169,17 +171,6 @@ class GateBank:
         stacked = stacked[:, None]
         self._stacked = (mode, [(a._version, a.requires_grad) for a in leaves], stacked)
         return stacked
-
-    def _leaves(self) -> list[torch.Tensor]:
-        """The Parameters the ratios are read from (each once), in a fixed order."""
-        cached = self.__dict__.get("_leaf_list")
-        if cached is None:
-            seen: dict[int, torch.Tensor] = {}
-            for g in self.gates:
-                leaf = g.ratio_leaf()[0]
-                seen.setdefault(id(leaf), leaf)
-            cached = self._leaf_list = list(seen.values())
-        return cached
 
     def integer_ranks(self) -> torch.Tensor:
         """``#{j : c_gi > c_gj}`` per row (G, N_max), whole numbers in float32 (exact below 2^24

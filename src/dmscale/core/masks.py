@@ -43,7 +43,7 @@ from dmscale.core.importance import PendingImportance
 from dmscale.core.gate_bank import GateBank, batchable
 from dmscale.core.channel_layout import ChannelLayout, assemble_width_mask, resolve_derived
 from dmscale.core.forward_masks import ForwardMasks
-from dmscale.core.ratios import stack_ratios, upgrade_state_dict
+from dmscale.core.ratios import ratio_leaf, stack_ratios, upgrade_state_dict
 from dmscale.core.hook_attach import GATES_NAME, NORM_PREFIX, attach_hooks, block_keys, detach, fold_layers
 from dmscale.core.hook_base import DMSHook, first_input
 from dmscale.core.topk import DifferentiableTopK, GateFactory, StructuralGate
@@ -79,7 +79,7 @@ class Gates(nn.Module, ForwardMasks):
         and the moving average need it; masks are cast to the activations' dtype)."""
         super()._apply(fn, recurse)
         for t in list(self.width) + list(self.depth):
-            leaf = t.ratio_leaf()[0] if isinstance(t, DifferentiableTopK) else t.a
+            leaf = ratio_leaf(t)[0]
             if leaf.dtype != torch.float32:
                 leaf.data = leaf.data.float()
             if t.importance.dtype != torch.float32:
@@ -348,7 +348,7 @@ class Gates(nn.Module, ForwardMasks):
 
     def _device(self) -> torch.device:
         for t in (*self.width._modules.values(), *self.depth._modules.values()):  # (no view of a stacked ratio)
-            return (t.ratio_leaf()[0] if isinstance(t, DifferentiableTopK) else t.a).device
+            return ratio_leaf(t)[0].device
         return torch.device("cpu")
 
     @contextlib.contextmanager

@@ -43,7 +43,8 @@ from torch import nn
 
 from dmscale.core.topk import DifferentiableTopK
 
-__all__ = ["STORE", "stackable", "stack_ratios", "ratio_key", "share_ratio", "upgrade_state_dict"]
+__all__ = ["STORE", "stackable", "stack_ratios", "ratio_leaf", "ratio_key", "distinct_leaves", "share_ratio",
+           "upgrade_state_dict"]
 
 STORE = "width_ratios"
 
@@ -58,10 +59,25 @@ def stackable(gate: Any) -> bool:
     return leaf.requires_grad and (i is not None or leaf.dim() == 0)
 
 
+def ratio_leaf(gate: Any) -> tuple[nn.Parameter, int | None]:
+    """The Parameter that holds ``gate``'s ratio and the ratio's index in it (None: the whole
+    Parameter), for any gate (a baseline's ``a`` is its own Parameter), without making a view."""
+    return gate.ratio_leaf() if isinstance(gate, DifferentiableTopK) else (gate.a, None)
+
+
 def ratio_key(gate: Any) -> Hashable:
     """Equal for gates that share one ratio (the same Parameter, or the same entry of it)."""
-    leaf, i = gate.ratio_leaf() if isinstance(gate, DifferentiableTopK) else (gate.a, None)
+    leaf, i = ratio_leaf(gate)
     return id(leaf), i
+
+
+def distinct_leaves(gates: Sequence[Any]) -> list[nn.Parameter]:
+    """The Parameters that hold the ratios of ``gates``, each once, in the order of first use."""
+    leaves: dict[int, nn.Parameter] = {}
+    for g in gates:
+        leaf = ratio_leaf(g)[0]
+        leaves.setdefault(id(leaf), leaf)
+    return list(leaves.values())
 
 
 def stack_ratios(owner: nn.Module, gates: Sequence[Any]) -> None:

@@ -225,23 +225,20 @@ class DifferentiableTopK(nn.Module):
         gates' ratios in one Parameter (:mod:`dmscale.core.ratios`) a view of its entry (read,
         and written under ``torch.no_grad()``, as the Parameter was; its gradient:
         :attr:`ratio_grad`)."""
-        slot = self.__dict__.get("_ratio_slot")
-        if slot is None:
-            param = self._parameters.get("a")
-            if param is None:
-                raise AttributeError(f"{type(self).__name__} has no ratio 'a'")
-            return param
-        owner, name, i = slot
-        return owner._parameters[name][i]
+        leaf, i = self.ratio_leaf()
+        return leaf if i is None else leaf[i]
 
     def ratio_leaf(self) -> tuple[nn.Parameter, int | None]:
         """The Parameter that holds ``a`` and a's index in it (None: ``a`` is that Parameter),
         without making a view (what per-step code reads the device and grad flag from)."""
         slot = self.__dict__.get("_ratio_slot")
-        if slot is None:
-            return self.a, None
-        owner, name, i = slot
-        return owner._parameters[name], i
+        if slot is not None:
+            owner, name, i = slot
+            return owner._parameters[name], i
+        param = self._parameters.get("a")
+        if param is None:  # (an AttributeError: hasattr and nn.Module's registration rely on it)
+            raise AttributeError(f"{type(self).__name__} has no ratio 'a'")
+        return param, None
 
     @property
     def ratio_grad(self) -> torch.Tensor | None:

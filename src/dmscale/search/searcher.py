@@ -32,8 +32,7 @@ from dmscale.trace.discover import SearchSpace
 from dmscale.core.errors import ConfigError
 from dmscale.export.shrink import export_model, structure_of
 from dmscale.core.masks import GATES_NAME, Gates
-from dmscale.core.ratios import ratio_key
-from dmscale.core.topk import DifferentiableTopK
+from dmscale.core.ratios import distinct_leaves, ratio_key
 from dmscale.cost.resources import CostModel
 from dmscale.search.config import COST_FORWARD, SearchConfig, resolve_align
 from dmscale.search.importance_sync import ImportanceMixin
@@ -210,11 +209,7 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
         """The learnable pruning ratios: the width dims' ``a`` stacked in one (W,) Parameter
         (:mod:`dmscale.core.ratios`), then each depth dim's own ``a`` (and the own ``a`` of a
         gate that is not stacked)."""
-        leaves: dict[int, nn.Parameter] = {}
-        for t in list(self.gates.width) + list(self.gates.depth):
-            leaf = t.ratio_leaf()[0] if isinstance(t, DifferentiableTopK) else t.a
-            leaves.setdefault(id(leaf), leaf)
-        return iter(list(leaves.values()))
+        return iter(distinct_leaves(list(self.gates.width) + list(self.gates.depth)))
 
     def optimizer(self, weights: torch.optim.Optimizer, total_steps: int,
                   structure_lr: float = STRUCTURE_LR) -> SearchOptimizer:

@@ -192,15 +192,25 @@ def _hf_mix(tmp_path):
     return small
 
 
+def _incremental_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of the last token, computed after the others through a DynamicCache, with
+    the positions taken from the cache's length (no position_ids): what a KV-cache slot
+    left empty by a layer without attention would get wrong."""
+    out = model(input_ids=ids[:, :-1], use_cache=True)
+    return model(input_ids=ids[:, -1:], past_key_values=out.past_key_values).logits[:, -1]
+
+
 def test_save_pretrained_with_removed_branches(tmp_path):
     small = _hf_mix(tmp_path)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
     assert sum(p.numel() for p in loaded.parameters()) == sum(p.numel() for p in small.parameters())
-    ids = torch.randint(0, 64, (1, 5))
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
+        full = small(input_ids=ids).logits[:, -1]
+        for model in (small, loaded):  # layer 0 has no attention: the cache still counts tokens
+            torch.testing.assert_close(_incremental_logits(model, ids), full, atol=1e-5, rtol=1e-5)
         cached = small.generate(ids, max_new_tokens=6, do_sample=False)
-        recomputed = small.generate(ids, max_new_tokens=6, do_sample=False, use_cache=False)
-        assert torch.equal(cached, recomputed)  # the cache's length is right with layer 0 attention-free
+        assert torch.equal(cached, small.generate(ids, max_new_tokens=6, do_sample=False, use_cache=False))
         assert torch.equal(loaded.generate(ids, max_new_tokens=6, do_sample=False), cached)
 
 

@@ -10,6 +10,7 @@ branches as zeros in ``layer_sizes`` and loads back (with a KV cache for ``gener
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -197,7 +198,8 @@ def _incremental_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     the positions taken from the cache's length (no position_ids): what a KV-cache slot
     left empty by a layer without attention would get wrong."""
     out = model(input_ids=ids[:, :-1], use_cache=True)
-    return model(input_ids=ids[:, -1:], past_key_values=out.past_key_values).logits[:, -1]
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return model(input_ids=ids[:, -1:], **{key: out.past_key_values}).logits[:, -1]
 
 
 def test_save_pretrained_with_removed_branches(tmp_path):

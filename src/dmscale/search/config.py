@@ -176,10 +176,10 @@ class SearchConfig:
     budget_band: tuple[float, float] = (0.98, 1.0)
     verify: bool = True
     layer_uniform: bool = False
-    depth_unit: str = "block"
     gate_factory: GateFactory | None = None
     fold_masks: bool = True
     fuse_norms: bool | None = None
+    depth_unit: str = "block"
 
     def __post_init__(self) -> None:
         if self.resource not in RESOURCES:

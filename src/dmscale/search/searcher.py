@@ -28,7 +28,7 @@ from typing import Any, Hashable, Iterator
 import torch
 from torch import nn
 
-from dmscale.export.hf import check_uniform_depth
+from dmscale.export.hf_sizes import check_uniform_depth
 from dmscale.trace.discover import SearchSpace
 from dmscale.core.errors import ConfigError
 from dmscale.export.shrink import export_model, structure_of

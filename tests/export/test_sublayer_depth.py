@@ -20,7 +20,7 @@ from torch import nn
 import dmscale as dms
 from dmscale.core.errors import ConfigError
 from dmscale.export.hf import hf_layer_sizes
-from exact import max_abs_diff
+from exact import drop_units, max_abs_diff
 
 dms.ensure_torchvision()
 transformers = pytest.importorskip("transformers")
@@ -39,18 +39,6 @@ def _tiny_vit() -> nn.Module:
     torch.manual_seed(0)
     return timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=4,
                              depth=4).eval()
-
-
-def drop_units(searcher: dms.Searcher, dropped: list[int]) -> None:
-    """Harden the (one) depth gate so that exactly the units ``dropped`` are removed."""
-    (gate,) = searcher.gates.depth
-    importance = torch.arange(gate.n_units, 0, -1, dtype=torch.float32) + gate.n_units
-    importance[dropped] = torch.arange(len(dropped), dtype=torch.float32)
-    with torch.no_grad():
-        gate.importance.copy_(importance)
-        gate.set_count(gate.n_units - len(dropped))
-    assert gate.unit_hard_mask().nonzero().flatten().tolist() == \
-        [i for i in range(gate.n_units) if i not in dropped]
 
 
 def _out(model: nn.Module, x) -> torch.Tensor:

@@ -89,3 +89,15 @@ def assert_exact(model: nn.Module, x: Any, seeds: tuple[int, ...] = (0, 1), tol:
     for seed, (hard, counted) in zip(seeds, r.costs):
         assert round(hard) == counted, f"seed {seed}: hard cost {hard:.0f} != count of the export {counted}"
     return r
+
+
+def drop_units(searcher: dms.Searcher, dropped: list[int]) -> None:
+    """Harden the (one) depth gate so that exactly the units ``dropped`` are removed."""
+    (gate,) = searcher.gates.depth
+    importance = torch.arange(gate.n_units, 0, -1, dtype=torch.float32) + gate.n_units
+    importance[dropped] = torch.arange(len(dropped), dtype=torch.float32)
+    with torch.no_grad():
+        gate.importance.copy_(importance)
+        gate.set_count(gate.n_units - len(dropped))
+    assert gate.unit_hard_mask().nonzero().flatten().tolist() == \
+        [i for i in range(gate.n_units) if i not in dropped]

@@ -117,3 +117,44 @@ def test_smollm2_search_export_loads_without_dmscale(smollm2, tmp_path):
 def test_smollm2_full_depth_loads_without_dmscale(smollm2, tmp_path):
     base, tokenizer = smollm2
     _check_both_formats(base, tokenizer, tmp_path, layers=30)
+
+
+@pytest.mark.slow
+def test_smollm2_sublayer_depth_loads_without_dmscale(smollm2, tmp_path):
+    """Sublayer depth on the real SmolLM2 (4 layers): a search, then layer 0 without
+    attention, layer 1 without FFN and layer 2 without attention; the per-layer save loads in
+    a fresh process without dmscale and gives the same logits and greedy tokens."""
+    from exact import drop_units
+
+    base, tokenizer = smollm2
+    model = _truncated(base, 4)
+    ids = torch.tensor(tokenizer(TEXT)["input_ids"])
+    batch = ids[: (len(ids) // 16) * 16].view(-1, 16)[:2]
+    x = {"input_ids": batch[:1]}
+    searcher = dms.prepare(model, x, dms.SearchConfig(resource="params", target=0.8, depth_unit="sublayer"))
+    opt = torch.optim.Adam([{"params": list(searcher.model_parameters()), "lr": 1e-5},
+                            {"params": list(searcher.structure_parameters()), "lr": 0.05}])
+    model.train()
+    for i in range(3):
+        loss = model(input_ids=batch, labels=batch).loss + searcher.resource_loss((i + 1) / 3)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    drop_units(searcher, [0, 3, 4])
+    small = searcher.export().eval()  # checked against the hardened supernet
+    assert searcher.resources()["hard"] == dms.count(small, x)["params"]
+    sizes = hf_layer_sizes(small)["layers"]
+    assert [s[0] == 0 for s in sizes] == [True, False, True, False]
+    assert [s[2] == 0 for s in sizes] == [False, True, False, False]
+    out = tmp_path / "sublayer"
+    dms.save_pretrained(small, out, tokenizer=tokenizer, mode="per_layer")
+    assert json.loads((out / "config.json").read_text())["layer_sizes"] == sizes
+    prompt = torch.tensor([tokenizer("The king said")["input_ids"]])
+    (got,) = load_fresh([(str(out), True)], prompt, new_tokens=8)
+    assert not got["dmscale_loaded"]
+    with torch.no_grad():
+        want = small(input_ids=prompt).logits
+        tokens = small.generate(prompt, max_new_tokens=8, do_sample=False)
+    torch.testing.assert_close(got["logits"], want, atol=1e-4, rtol=1e-4)
+    assert torch.equal(got["tokens"], tokens)

@@ -377,3 +377,26 @@ def test_fsdp_under_torchrun_writes_the_hf_dir_ddp_writes(tiny_hf, tmp_path):
     assert wa.keys() == wb.keys()
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_depth_unit_sublayer_reaches_the_search(tiny_hf, tmp_path, capsys):
+    """``--depth-unit sublayer``: each decoder layer's attention and FFN are depth units of
+    their own (the structure names them), and RUN/hf saves in the per-layer format."""
+    model_dir, data = tiny_hf
+    run = tmp_path / "run"
+    rc, out, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+                         "--pipeline", "p-", "--depth-unit", "sublayer", "--epochs", "0.02",
+                         "--test-limit", "300", "--distill-weight", "0", "--out", str(run), *COMMON], capsys)
+    assert rc == 0, err
+    (stage,) = json.loads((run / "structure.json").read_text())["depth"]
+    assert stage["blocks"] == ["lm.model.layers.0.self_attn", "lm.model.layers.0.mlp",
+                               "lm.model.layers.1.self_attn", "lm.model.layers.1.mlp"]
+    assert json.loads((run / "hf" / "config.json").read_text())["model_type"] == "dmscale_llama"
+
+
+def test_layer_uniform_with_sublayer_depth_is_refused(tiny_hf, tmp_path, capsys):
+    model_dir, data = tiny_hf
+    rc, _, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+                       "--pipeline", "p-", "--depth-unit", "sublayer", "--layer-uniform",
+                       "--out", str(tmp_path / "r"), *COMMON], capsys)
+    assert rc == 2 and "--depth-unit" in err and "layer_uniform" in err, err

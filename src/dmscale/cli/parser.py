@@ -98,8 +98,8 @@ _GROUP_TITLES = {
 # the options of `dmscale search` that decide its model and search space (`dmscale inspect`)
 INSPECT_OPTIONS = ("task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size",
                    "seq_len", "model", "model_args", "expand", "resource", "target", "search_dims",
-                   "min_width", "width_step", "align", "exclude", "layer_uniform", "seed", "device",
-                   "threads", "out", "quiet",
+                   "min_width", "width_step", "align", "exclude", "layer_uniform", "depth_unit", "seed",
+                   "device", "threads", "out", "quiet",
                    # --memory: what decides the memory of the search
                    "batch_size", "pipeline", "optimizer", "precision", "shard", "teacher", "distill_weight",
                    "distill_hidden")

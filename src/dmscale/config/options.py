@@ -267,6 +267,11 @@ OPTIONS: tuple[Option, ...] = (
        "own most important elements; a Hugging Face model then exports with a standard config "
        "(export --format hf loads with plain from_pretrained)", _SEARCHING, "search",
        flag_kind="flag"),
+    _o("depth_unit", choice("block", "sublayer"), "block",
+       "what one depth element removes: a whole residual block (block), or each residual "
+       "branch of a block apart (sublayer: the search may drop the attention of one layer and "
+       "the FFN of another; a Hugging Face export then needs the per-layer format, not "
+       "--layer-uniform)", _SEARCHING, "search"),
     _o("width_only_from", fraction, None,
        "from this fraction of the search on, freeze depth and search widths only",
        _SEARCHING, "search", metavar="P"),

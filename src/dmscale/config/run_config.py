@@ -114,6 +114,7 @@ class RunConfig(RunConfigChecks):
     exclude: list[str] | None = None
     width_only_from: float | None = None
     layer_uniform: bool = False
+    depth_unit: str = "block"
     teacher: str | None = None
     distill_weight: float = 1.0
     distill_temperature: float = 1.0

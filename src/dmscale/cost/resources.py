@@ -152,10 +152,12 @@ class CostModel(DeviceCache):
         self._groups: list[torch.Tensor] = []
         self._group_key: dict[bytes, int] = {}
         self._block_index = self._flat_blocks(space)
+        self._alive_index = self._split_layers(space, self._block_index)
         rows = self._macs_rows(model, space) if resource == "macs" else self._params_rows(model, space)
         kept = [r for r in rows if not (r[1] < 0 and r[2] < 0 and r[3] < 0)]
         self.constant = float(sum(r[0] for r in rows if r[1] < 0 and r[2] < 0 and r[3] < 0))
-        g, b = len(self._groups), len(self._block_index)
+        # depth factors: one per unit (B), then one per split block (A, alive while a branch is)
+        g, b = len(self._groups), len(self._block_index) + len(self._alive_units)
         self.terms = _Terms(
             torch.tensor([r[0] for r in kept], dtype=torch.float64),
             torch.tensor([r[1] if r[1] >= 0 else g for r in kept], dtype=torch.long),
@@ -181,6 +183,16 @@ class CostModel(DeviceCache):
                 k += 1
         return out
 
+    def _split_layers(self, space: SearchSpace, flat: dict[tuple[int, int], int]) -> dict[str, int]:
+        """Sublayer depth: each split block's index among the depth factors (after the B
+        units) and, in ``_alive_units``, its units' flat indices padded with B (A, K)."""
+        layers = space.split_layers()
+        width = max((len(u) for u in layers.values()), default=0)
+        pad = len(flat)  # the index of a zero appended to the depth mask: a factor 1 - 0
+        self._alive_units = torch.tensor([[flat[u] for u in units] + [pad] * (width - len(units))
+                                          for units in layers.values()], dtype=torch.long).view(len(layers), width)
+        return {name: len(flat) + a for a, name in enumerate(layers)}
+
     def _group(self, slots: Any) -> int:
         """Index of the keep-ratio group of a channel->slot vector (-1: no factor)."""
         if slots is None or (slots < 0).all():
@@ -195,7 +207,10 @@ class CostModel(DeviceCache):
 
     def _block(self, name: str) -> int:
         jb = self.space.block_of(name)
-        return -1 if jb is None else self._block_index[jb]
+        if jb is None:  # a part of a split block outside its branches (a norm): alive factor
+            layer = self.space.split_layer_of(name) if self._alive_index else None
+            return -1 if layer is None else self._alive_index[layer]
+        return self._block_index[jb]
 
     def _macs_rows(self, model: nn.Module, space: SearchSpace) -> list[tuple[float, int, int, int]]:
         rows = []
@@ -211,11 +226,19 @@ class CostModel(DeviceCache):
         rest = space.total_macs - attributed
         for j, d in enumerate(space.depth):  # MACs outside handled layers but inside a block
             for i, b in enumerate(d.blocks):
-                inner = space.module_macs.get(b.name, 0) - sum(
-                    l.macs for n, l in space.layers.items() if n.startswith(b.name + "."))
+                inner = sum(space.module_macs.get(m, 0) for m in b.members or [b.name]) - sum(
+                    l.macs for n, l in space.layers.items() if b.contains(n))
                 if inner:
                     rows.append((float(inner), -1, -1, self._block_index[(j, i)]))
                     rest -= inner
+        for layer, units in space.split_layers().items():  # ... inside a split block, outside its units
+            inner = space.module_macs.get(layer, 0) - sum(
+                space.module_macs.get(m, 0) for j, i in units for m in space.depth[j].blocks[i].members) - sum(
+                l.macs for n, l in space.layers.items()
+                if (n == layer or n.startswith(layer + ".")) and space.block_of(n) is None)
+            if inner:
+                rows.append((float(inner), -1, -1, self._alive_index[layer]))
+                rest -= inner
         rows.append((float(rest), -1, -1, -1))
         return rows
 
@@ -249,7 +272,12 @@ class CostModel(DeviceCache):
         seg, flat, length, base, index, one = self.on(
             dev, self._seg, self._flat, self._len, self.terms.base, self._factor_index, self._one)
         keep = torch.zeros(len(self._groups), dtype=torch.float64, device=dev).index_add(0, seg, w[flat]) / length
-        factors = torch.cat([keep, one, depth_mask.to(torch.float64), one])  # (G + 1 + B + 1,)
+        depth = depth_mask.to(torch.float64)
+        if len(self._alive_units):  # sublayer depth: a split block lives while one branch does
+            units, = self.on(dev, self._alive_units)
+            off = 1 - torch.cat([depth, depth.new_zeros(1)])[units]  # (A, K)
+            depth = torch.cat([depth, 1 - off.prod(dim=1)])
+        factors = torch.cat([keep, one, depth, one])  # (G + 1 + B + A + 1,)
         k_in, k_out, d = factors[index].unbind(0)  # (T,) each: one gather, one backward
         per_term = base * k_in * k_out * d
         return per_term.sum() + self.constant

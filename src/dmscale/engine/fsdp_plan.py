@@ -112,7 +112,10 @@ def plan_shards(model: nn.Module, blocks: Iterable[str] | None = None, space: An
     else:
         names = _hf_blocks(model)
         if not names and space is not None:
-            names = [b.name for d in getattr(space, "depth", []) for b in d.blocks if b.name in modules]
+            # a sublayer unit shards with its whole block (getattr: a space of another kind)
+            names = [b.name if getattr(b, "layer", None) is None else b.layer.name
+                     for d in getattr(space, "depth", []) for b in d.blocks]
+            names = [n for n in names if n in modules]
         if not names:
             names = _list_blocks(model)
         names = [n for n in names if any(True for _ in modules[n].parameters())]

@@ -8,7 +8,7 @@ Layer rule: ``export`` imports :mod:`dmscale.trace` and :mod:`dmscale.core`, nev
 :mod:`dmscale.cost` (its sibling) or anything above.
 """
 
-from dmscale.export.shrink import SkipBlock
+from dmscale.export.shrink import SkipBlock, ZeroBranch
 
 # Exports pickled with torch.save before the layered layout name dmscale.export.SkipBlock.
-__all__ = ["SkipBlock"]
+__all__ = ["SkipBlock", "ZeroBranch"]

@@ -14,7 +14,8 @@
   standard config for heterogeneous layers, so the directory carries its own modeling code:
   ``config.json`` has ``model_type: "dmscale_<family>"`` (``dmscale_llama``,
   ``dmscale_qwen2``, ...), one ``[heads, kv_heads, intermediate]`` per layer in
-  ``layer_sizes``, and an ``auto_map`` pointing at ``modeling_dmscale_<family>.py``, a
+  ``layer_sizes`` (``[0, 0, intermediate]``: a layer without attention, ``[heads, kv, 0]``:
+  without FFN, from ``SearchConfig(depth_unit="sublayer")``), and an ``auto_map`` pointing at ``modeling_dmscale_<family>.py``, a
   40-line file that subclasses transformers' own classes of the family (``Qwen2ForCausalLM``,
   ...) and rebuilds each layer's projections at its own size with ``dmscale_per_layer.py``
   (both import only torch and transformers). ``from_pretrained(dir, trust_remote_code=True)``
@@ -69,12 +70,12 @@ import torch
 from torch import nn
 
 from dmscale.core.errors import StructureError, UnsupportedLayerError, VerificationError
-from dmscale.core.masks import GATES_NAME
+from dmscale.export.hf_sizes import STANDARD_FAMILIES, check_uniform_depth, find_hf_model, hf_layer_sizes
+from dmscale.export.shrink import ZeroBranch
 
-__all__ = ["save_pretrained", "hf_layer_sizes", "find_hf_model", "check_save_pretrained",
+__all__ = ["save_pretrained", "hf_layer_sizes", "find_hf_model", "check_save_pretrained", "check_uniform_depth",
            "remote_files", "STANDARD_FAMILIES", "PER_LAYER_FAMILIES", "REMOTE_FILE", "SHARED_REMOTE_FILE"]
 
-STANDARD_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 # model_type -> (the stem of its modeling_dmscale_<stem>.py, the prefix of its classes)
 _PER_LAYER = {"llama": ("llama", "Llama"), "mistral": ("mistral", "Mistral"), "qwen2": ("qwen2", "Qwen2"),
               "qwen3": ("qwen3", "Qwen3"), "gemma3_text": ("gemma3", "Gemma3")}
@@ -92,19 +93,22 @@ def remote_files(model_type: str) -> tuple[str, str]:
     return f"modeling_dmscale_{_PER_LAYER[model_type][0]}.py", SHARED_REMOTE_FILE
 
 
-def check_save_pretrained(model: nn.Module, layer_uniform: bool = False) -> None:
+def check_save_pretrained(model: nn.Module, layer_uniform: bool = False, depth_unit: str = "block") -> None:
     """Raise before a search when :func:`save_pretrained` could not write its result.
 
     ``model`` is the Hugging Face causal LM to be searched (or a wrapper holding it), not yet
     prepared; ``layer_uniform`` the search's ``SearchConfig.layer_uniform``. Passes for
     :data:`PER_LAYER_FAMILIES` (any search) and :data:`STANDARD_FAMILIES` with
-    ``layer_uniform=True``.
+    ``layer_uniform=True``; ``depth_unit`` the search's ``SearchConfig.depth_unit``
+    (:func:`check_uniform_depth`).
 
     Raises:
+        ConfigError: ``layer_uniform`` with sublayer depth (:func:`check_uniform_depth`).
         UnsupportedLayerError: another family, or decoder layers that are not Llama-like
             (``self_attn.q/k/v/o_proj``, ``mlp.gate/up/down_proj``); the message names the
             family and what to do instead.
     """
+    check_uniform_depth(model, layer_uniform, depth_unit)
     lm = find_hf_model(model)
     family = lm.config.model_type
     if family not in PER_LAYER_FAMILIES and not (layer_uniform and family in STANDARD_FAMILIES):
@@ -119,81 +123,21 @@ def check_save_pretrained(model: nn.Module, layer_uniform: bool = False) -> None
     hf_layer_sizes(lm)
 
 
-def find_hf_model(model: nn.Module) -> Any:
-    """``model`` when it is a ``transformers.PreTrainedModel``, else its only top-level child
-    that is one (a wrapper such as the text task's ``CausalLM``)."""
-    from transformers import PreTrainedModel
-
-    if isinstance(model, PreTrainedModel):
-        return model
-    found = [m for m in model.children() if isinstance(m, PreTrainedModel)]
-    if len(found) != 1:
-        raise UnsupportedLayerError(
-            f"save_pretrained needs a Hugging Face PreTrainedModel, got {type(model).__name__} "
-            f"with {len(found)} PreTrainedModel children; pass the Hugging Face model itself, or "
-            "save with dmscale.save (loads with dmscale.load)")
-    return found[0]
-
-
-def hf_layer_sizes(model: nn.Module) -> dict[str, Any]:
-    """The sizes a config must state for ``model`` (an export of a causal LM of those families).
-
-    Returns ``{"hidden_size", "head_dim", "layers": [[heads, kv_heads, intermediate], ...],
-    "uniform", "layer_types", "embed_scale"}``: ``layer_types`` the attention type of each
-    layer (None when the family has none), ``embed_scale`` the factor of an embedding that
-    scales its output (Gemma 3) or None. Raises :class:`UnsupportedLayerError` naming the layer when the model is
-    not a Llama-family decoder (q/k/v/o_proj attention, gate/up/down_proj MLP) or when it is
-    still prepared for a search.
-    """
-    lm = find_hf_model(model)
-    if hasattr(lm, GATES_NAME) or hasattr(model, GATES_NAME):
-        raise StructureError("the model is still prepared for a search (it has dms_gates): save "
-                             "searcher.export(), the physically smaller copy")
-    config = lm.config
-    stack = getattr(getattr(lm, "model", None), "layers", None)
-    if not isinstance(stack, nn.ModuleList):
-        raise UnsupportedLayerError(
-            f"{type(lm).__name__} ({config.model_type}): no decoder stack at model.layers; "
-            f"save_pretrained supports {', '.join(STANDARD_FAMILIES)}. Save with dmscale.save "
-            "(loads with dmscale.load) instead")
-    hidden = lm.get_input_embeddings().embedding_dim
-    head_dims, layers, types = set(), [], []
-    for i, layer in enumerate(stack):
-        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
-                [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-        if not all(isinstance(p, nn.Linear) for p in parts) or not hasattr(attn, "head_dim"):
-            raise UnsupportedLayerError(
-                f"model.layers.{i} ({type(layer).__name__}) is not a Llama-family decoder layer "
-                "(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj); save with dmscale.save instead")
-        q, k, v, o, gate, up, down = parts
-        d = int(attn.head_dim)
-        head_dims.add(d)
-        heads, kv, ffn = q.out_features // d, k.out_features // d, gate.out_features
-        if (q.out_features % d or k.out_features % d or v.out_features != k.out_features
-                or o.in_features != q.out_features or up.out_features != ffn or down.in_features != ffn
-                or heads % kv or any(p.in_features != hidden for p in (q, k, v, gate, up))
-                or o.out_features != hidden or down.out_features != hidden):
-            raise StructureError(
-                f"model.layers.{i}: inconsistent projection shapes (q {tuple(q.weight.shape)}, k "
-                f"{tuple(k.weight.shape)}, v {tuple(v.weight.shape)}, o {tuple(o.weight.shape)}, "
-                f"head_dim {d}, hidden {hidden}); this model was not produced by a dmscale export")
-        layers.append([heads, kv, ffn])
-        types.append(getattr(attn, "layer_type", None))
-    if len(head_dims) > 1:
-        raise StructureError(f"head_dim differs between layers ({sorted(head_dims)}); no config "
-                             "format states that")
-    return {"hidden_size": hidden, "head_dim": head_dims.pop() if head_dims else None,
-            "layers": layers, "uniform": all(s == layers[0] for s in layers),
-            "layer_types": types if types and None not in types else None,
-            "embed_scale": getattr(lm.get_input_embeddings(), "scalar_embed_scale", None)}
-
-
 def _kept_layer_types(config: Any, sizes: dict[str, Any]) -> dict[str, Any]:
     """``layer_types`` of the kept layers when the family's config lists them."""
     if getattr(config, "layer_types", None) is None or sizes["layer_types"] is None:
         return {}
     return {"layer_types": list(sizes["layer_types"])}
+
+
+def _refuse_removed_branches(sizes: dict[str, Any]) -> None:
+    """Raise when a layer has no attention or no FFN: a standard config cannot say so."""
+    bare = [i for i, s in enumerate(sizes["layers"]) if 0 in s]
+    if bare:
+        raise StructureError(
+            f"layers {bare[:5]} have no attention or no FFN (a 0 in layer_sizes, from a search with "
+            "depth_unit='sublayer'), which a standard config cannot state; save with "
+            "mode='per_layer' (from_pretrained with trust_remote_code=True)")
 
 
 def _standard_config(lm: Any, sizes: dict[str, Any]) -> Any:
@@ -202,6 +146,7 @@ def _standard_config(lm: Any, sizes: dict[str, Any]) -> Any:
         raise UnsupportedLayerError(
             f"save_pretrained writes standard configs for {', '.join(STANDARD_FAMILIES)}, this "
             f"model is {config.model_type!r}; save with dmscale.save (loads with dmscale.load)")
+    _refuse_removed_branches(sizes)
     heads, kv, ffn = sizes["layers"][0] if sizes["layers"] else (
         config.num_attention_heads, config.num_key_value_heads, config.intermediate_size)
     values = {"hidden_size": sizes["hidden_size"], "num_hidden_layers": len(sizes["layers"]),
@@ -241,12 +186,16 @@ def _per_layer_config(lm: Any, sizes: dict[str, Any]) -> Any:
     d = _plain_dict(config)
     d.update(model_type=config_class.model_type, hidden_size=sizes["hidden_size"],
              num_hidden_layers=len(layers), head_dim=sizes["head_dim"] or config.head_dim,
-             num_attention_heads=max(s[0] for s in layers), num_key_value_heads=max(s[1] for s in layers),
-             intermediate_size=max(s[2] for s in layers), layer_sizes=[list(s) for s in layers],
+             num_attention_heads=max([1] + [s[0] for s in layers]),
+             num_key_value_heads=max([1] + [s[1] for s in layers]),
+             intermediate_size=max([1] + [s[2] for s in layers]), layer_sizes=[list(s) for s in layers],
              architectures=[f"{prefix}ForCausalLM"], **_kept_layer_types(config, sizes),
              auto_map={auto: f"{modeling}.{prefix}{cls}" for auto, cls in _REMOTE_CLASSES})
     if sizes["embed_scale"] is not None:
         d["embed_scale"] = float(sizes["embed_scale"])
+    zeros = [[n for n, m in layer.named_children() if isinstance(m, ZeroBranch)] for layer in lm.model.layers]
+    if any(zeros):  # the modules of removed branches (sublayer depth): no weights, zeros
+        d["zero_modules"] = zeros
     return config_class.from_dict(d)
 
 
@@ -286,7 +235,8 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any
     config = None
     if mode == "auto":  # standard when the layers agree and the family's config accepts the sizes
         mode = "per_layer"
-        if sizes["uniform"] and lm.config.model_type in STANDARD_FAMILIES:
+        if sizes["uniform"] and lm.config.model_type in STANDARD_FAMILIES \
+                and not any(0 in s for s in sizes["layers"]):
             try:
                 config, mode = _standard_config(lm, sizes), "standard"
             except StructureError as err:
@@ -294,6 +244,8 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any
                     raise
                 warnings.warn(f"{err}; saving with per-layer sizes and custom code instead "
                               "(loads with trust_remote_code=True)", stacklevel=2)
+    if mode == "standard":
+        _refuse_removed_branches(sizes)
     if mode == "standard" and not sizes["uniform"]:
         distinct = sorted({tuple(s) for s in sizes["layers"]})
         raise StructureError(

@@ -40,7 +40,8 @@ from dmscale.core.masks import detach
 if TYPE_CHECKING:
     from dmscale.trace.discover import SearchSpace
 
-__all__ = ["apply_structure", "export_model", "structure_of", "FORMAT", "StructureError", "SkipBlock"]
+__all__ = ["apply_structure", "export_model", "structure_of", "FORMAT", "StructureError", "SkipBlock",
+           "ZeroBranch"]
 
 FORMAT = "dmscale.structure/1"
 
@@ -78,6 +79,52 @@ class SkipBlock(nn.Module):
 # Pickles (``torch.save`` of an export, YOLO checkpoints) name the class by this stable path,
 # the one they had before the package was split into layers; dmscale.export re-exports it.
 SkipBlock.__module__ = "dmscale.export"
+
+_CACHE_ARGS = ("cache", "past_key_values", "past_key_value")
+
+
+class ZeroBranch(nn.Module):
+    """What a removed residual branch of a kept block becomes (sublayer depth): zeros shaped
+    like its first tensor input, packed as the branch packed its output (``output``, as for
+    :class:`SkipBlock`), so the block computes ``x + 0``. A branch that takes no tensor
+    (its input a keyword only: ``hidden_states=``) reads the first tensor keyword.
+
+    A removed Hugging Face attention (``layer_idx`` is its KV-cache slot) still appends one
+    zero per new token to its cache slot, ``(batch, 1, tokens, 1)``: the cache's sequence
+    length, which transformers reads from the first layer's slot, stays right whichever
+    layers have attention (a slot left empty would read as length 0).
+
+    Example:
+        >>> import torch
+        >>> ZeroBranch({"type": "tuple", "items": [{"tensor": True}, None]})(torch.ones(2, 3))
+        (tensor([[0., 0., 0.],
+                [0., 0., 0.]]), None)
+    """
+
+    def __init__(self, output: dict[str, Any] | None = None, layer_idx: int | None = None,
+                 layer_type: str | None = None) -> None:
+        super().__init__()
+        self.output = output
+        if layer_idx is not None:  # only then: an HF layer renumbering sets every layer_idx it finds
+            self.layer_idx = layer_idx
+        if layer_type is not None:  # the attention type of the layer (sliding or full), kept for its config
+            self.layer_type = layer_type
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        x = next(t for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor))
+        cache = next((kwargs[k] for k in _CACHE_ARGS if kwargs.get(k) is not None), None)
+        layer_idx = getattr(self, "layer_idx", None)
+        if layer_idx is not None and hasattr(cache, "update"):
+            step = x.new_zeros(x.shape[0], 1, x.shape[1], 1)  # (batch, 1 head, tokens, 1)
+            cache.update(step, step, layer_idx)
+        y = torch.zeros_like(x)
+        if self.output is None:
+            return y
+        items = [y if isinstance(i, dict) else i for i in self.output["items"]]
+        return tuple(items) if self.output["type"] == "tuple" else items
+
+
+ZeroBranch.__module__ = "dmscale.export"
 
 
 def _validate(model: nn.Module, structure: dict[str, Any]) -> None:
@@ -123,8 +170,32 @@ def _check_fits(model: nn.Module, structure: dict[str, Any]) -> None:
         if actual != list(spec["shape"]):
             raise StructureError(f"parameter {pname!r}: structure was made for shape {spec['shape']}, the model has {actual}")
     for block in structure["removed_blocks"]:
-        if block["name"] not in modules:
+        missing = [m for m in block["members"] if m not in modules] if block.get("branch") else []
+        if missing:
+            raise StructureError(f"structure removes branch {block['name']!r}, whose module {missing[0]!r} "
+                                 "the model does not have")
+        if not block.get("branch") and block["name"] not in modules:
             raise StructureError(f"structure removes block {block['name']!r}, which the model does not have")
+
+
+def _zero(model: nn.Module, name: str, output: dict[str, Any] | None) -> ZeroBranch:
+    """The :class:`ZeroBranch` that replaces module ``name`` of a removed branch."""
+    branch = model.get_submodule(name)
+    layer_idx, layer_type = getattr(branch, "layer_idx", None), getattr(branch, "layer_type", None)
+    return ZeroBranch(output, layer_idx if isinstance(layer_idx, int) else None,
+                      layer_type if isinstance(layer_type, str) else None)
+
+
+def _replacements(model: nn.Module, removed: list[dict[str, Any]]) -> dict[str, nn.Module]:
+    """Module name -> what replaces it: each removed block (:func:`_replacement`) and each
+    member of a removed branch of a kept block (``"branch": True``, a :class:`ZeroBranch`)."""
+    out: dict[str, nn.Module] = {}
+    for b in removed:
+        if b.get("branch"):
+            out.update({m: _zero(model, m, output) for m, output in b["members"].items()})
+        else:
+            out[b["name"]] = _replacement(model, b)
+    return out
 
 
 def _replacement(model: nn.Module, block: dict[str, Any]) -> nn.Module:
@@ -212,10 +283,10 @@ def apply_structure(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
     load_families()
     _validate(model, structure)
     tied = _tied_groups(model)
-    replacements = {b["name"]: _replacement(model, b) for b in structure["removed_blocks"]}
+    replacements = _replacements(model, structure["removed_blocks"])
     for name, spec in structure["layers"].items():
-        if any(name.startswith(b + ".") for b in replacements):
-            continue  # the whole block goes
+        if any(name == b or name.startswith(b + ".") for b in replacements):
+            continue  # the whole block (or branch) goes
         m = model.get_submodule(name)
         keep_in = None if spec["in"] is None else torch.tensor(spec["in"], dtype=torch.long)
         keep_out = None if spec["out"] is None else torch.tensor(spec["out"], dtype=torch.long)
@@ -231,8 +302,9 @@ def apply_structure(model: nn.Module, structure: dict[str, Any]) -> nn.Module:
     for name, new in replacements.items():
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)
-    if replacements:
-        _drop_hf_layers(model, list(replacements))
+    whole = [b["name"] for b in structure["removed_blocks"] if not b.get("branch")]
+    if whole:
+        _drop_hf_layers(model, whole)
     return model
 
 
@@ -261,14 +333,18 @@ def structure_of(model: nn.Module, space: SearchSpace, keep: np.ndarray, keep_de
         shapes = {p: list(t.shape) for p, t in m.named_parameters(recurse=False)}
         layers[name] = {"handler": layer.handler, "in": spec_in, "out": spec_out, "shapes": shapes}
     removed, depth, k = [], [], 0
+    units = [b for d in space.depth for b in d.blocks]
+    kept_layers = {b.layer.name for b, kept in zip(units, keep_depth)  # split blocks with a branch left
+                   if b.layer is not None and kept}
     for d in space.depth:
         kept_blocks = []
         for b in d.blocks:
             if keep_depth[k]:
                 kept_blocks.append(b.name)
-            else:
-                removed.append({"name": b.name, "post_module": b.post_module, "post_function": b.post_function,
-                                "output": b.output, "inputs": b.n_inputs, "mutated": b.mutated})
+            elif b.layer is not None and b.layer.name in kept_layers:  # a branch of a kept block
+                removed.append({"name": b.name, "branch": True, "members": b.members})
+            elif b.layer is None or all(r["name"] != b.layer.name for r in removed):
+                removed.append(_removed_block(b.layer or b))
             k += 1
         depth.append({"name": d.name, "blocks": [b.name for b in d.blocks], "kept": kept_blocks})
     width, off = [], 0
@@ -284,6 +360,12 @@ def structure_of(model: nn.Module, space: SearchSpace, keep: np.ndarray, keep_de
                              "shape": list(model.get_parameter(pname).shape)}
     return {"format": FORMAT, "resource": resource, "width": width, "depth": depth,
             "layers": layers, "params": params, "removed_blocks": removed}
+
+
+def _removed_block(b: Any) -> dict[str, Any]:
+    """A removed whole block's entry of ``removed_blocks`` (``b``: a :class:`Block`)."""
+    return {"name": b.name, "post_module": b.post_module, "post_function": b.post_function,
+            "output": b.output, "inputs": b.n_inputs, "mutated": b.mutated}
 
 
 def _kept(slots: np.ndarray | None, keep: np.ndarray) -> list[int] | None:

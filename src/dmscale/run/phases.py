@@ -118,7 +118,7 @@ class Phases:
         """An ``hf:`` search or retrain ends by writing ``RUN/hf``: refuse before the first
         step a model that could not be written (:func:`check_hf_dir`)."""
         if is_hf_model(self.cfg.model) and self.cfg.command != "pretrain":
-            check_hf_dir(model, self.cfg.model, self.cfg.layer_uniform)
+            check_hf_dir(model, self.cfg.model, self.cfg.layer_uniform, self.cfg.depth_unit)
 
     def _shard(self, model: nn.Module, searcher: dms.Searcher | None = None,
                teacher: nn.Module | None = None) -> None:

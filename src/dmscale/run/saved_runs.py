@@ -188,7 +188,7 @@ def search_config(cfg: RunConfig, exclude: list[str]) -> dms.SearchConfig:
         search_depth=cfg.search_dims in ("both", "depth"), exclude=exclude,
         width_only_from=cfg.width_only_from, cost_forward=cfg.cost_forward,
         settle=cfg.settle, settle_hold=cfg.settle_hold, budget_band=tuple(cfg.budget_band),
-        layer_uniform=cfg.layer_uniform, fuse_norms=cfg.fuse_norms)
+        layer_uniform=cfg.layer_uniform, depth_unit=cfg.depth_unit, fuse_norms=cfg.fuse_norms)
 
 
 def make_searcher(cfg: RunConfig, model: nn.Module, example: Any, extra_exclude: list[str],

@@ -24,10 +24,11 @@ from dmscale.core.importance import IMPORTANCE_METRICS
 from dmscale.cost.resources import RESOURCES
 from dmscale.core.topk import GateFactory
 
-__all__ = ["SearchConfig", "COST_FORWARD", "BEFORE_OPTION", "CUDA_ALIGN", "config_state",
+__all__ = ["SearchConfig", "COST_FORWARD", "DEPTH_UNITS", "BEFORE_OPTION", "CUDA_ALIGN", "config_state",
            "config_differences", "resolve_align"]
 
 COST_FORWARD = ("soft", "exact")
+DEPTH_UNITS = ("block", "sublayer")
 # Options whose default changed what is searched when they were added: the value that
 # reproduces a state (or run) saved before the option existed.
 BEFORE_OPTION: dict[str, Any] = {"settle": 0.0, "settle_hold": False, "align": 1}
@@ -110,6 +111,15 @@ class SearchConfig:
             layer's heads) share one pruning ratio, so all layers keep the same count while
             each keeps its own most important elements (:mod:`dmscale.search.uniform`); the result
             has a standard config (``dmscale.save_pretrained`` without custom code).
+        depth_unit: what one depth element removes. "block" (default): a whole residual
+            block; a transformer block's attention and FFN share its one mask. "sublayer":
+            every block that chains two or more residual branches (``x1 = x + attn(x); y =
+            x1 + mlp(x1)``) gets one mask per branch, so the search may drop the attention of
+            one layer and the FFN of another (Puzzle's attention-free and FFN-free layers);
+            a layer whose branches are all removed is removed whole. A stage keeps at least
+            ``min_keep`` branches. Not with ``resource="latency"`` (its profile times whole
+            blocks), nor with ``layer_uniform`` on a Hugging Face model (a standard config has
+            no layer without attention or FFN).
         gate_factory: builds the gate of every width and depth dimension (None: DMS's
             :class:`~dmscale.core.topk.DifferentiableTopK`). For baselines and ablations: any
             callable with DifferentiableTopK's signature returning a
@@ -169,6 +179,7 @@ class SearchConfig:
     gate_factory: GateFactory | None = None
     fold_masks: bool = True
     fuse_norms: bool | None = None
+    depth_unit: str = "block"
 
     def __post_init__(self) -> None:
         if self.resource not in RESOURCES:
@@ -225,6 +236,13 @@ class SearchConfig:
                               f"got {self.fuse_norms!r}")
         if not isinstance(self.layer_uniform, bool):
             raise ConfigError(f"layer_uniform must be True or False, got {self.layer_uniform!r}")
+        if self.depth_unit not in DEPTH_UNITS:
+            raise ConfigError(f"depth_unit must be one of {DEPTH_UNITS} (a whole residual block, or each "
+                              f"residual branch of one: attention and FFN apart), got {self.depth_unit!r}")
+        if self.depth_unit == "sublayer" and self.resource == "latency":
+            raise ConfigError("depth_unit='sublayer' with resource='latency': the latency profile times "
+                              "whole residual blocks, not their branches; search macs or params with "
+                              "sublayer depth (--resource params), or latency with depth_unit='block'")
         if self.gate_factory is not None and not callable(self.gate_factory):
             raise ConfigError(f"gate_factory must be a callable that builds a StructuralGate (e.g. a gate "
                               f"class), got {self.gate_factory!r}; None uses DMS's DifferentiableTopK")

@@ -28,6 +28,7 @@ from typing import Any, Hashable, Iterator
 import torch
 from torch import nn
 
+from dmscale.export.hf_sizes import check_uniform_depth
 from dmscale.trace.discover import SearchSpace
 from dmscale.core.errors import ConfigError
 from dmscale.export.shrink import export_model, structure_of
@@ -99,6 +100,7 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
         self.model = model
         self.config = config
         self.example_inputs = example_inputs
+        check_uniform_depth(model, config.layer_uniform, config.depth_unit)
         space = discover_space(model, example_inputs, config)
         self.space = space
         # the resolved width multiple (config.align, or the device's for "auto")

@@ -150,7 +150,7 @@ def load_hf_model(path: str, args: dict[str, Any] | None = None) -> nn.Module:
     return CausalLM(lm)
 
 
-def check_hf_dir(model: nn.Module, spec: str, layer_uniform: bool) -> None:
+def check_hf_dir(model: nn.Module, spec: str, layer_uniform: bool, depth_unit: str = "block") -> None:
     """Refuse, before the first step, an ``hf:`` run whose found model could not be written
     as ``RUN/hf`` (:func:`dmscale.export.hf.check_save_pretrained`): a family without a
     ``from_pretrained`` format for pruned widths would otherwise train, then fail to save.
@@ -162,7 +162,7 @@ def check_hf_dir(model: nn.Module, spec: str, layer_uniform: bool) -> None:
     from dmscale.export.hf import check_save_pretrained
 
     try:
-        check_save_pretrained(model, layer_uniform)
+        check_save_pretrained(model, layer_uniform, depth_unit)
     except UnsupportedLayerError as err:
         raise ConfigError(f"--model {spec}: an hf: run ends by writing the found model as {HF_DIR}/ "
                           f"in the run directory for from_pretrained, and this one cannot be: {err}") from None

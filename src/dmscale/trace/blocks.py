@@ -3,7 +3,8 @@
 A block is a module call whose output is ``post(x + f(x))`` for its input ``x`` (a
 transformer block chains two such adds); a stage is a run of sibling blocks, whose branches
 the search may remove. :func:`find_blocks` reads the tracer's records of torch functions and
-module calls; :func:`group_stages` groups the blocks it finds.
+module calls; :func:`group_stages` groups the blocks it finds; :func:`split_branches` makes
+each branch of a block that chains several its own unit (sublayer depth).
 
 Example:
     >>> import torch
@@ -27,18 +28,18 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from dmscale.trace.graph import ModuleCall
+from dmscale.trace.graph import Event, ModuleCall
 from dmscale.trace.handlers.base import handler_for
 from dmscale.trace.space import Block, DepthDim
 
 if TYPE_CHECKING:
     from dmscale.trace.tracer import Tracer
 
-__all__ = ["find_blocks", "group_stages"]
+__all__ = ["find_blocks", "group_stages", "split_branches"]
 
 
 def _mutated_after(tr: Tracer, call: ModuleCall) -> bool:
@@ -200,3 +201,111 @@ def group_stages(model: nn.Module, blocks: list[tuple[str, Block]]) -> list[Dept
             name = (parent or "<root>") if len(runs) == 1 else f"{parent}[{first}:{last}]"
             stages.append(DepthDim(name, r, 1 if whole else 0))
     return stages
+
+
+def split_branches(tr: Tracer, stages: list[DepthDim]) -> list[DepthDim]:
+    """Sublayer depth: each block of ``stages`` that chains two or more residual branches
+    (a transformer block: attention, then FFN) becomes one unit per branch, in order.
+
+    A branch's *members* are the outermost modules inside the block that compute it and
+    nothing else (a Llama layer's ``input_layernorm`` and ``self_attn``; a timm block's
+    ``norm1``, ``attn``, ``ls1`` and ``drop_path1``): the tensors from the branch's input
+    on the residual stream to its output, none of them computed outside those modules or
+    read by another branch. A removed branch's members each become zeros shaped like their
+    input (the export's ``ZeroBranch``), so a block is split only when every member returns
+    one tensor (bare, or in a tuple of constants) of its input's shape; other blocks stay
+    whole units. A unit is a :class:`Block` named after its member with the most parameters,
+    its mask where the block's was (``branch_modules``), ``members`` its members (name ->
+    output template) and ``layer`` the whole block. A stage keeps its ``min_keep`` (now
+    counted in units).
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from dmscale.trace.tracer import Tracer
+        >>> class Layer(nn.Module):  # x1 = x + attn(norm1(x)); y = x1 + mlp(norm2(x1))
+        ...     def __init__(self) -> None:
+        ...         super().__init__()
+        ...         self.norm1, self.attn = nn.LayerNorm(4), nn.Linear(4, 4)
+        ...         self.norm2, self.mlp = nn.LayerNorm(4), nn.Linear(4, 4)
+        ...     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ...         x = x + self.attn(self.norm1(x))
+        ...         return x + self.mlp(self.norm2(x))
+        >>> net = nn.Sequential(Layer(), Layer())
+        >>> tr = Tracer(net)
+        >>> _ = tr.run(torch.randn(1, 4))
+        >>> units = split_branches(tr, group_stages(net, find_blocks(tr)))[0].blocks
+        >>> [(b.name, list(b.members), b.layer.name) for b in units[:2]]
+        [('0.attn', ['0.norm1', '0.attn'], '0'), ('0.mlp', ['0.norm2', '0.mlp'], '0')]
+    """
+    calls = {c.name: c for c in tr.calls}
+    users: dict[int, list[Event]] = {}
+    for ev in {id(e): e for e in tr.producer.values()}.values():
+        for n in ev.inputs:
+            users.setdefault(n, []).append(ev)
+    modules = dict(tr.model.named_modules())
+    out = []
+    for d in stages:
+        units: list[Block] = []
+        for b in d.blocks:
+            split = _branch_members(tr, calls, users, b) if len(b.branch_modules) > 1 else None
+            if split is None:
+                units.append(b)
+                continue
+            for m, members in zip(b.branch_modules, split):
+                size = {n: sum(p.numel() for p in modules[n].parameters()) for n in members}
+                name = max(members, key=lambda n: size[n])  # the first of the largest
+                folds = {m: b.fold_layers[m]} if m in b.fold_layers else {}
+                units.append(Block(name, [m], fold_layers=folds, layer=b, members=members))
+        out.append(DepthDim(d.name, units, d.min_keep))
+    return out
+
+
+def _branch_members(tr: Tracer, calls: dict[str, ModuleCall], users: dict[int, list[Any]],
+                    b: Block) -> list[dict[str, Any]] | None:
+    """Per branch of ``b``, its members (module name -> output template), or None when a
+    branch cannot be replaced by zeros (see :func:`split_branches`)."""
+    block = calls[b.name]
+    outs = []  # the branch outputs z_j, and the residual stream s_j each is added to
+    for m in b.branch_modules:
+        z = calls[m].output_nodes[0]
+        adds = [e for e in users.get(z, []) if e.name in _ADDS and len(e.inputs) == 2]
+        if len(adds) != 1:
+            return None
+        outs.append((z, adds[0].inputs[1] if adds[0].inputs[0] == z else adds[0].inputs[0]))
+    stops = {s for _, s in outs} | {block.input_node}
+    inside = [c for c in tr.calls if c.name.startswith(b.name + ".") and c.done]
+    result, seen = [], set()
+    for z, _ in outs:
+        nodes = _branch_nodes(tr, z, stops, block.start)
+        if nodes & seen:  # two branches share a tensor (a norm read by both): not separable
+            return None
+        seen |= nodes
+        members = [c for c in inside if c.output_nodes and set(c.output_nodes) <= nodes
+                   and (c.input_node in nodes or c.input_node in stops)]
+        members = [c for c in members if not any(c.name.startswith(o.name + ".") for o in members)]
+        covered = lambda n: any(c.start < n <= c.end or n in c.output_nodes for c in members)  # noqa: E731
+        if not members or not all(covered(n) for n in nodes) or not all(map(_zero_replaceable, members)):
+            return None
+        result.append({c.name: c.output_template for c in members})
+    return result
+
+
+def _branch_nodes(tr: Tracer, z: int, stops: set[int | None], start: int) -> set[int]:
+    """The nodes made inside the block (after ``start``) that ``z`` is computed from, back
+    to the residual stream (``stops``)."""
+    nodes: set[int] = set()
+    todo = [z]
+    while todo:
+        n = todo.pop()
+        if n in nodes or n in stops or n <= start or n not in tr.producer:
+            continue
+        nodes.add(n)
+        todo.extend(tr.producer[n].inputs)
+    return nodes
+
+
+def _zero_replaceable(call: ModuleCall) -> bool:
+    """Whether zeros like the call's first input rebuild what the module returned."""
+    return (call.output_template != "opaque" and len(call.output_nodes) == 1
+            and len(call.shapes) == 2 and call.shapes[0] == call.shapes[1])

@@ -35,7 +35,7 @@ from torch import nn
 
 from dmscale.core.errors import ConfigError, UnsupportedLayerError
 from dmscale.core.modes import eval_mode
-from dmscale.trace.blocks import find_blocks
+from dmscale.trace.blocks import find_blocks, split_branches
 from dmscale.trace.flops import ForwardFlopCounter
 from dmscale.trace.handlers.base import handler_for, load_families
 from dmscale.trace.slots import build_space
@@ -92,13 +92,15 @@ def check_traced_through(tr: Tracer) -> None:
 
 
 def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
-             depth: bool | Iterable[str] = True) -> SearchSpace:
+             depth: bool | Iterable[str] = True, depth_unit: str = "block") -> SearchSpace:
     """Trace ``model`` once (eval mode, no grad) and build its :class:`SearchSpace`.
 
     Args:
         exclude: module names (or prefixes) whose widths stay fixed and that are not traced.
         depth: True to find residual stages automatically, False for none, or an explicit
             list of stage (parent module) names to search.
+        depth_unit: "block" (a block is one depth unit) or "sublayer" (each residual branch
+            of a block that chains several is one, :func:`~dmscale.trace.blocks.split_branches`).
     """
     load_families()
     exclude = tuple(exclude)
@@ -118,6 +120,10 @@ def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
                               "shortcut: name stages whose children are residual blocks, or pass depth=True")
     blocks = [(p, b) for p, b in blocks if not tr._excluded(b.name)]
     space = build_space(tr, blocks, module_macs, counter.get_total_flops() // 2)
+    if depth_unit == "sublayer":
+        space.depth = split_branches(tr, space.depth)
+    elif depth_unit != "block":
+        raise ConfigError(f"depth_unit must be 'block' or 'sublayer', got {depth_unit!r}")
     space.example_output = out
     return space
 

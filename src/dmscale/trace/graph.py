@@ -103,6 +103,7 @@ class ModuleCall:
     end: int = 0  # and when it returned
     n_inputs: int = 1  # positional plus keyword arguments the module was called with
     storages: tuple[int | None, ...] = ()  # storage address of its first input and of its output
+    shapes: tuple[tuple[int, ...], ...] = ()  # shape of its first tensor input, then of its one output
 
 
 @dataclass

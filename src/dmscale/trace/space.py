@@ -40,7 +40,11 @@ class WidthDim:
 @dataclass
 class Block:
     """A residual block ``y = post(x + f(x))``; a transformer block chains two branches,
-    ``x1 = x + attn(x); y = x1 + mlp(x1)``, and both share the block's depth mask."""
+    ``x1 = x + attn(x); y = x1 + mlp(x1)``, and both share the block's depth mask.
+
+    With sublayer depth (:func:`dmscale.trace.blocks.split_branches`) each branch of such a
+    block is a unit of its own: ``branch_modules`` the one branch, ``members`` the modules
+    that compute it, ``layer`` the whole block (removed whole once all its branches are)."""
 
     name: str
     branch_modules: list[str]  # modules whose outputs are the residual branches f_j(x)
@@ -54,6 +58,14 @@ class Block:
     # branch module -> the layer whose output the branch returns, through nothing but dropout
     # (called once, its output read once): f(x) * m is that layer with weight and bias times m
     fold_layers: dict[str, str] = field(default_factory=dict)
+    layer: Block | None = None  # sublayer depth: the block whose branch this unit is
+    # sublayer depth: the modules that compute the branch (name -> output template), which
+    # a removed branch replaces with zeros; {}: the block module ``name`` itself
+    members: dict[str, Any] = field(default_factory=dict)
+
+    def contains(self, name: str) -> bool:
+        """Whether module/param ``name`` belongs to this block (or branch unit)."""
+        return any(name == m or name.startswith(m + ".") for m in (self.members or [self.name]))
 
 
 @dataclass
@@ -105,6 +117,24 @@ class SearchSpace:
         """(depth dim, block) whose block module contains module/param ``name``."""
         for j, dd in enumerate(self.depth):
             for i, b in enumerate(dd.blocks):
-                if name == b.name or name.startswith(b.name + "."):
+                if b.contains(name):
                     return j, i
         return None
+
+    def split_layers(self) -> dict[str, list[tuple[int, int]]]:
+        """Sublayer depth: each block split into branch units, by name, with its units
+        ``(depth dim, unit)`` in order ({} with block depth)."""
+        out: dict[str, list[tuple[int, int]]] = {}
+        for j, dd in enumerate(self.depth):
+            for i, b in enumerate(dd.blocks):
+                if b.layer is not None:
+                    out.setdefault(b.layer.name, []).append((j, i))
+        return out
+
+    def split_layer_of(self, name: str) -> str | None:
+        """The split block that contains module/param ``name`` outside all of its branch
+        units (a norm before a branch): it lives as long as one of its branches does."""
+        if self.block_of(name) is not None:
+            return None
+        return next((layer for layer in self.split_layers()
+                     if name == layer or name.startswith(layer + ".")), None)

@@ -267,7 +267,8 @@ class Tracer(ParamTracker):
         ins = tensors_in(args) + tensors_in(kwargs)
         call = ModuleCall(name, len(self.calls), self.node_of(ins[0]) if ins else None,
                           start=self._next_node, n_inputs=len(args) + len(kwargs),
-                          storages=(storage_of(ins[0]),) if ins else ())
+                          storages=(storage_of(ins[0]),) if ins else (),
+                          shapes=(tuple(ins[0].shape),) if ins else ())
         self.calls.append(call)
         if self._is_opaque(name, module):
             self.opaque_depth += 1
@@ -296,6 +297,7 @@ class Tracer(ParamTracker):
         call.output_template = output_template(out)
         outs = tensors_in(out)
         call.storages = call.storages + ((storage_of(outs[0]),) if len(outs) == 1 else ())
+        call.shapes = call.shapes + ((tuple(outs[0].shape),) if len(outs) == 1 else ())
         call.end = self._next_node
 
     def _opaque_call(self, name: str, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:

@@ -7,7 +7,11 @@ with the file), so it imports only ``torch`` and ``transformers``.
 
 The config of a per-layer checkpoint is the family's own config plus ``layer_sizes``: one
 ``[num_attention_heads, num_key_value_heads, intermediate_size]`` per decoder layer, with
-``head_dim`` explicit and the same in every layer; ``num_attention_heads``,
+``head_dim`` explicit and the same in every layer; ``[0, 0, intermediate]`` is a layer
+without attention (it computes ``x + mlp(norm(x))``), ``[heads, kv_heads, 0]`` one without
+FFN (``x + attn(norm(x))``); ``zero_modules``, when present, names per layer the modules of
+its removed branches (``["input_layernorm", "self_attn"]``), which compute zeros and have
+no weights; ``num_attention_heads``,
 ``num_key_value_heads`` and ``intermediate_size`` hold the largest per-layer value (an upper
 bound, used only while the layers are built). ``embed_scale``, when present, is the factor of
 an embedding that scales its output (Gemma 3: the square root of the *original* hidden size,
@@ -24,9 +28,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
-__all__ = ["PerLayerConfigMixin", "PerLayerModelMixin", "resize_layers"]
+__all__ = ["PerLayerConfigMixin", "PerLayerModelMixin", "resize_layers", "NoAttention", "Zeros"]
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
@@ -44,16 +49,20 @@ class PerLayerConfigMixin:
         self.validate_layer_sizes()
 
     def validate_layer_sizes(self) -> None:
-        """Each layer: ``[heads, kv_heads, intermediate]``, heads a multiple of kv_heads."""
+        """Each layer: ``[heads, kv_heads, intermediate]``, heads a multiple of kv_heads;
+        ``[0, 0, intermediate]`` without attention, ``[heads, kv_heads, 0]`` without FFN."""
         sizes = getattr(self, "layer_sizes", None)
         layers = getattr(self, "num_hidden_layers", None)
         if not isinstance(sizes, list) or len(sizes) != layers:
             raise ValueError(f"layer_sizes must list [heads, kv_heads, intermediate] for each of "
                              f"the {layers} layers, got {sizes!r}")
         for i, size in enumerate(sizes):
-            if len(size) != 3 or min(size) < 1 or size[0] % size[1]:
+            ok = len(size) == 3 and all(isinstance(n, int) and n >= 0 for n in size) and (
+                size[:2] == [0, 0] or (min(size[:2]) >= 1 and size[0] % size[1] == 0))
+            if not ok or size[:2] == [0, 0] and size[2] == 0:
                 raise ValueError(f"layer {i}: [heads, kv_heads, intermediate] must be positive with "
-                                 f"heads a multiple of kv_heads, got {size!r}")
+                                 f"heads a multiple of kv_heads, or [0, 0, intermediate] (no "
+                                 f"attention), or [heads, kv_heads, 0] (no FFN), got {size!r}")
 
 
 class PerLayerModelMixin:
@@ -64,6 +73,34 @@ class PerLayerModelMixin:
         super().__init__(config)  # type: ignore[call-arg]
         resize_layers(self, config)  # type: ignore[arg-type]
         self.post_init()  # type: ignore[attr-defined]
+
+
+class NoAttention(nn.Module):
+    """The attention of a layer without one: returns ``(zeros like its input, None)``.
+
+    It still appends one zero per new token to its KV-cache slot, ``(batch, 1, tokens, 1)``:
+    transformers reads the sequence length of the cache from the first layer's slot, which
+    an empty slot would report as 0.
+    """
+
+    def __init__(self, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        cache = next((kwargs[k] for k in ("cache", "past_key_values", "past_key_value")
+                      if kwargs.get(k) is not None), None)
+        if cache is not None:
+            step = hidden_states.new_zeros(hidden_states.shape[0], 1, hidden_states.shape[1], 1)
+            cache.update(step, step, self.layer_idx)
+        return torch.zeros_like(hidden_states), None
+
+
+class Zeros(nn.Module):
+    """The MLP (or a norm of a removed branch) of a layer without one: zeros like its input."""
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros_like(hidden_states)
 
 
 def _linear(old: nn.Linear, n_in: int, n_out: int) -> nn.Linear:
@@ -77,17 +114,26 @@ def resize_layers(model: nn.Module, config: Any) -> None:
     on an embedding that scales its output."""
     base = getattr(model, "model", model)
     hidden = config.hidden_size
-    for layer, (heads, kv, ffn) in zip(base.layers, config.layer_sizes):
+    zero_modules = getattr(config, "zero_modules", None) or [[] for _ in config.layer_sizes]
+    for layer, (heads, kv, ffn), zeros in zip(base.layers, config.layer_sizes, zero_modules):
         attn, mlp = layer.self_attn, layer.mlp
-        d = attn.head_dim
-        q, k, v, o = (getattr(attn, n) for n in _ATTENTION)
-        attn.q_proj, attn.k_proj = _linear(q, hidden, heads * d), _linear(k, hidden, kv * d)
-        attn.v_proj, attn.o_proj = _linear(v, hidden, kv * d), _linear(o, heads * d, hidden)
-        attn.num_key_value_groups = heads // kv
-        gate, up, down = (getattr(mlp, n) for n in _MLP)
-        mlp.gate_proj, mlp.up_proj = _linear(gate, hidden, ffn), _linear(up, hidden, ffn)
-        mlp.down_proj = _linear(down, ffn, hidden)
-        mlp.intermediate_size = ffn
+        for name in zeros:  # the modules of a removed branch: its norms too (no weights saved)
+            setattr(layer, name, NoAttention(attn.layer_idx) if name == "self_attn" else Zeros())
+        if heads == 0:
+            layer.self_attn = NoAttention(attn.layer_idx)
+        else:
+            d = attn.head_dim
+            q, k, v, o = (getattr(attn, n) for n in _ATTENTION)
+            attn.q_proj, attn.k_proj = _linear(q, hidden, heads * d), _linear(k, hidden, kv * d)
+            attn.v_proj, attn.o_proj = _linear(v, hidden, kv * d), _linear(o, heads * d, hidden)
+            attn.num_key_value_groups = heads // kv
+        if ffn == 0:
+            layer.mlp = Zeros()
+        else:
+            gate, up, down = (getattr(mlp, n) for n in _MLP)
+            mlp.gate_proj, mlp.up_proj = _linear(gate, hidden, ffn), _linear(up, hidden, ffn)
+            mlp.down_proj = _linear(down, ffn, hidden)
+            mlp.intermediate_size = ffn
     scale = getattr(config, "embed_scale", None)
     embed = base.embed_tokens
     if scale is not None and hasattr(embed, "scalar_embed_scale"):

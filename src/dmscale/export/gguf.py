@@ -299,9 +299,10 @@ def save_gguf(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None,
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], len(sizes))
     writer = gguf.GGUFWriter(tmp, arch)
     try:
-        writer.add_name(getattr(lm.config, "_name_or_path", "") or type(lm).__name__)
         _write_metadata(writer, lm, arch, sizes, head_dim, file_type, rope)
         add_tokenizer(writer, tokenizer, lm.get_input_embeddings().num_embeddings)
+        if not any("general.name" in kv for kv in writer.kv_data):  # else copied from the source GGUF
+            writer.add_name(getattr(lm.config, "_name_or_path", "") or type(lm).__name__)
         for hf_name, t in _tensors(lm, arch, sizes, head_dim):
             name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             if name is None:

@@ -215,3 +215,26 @@ def test_hf_search_asking_for_gguf_is_refused_before_its_first_step(tmp_path, ca
     assert state.get("step", 0) == 0
     assert main(["search", "--model", "llama", "--task", "shakespeare", "--export", "gguf"]) == 2
     assert "--export gguf" in capsys.readouterr().err
+
+
+def test_hf_search_writes_model_gguf_and_export_rewrites_it(tmp_path, capsys):
+    """--export gguf on a tiny hf: Llama search writes RUN/model.gguf; `dmscale export --format
+    gguf --gguf-type q8_0` writes another from the run, with the directory's BPE tokenizer."""
+    from dmscale.cli import main
+    from tiny_hf import make_tiny_hf
+
+    model_dir, data = make_tiny_hf(tmp_path / "tiny", 20_000)
+    run = tmp_path / "run"
+    rc = main(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+               "--pipeline", "p-", "--epochs", "0.02", "--resource", "params", "--target", "0.8",
+               "--seq-len", "16", "--batch-size", "4", "--test-limit", "64", "--threads", "1",
+               "--export", "gguf", "--out", str(run)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert (run / "model.gguf").is_file() and (run / "hf" / "config.json").is_file(), out
+    kv, _ = fields(run / "model.gguf")
+    assert kv["general.architecture"] in ("deci", "llama") and kv["tokenizer.ggml.pre"] == "gpt-2"
+    assert kv["general.file_type"] == 1  # f16
+    assert main(["export", str(run), "--format", "gguf", "--gguf-type", "q8_0", "--out", str(tmp_path / "q.gguf")]) == 0
+    kv2, _ = fields(tmp_path / "q.gguf")
+    assert kv2["general.file_type"] == 7 and kv2["tokenizer.ggml.tokens"] == kv["tokenizer.ggml.tokens"]

@@ -27,6 +27,7 @@ from dmscale.cost.resources import count
 from dmscale.export.calibrate import recalibrate_batchnorm
 from dmscale.export.files import load, save
 from dmscale.export.hf import save_pretrained
+from dmscale.export.gguf import save_gguf
 from dmscale.export.shrink import apply_structure
 from dmscale.search.searcher import SearchConfig, Searcher, prepare
 from dmscale.trace.discover import discover
@@ -42,6 +43,7 @@ __all__ = [
     "detach",
     "save",
     "save_pretrained",
+    "save_gguf",
     "load",
     "recalibrate_batchnorm",
     "discover",

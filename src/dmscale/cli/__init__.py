@@ -138,8 +138,8 @@ def _cmd_train(args: argparse.Namespace, command: str) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from dmscale.run.pipeline import export_run
 
-    out = vars(args).get("out") or str(Path(args.run) / "export")
-    info = export_run(args.run, out, fmt=args.format)
+    out = vars(args).get("out") or str(Path(args.run) / ("" if args.format == "gguf" else "export"))
+    info = export_run(args.run, out, fmt=args.format, gguf_type=vars(args).get("gguf_type") or "f16")
     if not vars(args).get("quiet"):
         print(info)
     return 0

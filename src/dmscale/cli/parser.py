@@ -234,13 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
                                 "directory (or the one given by --out); other options come "
                                 "from its config.yaml")
         if command == "export":
-            p.add_argument("--format", choices=["safetensors", "pt", "hf", "onnx", "pt2"],
+            p.add_argument("--format", choices=["safetensors", "pt", "hf", "gguf", "onnx", "pt2"],
                            default="safetensors",
                            help="safetensors: structure.json + model.safetensors + config.yaml; "
                                 "pt: also model.pt, the whole module saved with torch.save "
                                 "(load with torch.load(..., weights_only=False)); hf: a Hugging "
                                 "Face directory for from_pretrained, without dmscale (causal LMs "
-                                "of the Llama family); onnx: also model.onnx, checked with "
+                                "of the Llama family); gguf: OUT/model.gguf (or OUT when it ends in "
+                                ".gguf) for llama.cpp / Ollama / LM Studio, see --gguf-type (Llama, "
+                                "SmolLM2, Mistral, Qwen2, Qwen3); onnx: also model.onnx, checked with "
                                 "onnxruntime; pt2: also model.pt2 (torch.export.load) "
                                 "(default: safetensors)")
         if command == "inspect":

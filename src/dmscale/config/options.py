@@ -365,6 +365,15 @@ OPTIONS: tuple[Option, ...] = (
        "importance replicated; the found model is gathered on rank 0 for the export. Not with "
        "--precision fp16 or --compile yet",
        _ALL_TRAIN, "run"),
+    _o("export", choice("gguf"), None,
+       "--model hf:PATH: also write the found model as RUN/model.gguf for llama.cpp / Ollama / "
+       "LM Studio (besides RUN/hf); a model llama.cpp cannot run (layers of different sizes of "
+       "Qwen3 or Gemma 3: search with --layer-uniform) is refused before the first step",
+       ("search", "retrain"), "run"),
+    _o("gguf_type", choice("f32", "f16", "bf16", "q8_0"), "f16",
+       "the number type of the GGUF file's weight matrices (--export gguf, export --format gguf); "
+       "norms and vectors stay f32, q8_0 falls back to f16 for rows not a multiple of 32",
+       ("search", "retrain", "export"), "run"),
     _o("quiet", boolean, False, "no progress bars or summaries, only errors", COMMANDS, "run",
        flag_kind="flag"),
     # ---- watching a run (docs/cli.md, "Watching a run")

@@ -139,6 +139,8 @@ class RunConfig(RunConfigChecks):
     compile: bool = False
     fuse_norms: bool | None = None  # None: auto (on CUDA)
     shard: str = "none"
+    export: str | None = None
+    gguf_type: str = "f16"
     quiet: bool = False
     eval_every: int | str | None = None  # N steps, or "<X>e": X epochs
     export_best: bool = False
@@ -165,6 +167,9 @@ class RunConfig(RunConfigChecks):
                               "use --pipeline p or p-")
         self._check_start_weights()
         hf = str(self.model or "").startswith("hf:")
+        if self.export == "gguf" and not hf:
+            raise ConfigError(f"--export gguf writes a Hugging Face causal LM for llama.cpp: it needs "
+                              f"--model hf:PATH (this run's model is {self.model!r})")
         if hf and self.command == "search" and self.pipeline == "np":
             raise ConfigError(f"--model {self.model} is pretrained, and pipeline np would search "
                               "it from random weights: use --pipeline p (search, then finetune) "

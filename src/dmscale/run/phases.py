@@ -40,7 +40,7 @@ from dmscale.run.saved_runs import (
     search_config,
 )
 from dmscale.engine.ddp import on_all_ranks
-from dmscale.tasks.hf_model import HF_DIR, check_hf_dir, is_hf_model, save_hf_dir
+from dmscale.tasks.hf_model import check_gguf_run, check_hf_dir, is_hf_model, save_hf_outputs
 from dmscale.tasks.distill import kept_hidden_channels
 from dmscale.tasks.registry import Task
 from dmscale.tasks.start_weights import load_start_weights, load_weights_file, starts_from_weights
@@ -115,10 +115,12 @@ class Phases:
             self.state["counts"]["found"] = self.state["counts"]["supernet"]
 
     def _check_hf(self, model: nn.Module) -> None:
-        """An ``hf:`` search or retrain ends by writing ``RUN/hf``: refuse before the first
-        step a model that could not be written (:func:`check_hf_dir`)."""
+        """An ``hf:`` search or retrain ends by writing ``RUN/hf`` (and ``RUN/model.gguf``): refuse
+        before the first step a model that could not be written (:func:`check_hf_dir`)."""
         if is_hf_model(self.cfg.model) and self.cfg.command != "pretrain":
             check_hf_dir(model, self.cfg.model, self.cfg.layer_uniform, self.cfg.depth_unit)
+            if self.cfg.export == "gguf":
+                check_gguf_run(model, self.cfg.model, self.cfg.layer_uniform)
 
     def _shard(self, model: nn.Module, searcher: dms.Searcher | None = None,
                teacher: nn.Module | None = None) -> None:
@@ -387,11 +389,10 @@ class Phases:
             self._save_hf(full)
 
     def _save_hf(self, model: nn.Module | None) -> None:
-        """``RUN/hf``: the found model of an ``hf:`` run as a ``from_pretrained`` directory.
-        Called on every rank, rank 0 writes: its error is every rank's (no rank waits for it)."""
-        fmt = on_all_ranks(lambda: None if not self.rd.writes or model is None else save_hf_dir(
-            model, self.rd / HF_DIR, self.cfg.model, tokenizer=getattr(self.task, "tokenizer", None)))
-        if fmt is None:
-            return
-        how = "from_pretrained" + (" (trust_remote_code=True)" if fmt == "per_layer" else "")
-        self._log(f"saved {self.rd / HF_DIR}: Hugging Face {fmt} format with the tokenizer (loads with {how})")
+        """``RUN/hf`` (and ``RUN/model.gguf`` with ``--export gguf``): the found model of an
+        ``hf:`` run. Called on every rank, rank 0 writes: its error is every rank's."""
+        cfg, tok = self.cfg, getattr(self.task, "tokenizer", None)
+        lines = on_all_ranks(lambda: [] if not self.rd.writes or model is None else save_hf_outputs(
+            model, self.rd.path, cfg.model, cfg.export, cfg.gguf_type, tokenizer=tok))
+        for line in lines:
+            self._log(line)

@@ -39,7 +39,7 @@ from dmscale.export.deploy import batch_is_dynamic, check_onnx, check_pt2, save_
 from dmscale.engine.device import resolve_device, set_threads
 from dmscale.engine.rundir import RunDir, fmt_count, read_checkpoint
 from dmscale.export.files import save_weights
-from dmscale.tasks.hf_model import is_hf_model, save_hf_dir
+from dmscale.tasks.hf_model import GGUF_FILE, is_hf_model, save_gguf_file, save_hf_dir
 from dmscale.tasks.registry import build_model, build_task
 
 __all__ = [
@@ -224,9 +224,10 @@ def searcher_from_checkpoint(run_dir: str | Path) -> tuple[nn.Module, dms.Search
     return model, searcher, cfg, int(ck["step"])
 
 
-def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -> str:
+def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors", gguf_type: str = "f16") -> str:
     """Write the found model of a run (or of its unfinished search) to ``out``; returns a
-    description of what was written."""
+    description of what was written (``fmt="gguf"``: ``out/model.gguf``, or ``out`` itself
+    when it ends in ``.gguf``, for llama.cpp, with ``gguf_type`` weights)."""
     import shutil
 
     rd, od = RunDir(run_dir), RunDir(out)
@@ -251,8 +252,10 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -
             origin += " (of an unfinished run)"
     else:
         raise ConfigError(f"{rd.path} has neither a found model nor a search checkpoint to export")
-    od.path.mkdir(parents=True, exist_ok=True)
     small.eval()
+    if fmt == "gguf":
+        return _export_gguf(small, cfg, Path(out), origin, gguf_type)
+    od.path.mkdir(parents=True, exist_ok=True)
     if fmt == "hf":  # a Hugging Face directory only (dmscale.export.hf)
         if is_hf_model(cfg.model):  # with the original tokenizer
             save_hf_dir(small, od.path, cfg.model)
@@ -286,10 +289,23 @@ def export_run(run_dir: str | Path, out: str | Path, fmt: str = "safetensors") -
         notes.append(f"  model.{fmt}: input shape {tuple(x.shape)} ({shape}), checked against PyTorch "
                      f"on a random input: max |diff| {diff:.2g}")
     elif fmt != "safetensors":
-        raise ConfigError(f"unknown export format {fmt!r}: expected safetensors, pt, hf, onnx or pt2")
+        raise ConfigError(f"unknown export format {fmt!r}: expected safetensors, pt, hf, gguf, onnx or pt2")
     c = dms.count(small, example_from_info(cfg.task_info))
     return "\n".join([f"exported {origin}: {fmt_count(c['macs'])} MACs, {fmt_count(c['params'])} parameters",
                       f"  to {od.path}: {', '.join(files)}", *notes])
+
+
+def _export_gguf(small: nn.Module, cfg: RunConfig, out: Path, origin: str, gguf_type: str) -> str:
+    """``dmscale export --format gguf``: the found causal LM as one GGUF file for llama.cpp."""
+    from dmscale.export.gguf import gguf_architecture
+
+    path = out if out.suffix.lower() == ".gguf" else out / GGUF_FILE
+    if is_hf_model(cfg.model):  # the source's tokenizer (copied verbatim from a .gguf source)
+        save_gguf_file(small, path, cfg.model, gguf_type)
+    else:
+        dms.save_gguf(small, path, gguf_type=gguf_type)
+    return (f"exported {origin} as GGUF ({gguf_architecture(small)}, {gguf_type}) to {path} "
+            f"(llama.cpp: llama-cli -m {path}; Ollama: a Modelfile with FROM {path})")
 
 
 def evaluate_run(run_dir: str | Path, data: str | None = None, test_limit: int | None = None,

@@ -33,9 +33,11 @@ from dmscale.config.run_config import ConfigError
 from dmscale.tasks.registry import register_models
 
 __all__ = ["HF_PREFIX", "parse_hf_spec", "is_hf_model", "hf_source", "hf_config", "load_hf_model",
-           "load_hf_tokenizer", "save_hf_dir", "check_hf_dir", "HF_DIR"]
+           "load_hf_tokenizer", "save_hf_dir", "check_hf_dir", "HF_DIR", "GGUF_FILE", "check_gguf_run",
+           "save_gguf_file", "gguf_tokenizer", "save_hf_outputs"]
 
 HF_DIR = "hf"  # the Hugging Face directory inside a run directory of an hf: model
+GGUF_FILE = "model.gguf"  # the llama.cpp file of a run with --export gguf
 
 HF_PREFIX = "hf:"
 
@@ -189,3 +191,61 @@ def save_hf_dir(model: nn.Module, out: str | Path, spec: str, tokenizer: Any = N
     finally:
         model.train(was)
     return str(json.loads((Path(out) / "dmscale.json").read_text(encoding="utf-8"))["format"])
+
+
+def check_gguf_run(model: nn.Module, spec: str, layer_uniform: bool) -> None:
+    """Refuse, before the first step, an ``hf:`` run with ``--export gguf`` whose found model
+    llama.cpp could not run (:func:`dmscale.export.gguf.check_gguf`).
+
+    Raises:
+        ConfigError: naming the family and the fix (``--layer-uniform`` where it is one).
+    """
+    from dmscale.core.errors import UnsupportedLayerError
+    from dmscale.export.gguf import check_gguf
+
+    try:
+        check_gguf(model, layer_uniform)
+    except UnsupportedLayerError as err:
+        raise ConfigError(f"--model {spec} --export gguf: the found model would be written as "
+                          f"{GGUF_FILE} for llama.cpp, and this one cannot be: {err}") from None
+
+
+def gguf_tokenizer(spec: str, tokenizer: Any = None) -> Any:
+    """The tokenizer a GGUF export of ``hf:PATH`` embeds: the source file itself when it is a
+    ``.gguf`` (its tokenizer is copied verbatim), else ``tokenizer`` or the directory's."""
+    path = parse_hf_spec(spec)
+    if path is None:
+        raise ConfigError(f"--model {spec} is not a Hugging Face model (hf:PATH)")
+    if path.lower().endswith(".gguf"):
+        return str(Path(path).expanduser())
+    return tokenizer if tokenizer is not None else load_hf_tokenizer(path)
+
+
+def save_gguf_file(model: nn.Module, out: str | Path, spec: str, gguf_type: str = "f16",
+                   tokenizer: Any = None) -> str:
+    """Write the exported ``model`` of an ``hf:`` run as a GGUF file for llama.cpp
+    (:func:`dmscale.export.gguf.save_gguf`) with the source's tokenizer; returns the
+    llama.cpp architecture written."""
+    from dmscale.export.gguf import gguf_architecture, save_gguf
+
+    was = model.training
+    model.eval()
+    try:
+        save_gguf(model, out, tokenizer=gguf_tokenizer(spec, tokenizer), gguf_type=gguf_type)
+    finally:
+        model.train(was)
+    return gguf_architecture(model)
+
+
+def save_hf_outputs(model: nn.Module, run_dir: str | Path, spec: str, export: str | None,
+                    gguf_type: str = "f16", tokenizer: Any = None) -> list[str]:
+    """The end of an ``hf:`` run: ``RUN/hf`` (:func:`save_hf_dir`) and, with ``export="gguf"``,
+    ``RUN/model.gguf`` (:func:`save_gguf_file`); returns one line per file for the run's log."""
+    run_dir = Path(run_dir)
+    fmt = save_hf_dir(model, run_dir / HF_DIR, spec, tokenizer=tokenizer)
+    how = "from_pretrained" + (" (trust_remote_code=True)" if fmt == "per_layer" else "")
+    lines = [f"saved {run_dir / HF_DIR}: Hugging Face {fmt} format with the tokenizer (loads with {how})"]
+    if export == "gguf":
+        arch = save_gguf_file(model, run_dir / GGUF_FILE, spec, gguf_type, tokenizer=tokenizer)
+        lines.append(f"saved {run_dir / GGUF_FILE}: GGUF ({arch}, {gguf_type}) for llama.cpp / Ollama")
+    return lines

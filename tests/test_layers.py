@@ -144,10 +144,21 @@ def test_no_import_cycles():
 
 
 
-MAX_LINES = 400
+HARD_LINES = 600  # no module is longer
+# modules allowed past MAX_LINES (400), each with its reason: past 400 lines a module is a prompt
+# to look for a second job inside it, not a reason to cut a class in two
+LONG_MODULES = {
+    "dmscale/config/options.py": "the one table of every run option (to be generated from the configs)",
+    "dmscale/run/phases.py": "the pipeline's phases (to become one object per phase)",
+}
 
 
 def test_no_module_longer_than_the_limit():
-    long = {str(p.relative_to(SRC)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}, f"split by job: modules over {MAX_LINES} lines: {long}"
+    lines = {str(p.relative_to(SRC)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    too_long = {m: n for m, n in lines.items() if n > HARD_LINES}
+    assert too_long == {}, f"split by job: modules over {HARD_LINES} lines: {too_long}"
+    unlisted = {m: n for m, n in lines.items() if n > MAX_LINES and m not in LONG_MODULES}
+    assert unlisted == {}, (f"modules over {MAX_LINES} lines: {unlisted}; split them by job, or list "
+                            "them in LONG_MODULES with the reason they hold one job")
+    stale = [m for m in LONG_MODULES if lines.get(m, 0) <= MAX_LINES]
+    assert stale == [], f"LONG_MODULES lists modules no longer over {MAX_LINES} lines: {stale}"

@@ -96,6 +96,7 @@ class Phases:
         cfg = self.cfg
         model, _ = new_supernet(cfg, self.task.info, cfg.seed)
         if self.checkpoint_for("pretrain") is None:
+            self._evaluate_original(model)  # an hf: model as loaded, before --weights
             self._start_weights(model)
         self._check_hf(model)
         model.to(self.device)
@@ -113,6 +114,22 @@ class Phases:
         if cfg.command == "pretrain":
             self._save_weights(full, "model.safetensors")
             self.state["counts"]["found"] = self.state["counts"]["supernet"]
+
+    def _evaluate_original(self, model: nn.Module | None = None) -> None:
+        """An ``hf:`` run's original model -- the pretrained model as loaded, before any step --
+        evaluated once on the same held-out tokens as the found model (``--test-limit``
+        applies), so that the summary can say what pruning cost ("original -> found"). Kept
+        in the state (and so in every checkpoint): a resumed run does not evaluate it again.
+        ``model``: the model as loaded, when the phase holds it (else it is loaded here)."""
+        if not is_hf_model(self.cfg.model) or "original" in self.state:
+            return
+        if model is None:
+            with torch.random.fork_rng(devices=[]):
+                model = new_supernet(self.cfg, self.task.info, self.cfg.seed)[0]
+        model.to(self.device)
+        self.state["original"] = self.evaluate("original", model, None, 0)
+        self._log(f"original model: {self.task.format_metrics(self.state['original'])}")
+        self.save_state()
 
     def _check_hf(self, model: nn.Module) -> None:
         """An ``hf:`` search or retrain ends by writing ``RUN/hf`` (and ``RUN/model.gguf``): refuse
@@ -192,9 +209,12 @@ class Phases:
         pretrained = cfg.pipeline in ("p", "p-")
         if pretrained:
             model, extra_exclude = self._pretrained_supernet()
+            as_loaded = cfg.init is None and "pretrain" not in self.phases and not starts_from_weights(cfg)
+            self._evaluate_original(model if as_loaded else None)
         else:
             model, extra_exclude = new_supernet(cfg, self.task.info, cfg.seed)
             if self.checkpoint_for("search") is None and self.checkpoint_for("finish") is None:
+                self._evaluate_original(model)
                 self._start_weights(model)
         self._check_hf(model)
         model.to(self.device)
@@ -350,6 +370,10 @@ class Phases:
             raise ConfigError(f"{source.path} has no structure.json: run `dmscale search` first")
         if cfg.command == "retrain" and not (self.rd / "structure.json").exists():
             self.rd.write_json("structure.json", structure)
+        if cfg.command == "retrain" and "original" not in self.state:  # the searched run's original
+            original = (source.read_json("state.json") or {}).get("original")
+            if original is not None:
+                self.state["original"] = original
         if cfg.retrain_init == "inherit":
             model, _ = load_run_model(source.path)
         else:

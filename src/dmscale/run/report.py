@@ -20,7 +20,8 @@ import yaml
 from dmscale.config.defaults import chosen_lines
 from dmscale.run.report_plots import write_plots
 from dmscale.run.report_text import (align_line, detect_text, format_count, fused_line, lm_metrics_text,
-                                     metric_line, metric_name, posthoc_line, processes_text, reach_hint)
+                                     metric_line, metric_name, original_line, posthoc_line, processes_text,
+                                     reach_hint)
 from dmscale.run.watching import watch_lines, watch_report_lines
 
 __all__ = ["write_report", "format_summary", "align_line", "read_metrics", "format_count", "posthoc_line", "reach_hint",
@@ -65,7 +66,11 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
               + (f", expanded {cfg.get('expand')}" if cfg.get("expand") else ""),
               f"- status: {state.get('status', '?')}, {state.get('global_step', 0)} steps, "
               f"{state.get('elapsed', 0):.0f} s, {processes_text(summary.get('processes', 1))}",
-              f"- result: {metric_line(evals, language)}", ""]
+              f"- result: {metric_line(evals, language)}"]
+    cost = original_line(state.get("original"), evals.get("final"))
+    if cost:
+        lines.append(f"- original -> found: {cost}")
+    lines.append("")
     lines += ["| | supernet | found |", "|---|---:|---:|",
               f"| MACs (one example) | {format_count(sup.get('macs'))} | {format_count(found.get('macs'))} |",
               f"| parameters | {format_count(sup.get('params'))} | {format_count(found.get('params'))} |"]
@@ -180,6 +185,9 @@ def format_summary(summary: dict[str, Any]) -> str:
             value = f"accuracy {100 * ev['acc']:.2f}%"
         note = " (exported, before retraining)" if name == "search" and "retrain" in evals else ""
         out.append(f"  {('after ' + name):13} {value}{note}")
+    cost = original_line(summary.get("original"), evals.get("final"))
+    if cost:
+        out.append(f"  original -> found  {cost}")
     out += watch_lines(summary)
     for w in summary.get("warnings", []):
         out.append(f"  warning: {w}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["REACH", "format_count", "metric_name", "detect_text", "lm_metrics_text", "metric_line",
+__all__ = ["REACH", "format_count", "metric_name", "detect_text", "lm_metrics_text", "metric_line", "original_line",
            "posthoc_line", "reach_hint", "processes_text", "align_line", "fused_line"]
 
 # How far (lr x steps) the structure parameters must be able to move for the search itself to
@@ -88,6 +88,22 @@ def metric_line(evals: dict[str, Any], language: bool) -> str:
     if language:
         return lm_metrics_text(final, long=True)
     return f"{100 * final['acc']:.2f}% test accuracy"
+
+
+def original_line(original: dict[str, Any] | None, found: dict[str, Any] | None) -> str | None:
+    """What pruning cost an ``hf:`` run: the original model's perplexity and bits per byte,
+    then the found model's, on the same held-out tokens; None without both.
+
+    Example:
+        >>> original_line({"ppl": 156.04, "bpb": 1.5}, {"ppl": 3319.2, "bpb": 2.75})
+        'perplexity 156.04 -> 3,319.20, 1.500 -> 2.750 bits/byte'
+        >>> original_line(None, {"ppl": 3.0, "bpb": 1.0}) is None
+        True
+    """
+    if not original or not found or "bpb" not in original or "bpb" not in found:
+        return None
+    return (f"perplexity {original['ppl']:,.2f} -> {found['ppl']:,.2f}, "
+            f"{original['bpb']:.3f} -> {found['bpb']:.3f} bits/byte")
 
 
 def posthoc_line(search_end: dict[str, Any] | None, final: dict[str, Any] | None) -> str | None:

@@ -11,31 +11,42 @@ default ``text``): each document is tokenised on its own, the tokenizer's EOS to
 between two documents (none after the last), and the last 10 % of the documents (at least
 one) are held out.
 
+Framing: windows and documents start as ``tokenizer(text)`` starts a text
+(:mod:`dmscale.tasks.text_windows`): with a tokenizer that puts a BOS token first (Gemma,
+Llama), every training and evaluation window is ``[BOS] + stream[s : s + L - 1]`` and scores
+``stream[s : s + L]``, and every document is tokenised as ``tokenizer(doc)`` frames it (BOS
+first; an EOS last when the tokenizer adds one, otherwise the EOS separator goes between two
+documents). A tokenizer that adds nothing (SmolLM2) gets the plain stream.
+
 Token cache: the data is tokenised once per (data, tokenizer) with the model's own
 tokenizer, chunk by chunk (text: line-aligned chunks of 1 MiB; documents: batches of about
 1 MiB of text), and written as ``uint32`` token ids to ``train.bin`` / ``test.bin`` in a
 cache directory (``$DMSCALE_CACHE``, default ``~/.cache/dmscale/tokens/<key>``) that later
 runs memory-map: a corpus larger than memory works, and only the windows drawn are read. The
 key hashes the files (path, size, mtime), for documents also the format, the text field,
-the split and the EOS id, and the tokenizer's vocabulary and settings. Text chunks are
+the split, the EOS id and the tokenizer's framing, and the tokenizer's vocabulary and settings. Text chunks are
 tokenised separately, so a token never spans a line break that ends a chunk (a negligible
 difference from tokenising the whole text at once).
 
-Training batches: ``--batch-size`` windows of ``--seq-len + 1`` tokens at offsets drawn from
-``(seed, step)``. Evaluation: the held-out stream (a BOS token first, when the tokenizer has
-one, so that every text token is predicted) in consecutive windows; reports ``loss`` (mean
-NLL per token, nats), ``ppl = exp(loss)``, next-token accuracy and ``bpb``, bits per UTF-8
-byte: the total NLL in bits over the bytes of the evaluated text, comparable across
-tokenizers (with ``--test-limit N`` tokens, the bytes of those tokens' decoded text). For
-documents the EOS tokens between them are predicted too, and have no bytes.
+Training batches: ``--batch-size`` windows of ``--seq-len`` inputs at offsets drawn from
+``(seed, step)`` (without a BOS: ``--seq-len + 1`` stream tokens, inputs and targets shifted
+by one). Evaluation: the held-out stream in consecutive windows that score each token once
+(without a BOS-adding tokenizer: the stream with the tokenizer's BOS token first, when it has
+one, so that every text token is predicted); reports ``loss`` (mean NLL per scored token,
+nats), ``ppl = exp(loss)``, next-token accuracy and ``bpb``, bits per UTF-8 byte: the total
+NLL in bits over the bytes of the evaluated text, comparable across tokenizers (with
+``--test-limit N`` tokens, the bytes of those tokens' decoded text). For documents the EOS
+tokens between them are predicted too, and have no bytes; BOS tokens are never scored.
 
 Example (a stand-in tokenizer, one token per UTF-8 byte, EOS 0):
     >>> import json, os, tempfile, pathlib
     >>> class Bytes:
     ...     eos_token_id = 0
     ...     def get_vocab(self): return {}
-    ...     def __call__(self, texts, add_special_tokens=False):
-    ...         return {"input_ids": [list(t.encode()) for t in texts]}
+    ...     def __call__(self, texts, add_special_tokens=True):
+    ...         one = isinstance(texts, str)
+    ...         ids = [list(t.encode()) for t in ([texts] if one else texts)]
+    ...         return {"input_ids": ids[0] if one else ids}
     >>> d = pathlib.Path(tempfile.mkdtemp())
     >>> _ = (d / "docs.jsonl").write_text("".join(json.dumps({"text": w}) + "\\n" for w in ("ab", "cd", "ef")))
     >>> old, os.environ[CACHE_ENV] = os.environ.get(CACHE_ENV), str(d / "cache")
@@ -48,6 +59,7 @@ Example (a stand-in tokenizer, one token per UTF-8 byte, EOS 0):
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -71,12 +83,13 @@ from dmscale.data.text_files import (
 from dmscale.data.text_sources import TextSource, resolve_source, split_documents
 from dmscale.tasks.hf_model import load_hf_tokenizer, parse_hf_spec
 from dmscale.tasks.registry import Task, register_task
+from dmscale.tasks.text_windows import IGNORE, eval_starts, scored, text_framing, window
 
 __all__ = ["TextTask", "text_files", "split_stream", "token_cache", "cache_is_complete", "first_non_utf8",
            "document_separator", "resolve_source", "TextSource", "HELD_OUT", "CACHE_ENV"]
 
 CACHE_ENV = "DMSCALE_CACHE"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: documents framed as tokenizer(doc) frames them
 
 
 def _tokenizer_key(tokenizer: Any) -> str:
@@ -94,7 +107,9 @@ def _cache_root() -> Path:
 def _pieces(source: TextSource, tokenizer: Any, held_out: float,
             eos: int | None) -> Iterator[tuple[str, list[int], int, int]]:
     """``(part, token ids, text bytes, documents)`` in stream order: text files chunk by
-    chunk; documents batch by batch, ``eos`` between two documents of one part."""
+    chunk (no special tokens: the windows get the tokenizer's BOS); documents batch by batch,
+    each framed as ``tokenizer(doc)`` frames it, ``eos`` between two documents of one part
+    (None: the tokenizer ends each document itself)."""
     if not source.documents:
         for part, chunk in split_text_chunks(list(source.files), held_out):
             try:
@@ -106,8 +121,8 @@ def _pieces(source: TextSource, tokenizer: Any, held_out: float,
     started = {"train": False, "test": False}
     for part, docs in split_documents(source, held_out):
         ids: list[int] = []
-        for doc_ids in tokenizer(docs, add_special_tokens=False)["input_ids"]:
-            if started[part]:
+        for doc_ids in tokenizer(docs)["input_ids"]:
+            if started[part] and eos is not None:
                 ids.append(eos)
             ids.extend(doc_ids)
             started[part] = True
@@ -115,12 +130,14 @@ def _pieces(source: TextSource, tokenizer: Any, held_out: float,
 
 
 def document_separator(source: TextSource, tokenizer: Any) -> int | None:
-    """The token put between two documents: the tokenizer's EOS (None for text files).
+    """The token put between two documents: the tokenizer's EOS (None for text files, and
+    for a tokenizer that ends every text with a token of its own, ``tokenizer(doc)`` being
+    the document's whole framing).
 
     Raises:
         ConfigError: documents, and the tokenizer has no EOS token.
     """
-    if not source.documents:
+    if not source.documents or text_framing(tokenizer)[1]:
         return None
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is None:
@@ -141,6 +158,8 @@ def token_cache(source: TextSource | list[Path], tokenizer: Any, held_out: float
     h.update(source.key().encode())  # text files: their paths, sizes and mtimes alone
     if eos is not None:
         h.update(f"eos {eos}\n".encode())
+    if source.documents:
+        h.update(f"framing {text_framing(tokenizer)}\n".encode())
     h.update(_tokenizer_key(tokenizer).encode())
     out = _cache_root() / h.hexdigest()[:24]
     if cache_is_complete(out):
@@ -169,6 +188,7 @@ def token_cache(source: TextSource | list[Path], tokenizer: Any, held_out: float
             **{f"{k}_bytes": v[1] for k, v in counts.items()}}
     if source.documents:
         meta.update(text_field=source.text_field, split=source.split, eos=eos,
+                    framing=[list(f) for f in text_framing(tokenizer)],
                     **{f"{k}_documents": v[2] for k, v in counts.items()})
     meta_tmp = out / f"meta.json.{os.getpid()}.tmp"
     meta_tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
@@ -215,6 +235,8 @@ class TextTask(Task):
         meta = json.loads((self.cache / "meta.json").read_text(encoding="utf-8"))
         self.meta = meta
         self.separator = meta.get("eos")  # between documents; None for text files
+        self.head, tail = text_framing(self.tokenizer)  # head: the BOS a text starts with, if any
+        self.special = {int(t) for t in (*self.head, *tail, *([self.separator] if self.separator is not None else []))}
         train = _memmap(self.cache / "train.bin", meta["train_tokens"])
         test = _memmap(self.cache / "test.bin", meta["test_tokens"])
         for what, limit, part in (("train", cfg.train_limit, train), ("test", cfg.test_limit, test)):
@@ -237,35 +259,56 @@ class TextTask(Task):
 
     def _bytes_of(self, ids: np.ndarray) -> int:
         ids = np.asarray(ids)
-        if self.separator is not None:  # the documents' bytes: the separators have none
-            ids = ids[ids != self.separator]
+        if self.special:  # the text's bytes: the separators and the framing's BOS have none
+            ids = ids[~np.isin(ids, np.fromiter(self.special, dtype=np.int64))]
         text = self.tokenizer.decode(ids.tolist(), clean_up_tokenization_spaces=False)
         return len(text.encode("utf-8"))
 
     def example_inputs(self) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(self.test_ids[:self.seq_len], dtype=np.int64)).unsqueeze(0)
+        """The first evaluation window's inputs (``[BOS] + ...`` for a BOS-adding tokenizer)."""
+        if not self.head:
+            return torch.from_numpy(np.asarray(self.test_ids[:self.seq_len], dtype=np.int64)).unsqueeze(0)
+        x, _ = window(self.test_ids, eval_starts(self.test_ids, self.seq_len, self.head)[0], self.seq_len, self.head)
+        return torch.from_numpy(x).unsqueeze(0)
 
     def steps_per_epoch(self, batch_size: int) -> int:
         return max(1, len(self.train_ids) // (batch_size * self.seq_len))
 
     def train_batch(self, step: int, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed((seed * 1_000_003 + step * 7_919 + 17) % (2**63 - 1))
-        high = len(self.train_ids) - self.seq_len - 1
+        high = len(self.train_ids) - scored(self.seq_len, self.head) - (0 if self.head else 1)
         starts = torch.randint(0, high + 1, (batch_size,), generator=g).tolist()
-        windows = np.stack([np.asarray(self.train_ids[s:s + self.seq_len + 1], dtype=np.int64)
-                            for s in starts])
-        w = torch.from_numpy(windows)
-        return w[:, :-1], w[:, 1:]
+        pairs = [window(self.train_ids, s, self.seq_len, self.head) for s in starts]
+        return (torch.from_numpy(np.stack([x for x, _ in pairs])),
+                torch.from_numpy(np.stack([y for _, y in pairs])))
+
+    def batch_metric(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
+        """Next-token accuracy over the scored targets (a BOS target is not one)."""
+        keep = targets != IGNORE
+        return float(((logits.argmax(-1) == targets) & keep).sum() / keep.sum().clamp(min=1))
+
+    def _eval_windows(self, ids: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(inputs, targets)`` of the consecutive windows that score ``ids`` once each."""
+        L = self.seq_len
+        if self.head:
+            starts = eval_starts(ids, L, self.head)
+            step = scored(L, self.head)
+            for s in starts:
+                yield window(ids, s, L, self.head, stop=min(len(ids), s + step))
+            return
+        head = [self.bos] if self.bos is not None else []  # the stream with a BOS first
+        n = len(head) + len(ids)  # positions of the evaluated stream
+        for s in range(0, n - 1, L):  # window j predicts stream[s+1 : s+L+1]
+            w = self._stream(ids, head, s, min(n, s + L + 1))
+            yield w[:-1], w[1:]
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batch_size: int = 256, device: torch.device | str = "cpu",
                  limit: int | None = None) -> dict[str, float]:
         ids = self.test_ids if limit is None else self.test_ids[:limit]
         n_bytes = self.test_bytes if limit is None else self._bytes_of(ids)
-        head = [self.bos] if self.bos is not None else []
-        n = len(head) + len(ids)  # positions of the evaluated stream
         L = self.seq_len
-        starts = list(range(0, n - 1, L))  # window j predicts stream[s+1 : s+L+1]
+        windows = self._eval_windows(ids)  # drawn group by group: a large split never sits in memory
         # windows per forward: at most ~2^25 logits (128 MB in float32; a 49k vocabulary at
         # 64 tokens gives 10 windows), so evaluation never dominates the peak memory
         batch_size = max(1, min(batch_size, (1 << 25) // (L * max(1, self.info["vocab_size"]))))
@@ -273,20 +316,19 @@ class TextTask(Task):
         model.eval()
         total, correct, count = 0.0, 0, 0
         try:
-            for i in range(0, len(starts), batch_size):
-                group = starts[i:i + batch_size]
-                by_len: dict[int, list[np.ndarray]] = {}
-                for s in group:
-                    w = self._stream(ids, head, s, min(n, s + L + 1))
-                    by_len.setdefault(len(w), []).append(w)
+            while group := list(itertools.islice(windows, batch_size)):
+                by_len: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+                for x, y in group:
+                    by_len.setdefault(len(x), []).append((x, y))
                 for rows in by_len.values():
-                    w = torch.from_numpy(np.stack(rows)).to(device)
-                    x, y = w[:, :-1], w[:, 1:]
+                    x = torch.from_numpy(np.stack([r[0] for r in rows])).to(device)
+                    y = torch.from_numpy(np.stack([r[1] for r in rows])).to(device)
                     logits = self.forward(model, x).float()
                     total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                   y.reshape(-1), reduction="sum"))
-                    correct += int((logits.argmax(-1) == y).sum())
-                    count += y.numel()
+                                                   y.reshape(-1), reduction="sum", ignore_index=IGNORE))
+                    keep = y != IGNORE
+                    correct += int(((logits.argmax(-1) == y) & keep).sum())
+                    count += int(keep.sum())
         finally:
             model.train(was)
         loss = total / max(1, count)

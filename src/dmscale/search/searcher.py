@@ -109,9 +109,12 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
         if config.verify and model_device(model).type != "meta":  # meta: no values to compare
             self._verify_open(space.example_output)
         self._costs: dict[str, Any] = {}
-        self.supernet_cost = float(self._exact_cost(hard=None))
-        self.target_cost = self._resolve_target()
-        self.settle_state = SettleState(weight=float(config.resource_weight))
+        budgets = config.budgets  # {resource: target}; the first is config.resource's
+        # per budget: the supernet's cost, the final target, the settle phase's state
+        self.supernet_costs: dict[str, float] = {r: float(self._exact_cost(None, r)) for r in budgets}
+        self.target_costs: dict[str, float] = {r: self._resolve_target(r) for r in budgets}
+        self.settle_states: dict[str, SettleState] = {
+            r: SettleState(weight=float(config.resource_weight)) for r in budgets}
         if self.unaligned:
             warnings.warn(f"align={self.align}: {len(self.unaligned)} width dim(s) have a size that is "
                           f"not a multiple of {self.align} and are searched without alignment: "
@@ -135,14 +138,44 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
                 self._costs[resource] = CostModel(self.model, self.space, resource)
         return self._costs[resource]
 
-    def _resolve_target(self) -> float:
-        t = float(self.config.target)
-        target = t * self.supernet_cost if t <= 1 else t
-        bounds = self.profile()
+    # the primary (first) budget's, as before several budgets existed
+    @property
+    def target_cost(self) -> float:
+        """The final target of the primary budget (``config.resource``); every budget's:
+        :attr:`target_costs`."""
+        return self.target_costs[self.config.resource]
+
+    @target_cost.setter
+    def target_cost(self, value: float) -> None:
+        self.target_costs[self.config.resource] = float(value)
+
+    @property
+    def supernet_cost(self) -> float:
+        """The supernet's cost in the primary budget's resource (every budget's: :attr:`supernet_costs`)."""
+        return self.supernet_costs[self.config.resource]
+
+    @supernet_cost.setter
+    def supernet_cost(self, value: float) -> None:
+        self.supernet_costs[self.config.resource] = float(value)
+
+    @property
+    def settle_state(self) -> SettleState:
+        """The primary budget's settle state; its ``settled_at`` is the search's (the progress
+        at which every budget's exact cost first reached its target)."""
+        return self.settle_states[self.config.resource]
+
+    @settle_state.setter
+    def settle_state(self, value: SettleState) -> None:
+        self.settle_states[self.config.resource] = value
+
+    def _resolve_target(self, resource: str) -> float:
+        t = float(self.config.budgets[resource])
+        target = t * self.supernet_costs[resource] if t <= 1 else t
+        bounds = self.profile(resource)
         low, high = bounds["min"], bounds["max"]
         if not low - 1e-9 <= target <= high + 1e-9:
             raise ConfigError(
-                f"target {self.config.resource} = {target:,.0f} is outside what this search "
+                f"target {resource} = {target:,.0f} is outside what this search "
                 f"space can reach: [{low:,.0f} (smallest), {high:,.0f} (supernet)]; pass a target "
                 f"between {low / high:.3g} and 1 (a fraction of the supernet) or between "
                 f"{low:,.0f} and {high:,.0f}" + self._align_hint()
@@ -189,6 +222,12 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
                     cache: dict[int, list[Any]] | None = None) -> float:
         return float(self._exact_cost_tensor(hard, resource, cache))
 
+    def _exact_costs(self, hard: str | None, cache: dict[int, list[Any]] | None = None) -> tuple[float, ...]:
+        """:meth:`_exact_cost` of every budget, in ``config.budgets`` order (one set of masks)."""
+        with torch.no_grad():
+            w, d = self._masks("open" if hard is None else hard, cache)
+            return tuple(float(self._cost_model(r)(w, d)) for r in self.config.budgets)
+
     def _exact_cost_tensor(self, hard: str | None, resource: str | None = None,
                            cache: dict[int, list[Any]] | None = None) -> torch.Tensor:
         """The cost of the masks of kind ``hard`` (None: all open) as a () float64 tensor on
@@ -218,22 +257,50 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
         (``opt.progress`` for :meth:`resource_loss`); see :mod:`dmscale.search.optimizer`."""
         return SearchOptimizer(self, weights, total_steps, structure_lr=structure_lr)
 
-    def soft_cost(self) -> torch.Tensor:
-        """r_c from the current soft masks (differentiable in every ``a``)."""
+    def soft_cost(self, resource: str | None = None) -> torch.Tensor:
+        """r_c of ``resource`` (default: the primary budget's) from the current soft masks
+        (differentiable in every ``a``)."""
         w, d = self._masks("soft")
-        return self._cost_model()(w, d)
+        return self._cost_model(resource)(w, d)
+
+    def soft_costs(self) -> dict[str, torch.Tensor]:
+        """r_c of every budget from one set of soft masks (:attr:`SearchConfig.budgets` order)."""
+        w, d = self._masks("soft")
+        return {r: self._cost_model(r)(w, d) for r in self.config.budgets}
 
     def resources(self) -> dict[str, Any]:
-        """Soft and hard cost now, the final target and the supernet's cost."""
+        """Soft and hard cost now, the final target and the supernet's cost of the primary
+        budget (``config.resource``); with several budgets (``SearchConfig(targets=...)``) also
+        ``"budgets"``: the same four numbers per resource.
+
+            >>> import torch, dmscale as dms
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(targets={"params": 0.6, "macs": 0.5}))
+            >>> res = s.resources()
+            >>> res["resource"], sorted(res["budgets"]), res["budgets"]["macs"]["target"]
+            ('params', ['macs', 'params'], 48.0)
+        """
         with torch.no_grad():
-            soft = float(self.soft_cost())
-        return {
-            "resource": self.config.resource,
-            "soft": soft,
-            "hard": self._exact_cost("hard"),
-            "target": self.target_cost,
-            "supernet": self.supernet_cost,
-        }
+            soft = {r: float(c) for r, c in self.soft_costs().items()}
+        hard = dict(zip(self.config.budgets, self._exact_costs("hard")))
+        per = {r: {"soft": soft[r], "hard": hard[r], "target": self.target_costs[r],
+                   "supernet": self.supernet_costs[r]} for r in self.config.budgets}
+        out = {"resource": self.config.resource, **per[self.config.resource]}
+        if len(per) > 1:
+            out["budgets"] = per
+        return out
+
+    def within_budgets(self) -> bool:
+        """Whether the hard structure's exact cost is at or under every budget's target."""
+        costs = self._exact_costs("hard")
+        return all(c <= self.target_costs[r] * (1 + 1e-9) for r, c in zip(self.config.budgets, costs))
+
+    def fills_budgets(self) -> bool:
+        """Whether the exact cost of the hard structure reaches ``budget_band[0]`` x target in
+        every budget (a budget left unused is capacity the found model could have had)."""
+        low = self.config.budget_band[0]
+        costs = self._exact_costs("hard")
+        return all(c >= low * self.target_costs[r] for r, c in zip(self.config.budgets, costs))
 
     def latency_fit(self) -> dict[str, Any]:
         """The latency model's fit report (per-layer and pooled relative RMSE, calibration,
@@ -242,9 +309,10 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
             raise ValueError(f"latency_fit() needs resource='latency', this search uses {self.config.resource!r}")
         return self._cost_model("latency").fit_report()
 
-    def profile(self) -> dict[str, float]:
-        """Smallest and largest cost this search space can reach."""
-        return {"min": self._exact_cost("min"), "max": self._exact_cost(None)}
+    def profile(self, resource: str | None = None) -> dict[str, float]:
+        """Smallest and largest cost of ``resource`` (default: the primary budget's) this
+        search space can reach."""
+        return {"min": self._exact_cost("min", resource), "max": self._exact_cost(None, resource)}
 
     def meet_target(self, iterations: int = 40) -> dict[str, float]:
         """Budget solver: bring the hard structure to the largest cost not above the target.
@@ -254,14 +322,25 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
         searched, a second one to the widths alone (depth fixed: fills the budget a dropped
         block left free in the learned width ratios), then single units are given back
         greedily, in the order a falling common offset would add them, while the hard cost
-        stays under the target. Returns :meth:`resources` afterwards.
+        stays under the target. With several budgets every one is a constraint: the offsets
+        stop at the first budget they would exceed, the gates that do not add to that budget
+        then fill the others (:func:`~dmscale.search.solver.solve_budget`), and a unit is given
+        back only while every budget stays at or under its target. Returns :meth:`resources`
+        afterwards.
         """
         self._require_synced("meet_target()")
         depth = [] if self.gates.depth_frozen else list(self.gates.depth)
         widths = _distinct(list(self.gates.width))
-        solve_budget(_distinct(widths + depth),
-                     lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
-                     iterations, refill=widths if depth and widths else None)
+        refill = widths if depth and widths else None
+        if len(self.config.budgets) == 1:
+            solve_budget(_distinct(widths + depth),
+                         lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
+                         iterations, refill=refill)
+        else:
+            targets = tuple(self.target_costs[r] for r in self.config.budgets)
+            solve_budget(_distinct(widths + depth),
+                         lambda cache=None: self._exact_costs("hard", cache=cache), targets,
+                         iterations, refill=refill)
         return self.resources()
 
     @contextlib.contextmanager

@@ -60,7 +60,11 @@ class ResourceLossMixin:
 
     @property
     def settled_at(self) -> float | None:
-        """Progress at which the settle phase's exact cost first reached the target, or None."""
+        """Progress at which the settle phase's exact cost first reached the target, or None.
+        With several budgets: at which every budget's exact cost was first inside its
+        ``budget_band`` (under its target is not enough: depth freezes there, and a budget
+        left far under might then be out of reach, e.g. a KV-cache budget met by dropping a
+        layer leaves that layer's parameters unusable)."""
         return self.settle_state.settled_at
 
     def settling(self, progress: float) -> bool:
@@ -154,8 +158,7 @@ class ResourceLossMixin:
         if settling and self.settled_at is None:  # once landed, the exact cost is not needed here
             if len(self.config.budgets) == 1:
                 self.settle_state.reach(progress, self._exact_cost("hard"), self.target_cost)
-            elif all(c <= self.target_costs[r] * (1 + 1e-9)  # every budget reached: landed
-                     for r, c in zip(self.config.budgets, self._exact_costs("hard"))):
+            elif self.in_band():  # several budgets: landed once every one is inside its band
                 self.settle_state.settled_at = float(progress)
         self.freeze_depth((settling and self.settled_at is not None) or (wo is not None and progress >= wo))
 

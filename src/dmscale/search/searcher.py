@@ -337,11 +337,42 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
                          lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
                          iterations, refill=refill)
         else:
-            targets = tuple(self.target_costs[r] for r in self.config.budgets)
-            solve_budget(_distinct(widths + depth),
-                         lambda cache=None: self._exact_costs("hard", cache=cache), targets,
-                         iterations, refill=refill)
+            self._meet_targets(widths, depth, iterations)
         return self.resources()
+
+    def _meet_targets(self, widths: list[Any], depth: list[Any], iterations: int) -> None:
+        """The budget solver with several budgets. One solve moves every gate from the learned
+        ratios; when it leaves a budget under ``budget_band[0]`` x its target and depth is
+        searched, it also tries depth fixed at its current hard value and depth all kept (a
+        common offset cannot trade heads for layers: a KV-cache budget met by dropping a layer
+        can leave the parameter budget out of reach), and keeps the structure whose least-filled
+        budget is fullest."""
+        targets = tuple(self.target_costs[r] for r in self.config.budgets)
+        costs = lambda cache=None: self._exact_costs("hard", cache=cache)  # noqa: E731
+        leaves = list(self.structure_parameters())
+        start = [p.detach().clone() for p in leaves]
+
+        def attempt(open_depth: bool, with_depth: bool) -> tuple[float, float, list[torch.Tensor]]:
+            with torch.no_grad():
+                for p, v in zip(leaves, start):
+                    p.copy_(v)
+            if open_depth:
+                for t in depth:
+                    t.set_count(t.n_units)
+            gates = _distinct(widths + depth) if with_depth else widths
+            solve_budget(gates, costs, targets, iterations,
+                         refill=widths if with_depth and depth and widths else None)
+            shares = [c / t for c, t in zip(costs(), targets)]
+            fits = all(c <= t * (1 + 1e-9) for c, t in zip(costs(), targets))
+            return (float(fits) + min(shares), sum(shares), [p.detach().clone() for p in leaves])
+
+        tried = [attempt(False, True)]
+        if depth and widths and not self.fills_budgets():
+            tried += [attempt(False, False), attempt(True, False)]
+        best = max(tried, key=lambda x: (x[0], x[1]))
+        with torch.no_grad():
+            for p, v in zip(leaves, best[2]):
+                p.copy_(v)
 
     @contextlib.contextmanager
     def hardened(self) -> Iterator[nn.Module]:

@@ -128,6 +128,7 @@ def solve_budget(topks: list[Any], hard_cost: HardCost, target: float | tuple[fl
         _common_offset(refill, budgets, -1.0, 0.0, iterations)
     if budgets.multi:
         _fill_slack(refill or topks, budgets, iterations)
+        _exchange(refill or topks, budgets, iterations // 2)
     _give_back_units(topks, budgets)
 
 
@@ -161,6 +162,61 @@ def _fill_slack(topks: list[Any], budgets: _Budgets, iterations: int) -> None:
         if not free:
             return
         _common_offset(free, budgets, -1.0, 0.0, iterations)
+
+
+def _touches(t: Any, budgets: _Budgets, current: tuple[float, ...]) -> list[bool]:
+    """Per budget, whether one unit of ``t`` (the next one, or the last kept when ``t`` is
+    whole) changes its cost; ``t`` is left as it was."""
+    k = t.hard_count()
+    step = 1 if k < t.n_units else -1
+    old_a = t.a.detach().clone()
+    t.set_count(k + step)
+    costs = budgets()
+    with torch.no_grad():
+        t.a.copy_(old_a)
+    return [c != cur for c, cur in zip(costs, current)]
+
+
+def _exchange(topks: list[Any], budgets: _Budgets, iterations: int) -> None:
+    """Several budgets: trade the binding budget's share for the least-filled one's. The gates
+    that add to the least-filled budget ``k`` grow by a common offset while those that add to
+    the binding budget ``b`` but not to ``k`` shrink just enough for every budget to fit
+    (e.g. more KV heads, narrower FFNs); the largest growth that fits is kept when it fills
+    ``k`` more without leaving any budget less filled than ``k`` was."""
+    current = budgets()
+    shares = [c / max(t, 1e-12) for c, t in zip(current, budgets.targets)]
+    b, k = shares.index(max(shares)), shares.index(min(shares))
+    if b == k:
+        return
+    touch = {id(t): _touches(t, budgets, current) for t in topks}
+    grow = [t for t in topks if touch[id(t)][k]]
+    shrink = [t for t in topks if touch[id(t)][b] and not touch[id(t)][k]]
+    if not grow or not shrink:
+        return
+    base = _ratios(topks)
+    base_g, base_s = _ratios(grow), _ratios(shrink)
+
+    def fits_with(offset: float) -> bool:  # grow by -offset, shrink as little as needed
+        _shift_to(grow, base_g, offset)
+        _shift_to(shrink, base_s, 0.0)
+        _common_offset(shrink, budgets, 0.0, 1.0, iterations)
+        return budgets.fits(budgets())
+
+    lo, hi = -1.0, 0.0
+    if fits_with(lo):
+        hi = lo
+    for _ in range(iterations):
+        if hi - lo < 1e-6:
+            break
+        mid = (lo + hi) / 2
+        if fits_with(mid):
+            hi = mid
+        else:
+            lo = mid
+    fits = fits_with(hi)
+    after = [c / max(t, 1e-12) for c, t in zip(budgets(), budgets.targets)]
+    if not fits or min(after) <= shares[k]:  # no better: back to where it was
+        _shift_to(topks, base, 0.0)
 
 
 def _give_back_units(topks: list[Any], budgets: _Budgets) -> None:

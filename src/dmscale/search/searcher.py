@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Hashable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ from dmscale.trace.discover import SearchSpace
 from dmscale.core.errors import ConfigError
 from dmscale.export.shrink import export_model, structure_of
 from dmscale.core.masks import GATES_NAME, Gates
-from dmscale.core.ratios import distinct_leaves, ratio_key
+from dmscale.core.ratios import distinct_leaves
 from dmscale.cost.resources import CostModel
 from dmscale.search.config import COST_FORWARD, SearchConfig, resolve_align
 from dmscale.search.importance_sync import ImportanceMixin
@@ -43,6 +43,7 @@ from dmscale.search.setup import attach_gates, discover_space, model_device, una
 from dmscale.export.selfcheck import run_example, verify_export, verify_open
 from dmscale.search.solver import solve_budget
 from dmscale.search.state import SearcherStateMixin
+from dmscale.search.budgets import BudgetsMixin, distinct_gates
 
 __all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
 
@@ -61,14 +62,15 @@ def _cached_hard_mask(t: Any, cache: dict[int, list[Any]]) -> torch.Tensor:
     return mask
 
 
-class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
+class Searcher(BudgetsMixin, ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
     """A DMS search attached to a model. Create it with :func:`prepare`.
 
     ``align`` is the width multiple the search keeps (``SearchConfig.align``, resolved on the
     model's device when None) and ``unaligned`` the channel dims it could not align (their
     size is not a multiple of it; they are searched without alignment).
 
-    The resource loss and its schedule come from
+    Every budget's costs and the solver with several budgets come from
+    :class:`~dmscale.search.budgets.BudgetsMixin`, the resource loss and its schedule from
     :class:`~dmscale.search.resource_loss.ResourceLossMixin`, ``state_dict`` and
     ``load_state_dict`` from :class:`~dmscale.search.state.SearcherStateMixin`, importance from
     :class:`~dmscale.search.importance_sync.ImportanceMixin`.
@@ -137,36 +139,6 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
             else:
                 self._costs[resource] = CostModel(self.model, self.space, resource)
         return self._costs[resource]
-
-    # the primary (first) budget's, as before several budgets existed
-    @property
-    def target_cost(self) -> float:
-        """The final target of the primary budget (``config.resource``); every budget's:
-        :attr:`target_costs`."""
-        return self.target_costs[self.config.resource]
-
-    @target_cost.setter
-    def target_cost(self, value: float) -> None:
-        self.target_costs[self.config.resource] = float(value)
-
-    @property
-    def supernet_cost(self) -> float:
-        """The supernet's cost in the primary budget's resource (every budget's: :attr:`supernet_costs`)."""
-        return self.supernet_costs[self.config.resource]
-
-    @supernet_cost.setter
-    def supernet_cost(self, value: float) -> None:
-        self.supernet_costs[self.config.resource] = float(value)
-
-    @property
-    def settle_state(self) -> SettleState:
-        """The primary budget's settle state; its ``settled_at`` is the search's (the progress
-        at which every budget's exact cost first reached its target)."""
-        return self.settle_states[self.config.resource]
-
-    @settle_state.setter
-    def settle_state(self, value: SettleState) -> None:
-        self.settle_states[self.config.resource] = value
 
     def _resolve_target(self, resource: str) -> float:
         t = float(self.config.budgets[resource])
@@ -268,40 +240,6 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
         w, d = self._masks("soft")
         return {r: self._cost_model(r)(w, d) for r in self.config.budgets}
 
-    def resources(self) -> dict[str, Any]:
-        """Soft and hard cost now, the final target and the supernet's cost of the primary
-        budget (``config.resource``); with several budgets (``SearchConfig(targets=...)``) also
-        ``"budgets"``: the same four numbers per resource.
-
-            >>> import torch, dmscale as dms
-            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(targets={"params": 0.6, "macs": 0.5}))
-            >>> res = s.resources()
-            >>> res["resource"], sorted(res["budgets"]), res["budgets"]["macs"]["target"]
-            ('params', ['macs', 'params'], 48.0)
-        """
-        with torch.no_grad():
-            soft = {r: float(c) for r, c in self.soft_costs().items()}
-        hard = dict(zip(self.config.budgets, self._exact_costs("hard")))
-        per = {r: {"soft": soft[r], "hard": hard[r], "target": self.target_costs[r],
-                   "supernet": self.supernet_costs[r]} for r in self.config.budgets}
-        out = {"resource": self.config.resource, **per[self.config.resource]}
-        if len(per) > 1:
-            out["budgets"] = per
-        return out
-
-    def within_budgets(self) -> bool:
-        """Whether the hard structure's exact cost is at or under every budget's target."""
-        costs = self._exact_costs("hard")
-        return all(c <= self.target_costs[r] * (1 + 1e-9) for r, c in zip(self.config.budgets, costs))
-
-    def fills_budgets(self) -> bool:
-        """Whether the exact cost of the hard structure reaches ``budget_band[0]`` x target in
-        every budget (a budget left unused is capacity the found model could have had)."""
-        low = self.config.budget_band[0]
-        costs = self._exact_costs("hard")
-        return all(c >= low * self.target_costs[r] for r, c in zip(self.config.budgets, costs))
-
     def latency_fit(self) -> dict[str, Any]:
         """The latency model's fit report (per-layer and pooled relative RMSE, calibration,
         how the parts add up to the timed model); see ``LatencyCostModel.fit_report``."""
@@ -330,49 +268,15 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
         """
         self._require_synced("meet_target()")
         depth = [] if self.gates.depth_frozen else list(self.gates.depth)
-        widths = _distinct(list(self.gates.width))
+        widths = distinct_gates(list(self.gates.width))
         refill = widths if depth and widths else None
         if len(self.config.budgets) == 1:
-            solve_budget(_distinct(widths + depth),
+            solve_budget(distinct_gates(widths + depth),
                          lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
                          iterations, refill=refill)
         else:
             self._meet_targets(widths, depth, iterations)
         return self.resources()
-
-    def _meet_targets(self, widths: list[Any], depth: list[Any], iterations: int) -> None:
-        """The budget solver with several budgets. One solve moves every gate from the learned
-        ratios; when it leaves a budget under ``budget_band[0]`` x its target and depth is
-        searched, it also tries depth fixed at its current hard value and depth all kept (a
-        common offset cannot trade heads for layers: a KV-cache budget met by dropping a layer
-        can leave the parameter budget out of reach), and keeps the structure whose least-filled
-        budget is fullest."""
-        targets = tuple(self.target_costs[r] for r in self.config.budgets)
-        costs = lambda cache=None: self._exact_costs("hard", cache=cache)  # noqa: E731
-        leaves = list(self.structure_parameters())
-        start = [p.detach().clone() for p in leaves]
-
-        def attempt(open_depth: bool, with_depth: bool) -> tuple[float, float, list[torch.Tensor]]:
-            with torch.no_grad():
-                for p, v in zip(leaves, start):
-                    p.copy_(v)
-            if open_depth:
-                for t in depth:
-                    t.set_count(t.n_units)
-            gates = _distinct(widths + depth) if with_depth else widths
-            solve_budget(gates, costs, targets, iterations,
-                         refill=widths if with_depth and depth and widths else None)
-            shares = [c / t for c, t in zip(costs(), targets)]
-            fits = all(c <= t * (1 + 1e-9) for c, t in zip(costs(), targets))
-            return (float(fits) + min(shares), sum(shares), [p.detach().clone() for p in leaves])
-
-        tried = [attempt(False, True)]
-        if depth and widths and not self.fills_budgets():
-            tried += [attempt(False, False), attempt(True, False)]
-        best = max(tried, key=lambda x: (x[0], x[1]))
-        with torch.no_grad():
-            for p, v in zip(leaves, best[2]):
-                p.copy_(v)
 
     @contextlib.contextmanager
     def hardened(self) -> Iterator[nn.Module]:
@@ -428,18 +332,6 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
     def _verify_export(self, small: nn.Module) -> None:
         verify_export(self, small)
 
-
-
-def _distinct(topks: list[Any]) -> list[Any]:
-    """One gate per distinct ``a`` (layer-uniform dims share theirs)."""
-    seen: set[Hashable] = set()
-    out = []
-    for t in topks:
-        key = ratio_key(t)
-        if key not in seen:
-            seen.add(key)
-            out.append(t)
-    return out
 
 
 def prepare(model: nn.Module, example_inputs: Any, config: SearchConfig | None = None) -> Searcher:

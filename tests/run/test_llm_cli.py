@@ -118,6 +118,64 @@ def test_layer_uniform_p_minus_gives_standard_config(tiny_hf, tmp_path, capsys):
     assert sum(p.numel() for p in hf.parameters()) == found
 
 
+def test_two_budgets_from_the_command_line_land_and_are_reported(tiny_hf, tmp_path, capsys):
+    """``--target params=0.7,kv_cache=0.5``: the config has both budgets, the run lands both in
+    [0.98, 1.00] x target, and summary.json, structure.json, report.md and the printed summary
+    show both."""
+    from dmscale.cli.parser import build_parser
+    from dmscale.run.saved_runs import search_config
+
+    args = build_parser().parse_args(["search", "--target", "params=0.7,kv_cache=0.5"])
+    cfg = RunConfig(command="search", target=args.target).resolved()
+    assert cfg.budgets == {"params": 0.7, "kv_cache": 0.5} and cfg.resource == "params"
+    assert search_config(cfg, []).budgets == {"params": 0.7, "kv_cache": 0.5}
+    model_dir, data = tiny_hf
+    run = tmp_path / "run"
+    argv = [a for a in COMMON if a not in ("--resource", "params", "0.8")]
+    argv[argv.index("--target")] = "--target"
+    argv.insert(argv.index("--target") + 1, "params=0.7,kv_cache=0.5")
+    rc, out, err = _run(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+                         "--pipeline", "p-", "--epochs", "0.02", "--test-limit", "300",
+                         "--distill-weight", "0", "--out", str(run), *argv], capsys)
+    assert rc == 0, err
+    summary = json.loads((run / "summary.json").read_text())
+    budgets = summary["resources"]["budgets"]
+    assert list(budgets) == ["params", "kv_cache"]
+    for name, b in budgets.items():
+        assert 0.98 * b["target"] <= b["hard"] <= b["target"], (name, b)
+    found = summary["counts"]["found"]
+    assert found["params"] == round(budgets["params"]["hard"])
+    assert found["kv_cache"] == round(budgets["kv_cache"]["hard"])
+    assert json.loads((run / "structure.json").read_text())["resource"]["budgets"] == budgets
+    report = (run / "report.md").read_text()
+    assert "| params budget |" in report and "| kv_cache budget |" in report
+    from dmscale.run.report import format_summary
+
+    printed = format_summary(summary)
+    assert "budget        params" in printed and "budget        kv_cache" in printed
+
+
+@pytest.mark.parametrize("target, needle", [
+    ("flops=0.5", "unknown resource 'flops'"),
+    ("params=0,kv_cache=0.5", "the target of params must be a number > 0"),
+    ("params=-1", "the target of params must be a number > 0"),
+])
+def test_bad_budgets_are_refused_by_name(target, needle, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:  # argparse refuses the value
+        main(["search", "--task", "digits", "--target", target, "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and needle in err, err
+    with pytest.raises(ConfigError, match=needle):  # and so does a config file's value
+        RunConfig(command="search", target=target)
+    assert not (tmp_path / "r").exists()
+
+
+def test_kv_cache_budget_on_a_cnn_is_refused(tmp_path, capsys):
+    rc, _, err = _run(["search", "--task", "digits", "--resource", "kv_cache", "--epochs", "0.01",
+                       "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "resource 'kv_cache' needs attention layers" in err, err
+
+
 def test_distill_hidden_records_a_finite_positive_hidden_loss(tiny_hf, tmp_path, capsys):
     model_dir, data = tiny_hf
     run = tmp_path / "run"

@@ -16,11 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from dmscale.cost.resources import RESOURCES
 from dmscale.config.values import (
     align_value,
     auto_or,
     band,
     boolean,
+    budget_targets,
     choice,
     device_value,
     eval_every_value,
@@ -201,10 +203,13 @@ OPTIONS: tuple[Option, ...] = (
        "p: pretrain (or --init), search, retrain; p-: pretrain (or --init), then train only "
        "the structural parameters (weights frozen), no retrain",
        _SEARCHING, "search"),
-    _o("resource", choice("macs", "params", "latency"), "macs",
-       "the budgeted resource", _SEARCHING, "search"),
-    _o("target", positive_float, 0.5,
-       "the budget: <= 1 is a fraction of the supernet's cost, > 1 an absolute count",
+    _o("resource", choice(*RESOURCES), "macs",
+       "the budgeted resource: kv_cache is the bytes of K and V cached per token per sequence "
+       "(the sum over attention layers of 2 x KV heads x head dim x dtype size)", _SEARCHING, "search"),
+    _o("target", budget_targets(RESOURCES), 0.5,
+       "the budget: <= 1 is a fraction of the supernet's cost, > 1 an absolute count; several "
+       "budgets at once as RESOURCE=T,RESOURCE=T (e.g. params=0.7,kv_cache=0.5; --resource is "
+       "then the first of them), each met by the search, the settle phase and the budget solver",
        _SEARCHING, "search", metavar="T"),
     _o("resource_weight", auto_or(nonneg_float), "auto",
        "lambda_resource: weight of the resource loss log(r_c / r_t). auto: 50 for a search of "

@@ -97,7 +97,7 @@ class RunConfig(RunConfigChecks):
     pretrained: bool = False
     pipeline: str = "np"
     resource: str = "macs"
-    target: float = 0.5
+    target: float | dict[str, float] = 0.5  # a dict: several budgets {resource: target}
     resource_weight: float | None = None  # None: auto (dmscale.config.defaults)
     structure_lr: float | None = None  # None: auto, set by the pipeline from the search's steps
     importance: str = "taylor"
@@ -159,6 +159,7 @@ class RunConfig(RunConfigChecks):
                 setattr(self, opt.name, opt.convert(value))
             except ConfigError as err:
                 raise ConfigError(f"{opt.flag}: {err}") from None
+        self._check_budgets()
         if self.teacher == "supernet" and self.command == "search" and self.pipeline == "np":
             raise ConfigError("--teacher supernet needs a pretrained supernet: use --pipeline p "
                               "or p-, or give a teacher run directory")
@@ -184,6 +185,24 @@ class RunConfig(RunConfigChecks):
             raise ConfigError(f"--task text needs a pretrained model with its tokenizer: "
                               f"--model hf:PATH, not --model {self.model} (the char-level "
                               "models go with --task shakespeare)")
+
+    def _check_budgets(self) -> None:
+        """Several budgets (``--target RESOURCE=T,...``): ``resource`` becomes the first one's;
+        a ``--resource`` other than the default that is not among them is refused."""
+        if not isinstance(self.target, dict):
+            return
+        if not self.target:
+            raise ConfigError("--target: expected a number > 0 or RESOURCE=T[,RESOURCE=T...], got none")
+        first = next(iter(self.target))
+        if self.resource not in ("macs", first) and self.resource not in self.target:
+            raise ConfigError(f"--resource {self.resource} is not among the budgets of --target "
+                              f"({', '.join(self.target)}): leave --resource out with several budgets")
+        self.resource = first
+
+    @property
+    def budgets(self) -> dict[str, float]:
+        """``{resource: target}`` of every budget of a search."""
+        return dict(self.target) if isinstance(self.target, dict) else {self.resource: self.target}
 
     # ------------------------------------------------------------------ resolution
     def resolved(self) -> RunConfig:

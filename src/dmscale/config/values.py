@@ -38,6 +38,7 @@ __all__ = [
     "scalar",
     "kv_dict",
     "expand_factors",
+    "budget_targets",
     "str_list",
     "eval_every_value",
     "auto_or",
@@ -247,6 +248,37 @@ def kv_dict(value: Any) -> dict[str, Any]:
             raise ConfigError(f"expected KEY=VALUE[,KEY=VALUE...], got {text!r}")
         out[key.strip()] = scalar(val.strip())
     return out
+
+
+def budget_targets(resources: tuple[str, ...]) -> Callable[[Any], float | dict[str, float]]:
+    """A converter for ``--target``: a number > 0 (the budget of ``--resource``), or several
+    budgets ``RESOURCE=T[,RESOURCE=T...]`` (or a mapping) of the ``resources`` named.
+
+        >>> convert = budget_targets(("macs", "params", "kv_cache"))
+        >>> convert("0.4"), convert("params=0.7,kv_cache=0.5")
+        (0.4, {'params': 0.7, 'kv_cache': 0.5})
+        >>> convert("flops=0.5")
+        Traceback (most recent call last):
+        ...
+        dmscale.core.errors.ConfigError: unknown resource 'flops' in the budgets 'flops=0.5': expected RESOURCE=T[,RESOURCE=T...] with RESOURCE one of macs, params, kv_cache
+    """
+    def convert(value: Any) -> float | dict[str, float]:
+        if not isinstance(value, dict) and "=" not in str(value):
+            return positive_float(value)
+        items = kv_dict(value)
+        out: dict[str, float] = {}
+        for key, val in items.items():
+            if key not in resources:
+                raise ConfigError(f"unknown resource {key!r} in the budgets {value!r}: expected "
+                                  f"RESOURCE=T[,RESOURCE=T...] with RESOURCE one of {', '.join(resources)}")
+            try:
+                out[key] = positive_float(val)
+            except ConfigError:
+                raise ConfigError(f"the target of {key} must be a number > 0 (<= 1: a fraction of the "
+                                  f"supernet's cost, > 1: an absolute count), got {val!r}") from None
+        return out
+
+    return convert
 
 
 def expand_factors(value: Any) -> dict[str, float]:

@@ -6,11 +6,15 @@
 matrix products and attention (``scaled_dot_product_attention``, whose CPU kernel has no
 formula in torch and gets one registered here); element-wise ops, norms, activations,
 pooling and bias adds are not counted. Parameters are the model's unique parameters (tied
-weights once); buffers are not counted.
+weights once); buffers are not counted. A model with attention layers also gets ``kv_cache``:
+bytes of K and V cached per token per sequence (:mod:`dmscale.cost.kv_cache`).
 
 :class:`CostModel` is the differentiable ``r_c`` of Eq. 6: a sum of terms
 ``base x keep_in x keep_out x m_depth`` where ``keep`` is the mean mask of the channels a
 layer reads or writes. At hard (0/1) masks it equals the exact count of the exported model.
+For ``kv_cache`` each attention layer is one term: its bytes x the kept share of its
+key/value heads x the kept share of its per-head dim (when searched) x the depth mask of the
+block that contains the attention module (a dropped layer caches nothing).
 
 Example:
     >>> import torch
@@ -32,12 +36,14 @@ from dmscale.trace.discover import SearchSpace
 from dmscale.trace.values import split_inputs
 from dmscale.trace.flops import ForwardFlopCounter
 from dmscale.trace.handlers.base import handler_for
+from dmscale.core.errors import ConfigError
 from dmscale.core.masks import GATES_NAME
 from dmscale.core.modes import eval_mode
+from dmscale.cost.kv_cache import kv_layers, require_kv_layers
 
 __all__ = ["count", "CostModel", "DeviceCache", "RESOURCES"]
 
-RESOURCES = ("macs", "params", "latency")
+RESOURCES = ("macs", "params", "latency", "kv_cache")
 
 
 def _gqa_shapes(query_shape: Any, key_shape: Any, value_shape: Any) -> tuple[Any, Any]:
@@ -93,7 +99,9 @@ _register_cpu_sdpa_formula()
 
 
 def count(model: nn.Module, example_inputs: Any) -> dict[str, int]:
-    """Exact ``{"macs", "params"}`` of ``model`` on ``example_inputs`` (eval mode, no grad)."""
+    """Exact ``{"macs", "params"}`` of ``model`` on ``example_inputs`` (eval mode, no grad),
+    and ``"kv_cache"`` (bytes per token per sequence, :mod:`dmscale.cost.kv_cache`) when it
+    has attention layers."""
     args, kwargs = split_inputs(example_inputs)
     counter = ForwardFlopCounter(model)
     fastpath = torch.backends.mha.get_fastpath_enabled()
@@ -105,7 +113,11 @@ def count(model: nn.Module, example_inputs: Any) -> dict[str, int]:
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
     params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(GATES_NAME + "."))
-    return {"macs": int(counter.get_total_flops()) // 2, "params": int(params)}
+    out = {"macs": int(counter.get_total_flops()) // 2, "params": int(params)}
+    kv = kv_layers(model)
+    if kv:
+        out["kv_cache"] = sum(layer.bytes for layer in kv)
+    return out
 
 
 class DeviceCache:
@@ -145,15 +157,15 @@ class CostModel(DeviceCache):
     """
 
     def __init__(self, model: nn.Module, space: SearchSpace, resource: str) -> None:
-        if resource not in ("macs", "params"):
-            raise ValueError(f"CostModel resource must be 'macs' or 'params', got {resource!r}")
+        if resource not in ("macs", "params", "kv_cache"):
+            raise ConfigError(f"CostModel resource must be 'macs', 'params' or 'kv_cache', got {resource!r}")
         self.resource = resource
         self.space = space
         self._groups: list[torch.Tensor] = []
         self._group_key: dict[bytes, int] = {}
         self._block_index = self._flat_blocks(space)
         self._alive_index = self._split_layers(space, self._block_index)
-        rows = self._macs_rows(model, space) if resource == "macs" else self._params_rows(model, space)
+        rows = {"macs": self._macs_rows, "params": self._params_rows, "kv_cache": self._kv_rows}[resource](model, space)
         kept = [r for r in rows if not (r[1] < 0 and r[2] < 0 and r[3] < 0)]
         self.constant = float(sum(r[0] for r in rows if r[1] < 0 and r[2] < 0 and r[3] < 0))
         # depth factors: one per unit (B), then one per split block (A, alive while a branch is)
@@ -262,6 +274,18 @@ class CostModel(DeviceCache):
                 continue
             f_in, f_out = covered.get(pname, (-1, -1))
             rows.append((float(p.numel()), f_in, f_out, self._block(pname.rpartition(".")[0])))
+        return rows
+
+    def _kv_rows(self, model: nn.Module, space: SearchSpace) -> list[tuple[float, int, int, int]]:
+        """One term per attention layer: bytes x keep(KV heads) x keep(head dim) x depth. The
+        attention handler records the module with its KV-head units as input slots and its
+        per-head dims (None when not searched) as output slots."""
+        rows = []
+        for kv in require_kv_layers(model):
+            layer = space.layers.get(kv.name)
+            f_in = self._group(layer.in_slots) if layer is not None else -1
+            f_out = self._group(layer.out_slots) if layer is not None else -1
+            rows.append((float(kv.bytes), f_in, f_out, self._block(kv.name)))
         return rows
 
     # ------------------------------------------------------------------ evaluation

@@ -156,7 +156,7 @@ class PhaseWatch:
             res = self.searcher.resources()
             extra = {"cost_hard": res["hard"], "cost_final": res["target"],
                      "cost_target": self.searcher.target_at((done - 1) / self.total),
-                     "within_budget": bool(res["hard"] <= res["target"] * (1 + 1e-9))}
+                     "within_budget": self.searcher.within_budgets()}
         with torch.no_grad():
             metrics = self.host.evaluate(self.phase, self.model, self.searcher, done, extra=extra)
         if self.keeps_best:

@@ -345,6 +345,10 @@ class StepLoop:
             text += (f" | {res['resource']} {fmt_count(res['hard'])} "
                      f"(target now {fmt_count(record['cost_target'])}, "
                      f"final {fmt_count(res['target'])})")
+            for name, b in (res.get("budgets") or {}).items():  # several budgets: every one's
+                record[f"cost_hard_{name}"], record[f"cost_final_{name}"] = b["hard"], b["target"]
+                if name != res["resource"]:
+                    text += f", {name} {fmt_count(b['hard'])} (final {fmt_count(b['target'])})"
         if self.writes_files:
             host.rd.append_metrics(record)
             log_step(getattr(host, "logger", None), host.global_step, record, self.searcher)

@@ -47,12 +47,13 @@ def inspect_space(cfg: RunConfig) -> dict[str, Any]:
                   "layers": len(d.producers)} for d, g in zip(space.width, gates.width)]
         depth = [{"name": d.name, "blocks": len(d.blocks), "min_keep": d.min_keep} for d in space.depth]
         reach = searcher.profile()
+        target = cfg.target[cfg.resource] if isinstance(cfg.target, dict) else cfg.target  # the first budget
         counts = dms.count(model, example)
         return {
             "model": cfg.model, "task": cfg.task, "resource": cfg.resource,
             "supernet": {"macs": counts["macs"], "params": counts["params"]},
             "cost": {"min": reach["min"], "max": reach["max"],
-                     "target": cfg.target * reach["max"] if cfg.target <= 1 else float(cfg.target)},
+                     "target": target * reach["max"] if target <= 1 else float(target)},
             "width": width, "depth": depth, "fixed": dict(space.pinned_reasons),
             "align": int(searcher.align), "excluded": list(exclude) + list(cfg.exclude or []),
         }

@@ -327,13 +327,11 @@ class Phases:
         """Structure-only steps at the final target until the hard cost is under it; then the
         budget solver when the cost is still over, or under ``budget_band[0]`` x target (a
         budget left unused is capacity the found model could have had)."""
-        def under() -> bool:
-            res = searcher.resources()
-            return res["hard"] <= res["target"] * (1 + 1e-9)
+        def under() -> bool:  # every budget at or under its target
+            return searcher.within_budgets()
 
-        def filled() -> bool:
-            res = searcher.resources()
-            return res["hard"] >= searcher.config.budget_band[0] * res["target"]
+        def filled() -> bool:  # every budget at or over budget_band[0] x its target
+            return searcher.fills_budgets()
 
         if self.checkpoint_for("finish") is None:
             end = self.state["resources_search_end"] = searcher.resources()
@@ -358,9 +356,11 @@ class Phases:
             self._log(moved)
         if not under():
             res = searcher.resources()
-            self.state["warnings"].append(
-                f"the found model costs {fmt_count(res['hard'])} {res['resource']}, over the target "
-                f"{fmt_count(res['target'])}: raise --resource-weight or --structure-lr, or search longer")
+            for name, b in res.get("budgets", {res["resource"]: res}).items():
+                if b["hard"] > b["target"] * (1 + 1e-9):
+                    self.state["warnings"].append(
+                        f"the found model costs {fmt_count(b['hard'])} {name}, over the target "
+                        f"{fmt_count(b['target'])}: raise --resource-weight or --structure-lr, or search longer")
 
     def _phase_retrain(self) -> None:
         cfg = self.cfg

@@ -19,9 +19,9 @@ import yaml
 
 from dmscale.config.defaults import chosen_lines
 from dmscale.run.report_plots import write_plots
-from dmscale.run.report_text import (align_line, detect_text, format_count, fused_line, lm_metrics_text,
-                                     metric_line, metric_name, original_line, posthoc_line, processes_text,
-                                     reach_hint)
+from dmscale.run.report_text import (align_line, budgets_of, detect_text, format_count, fused_line,
+                                     lm_metrics_text, metric_line, metric_name, original_line, posthoc_line,
+                                     processes_text, reach_hint)
 from dmscale.run.watching import watch_lines, watch_report_lines
 
 __all__ = ["write_report", "format_summary", "align_line", "read_metrics", "format_count", "posthoc_line", "reach_hint",
@@ -74,9 +74,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     lines += ["| | supernet | found |", "|---|---:|---:|",
               f"| MACs (one example) | {format_count(sup.get('macs'))} | {format_count(found.get('macs'))} |",
               f"| parameters | {format_count(sup.get('params'))} | {format_count(found.get('params'))} |"]
-    if res:
-        lines.append(f"| {res['resource']} budget | | {format_count(res['hard'])} of target "
-                     f"{format_count(res['target'])} ({100 * res['hard'] / max(res['target'], 1):.1f}%) |")
+    for name, b in budgets_of(res).items():  # every budget of the search
+        lines.append(f"| {name} budget | {format_count(b.get('supernet'))} | {format_count(b['hard'])} of target "
+                     f"{format_count(b['target'])} ({100 * b['hard'] / max(b['target'], 1):.1f}%) |")
     lines.append("")
     aligned = align_line(summary.get("align"))
     if aligned:
@@ -144,13 +144,13 @@ def format_summary(summary: dict[str, Any]) -> str:
            f"  {'':14}{'supernet':>12}{'found':>12}",
            f"  {'MACs':14}{format_count(sup.get('macs')):>12}{format_count(found.get('macs')):>12}",
            f"  {'parameters':14}{format_count(sup.get('params')):>12}{format_count(found.get('params')):>12}"]
-    if res:
-        ok = res["hard"] <= res["target"] * (1 + 1e-9)
+    for name, b in budgets_of(res).items():  # every budget of the search
+        ok = b["hard"] <= b["target"] * (1 + 1e-9)
         share = ""
-        if res.get("supernet"):
-            share = f" ({100 * res['hard'] / res['supernet']:.1f}% of the supernet)"
-        out.append(f"  budget        {res['resource']} {format_count(res['hard'])}{share} "
-                   f"{'<=' if ok else 'OVER'} target {format_count(res['target'])}")
+        if b.get("supernet"):
+            share = f" ({100 * b['hard'] / b['supernet']:.1f}% of the supernet)"
+        out.append(f"  budget        {name} {format_count(b['hard'])}{share} "
+                   f"{'<=' if ok else 'OVER'} target {format_count(b['target'])}")
     posthoc = posthoc_line(summary.get("resources_search_end"), res)
     if posthoc:
         out.append(f"  post-hoc      {posthoc}")

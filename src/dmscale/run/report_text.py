@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["REACH", "format_count", "metric_name", "detect_text", "lm_metrics_text", "metric_line", "original_line",
-           "posthoc_line", "reach_hint", "processes_text", "align_line", "fused_line"]
+           "posthoc_line", "reach_hint", "processes_text", "align_line", "fused_line", "budgets_of"]
 
 # How far (lr x steps) the structure parameters must be able to move for the search itself to
 # reach a budget: a ratio moves 0.2-0.5 to halve a network's MACs, and Adam moves it by about
@@ -32,6 +32,21 @@ def format_count(value: float | None) -> str:
         if abs(value) >= div:
             return f"{value / div:.2f}{unit}"
     return f"{value:.0f}"
+
+
+def budgets_of(resources: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Every budget of a search's ``resources()`` (a run's ``state.json`` / ``summary.json``):
+    ``{resource: {"soft", "hard", "target", "supernet"}}``, the one budget of a single-budget
+    search included.
+
+        >>> budgets_of({"resource": "params", "hard": 9.0, "target": 10.0})
+        {'params': {'resource': 'params', 'hard': 9.0, 'target': 10.0}}
+        >>> list(budgets_of({"resource": "params", "budgets": {"params": {}, "kv_cache": {}}}))
+        ['params', 'kv_cache']
+    """
+    if not resources:
+        return {}
+    return dict(resources.get("budgets") or {resources["resource"]: resources})
 
 
 def metric_name(evals: list[dict[str, Any]], language: bool) -> str:

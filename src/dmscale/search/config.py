@@ -41,8 +41,16 @@ class SearchConfig:
     """What to search and under which budget.
 
     Attributes:
-        resource: "macs", "params" or "latency".
+        resource: "macs", "params", "latency" or "kv_cache" (bytes of K and V cached per
+            token per sequence, summed over the attention layers: :mod:`dmscale.cost.kv_cache`).
         target: <= 1: a fraction of the supernet's cost; > 1: an absolute count.
+        targets: several budgets at once, ``{resource: target}`` (e.g. ``{"params": 0.7,
+            "kv_cache": 0.5}``), each target as ``target``; None (default): the one budget
+            ``resource`` = ``target``. Each budget has its own resource loss term (its own r_t
+            schedule and settle weight), summed; the settle phase and the budget solver meet
+            every one. With ``targets``, ``resource`` and ``target`` become the first budget's
+            (the primary one, which single-resource reports show); leave them at their
+            defaults. :attr:`budgets` is the dict either way.
         resource_weight: lambda_resource of Eq. 5.
         schedule: "exp" (r_t decays from the supernet's cost to the target, Eq. 10) or
             "constant" (r_t = target from the start).
@@ -180,8 +188,42 @@ class SearchConfig:
     fold_masks: bool = True
     fuse_norms: bool | None = None
     depth_unit: str = "block"
+    targets: dict[str, float] | None = None
+
+    @property
+    def budgets(self) -> dict[str, float]:
+        """``{resource: target}`` of every budget: ``targets``, or ``{resource: target}``.
+
+            >>> SearchConfig("params", 0.3).budgets
+            {'params': 0.3}
+            >>> SearchConfig(targets={"params": 0.7, "kv_cache": 0.5}).budgets
+            {'params': 0.7, 'kv_cache': 0.5}
+        """
+        return dict(self.targets) if self.targets is not None else {self.resource: self.target}
+
+    def _check_targets(self) -> None:
+        """Validate ``targets`` and make ``resource`` / ``target`` its first budget."""
+        if self.targets is None:
+            return
+        if not isinstance(self.targets, dict) or not self.targets:
+            raise ConfigError(f"targets must be a non-empty dict {{resource: target}} (e.g. "
+                              f"{{'params': 0.7, 'kv_cache': 0.5}}), got {self.targets!r}")
+        for res, value in self.targets.items():
+            if res not in RESOURCES:
+                raise ConfigError(f"targets: unknown resource {res!r}: expected one of {RESOURCES}")
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0
+                                               and math.isfinite(value)):
+                raise ConfigError(f"targets[{res!r}] must be a finite number > 0, got {value!r}: pass a "
+                                  "fraction of the supernet's cost (e.g. 0.5) or an absolute count > 1")
+        first = next(iter(self.targets.items()))
+        if (self.resource, self.target) not in (("macs", 0.5), first):
+            raise ConfigError(f"pass either resource={self.resource!r}, target={self.target!r} (one "
+                              f"budget) or targets={self.targets!r} (several), not both")
+        self.targets = {str(k): float(v) for k, v in self.targets.items()}
+        self.resource, self.target = first[0], float(first[1])
 
     def __post_init__(self) -> None:
+        self._check_targets()
         if self.resource not in RESOURCES:
             raise ConfigError(f"unknown resource {self.resource!r}: expected one of {RESOURCES}")
         if not (isinstance(self.target, (int, float)) and self.target > 0 and math.isfinite(self.target)):
@@ -272,6 +314,8 @@ def config_state(config: SearchConfig) -> dict[str, Any]:
     factory = config.gate_factory
     state = asdict(replace(config, gate_factory=None))
     state["budget_band"] = list(config.budget_band)  # the same in a checkpoint and in JSON
+    if config.targets is None:  # one budget: the state as before ``targets`` existed
+        del state["targets"]
     state["gate_factory"] = None if factory is None else \
         f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
     return state

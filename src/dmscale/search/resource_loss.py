@@ -4,7 +4,10 @@ rate's factor, and freezing depth (width-only phase).
 
 :class:`ResourceLossMixin` expects ``self.config``, ``self.gates``, ``self.target_cost``,
 ``self.supernet_cost``, ``self.settle_state``, ``self.soft_cost()`` and
-``self._exact_cost(kind)``; the Searcher provides them.
+``self._exact_cost(kind)``, and for several budgets (``SearchConfig(targets=...)``)
+``self.target_costs``, ``self.supernet_costs``, ``self.settle_states``, ``self.soft_costs()``
+and ``self._exact_costs(kind)`` (per resource); the Searcher provides them. Each budget has
+its own term (its own r_t, its own settle weight); the loss is their sum.
 
 Example:
     >>> import torch, dmscale as dms
@@ -34,23 +37,34 @@ class ResourceLossMixin:
     target_cost: float
     supernet_cost: float
     settle_state: SettleState
+    target_costs: dict[str, float]
+    supernet_costs: dict[str, float]
+    settle_states: dict[str, SettleState]
     soft_cost: Callable[[], torch.Tensor]
+    soft_costs: Callable[[], dict[str, torch.Tensor]]
     _exact_cost: Callable[..., float]
+    _exact_costs: Callable[..., tuple[float, ...]]
 
-    def target_at(self, progress: float) -> float:
-        """r_t at ``progress`` in [0, 1]: Eq. 10 with e / e_max = progress / d, held at the
-        final target once that reaches 1, where d = ``schedule_end``, or ``1 - settle`` when
-        that is smaller (the settle phase runs at the final target); or constant."""
+    def target_at(self, progress: float, resource: str | None = None) -> float:
+        """r_t of ``resource`` (default: the primary budget's) at ``progress`` in [0, 1]:
+        Eq. 10 with e / e_max = progress / d, held at the final target once that reaches 1,
+        where d = ``schedule_end``, or ``1 - settle`` when that is smaller (the settle phase
+        runs at the final target); or constant."""
+        resource = resource or self.config.resource
+        target, supernet = self.target_costs[resource], self.supernet_costs[resource]
         if self.config.schedule == "constant":
-            return self.target_cost
+            return target
         decay = min(self.config.schedule_end, 1.0 - self.config.settle)
         p = min(max(float(progress) / decay, 0.0), 1.0)
-        ratio = self.target_cost / self.supernet_cost
-        return ratio**p * self.supernet_cost
+        return (target / supernet)**p * supernet
 
     @property
     def settled_at(self) -> float | None:
-        """Progress at which the settle phase's exact cost first reached the target, or None."""
+        """Progress at which the settle phase's exact cost first reached the target, or None.
+        With several budgets: at which every budget's exact cost was first inside its
+        ``budget_band`` (under its target is not enough: depth freezes there, and a budget
+        left far under might then be out of reach, e.g. a KV-cache budget met by dropping a
+        layer leaves that layer's parameters unusable)."""
         return self.settle_state.settled_at
 
     def settling(self, progress: float) -> bool:
@@ -93,7 +107,9 @@ class ResourceLossMixin:
         """Whether the exact (export's) cost is inside ``config.budget_band`` x target: where
         the settle phase's band loss is zero (the same comparisons, so the hold and the band
         loss's weight growth never act on the same step)."""
-        return inside_band(self._exact_cost("hard"), self.target_cost, self.config.budget_band)
+        costs = self._exact_costs("hard")
+        return all(inside_band(c, self.target_costs[r], self.config.budget_band)
+                   for r, c in zip(self.config.budgets, costs))
 
     def resource_loss(self, progress: float = 1.0) -> torch.Tensor:
         """``resource_weight * log(r_c / r_t)`` when r_c > r_t, else 0 (Eq. 6); in the settle
@@ -107,12 +123,20 @@ class ResourceLossMixin:
         """
         cfg, settling = self.config, self.settling(progress)
         self.advance(progress)
-        r_c = self.soft_cost()
+        if len(cfg.budgets) == 1:
+            return self._budget_loss(cfg.resource, self.soft_cost(), progress, settling)
+        return sum(self._budget_loss(r, r_c, progress, settling)
+                   for r, r_c in self.soft_costs().items())
+
+    def _budget_loss(self, resource: str, r_c: torch.Tensor, progress: float, settling: bool) -> torch.Tensor:
+        """One budget's term of :meth:`resource_loss` from its soft cost ``r_c``."""
+        cfg = self.config
         if cfg.cost_forward == "exact" or settling:  # forward: the export's cost; backward: soft
-            r_c = r_c + (self._exact_cost_tensor("hard") - r_c.detach())
+            r_c = r_c + (self._exact_cost_tensor("hard", resource) - r_c.detach())
         if settling:  # zero inside budget_band x target, log of the distance outside
-            return self.settle_state.loss(r_c, progress, self.target_cost, cfg.budget_band)
-        r_t = self.target_at(progress)
+            return self.settle_states[resource].loss(r_c, progress, self.target_costs[resource],
+                                                     cfg.budget_band)
+        r_t = self.target_at(progress, resource)
         # Eq. 6 as max(log(r_c / r_t), 0): zero at or under the target, on the device (no
         # host synchronisation to compare r_c with r_t)
         return (cfg.resource_weight * torch.relu(torch.log(r_c / r_t))).float()
@@ -132,7 +156,10 @@ class ResourceLossMixin:
         """
         settling, wo = self.settling(progress), self.config.width_only_from
         if settling and self.settled_at is None:  # once landed, the exact cost is not needed here
-            self.settle_state.reach(progress, self._exact_cost("hard"), self.target_cost)
+            if len(self.config.budgets) == 1:
+                self.settle_state.reach(progress, self._exact_cost("hard"), self.target_cost)
+            elif self.in_band():  # several budgets: landed once every one is inside its band
+                self.settle_state.settled_at = float(progress)
         self.freeze_depth((settling and self.settled_at is not None) or (wo is not None and progress >= wo))
 
     def freeze_depth(self, frozen: bool = True) -> None:
@@ -151,9 +178,11 @@ class ResourceLossMixin:
         over it. The finish phase pushes on the calibrated cost until the hard cost is under.
         """
         res = self.resources()
-        soft = self.soft_cost()
-        ratio = res["hard"] / max(res["soft"], 1e-12)
-        calibrated = soft * ratio
-        if float(calibrated.detach()) <= res["target"]:
-            return soft.new_zeros(()).float()
-        return (max(weight, 1.0) * torch.log(calibrated / res["target"])).float()
+        per = res.get("budgets", {res["resource"]: res})
+        losses = []
+        for r, soft in self.soft_costs().items():
+            ratio = per[r]["hard"] / max(per[r]["soft"], 1e-12)
+            calibrated = soft * ratio
+            if float(calibrated.detach()) > per[r]["target"]:  # one term per budget over its target
+                losses.append((max(weight, 1.0) * torch.log(calibrated / per[r]["target"])).float())
+        return sum(losses) if losses else torch.zeros((), device=self.gates._device())

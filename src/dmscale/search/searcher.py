@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Hashable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -33,7 +33,7 @@ from dmscale.trace.discover import SearchSpace
 from dmscale.core.errors import ConfigError
 from dmscale.export.shrink import export_model, structure_of
 from dmscale.core.masks import GATES_NAME, Gates
-from dmscale.core.ratios import distinct_leaves, ratio_key
+from dmscale.core.ratios import distinct_leaves
 from dmscale.cost.resources import CostModel
 from dmscale.search.config import COST_FORWARD, SearchConfig, resolve_align
 from dmscale.search.importance_sync import ImportanceMixin
@@ -44,6 +44,7 @@ from dmscale.search.setup import attach_gates, discover_space, model_device, una
 from dmscale.export.selfcheck import run_example, verify_export, verify_open
 from dmscale.search.solver import solve_budget
 from dmscale.search.state import SearcherStateMixin
+from dmscale.search.budgets import BudgetsMixin, distinct_gates
 
 __all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
 
@@ -62,14 +63,15 @@ def _cached_hard_mask(t: Any, cache: dict[int, list[Any]]) -> torch.Tensor:
     return mask
 
 
-class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
+class Searcher(BudgetsMixin, ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
     """A DMS search attached to a model. Create it with :func:`prepare`.
 
     ``align`` is the width multiple the search keeps (``SearchConfig.align``, resolved on the
     model's device when None) and ``unaligned`` the channel dims it could not align (their
     size is not a multiple of it; they are searched without alignment).
 
-    The resource loss and its schedule come from
+    Every budget's costs and the solver with several budgets come from
+    :class:`~dmscale.search.budgets.BudgetsMixin`, the resource loss and its schedule from
     :class:`~dmscale.search.resource_loss.ResourceLossMixin`, ``state_dict`` and
     ``load_state_dict`` from :class:`~dmscale.search.state.SearcherStateMixin`, importance from
     :class:`~dmscale.search.importance_sync.ImportanceMixin`.
@@ -111,9 +113,12 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
         if config.verify and model_device(model).type != "meta":  # meta: no values to compare
             self._verify_open(space.example_output)
         self._costs: dict[str, Any] = {}
-        self.supernet_cost = float(self._exact_cost(hard=None))
-        self.target_cost = self._resolve_target()
-        self.settle_state = SettleState(weight=float(config.resource_weight))
+        budgets = config.budgets  # {resource: target}; the first is config.resource's
+        # per budget: the supernet's cost, the final target, the settle phase's state
+        self.supernet_costs: dict[str, float] = {r: float(self._exact_cost(None, r)) for r in budgets}
+        self.target_costs: dict[str, float] = {r: self._resolve_target(r) for r in budgets}
+        self.settle_states: dict[str, SettleState] = {
+            r: SettleState(weight=float(config.resource_weight)) for r in budgets}
         if self.unaligned:
             warnings.warn(f"align={self.align}: {len(self.unaligned)} width dim(s) have a size that is "
                           f"not a multiple of {self.align} and are searched without alignment: "
@@ -137,14 +142,14 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
                 self._costs[resource] = CostModel(self.model, self.space, resource)
         return self._costs[resource]
 
-    def _resolve_target(self) -> float:
-        t = float(self.config.target)
-        target = t * self.supernet_cost if t <= 1 else t
-        bounds = self.profile()
+    def _resolve_target(self, resource: str) -> float:
+        t = float(self.config.budgets[resource])
+        target = t * self.supernet_costs[resource] if t <= 1 else t
+        bounds = self.profile(resource)
         low, high = bounds["min"], bounds["max"]
         if not low - 1e-9 <= target <= high + 1e-9:
             raise ConfigError(
-                f"target {self.config.resource} = {target:,.0f} is outside what this search "
+                f"target {resource} = {target:,.0f} is outside what this search "
                 f"space can reach: [{low:,.0f} (smallest), {high:,.0f} (supernet)]; pass a target "
                 f"between {low / high:.3g} and 1 (a fraction of the supernet) or between "
                 f"{low:,.0f} and {high:,.0f}" + self._align_hint()
@@ -191,6 +196,12 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
                     cache: dict[int, list[Any]] | None = None) -> float:
         return float(self._exact_cost_tensor(hard, resource, cache))
 
+    def _exact_costs(self, hard: str | None, cache: dict[int, list[Any]] | None = None) -> tuple[float, ...]:
+        """:meth:`_exact_cost` of every budget, in ``config.budgets`` order (one set of masks)."""
+        with torch.no_grad():
+            w, d = self._masks("open" if hard is None else hard, cache)
+            return tuple(float(self._cost_model(r)(w, d)) for r in self.config.budgets)
+
     def _exact_cost_tensor(self, hard: str | None, resource: str | None = None,
                            cache: dict[int, list[Any]] | None = None) -> torch.Tensor:
         """The cost of the masks of kind ``hard`` (None: all open) as a () float64 tensor on
@@ -220,22 +231,16 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
         (``opt.progress`` for :meth:`resource_loss`); see :mod:`dmscale.search.optimizer`."""
         return SearchOptimizer(self, weights, total_steps, structure_lr=structure_lr)
 
-    def soft_cost(self) -> torch.Tensor:
-        """r_c from the current soft masks (differentiable in every ``a``)."""
+    def soft_cost(self, resource: str | None = None) -> torch.Tensor:
+        """r_c of ``resource`` (default: the primary budget's) from the current soft masks
+        (differentiable in every ``a``)."""
         w, d = self._masks("soft")
-        return self._cost_model()(w, d)
+        return self._cost_model(resource)(w, d)
 
-    def resources(self) -> dict[str, Any]:
-        """Soft and hard cost now, the final target and the supernet's cost."""
-        with torch.no_grad():
-            soft = float(self.soft_cost())
-        return {
-            "resource": self.config.resource,
-            "soft": soft,
-            "hard": self._exact_cost("hard"),
-            "target": self.target_cost,
-            "supernet": self.supernet_cost,
-        }
+    def soft_costs(self) -> dict[str, torch.Tensor]:
+        """r_c of every budget from one set of soft masks (:attr:`SearchConfig.budgets` order)."""
+        w, d = self._masks("soft")
+        return {r: self._cost_model(r)(w, d) for r in self.config.budgets}
 
     def latency_fit(self) -> dict[str, Any]:
         """The latency model's fit report (per-layer and pooled relative RMSE, calibration,
@@ -244,9 +249,10 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
             raise ValueError(f"latency_fit() needs resource='latency', this search uses {self.config.resource!r}")
         return self._cost_model("latency").fit_report()
 
-    def profile(self) -> dict[str, float]:
-        """Smallest and largest cost this search space can reach."""
-        return {"min": self._exact_cost("min"), "max": self._exact_cost(None)}
+    def profile(self, resource: str | None = None) -> dict[str, float]:
+        """Smallest and largest cost of ``resource`` (default: the primary budget's) this
+        search space can reach."""
+        return {"min": self._exact_cost("min", resource), "max": self._exact_cost(None, resource)}
 
     def meet_target(self, iterations: int = 40) -> dict[str, float]:
         """Budget solver: bring the hard structure to the largest cost not above the target.
@@ -256,14 +262,22 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
         searched, a second one to the widths alone (depth fixed: fills the budget a dropped
         block left free in the learned width ratios), then single units are given back
         greedily, in the order a falling common offset would add them, while the hard cost
-        stays under the target. Returns :meth:`resources` afterwards.
+        stays under the target. With several budgets every one is a constraint: the offsets
+        stop at the first budget they would exceed, the gates that do not add to that budget
+        then fill the others (:func:`~dmscale.search.solver.solve_budget`), and a unit is given
+        back only while every budget stays at or under its target. Returns :meth:`resources`
+        afterwards.
         """
         self._require_synced("meet_target()")
         depth = [] if self.gates.depth_frozen else list(self.gates.depth)
-        widths = _distinct(list(self.gates.width))
-        solve_budget(_distinct(widths + depth),
-                     lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
-                     iterations, refill=widths if depth and widths else None)
+        widths = distinct_gates(list(self.gates.width))
+        refill = widths if depth and widths else None
+        if len(self.config.budgets) == 1:
+            solve_budget(distinct_gates(widths + depth),
+                         lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
+                         iterations, refill=refill)
+        else:
+            self._meet_targets(widths, depth, iterations)
         return self.resources()
 
     @contextlib.contextmanager
@@ -320,18 +334,6 @@ class Searcher(ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
     def _verify_export(self, small: nn.Module) -> None:
         verify_export(self, small)
 
-
-
-def _distinct(topks: list[Any]) -> list[Any]:
-    """One gate per distinct ``a`` (layer-uniform dims share theirs)."""
-    seen: set[Hashable] = set()
-    out = []
-    for t in topks:
-        key = ratio_key(t)
-        if key not in seen:
-            seen.add(key)
-            out.append(t)
-    return out
 
 
 def prepare(model: nn.Module, example_inputs: Any, config: SearchConfig | None = None) -> Searcher:

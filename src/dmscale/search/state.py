@@ -43,13 +43,18 @@ class SearcherStateMixin:
     _costs: dict[str, Any]
     target_cost: float
     supernet_cost: float
+    target_costs: dict[str, float]
+    supernet_costs: dict[str, float]
     settle_state: SettleState
+    settle_states: dict[str, SettleState]
     settled_at: float | None
     freeze_depth: Callable[[bool], None]
     _require_synced: Callable[[str], None]
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume: structural parameters, importance, config, target."""
+        """Everything needed to resume: structural parameters, importance, config, target
+        (with several budgets also ``"budgets"``: every one's target, supernet cost and settle
+        weight; a single budget's state is as before ``targets`` existed)."""
         self._require_synced("state_dict()")
         state = {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
                  "config": self._config_state(), "target_cost": self.target_cost,
@@ -57,6 +62,11 @@ class SearcherStateMixin:
                  "settled_at": self.settled_at, "settle_weight": self.settle_state.weight}
         if "latency" in self._costs:  # a resumed search keeps the measured cost scale
             state["latency_profile"] = self._costs["latency"].state_dict()
+        if len(self.config.budgets) > 1:  # every budget's (the primary's also in the keys above)
+            state["budgets"] = {r: {"target_cost": self.target_costs[r], "supernet_cost": self.supernet_costs[r],
+                                    "settle_weight": self.settle_states[r].weight,
+                                    "grown_at": self.settle_states[r].grown_at}
+                                for r in self.config.budgets}
         return state
 
     def _config_state(self) -> dict[str, Any]:
@@ -76,8 +86,13 @@ class SearcherStateMixin:
 
             options = {**self.config.latency_options, "profile": state["latency_profile"]}
             self._costs["latency"] = LatencyCostModel(self.model, self.space, self.example_inputs, **options)
+        for r, saved in state.get("budgets", {}).items():  # several budgets: every one's
+            self.target_costs[r] = float(saved["target_cost"])
+            self.supernet_costs[r] = float(saved["supernet_cost"])
+            self.settle_states[r] = SettleState(weight=float(saved["settle_weight"]), grown_at=saved.get("grown_at"))
         self.target_cost = float(state["target_cost"])
         self.supernet_cost = float(state["supernet_cost"])
         self.freeze_depth(bool(state.get("depth_frozen", False)))
         self.settle_state = SettleState(weight=float(state.get("settle_weight", self.config.resource_weight)),
-                                        settled_at=state.get("settled_at"))
+                                        settled_at=state.get("settled_at"),
+                                        grown_at=self.settle_state.grown_at if "budgets" in state else None)

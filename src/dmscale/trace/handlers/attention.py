@@ -155,8 +155,12 @@ def attention_handler(spec: AttentionSpec) -> Handler:
         spec.update(m, units, None if out_keep is None else int(out_keep.numel()))
 
     output_layer = (lambda m: spec.o) if spec.o is not None and spec.o_returned else None
+    def kv_shape(m: nn.Module) -> tuple[int, int]:  # (KV heads, head dim) of the module now
+        _, n_kv, d = spec.heads(m)
+        return int(n_kv), int(d)
+
     return Handler(spec.name, trace, prune, lambda m: {}, lambda m: (), channel_dim=-1,
-                   output_layer=output_layer)
+                   output_layer=output_layer, kv_shape=kv_shape)
 
 
 # ----------------------------------------------------------------------------- Conv1D (GPT-2)

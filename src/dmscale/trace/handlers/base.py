@@ -59,6 +59,9 @@ class Handler:
         output_layer: ``module -> child name or None``: the child whose output the module
             returns as its (first) output, through dropout at most (an attention's output
             projection); a residual branch ending in the module takes its depth mask there.
+        kv_shape: ``module -> (key/value heads, head dim)`` of an attention layer, read from
+            the module as it is now (a pruned one gives its kept counts): what one token
+            adds to its key/value cache (:mod:`dmscale.cost.kv_cache`); None for the others.
     """
 
     name: str
@@ -68,6 +71,7 @@ class Handler:
     macs_dims: Callable[[nn.Module], tuple[str, ...]]
     channel_dim: int = 1
     output_layer: Callable[[nn.Module], str | None] | None = None
+    kv_shape: Callable[[nn.Module], tuple[int, int]] | None = None
 
 
 _REGISTRY: list[tuple[type | Callable[[nn.Module], bool], Handler]] = []

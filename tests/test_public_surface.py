@@ -20,12 +20,13 @@ def test_public_surface_matches_snapshot():
 
 
 def test_public_submodules_import_by_path():
-    """``dms.deploy`` and ``dms.distributed`` are documented as modules: both spellings work."""
+    """``dms.deploy``, ``dms.distributed`` and ``dms.errors`` are documented as modules: both
+    spellings work."""
     import importlib
 
     import dmscale as dms
 
-    for name in ("deploy", "distributed"):
+    for name in ("deploy", "distributed", "errors"):
         mod = importlib.import_module(f"dmscale.{name}")
         assert getattr(dms, name) is mod
         assert sorted(mod.__all__) == sorted(json.loads(SNAPSHOT.read_text())["names"][name]["all"])

@@ -18,7 +18,7 @@ Example:
     >>> _ = dms.detach(net)
 """
 
-from dmscale import deploy, distributed
+from dmscale import deploy, distributed, errors
 from dmscale.core._compat import ensure_torchvision, install_torchvision_fix
 from dmscale.core.errors import DMScaleError, NoImportanceError, StructureError, UnsupportedLayerError, VerificationError
 from dmscale.core.masks import detach
@@ -57,6 +57,7 @@ __all__ = [
     "NoImportanceError",
     "deploy",
     "distributed",
+    "errors",
 ]
 __version__ = "0.1.0"
 

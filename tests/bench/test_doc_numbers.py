@@ -89,3 +89,28 @@ def test_an_unknown_key_and_the_command_line(dn, tmp_path: Path, capsys) -> None
     bad = dn.check([doc], root=tmp_path)
     assert len(bad) == 1 and bad[0].key == "gates.hold" and "unclosed" in bad[0].cache
     assert dn.write([doc], root=tmp_path) == []
+
+
+def test_the_latency_target_count_comes_from_the_band(dn) -> None:
+    """"N of M" counts the exports inside the band, so one that misses it shows."""
+    rows = [dict(r) for r in dn.cache("latency_target")["rows"].values()]
+    text = dn.latency_target_text(rows)
+    n = sum(k.startswith("latency") for r in rows for k in r["arms"])
+    assert text.startswith(f"{n} of {n} exports within 10 % of half")
+    far = {**rows[0]["arms"]["latency0"], "ratio": 0.5 * (1 + 2 * dn.LATENCY_BAND)}  # 20 % over the target
+    rows[0] = {**rows[0], "arms": {**rows[0]["arms"], "latency0": far}}
+    missed = dn.latency_target_text(rows)
+    assert missed.startswith(f"{n - 1} of {n} exports within 10 % of half")
+    assert "x the original's time" in missed and "0.60x" in missed  # the range shows the miss too
+    edge = {**far, "ratio": 0.5 * (1 - dn.LATENCY_BAND)}  # on the band's edge: inside
+    rows[0]["arms"]["latency0"] = edge
+    assert dn.latency_target_text(rows).startswith(f"{n} of {n} ")
+
+
+def test_the_gpu_step_line_counts_the_models_over_the_goal(dn) -> None:
+    now = dn.value("gpu.step.readme")
+    assert "on the SmolLM2-shaped Llama" in now and "goal" in now
+    assert dn.gpu_step_text({"resnet50": 1.1, "vit_b16": 1.2, "llama_135m": 1.0}).endswith(
+        "all 3 within the 1.2x goal")
+    assert dn.gpu_step_text({"resnet50": 1.1, "vit_b16": 2.47, "llama_135m": 1.0}).endswith(
+        "1 of 3 over the 1.2x goal")

@@ -1,5 +1,5 @@
-"""The method itself, in plain torch: the differentiable top-k (:mod:`.topk`, Eq. 2-4 of
-the paper), the importance update (:mod:`.importance`), every gate of a model batched in one
+"""The method itself, in plain torch: the differentiable top-k (:mod:`.topk`, Eq. 1-3 of
+the paper), the importance update (:mod:`.importance`, Eq. 4), every gate of a model batched in one
 matrix (:mod:`.gate_bank`), the masks a search puts into a model (:mod:`.masks` with its
 hooks :mod:`.mask_hooks`, attached and detached by :mod:`.hook_attach`, weight folds
 :mod:`.weight_masks` and masked norms :mod:`.masked_norm`, compiled by :mod:`.fused_norms`),

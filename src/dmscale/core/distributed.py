@@ -32,6 +32,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from dmscale.core.errors import ConfigError
+
 __all__ = ["world_size", "rank", "is_main_process", "is_distributed", "shard", "all_reduce_mean"]
 
 T = TypeVar("T")
@@ -79,9 +81,9 @@ def shard(batch: T, rank: int, world: int) -> T:
             the mean of the ranks' gradients is not the global batch's gradient).
     """
     if world < 1:
-        raise ValueError(f"world size must be >= 1, got {world}")
+        raise ConfigError(f"world size must be >= 1, got {world}")
     if not 0 <= rank < world:
-        raise ValueError(f"rank must be in [0, {world}) for world size {world}, got {rank}")
+        raise ConfigError(f"rank must be in [0, {world}) for world size {world}, got {rank}")
     if isinstance(batch, Mapping):
         return type(batch)({k: shard(v, rank, world) for k, v in batch.items()})  # type: ignore[return-value]
     if isinstance(batch, tuple) and not hasattr(batch, "_fields"):
@@ -91,7 +93,7 @@ def shard(batch: T, rank: int, world: int) -> T:
                         "or dict of them, or a list/range of sample indices")
     size = len(batch)
     if size % world:
-        raise ValueError(
+        raise ConfigError(
             f"global batch size {size} is not divisible by world size {world}: every rank needs "
             f"the same number of samples; use a global batch size that is a multiple of {world} "
             f"(e.g. {size - size % world or world})")

@@ -37,6 +37,7 @@ from typing import Any, Sequence
 
 import torch
 
+from dmscale.core.errors import ConfigError
 from dmscale.core.importance import IMPORTANCE_METRICS
 from dmscale.core.ratios import distinct_leaves
 from dmscale.core.topk import DifferentiableTopK
@@ -61,13 +62,13 @@ class GateBank:
 
     def __init__(self, gates: Sequence[DifferentiableTopK]) -> None:
         if not gates:
-            raise ValueError("GateBank needs at least one gate, got none")
+            raise ConfigError("GateBank needs at least one gate, got none")
         first = gates[0]
         for g in gates:
             if not batchable(g):
-                raise ValueError(f"GateBank batches DifferentiableTopK gates with normalize=True, got {g!r}")
+                raise ConfigError(f"GateBank batches DifferentiableTopK gates with normalize=True, got {g!r}")
             if (g.metric, g.decay, g.centered) != (first.metric, first.decay, first.centered):
-                raise ValueError(
+                raise ConfigError(
                     "GateBank gates must share metric, decay and centring: expected "
                     f"{(first.metric, first.decay, first.centered)}, got {(g.metric, g.decay, g.centered)}")
         self.gates = list(gates)

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from dmscale.core.distributed import is_distributed
+from dmscale.core.errors import ConfigError
 from dmscale.core.importance import PendingImportance
 from dmscale.core.gate_bank import GateBank, batchable
 from dmscale.core.channel_layout import ChannelLayout, assemble_width_mask, resolve_derived
@@ -152,7 +153,7 @@ class Gates(nn.Module, ForwardMasks):
                 dropout only): with ``fold_masks`` the depth mask goes into that layer's weight.
         """
         if hasattr(model, GATES_NAME):
-            raise ValueError(
+            raise ConfigError(
                 f"model already has a {GATES_NAME!r} submodule: it is prepared for a search "
                 "already; call dmscale.detach(model) first"
             )

@@ -34,6 +34,7 @@ from typing import Callable, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from dmscale.core.errors import ConfigError
 from dmscale.core.importance import IMPORTANCE_METRICS, update_importance
 
 __all__ = ["DifferentiableTopK", "StructuralGate", "GateFactory", "normalized_rank", "integer_rank",
@@ -182,17 +183,17 @@ class DifferentiableTopK(nn.Module):
     ) -> None:
         super().__init__()
         if size < 1:
-            raise ValueError(f"DifferentiableTopK needs size >= 1, got {size}")
+            raise ConfigError(f"DifferentiableTopK needs size >= 1, got {size}")
         if step < 1:
-            raise ValueError(f"step must be >= 1, got {step}")
+            raise ConfigError(f"step must be >= 1, got {step}")
         if not 0 <= min_keep <= size:
-            raise ValueError(f"min_keep must be in [0, {size}], got {min_keep}")
+            raise ConfigError(f"min_keep must be in [0, {size}], got {min_keep}")
         if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+            raise ConfigError(f"temperature must be > 0, got {temperature}")
         if not 0.0 <= decay < 1.0:
-            raise ValueError(f"decay must be in [0, 1), got {decay}")
+            raise ConfigError(f"decay must be in [0, 1), got {decay}")
         if importance not in IMPORTANCE_METRICS:
-            raise ValueError(
+            raise ConfigError(
                 f"importance must be one of {sorted(IMPORTANCE_METRICS)}, got {importance!r}"
             )
         self.size = int(size)

@@ -81,6 +81,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dmscale.core.errors import ConfigError, DataError
 from dmscale.trace.space import LayerSlots, SearchSpace
 from dmscale.cost.latency_profile import LatencyProfiler, _searchable
 from dmscale.cost.polyfit import LayerFit, fit_monotone_poly
@@ -134,11 +135,11 @@ class LatencyCostModel(DeviceCache):
                  calibrate: bool = True, profile: dict[str, Any] | None = None, seed: int = 0) -> None:
         ratios = tuple(sorted({float(r) for r in ratios} | {1.0}))
         if not all(0.0 < r <= 1.0 for r in ratios):
-            raise ValueError(f"ratios must lie in (0, 1], got {ratios}")
+            raise ConfigError(f"ratios must lie in (0, 1], got {ratios}")
         if repeats < 1 or warmup < 0 or budget_s <= 0 or min_block_s <= 0 or not 0 <= quantile <= 1:
-            raise ValueError("need repeats >= 1, warmup >= 0, budget_s > 0, min_block_s > 0, "
-                             f"0 <= quantile <= 1; got repeats={repeats}, warmup={warmup}, "
-                             f"budget_s={budget_s}, min_block_s={min_block_s}, quantile={quantile}")
+            raise ConfigError("need repeats >= 1, warmup >= 0, budget_s > 0, min_block_s > 0, "
+                              f"0 <= quantile <= 1; got repeats={repeats}, warmup={warmup}, "
+                              f"budget_s={budget_s}, min_block_s={min_block_s}, quantile={quantile}")
         self.space = space
         self.ratios = ratios
         self.quantile = quantile
@@ -172,10 +173,10 @@ class LatencyCostModel(DeviceCache):
         """Use a profile (from :meth:`state_dict`) instead of measuring."""
         if not isinstance(state, dict) or state.get("format") != "dmscale.cost.latency/1":
             got = state.get("format") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"expected a latency profile with format 'dmscale.cost.latency/1', got {got!r}")
+            raise DataError(f"expected a latency profile with format 'dmscale.cost.latency/1', got {got!r}")
         unknown = [n for n in state["layers"] if n not in self.space.layers]
         if unknown:
-            raise ValueError(f"latency profile names layers {unknown[:5]} that the search space does not have")
+            raise DataError(f"latency profile names layers {unknown[:5]} that the search space does not have")
         self._state = copy.deepcopy(state)
         self.fits = {n: LayerFit.from_dict(n, d) for n, d in state["layers"].items()}
         self.calibration = float(state.get("calibration", 1.0))

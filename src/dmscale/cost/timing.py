@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dmscale.core.errors import ConfigError
 from dmscale.trace.values import split_inputs
 
 __all__ = ["measure_latency"]
@@ -63,8 +64,8 @@ def measure_latency(module: nn.Module | Callable[..., Any], example_inputs: Any,
         True
     """
     if repeats < 1 or warmup < 0 or not 0.0 <= quantile <= 1.0:
-        raise ValueError(f"need repeats >= 1, warmup >= 0, 0 <= quantile <= 1; got repeats={repeats}, "
-                         f"warmup={warmup}, quantile={quantile}")
+        raise ConfigError(f"need repeats >= 1, warmup >= 0, 0 <= quantile <= 1; got repeats={repeats}, "
+                          f"warmup={warmup}, quantile={quantile}")
     args, kwargs = split_inputs(example_inputs)
     device = _device_of(module, args, kwargs)
     call = lambda: module(*args, **kwargs)  # noqa: E731

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dmscale.core.errors import ConfigError
+
 __all__ = ["DIGITS_CLASSES", "digits_tensors"]
 
 DIGITS_CLASSES = 10
@@ -88,7 +90,7 @@ def digits_tensors(
         (True, 1797)
     """
     if isinstance(test_fraction, bool) or not 0.0 < float(test_fraction) < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+        raise ConfigError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
     images, labels = _load_digits()
     train_idx, test_idx = _stratified_split(labels, float(test_fraction), seed)
     return (*_as_tensors(images, labels, train_idx), *_as_tensors(images, labels, test_idx))

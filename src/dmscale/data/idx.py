@@ -29,7 +29,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from dmscale.core.errors import DataError, MissingFileError
+from dmscale.core.errors import ConfigError, DataError, MissingFileError
 
 __all__ = [
     "MNIST_MEAN",
@@ -119,7 +119,7 @@ def read_idx(path: PathLike, max_items: int | None = None) -> np.ndarray:
     """
     path = Path(path)
     if max_items is not None and max_items < 0:
-        raise ValueError(f"max_items must be None or >= 0, got {max_items}")
+        raise ConfigError(f"max_items must be None or >= 0, got {max_items}")
     with _open(path) as stream:
         magic = _read_exact(stream, 4, path, "magic number")
         zeros, code, ndim = magic[:2], magic[2], magic[3]
@@ -157,7 +157,7 @@ def write_idx(path: PathLike, array: np.ndarray) -> None:
         supported = ", ".join(str(d) for d in _IDX_CODES)
         raise TypeError(f"IDX cannot store dtype {array.dtype}: expected one of {supported}")
     if array.ndim > 255:
-        raise ValueError(f"IDX stores at most 255 dimensions, got {array.ndim}")
+        raise DataError(f"IDX stores at most 255 dimensions, got {array.ndim}")
     code = _IDX_CODES[native]
     header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
     payload = header + np.ascontiguousarray(array, dtype=_IDX_DTYPES[code]).tobytes()

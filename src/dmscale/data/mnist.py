@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dmscale.core.errors import DataError
+from dmscale.core.errors import ConfigError, DataError
 from dmscale.data.idx import MNIST_MEAN, MNIST_STD, PathLike, load_mnist_dir
 
 __all__ = ["MNIST_SHA256", "MNIST_MIRRORS", "MIRROR_ENV", "CACHE_ENV", "mnist_cache_dir",
@@ -183,7 +183,7 @@ def bundled_mnist_dir() -> Path:
 
 def _check_limit(name: str, limit: int | None) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"{name} must be None or a positive int, got {limit!r}")
+        raise ConfigError(f"{name} must be None or a positive int, got {limit!r}")
 
 
 def _normalized_images(images: np.ndarray) -> torch.Tensor:
@@ -228,7 +228,7 @@ def mnist_tensors(
     for split, limit in (("train", train_limit), ("test", test_limit)):
         available = len(arrays[f"{split}_labels"])
         if limit is not None and limit > available:
-            raise ValueError(
+            raise ConfigError(
                 f"{split}_limit={limit} exceeds the {available} {split} examples in {directory}"
             )
     return (

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from dmscale.core.errors import ConfigError
 from dmscale.data.idx import load_mnist_dir
 from dmscale.data.mnist import mnist_dir
 
@@ -66,15 +67,15 @@ class MnistDetectConfig:
         for name in ("train", "val", "max_digits"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"MnistDetectConfig.{name} must be a positive int, got {value!r}")
+                raise ConfigError(f"MnistDetectConfig.{name} must be a positive int, got {value!r}")
         if isinstance(self.imgsz, bool) or not isinstance(self.imgsz, int) or self.imgsz < 32:
-            raise ValueError(f"MnistDetectConfig.imgsz must be an int >= 32, got {self.imgsz!r}")
+            raise ConfigError(f"MnistDetectConfig.imgsz must be an int >= 32, got {self.imgsz!r}")
         if not 0.0 < self.min_scale <= self.max_scale <= 1.0:
-            raise ValueError("MnistDetectConfig needs 0 < min_scale <= max_scale <= 1, got "
-                             f"min_scale={self.min_scale}, max_scale={self.max_scale}")
+            raise ConfigError("MnistDetectConfig needs 0 < min_scale <= max_scale <= 1, got "
+                              f"min_scale={self.min_scale}, max_scale={self.max_scale}")
         if round(self.min_scale * self.imgsz) < 8:
-            raise ValueError(f"digits of {self.min_scale} x {self.imgsz} px are under 8 px: raise "
-                             "min_scale or imgsz")
+            raise ConfigError(f"digits of {self.min_scale} x {self.imgsz} px are under 8 px: raise "
+                              "min_scale or imgsz")
 
 
 def _resize(digit: np.ndarray, side: int) -> np.ndarray:
@@ -136,7 +137,7 @@ def make_mnist_detect(out: str | Path, cfg: MnistDetectConfig | None = None) -> 
     cfg = cfg or MnistDetectConfig()
     root = Path(out).resolve()
     if (root / "images").exists() and any((root / "images").rglob("*.png")):
-        raise ValueError(f"{root} already holds images: choose an empty --out directory")
+        raise ConfigError(f"{root} already holds images: choose an empty --out directory")
     mnist = load_mnist_dir(Path(cfg.mnist) if cfg.mnist else mnist_dir())
     counts = {"images": {}, "objects": {}}
     for split, n, source, offset in (("train", cfg.train, "train", 0), ("val", cfg.val, "test", 1)):

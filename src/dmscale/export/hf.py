@@ -69,7 +69,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from dmscale.core.errors import StructureError, UnsupportedLayerError, VerificationError
+from dmscale.core.errors import ConfigError, StructureError, UnsupportedLayerError, VerificationError
 from dmscale.export.hf_sizes import STANDARD_FAMILIES, check_uniform_depth, find_hf_model, hf_layer_sizes
 from dmscale.export.shrink import ZeroBranch
 
@@ -229,7 +229,7 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, tokenizer: Any
     Returns the directory. See the module docs for the formats and their limits.
     """
     if mode not in ("auto", "standard", "per_layer"):
-        raise ValueError(f"mode must be 'auto', 'standard' or 'per_layer', got {mode!r}")
+        raise ConfigError(f"mode must be 'auto', 'standard' or 'per_layer', got {mode!r}")
     lm = find_hf_model(model)
     sizes = hf_layer_sizes(lm)
     config = None

@@ -76,6 +76,7 @@ import torch
 from torch import nn
 
 from dmscale.core._compat import ensure_torchvision
+from dmscale.core.errors import ConfigError
 from dmscale.core.masks import GATES_NAME, detach
 from dmscale.search.searcher import SearchConfig, Searcher, prepare
 from dmscale.engine.fsdp import sharded, sync_replicated_grads
@@ -112,18 +113,18 @@ class DMSTrainerMixin:
         if not isinstance(model, nn.Module):
             raise TypeError(f"{type(self).__name__} needs model=<an nn.Module>, got {type(model).__name__}")
         if not structure_lr > 0:
-            raise ValueError(f"structure_lr must be > 0, got {structure_lr}")
+            raise ConfigError(f"structure_lr must be > 0, got {structure_lr}")
         created = searcher is None
         if searcher is None:
             if search_config is None or example_inputs is None:
-                raise ValueError(f"{type(self).__name__}: pass searcher=dms.prepare(model, ...), or "
-                                 "search_config=dms.SearchConfig(...) with example_inputs=<a batch the "
-                                 "model accepts, e.g. {'input_ids': ...}>")
+                raise ConfigError(f"{type(self).__name__}: pass searcher=dms.prepare(model, ...), or "
+                                  "search_config=dms.SearchConfig(...) with example_inputs=<a batch the "
+                                  "model accepts, e.g. {'input_ids': ...}>")
             searcher = prepare(model, example_inputs, search_config)
         elif not any(m is searcher.model for m in model.modules()):
-            raise ValueError(f"the searcher is attached to a {type(searcher.model).__name__} that is not "
-                             f"part of the trained {type(model).__name__}: prepare the model you pass "
-                             "to the Trainer (or one of its submodules)")
+            raise ConfigError(f"the searcher is attached to a {type(searcher.model).__name__} that is not "
+                              f"part of the trained {type(model).__name__}: prepare the model you pass "
+                              "to the Trainer (or one of its submodules)")
         self.searcher = searcher
         self.structure_lr = float(structure_lr)
         self.export_dir = export_dir
@@ -285,7 +286,7 @@ def _non_reentrant_checkpointing(args: Any) -> None:
     for name in names:
         kw = getattr(args, name)
         if isinstance(kw, dict) and kw.get("use_reentrant") is True:
-            raise ValueError(
+            raise ConfigError(
                 f"DMS search with reentrant activation checkpointing ({name}={{'use_reentrant': True}}) "
                 "fails in the backward: the recomputed forward reuses the masks of the first one, whose "
                 f"graph is already freed; pass TrainingArguments({name}={{'use_reentrant': False}}) "

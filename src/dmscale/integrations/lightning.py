@@ -55,7 +55,7 @@ from torch import nn
 
 from dmscale.core._compat import ensure_torchvision
 from dmscale.core.masks import detach
-from dmscale.core.errors import MissingDependencyError
+from dmscale.core.errors import ConfigError, MissingDependencyError
 from dmscale.search.searcher import SearchConfig, Searcher, prepare
 from dmscale.engine.fsdp import sync_replicated_grads
 from dmscale.integrations._sharding import check_strategy
@@ -93,10 +93,10 @@ class DMSCallbackLogic:
                  export_dir: str | os.PathLike[str] | None = None, meet_target: bool = True) -> None:
         super().__init__()
         if searcher is None and (search_config is None or example_inputs is None):
-            raise ValueError("DMSCallback: pass searcher=dms.prepare(net, ...), or search_config="
-                             "dms.SearchConfig(...) with example_inputs=<a batch the network accepts>")
+            raise ConfigError("DMSCallback: pass searcher=dms.prepare(net, ...), or search_config="
+                              "dms.SearchConfig(...) with example_inputs=<a batch the network accepts>")
         if not structure_lr > 0:
-            raise ValueError(f"structure_lr must be > 0, got {structure_lr}")
+            raise ConfigError(f"structure_lr must be > 0, got {structure_lr}")
         self.searcher = searcher
         self.search_config = search_config
         self.example_inputs = example_inputs
@@ -116,9 +116,9 @@ class DMSCallbackLogic:
             target = pl_module.get_submodule(self.submodule) if self.submodule else pl_module
             self.searcher = prepare(target, self.example_inputs, self.search_config)
         elif not any(m is self.searcher.model for m in pl_module.modules()):
-            raise ValueError(f"the searcher is attached to a {type(self.searcher.model).__name__} that is "
-                             f"not part of the fitted {type(pl_module).__name__}: prepare the network the "
-                             "LightningModule holds")
+            raise ConfigError(f"the searcher is attached to a {type(self.searcher.model).__name__} that is "
+                              f"not part of the fitted {type(pl_module).__name__}: prepare the network the "
+                              "LightningModule holds")
         try:
             self._let_ddp_find_unused(trainer)
         except ValueError:
@@ -146,7 +146,7 @@ class DMSCallbackLogic:
         check_ddp_finds_unused(getattr(trainer.strategy, "model", None), searcher,
                                _lightning_fix(trainer.strategy))
         if not trainer.optimizers:
-            raise ValueError("DMSCallback needs an optimizer: return one from configure_optimizers")
+            raise ConfigError("DMSCallback needs an optimizer: return one from configure_optimizers")
         ids = {id(p) for p in searcher.structure_parameters()}
         holding = [o for o in trainer.optimizers if any(id(p) in ids for g in o.param_groups for p in g["params"])]
         add_structure_group((holding or trainer.optimizers)[0], searcher, self.structure_lr)

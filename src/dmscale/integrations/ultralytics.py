@@ -37,7 +37,14 @@ import torch
 from torch import nn
 
 from dmscale.core._compat import ensure_torchvision
-from dmscale.core.errors import DMScaleError
+from dmscale.core.errors import (
+    ConfigError,
+    DataError,
+    StandaloneError,
+    StructureError,
+    UnsupportedLayerError,
+    VerificationError,
+)
 
 __all__ = [
     "build_yolo",
@@ -147,7 +154,7 @@ def build_yolo(spec: str, nc: int, expand: dict[str, float] | None = None,
     ``model.names``.
 
     Raises:
-        DMScaleError: an unknown yaml, ``expand`` on a checkpoint, or a checkpoint whose
+        ConfigError: an unknown yaml, ``expand`` on a checkpoint, or a checkpoint whose
             number of classes differs from ``nc``.
     """
     ensure_torchvision()
@@ -156,18 +163,18 @@ def build_yolo(spec: str, nc: int, expand: dict[str, float] | None = None,
 
     if spec.endswith(".pt"):
         if expand and (expand.get("width", 1.0) != 1.0 or expand.get("depth", 1.0) != 1.0):
-            raise DMScaleError(f"--expand needs a model yaml, not the checkpoint {spec}: search the "
-                               "checkpoint as it is, or start from its yaml (random weights)")
+            raise ConfigError(f"--expand needs a model yaml, not the checkpoint {spec}: search the "
+                              "checkpoint as it is, or start from its yaml (random weights)")
         model = load_yolo_checkpoint(spec)
         if int(model.model[-1].nc) != nc:
-            raise DMScaleError(f"{spec} detects {model.model[-1].nc} classes, the dataset has {nc}: give a "
-                               "checkpoint trained on this dataset, or the yaml (e.g. yolov8n.yaml)")
+            raise ConfigError(f"{spec} detects {model.model[-1].nc} classes, the dataset has {nc}: give a "
+                              "checkpoint trained on this dataset, or the yaml (e.g. yolov8n.yaml)")
     else:
         try:
             cfg = yaml_model_load(spec)
         except (FileNotFoundError, OSError) as err:
-            raise DMScaleError(f"no Ultralytics model yaml {spec!r} ({err}); try yolov8n.yaml or "
-                               "yolo11n.yaml") from None
+            raise ConfigError(f"no Ultralytics model yaml {spec!r} ({err}); try yolov8n.yaml or "
+                              "yolo11n.yaml") from None
         scale = cfg.get("scale") or next(iter(cfg.get("scales") or {"": None}))
         if expand:
             if "scales" in cfg and scale in cfg["scales"]:
@@ -192,7 +199,7 @@ def load_yolo_checkpoint(path: str | Path) -> nn.Module:
         ckpt, _ = torch_safe_load(str(path))
     model = ckpt.get("ema") or ckpt.get("model")
     if not isinstance(model, nn.Module) or not hasattr(model, "model"):
-        raise DMScaleError(f"{path} holds no Ultralytics model (keys: {sorted(ckpt)})")
+        raise DataError(f"{path} holds no Ultralytics model (keys: {sorted(ckpt)})")
     return model.float()
 
 
@@ -202,7 +209,8 @@ def to_ultralytics_module(model: nn.Module) -> nn.Module:
     its post-add activation).
 
     Raises:
-        DMScaleError: a dmscale module with no torch equivalent, naming it.
+        UnsupportedLayerError: a dmscale module with no torch equivalent, naming it.
+        StandaloneError: a dmscale module is left in the model.
     """
     from dmscale.export.shrink import SkipBlock
 
@@ -211,15 +219,15 @@ def to_ultralytics_module(model: nn.Module) -> nn.Module:
             if not isinstance(sub, SkipBlock):
                 continue
             if sub.output is not None:
-                raise DMScaleError(f"{name + '.' if name else ''}{attr}: a removed block that packs its "
-                                   "output has no torch equivalent; keep it (--exclude) to deploy")
+                raise UnsupportedLayerError(f"{name + '.' if name else ''}{attr}: a removed block that packs its "
+                                            "output has no torch equivalent; keep it (--exclude) to deploy")
             setattr(child, attr, nn.Identity() if sub.post is None else sub.post)
     _sync_split_widths(model)
     foreign = sorted({type(m).__module__ + "." + type(m).__qualname__ for m in model.modules()
                       if type(m).__module__.split(".")[0] == "dmscale"})
     if foreign:
-        raise DMScaleError(f"the model still holds dmscale modules {foreign}: it would not load "
-                           "without dmscale")
+        raise StandaloneError(f"the model still holds dmscale modules {foreign}: it would not load "
+                              "without dmscale")
     return model
 
 
@@ -233,7 +241,7 @@ def _sync_split_widths(model: nn.Module) -> None:
     for name, m in blocks:
         width = m.cv1.conv.out_channels
         if width % 2:
-            raise DMScaleError(f"{name}: cv1 keeps {width} channels, which C2f cannot split in two halves")
+            raise StructureError(f"{name}: cv1 keeps {width} channels, which C2f cannot split in two halves")
         m.c = width // 2
     if not blocks:
         return
@@ -251,8 +259,8 @@ def _sync_split_widths(model: nn.Module) -> None:
                 del m.forward
     model.train(was)
     if not torch.allclose(ref, other, rtol=1e-4, atol=1e-4):
-        raise DMScaleError("the pruned model's C2f blocks compute differently through forward_split "
-                           f"(max difference {float((ref - other).abs().max()):.3g})")
+        raise VerificationError("the pruned model's C2f blocks compute differently through forward_split "
+                                f"(max difference {float((ref - other).abs().max()):.3g})")
 
 
 def save_yolo_checkpoint(model: nn.Module, path: str | Path, train_args: dict[str, Any] | None = None) -> Path:
@@ -260,7 +268,7 @@ def save_yolo_checkpoint(model: nn.Module, path: str | Path, train_args: dict[st
     that ``ultralytics.YOLO(path)`` loads without dmscale.
 
     Raises:
-        DMScaleError: the model holds a class from outside torch and Ultralytics.
+        StandaloneError: the model holds a class from outside torch and Ultralytics.
     """
     small = to_ultralytics_module(copy.deepcopy(model)).float().eval()
     for m in small.modules():
@@ -289,7 +297,7 @@ def save_yolo_checkpoint(model: nn.Module, path: str | Path, train_args: dict[st
               if not g.startswith(("torch.", "ultralytics.", "collections.", "builtins.", "numpy."))]
     if others:
         tmp.unlink()
-        raise DMScaleError(f"{out.name} would need classes from outside torch and Ultralytics: {others}")
+        raise StandaloneError(f"{out.name} would need classes from outside torch and Ultralytics: {others}")
     tmp.replace(out)
     return out
 
@@ -312,19 +320,19 @@ class PrunedDetectionTrainer(_trainer_base()):  # type: ignore[misc]
         ...                                 trainer=PrunedDetectionTrainer)       # doctest: +SKIP
 
     Raises:
-        DMScaleError: no model was loaded (``YOLO("x.yaml")``), or the model's number of
+        ConfigError: no model was loaded (``YOLO("x.yaml")``), or the model's number of
             classes differs from the dataset's.
     """
 
     def get_model(self, cfg: Any = None, weights: nn.Module | None = None, verbose: bool = True) -> nn.Module:
         if not isinstance(weights, nn.Module):
-            raise DMScaleError("PrunedDetectionTrainer finetunes a loaded model: use "
-                               "YOLO('RUN/yolo.pt').train(..., trainer=PrunedDetectionTrainer)")
+            raise ConfigError("PrunedDetectionTrainer finetunes a loaded model: use "
+                              "YOLO('RUN/yolo.pt').train(..., trainer=PrunedDetectionTrainer)")
         model = copy.deepcopy(weights).float()
         nc = int(self.data["nc"])
         if int(model.model[-1].nc) != nc:
-            raise DMScaleError(f"the pruned model detects {model.model[-1].nc} classes, the dataset {nc}: "
-                               "finetune on the dataset it was searched on")
+            raise ConfigError(f"the pruned model detects {model.model[-1].nc} classes, the dataset {nc}: "
+                              "finetune on the dataset it was searched on")
         for p in model.parameters():
             p.requires_grad_(True)
         if verbose:

@@ -37,6 +37,8 @@ from typing import Any, Iterator, Protocol
 import torch
 from torch import nn
 
+from dmscale.core.errors import ConfigError
+
 __all__ = ["SearchOptimizer", "STRUCTURE_LR"]
 
 STRUCTURE_LR = 0.01  # Adam's learning rate of the pruning ratios (the CLI's --structure-lr default)
@@ -64,14 +66,14 @@ class SearchOptimizer:
     def __init__(self, searcher: _Search, weights: torch.optim.Optimizer, total_steps: int,
                  structure_lr: float = STRUCTURE_LR, betas: tuple[float, float] = (0.9, 0.999)) -> None:
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"total_steps must be a positive int (the search's optimizer steps), got {total_steps!r}")
+            raise ConfigError(f"total_steps must be a positive int (the search's optimizer steps), got {total_steps!r}")
         if not structure_lr > 0:
-            raise ValueError(f"structure_lr must be > 0, got {structure_lr!r}")
+            raise ConfigError(f"structure_lr must be > 0, got {structure_lr!r}")
         structural = {id(p) for p in searcher.structure_parameters()}
         mixed = [i for i, g in enumerate(weights.param_groups) if any(id(p) in structural for p in g["params"])]
         if mixed:
-            raise ValueError(f"the weights' optimizer holds structural parameters (param group {mixed[0]}); "
-                             "build it over searcher.model_parameters(), the structure gets its own Adam")
+            raise ConfigError(f"the weights' optimizer holds structural parameters (param group {mixed[0]}); "
+                              "build it over searcher.model_parameters(), the structure gets its own Adam")
         self.searcher = searcher
         self.weights = weights
         self.structure = torch.optim.Adam(searcher.structure_parameters(), lr=structure_lr, betas=betas,
@@ -104,8 +106,8 @@ class SearchOptimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["total_steps"] != self.total_steps:
-            raise ValueError(f"saved for total_steps={state['total_steps']}, this optimizer has "
-                             f"{self.total_steps}: build it with the saved run's length")
+            raise ConfigError(f"saved for total_steps={state['total_steps']}, this optimizer has "
+                              f"{self.total_steps}: build it with the saved run's length")
         self.weights.load_state_dict(state["weights"])
         self.structure.load_state_dict(state["structure"])
         self.steps_done = int(state["steps_done"])

@@ -246,7 +246,7 @@ class Searcher(BudgetsMixin, ResourceLossMixin, SearcherStateMixin, ImportanceMi
         """The latency model's fit report (per-layer and pooled relative RMSE, calibration,
         how the parts add up to the timed model); see ``LatencyCostModel.fit_report``."""
         if self.config.resource != "latency":
-            raise ValueError(f"latency_fit() needs resource='latency', this search uses {self.config.resource!r}")
+            raise ConfigError(f"latency_fit() needs resource='latency', this search uses {self.config.resource!r}")
         return self._cost_model("latency").fit_report()
 
     def profile(self, resource: str | None = None) -> dict[str, float]:

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from dmscale.core.errors import ConfigError
 from dmscale.search.config import SearchConfig, config_differences, config_state
 from dmscale.search.settle import SettleState
 from dmscale.trace.discover import SearchSpace
@@ -78,8 +79,8 @@ class SearcherStateMixin:
         """Restore a :meth:`state_dict` (same model architecture and config)."""
         diff = config_differences(state["config"], replace(self.config, align=self.align))
         if diff:
-            raise ValueError(f"searcher config differs from the saved one ({diff}); build the "
-                             "searcher with the saved config to load this state")
+            raise ConfigError(f"searcher config differs from the saved one ({diff}); build the "
+                              "searcher with the saved config to load this state")
         self.gates.load_state_dict(state["gates"])
         if "latency_profile" in state:
             from dmscale.cost.latency import LatencyCostModel

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Sequence
 
+from dmscale.core.errors import StructureError
 from dmscale.core.ratios import share_ratio
 
 __all__ = ["layer_pattern", "uniform_groups", "tie_ratios"]
@@ -61,5 +62,5 @@ def tie_ratios(gates: Sequence[Any], groups: list[list[int]]) -> None:
         for i in group[1:]:
             member = gates[i]
             if member.n_units != first.n_units or member.min_units != first.min_units:
-                raise ValueError(f"cannot tie dims with different units: {member} vs {first}")
+                raise StructureError(f"cannot tie dims with different units: {member} vs {first}")
             share_ratio(member, first)

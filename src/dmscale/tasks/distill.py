@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dmscale.core.errors import StructureError
+
 if TYPE_CHECKING:
     from dmscale.config.run_config import RunConfig
 
@@ -100,8 +102,8 @@ def hidden_distill_loss(student: Sequence[torch.Tensor], teacher: Sequence[torch
         0.0
     """
     if len(student) < 2 or len(teacher) < 2:
-        raise ValueError(f"hidden_distill_loss: expected the embeddings and at least one block's "
-                         f"hidden state, got {len(student)} (student) and {len(teacher)} (teacher)")
+        raise StructureError(f"hidden_distill_loss: expected the embeddings and at least one block's "
+                             f"hidden state, got {len(student)} (student) and {len(teacher)} (teacher)")
     if len(student) == len(teacher):
         pairs = list(zip(student[1:], teacher[1:]))
     else:
@@ -114,11 +116,11 @@ def hidden_distill_loss(student: Sequence[torch.Tensor], teacher: Sequence[torch
         if idx is not None:
             t = t.index_select(-1, idx)  # (B, T, d_t) -> (B, T, d_s)
         if s.shape != t.shape:
-            raise ValueError(f"hidden_distill_loss: the student's hidden states have shape "
-                             f"{tuple(s.shape)}, the teacher's {tuple(t.shape)}"
-                             + (" after indexing by teacher_channels" if teacher_channels is not None
-                                else "; pass teacher_channels (the teacher's channels the student "
-                                     "kept) when the hidden size was pruned"))
+            raise StructureError(f"hidden_distill_loss: the student's hidden states have shape "
+                                 f"{tuple(s.shape)}, the teacher's {tuple(t.shape)}"
+                                 + (" after indexing by teacher_channels" if teacher_channels is not None
+                                    else "; pass teacher_channels (the teacher's channels the student "
+                                         "kept) when the hidden size was pruned"))
         terms.append(F.mse_loss(s.float(), t.float()))
     return torch.stack(terms).mean()
 

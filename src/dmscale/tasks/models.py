@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from dmscale.core.errors import ConfigError
+
 __all__ = ["BasicBlock", "ResNetCifar", "resnet20", "ResidualBlock", "SmallCNN"]
 
 
@@ -103,7 +105,7 @@ class ResNetCifar(nn.Module):
     ) -> None:
         super().__init__()
         if depth < 8 or (depth - 2) % 6 != 0:
-            raise ValueError(f"depth must be 6n+2 with n >= 1, got {depth}")
+            raise ConfigError(f"depth must be 6n+2 with n >= 1, got {depth}")
         n = max(1, round((depth - 2) // 6 * depth_mult))
         widths = [max(1, round(width * f * width_mult)) for f in (1, 2, 4)]
 

@@ -69,7 +69,7 @@ def register_task(*names: str) -> Callable[[Callable[[RunConfig], "Task"]], Call
     def add(build: Callable[[RunConfig], "Task"]) -> Callable[[RunConfig], "Task"]:
         for name in names:
             if name in _TASKS and _TASKS[name] is not build:
-                raise ValueError(f"task {name!r} is registered twice: {_TASKS[name]} and {build}")
+                raise ConfigError(f"task {name!r} is registered twice: {_TASKS[name]} and {build}")
             _TASKS[name] = build
         return build
     return add
@@ -79,7 +79,7 @@ def register_models(family: str) -> Callable[[Callable[..., Any]], Callable[...,
     """Decorator: the builder of one model family of :func:`build_model` (one of
     :data:`MODEL_FAMILIES`; the builder's arguments are the family's, see build_model)."""
     if family not in MODEL_FAMILIES:
-        raise ValueError(f"unknown model family {family!r}: expected one of {MODEL_FAMILIES}")
+        raise ConfigError(f"unknown model family {family!r}: expected one of {MODEL_FAMILIES}")
 
     def add(build: Callable[..., Any]) -> Callable[..., Any]:
         _MODELS[family] = build
@@ -204,7 +204,7 @@ def build_task(cfg: RunConfig) -> Task:
         raise ConfigError(f"unknown task {cfg.task!r}: expected one of {', '.join(sorted(_TASKS))}")
     try:
         return build(cfg)
-    except (FileNotFoundError, NotADirectoryError, ModuleNotFoundError, ValueError) as err:
+    except (FileNotFoundError, NotADirectoryError, ImportError, ValueError) as err:
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"task {cfg.task}: {err}") from None

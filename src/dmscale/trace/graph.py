@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from dmscale.core.errors import StructureError
+
 __all__ = ["PIN", "UnionFind", "Label", "Event", "ModuleCall", "LayerRecord"]
 
 PIN = 0
@@ -57,7 +59,7 @@ class UnionFind:
 
     def union_arrays(self, a: np.ndarray, b: np.ndarray) -> None:
         if a.shape != b.shape:
-            raise ValueError(f"cannot tie {a.shape[0]} channels to {b.shape[0]} channels")
+            raise StructureError(f"cannot tie {a.shape[0]} channels to {b.shape[0]} channels")
         for x, y in zip(a.tolist(), b.tolist()):
             self.union(x, y)
 

@@ -31,10 +31,15 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["PerLayerConfigMixin", "PerLayerModelMixin", "resize_layers", "NoAttention", "Zeros"]
+__all__ = ["PerLayerConfigMixin", "PerLayerModelMixin", "resize_layers", "NoAttention", "Zeros", "LayerSizesError"]
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+class LayerSizesError(ValueError):
+    """A checkpoint's ``layer_sizes`` do not describe its layers. Defined here, not taken from
+    ``dmscale.errors``: this file loads next to the weights where dmscale is not installed."""
 
 
 class PerLayerConfigMixin:
@@ -54,15 +59,15 @@ class PerLayerConfigMixin:
         sizes = getattr(self, "layer_sizes", None)
         layers = getattr(self, "num_hidden_layers", None)
         if not isinstance(sizes, list) or len(sizes) != layers:
-            raise ValueError(f"layer_sizes must list [heads, kv_heads, intermediate] for each of "
-                             f"the {layers} layers, got {sizes!r}")
+            raise LayerSizesError(f"layer_sizes must list [heads, kv_heads, intermediate] for each of "
+                                  f"the {layers} layers, got {sizes!r}")
         for i, size in enumerate(sizes):
             ok = len(size) == 3 and all(isinstance(n, int) and n >= 0 for n in size) and (
                 size[:2] == [0, 0] or (min(size[:2]) >= 1 and size[0] % size[1] == 0))
             if not ok or size[:2] == [0, 0] and size[2] == 0:
-                raise ValueError(f"layer {i}: [heads, kv_heads, intermediate] must be positive with "
-                                 f"heads a multiple of kv_heads, or [0, 0, intermediate] (no "
-                                 f"attention), or [heads, kv_heads, 0] (no FFN), got {size!r}")
+                raise LayerSizesError(f"layer {i}: [heads, kv_heads, intermediate] must be positive with "
+                                      f"heads a multiple of kv_heads, or [0, 0, intermediate] (no "
+                                      f"attention), or [heads, kv_heads, 0] (no FFN), got {size!r}")
 
 
 class PerLayerModelMixin:

@@ -61,7 +61,7 @@ import torch
 
 import dmscale as dms
 from dmscale.config.run_config import RunConfig
-from dmscale.config.values import kv_dict
+from dmscale.core.values import kv_dict
 from dmscale.data import MnistDetectConfig, make_mnist_detect
 from dmscale.run.pipeline import Pipeline
 from dmscale.tasks.detect import DetectTask

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from dmscale.config.run_config import ConfigError, RunConfig
-from dmscale.config.values import eval_every_value
+from dmscale.core.values import eval_every_value
 from dmscale.engine.evaluation import BEST_FILE, PhaseWatch, offer_best, read_best
 from dmscale.engine.rundir import RunDir
 from dmscale.run.pipeline import Pipeline

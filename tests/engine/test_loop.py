@@ -211,7 +211,7 @@ def test_autocast_and_scaler_follow_the_device() -> None:
 
 
 def test_device_cuda_n_is_accepted_and_checked():
-    from dmscale.config.values import device_value
+    from dmscale.core.values import device_value
 
     assert device_value("cuda:3") == "cuda:3"
     with pytest.raises(ConfigError, match=r"cuda:N"):

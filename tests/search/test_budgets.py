@@ -11,7 +11,7 @@ import torch
 
 import dmscale as dms
 from dmscale.core.errors import ConfigError
-from dmscale.search.config import config_state
+from dmscale.search.config_state import config_state
 
 
 def _llama(seed: int = 0):

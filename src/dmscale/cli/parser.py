@@ -15,7 +15,7 @@ from typing import Any
 
 from dmscale.config.aliases import DEPRECATED
 from dmscale.config.run_config import OPTIONS, ConfigError, Option
-from dmscale.config.values import boolean
+from dmscale.core.values import boolean
 
 __all__ = ["PROG", "build_parser", "INSPECT_OPTIONS"]
 

@@ -1,6 +1,7 @@
 """The run's configuration, one place: :class:`~dmscale.config.run_config.RunConfig` and
-its file parsing (:mod:`.run_config`), the one table of the command's options
-(:mod:`.options`) and their value converters (:mod:`.values`).
+its file parsing (:mod:`.run_config`) and the one table of the command's options
+(:mod:`.options`; the search's own options are declared on :class:`~dmscale.SearchConfig`'s
+fields, their value converters are :mod:`dmscale.core.values`).
 
 It sits below the tasks (they read their settings from a ``RunConfig``) and above the search
 (a ``RunConfig`` builds a ``SearchConfig``). Layer rule: ``config`` imports

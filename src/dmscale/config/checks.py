@@ -1,5 +1,5 @@
 """The checks of a run configuration that span several options (one option's own check is
-its converter in :mod:`dmscale.config.values`): the weights a run starts from, the export of
+its converter in :mod:`dmscale.core.values`): the weights a run starts from, the export of
 the best checkpoint, timm's auto-augmentation, hidden-state distillation. Each raises a
 :class:`~dmscale.core.errors.ConfigError` that names the options and the fix.
 :class:`~dmscale.config.run_config.RunConfig` inherits them.

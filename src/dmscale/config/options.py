@@ -1,7 +1,9 @@
 """The one table of the ``dmscale`` command's options (:data:`OPTIONS`).
 
-Every option is declared once here (flag, value converter, default, help, the subcommands
-that take it, its help group). The table drives ``argparse`` (:mod:`dmscale.cli`), the keys a
+Every option is declared once (flag, value converter, default, help, the subcommands that
+take it, its help group): the options of the search itself on the fields of
+:class:`~dmscale.SearchConfig` (:func:`dmscale.core.options.option`), which this table places
+by name, the others here. The table drives ``argparse`` (:mod:`dmscale.cli`), the keys a
 ``--config`` file may set (:func:`dmscale.config.run_config.parse_mapping`) and the validation of
 :class:`dmscale.config.run_config.RunConfig`; all of these names are importable from
 :mod:`dmscale.config.run_config` too.
@@ -16,13 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dmscale.cost.resources import RESOURCES
-from dmscale.config.values import (
-    align_value,
+from dmscale.core.errors import ConfigError
+from dmscale.core.options import Option, declared_options
+from dmscale.search.config import SearchConfig
+from dmscale.core.values import (
     auto_or,
-    band,
     boolean,
-    budget_targets,
     choice,
     device_value,
     eval_every_value,
@@ -32,12 +33,9 @@ from dmscale.config.values import (
     kv_dict,
     nonneg_float,
     nonneg_int,
-    open_fraction,
-    unit_fraction,
     positive_float,
     positive_int,
     nonempty_str,
-    str_list,
 )
 
 __all__ = [
@@ -60,34 +58,43 @@ _SEARCHING = ("search",)
 _RUN_DIR = ("retrain", "export", "eval", "report")
 
 
-@dataclass(frozen=True)
-class Option:
-    """One option: ``--flag`` on the command line and ``name`` in a config file."""
-
-    name: str
-    convert: Callable[[Any], Any]
-    default: Any
-    help: str
-    commands: tuple[str, ...]
-    group: str
-    metavar: str | None = None
-    flag_kind: str = "value"  # "value" | "flag" (store_true) | "append"
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def choices(self) -> tuple[str, ...] | None:
-        return getattr(self.convert, "choices", None)
-
-
 def _o(name: str, convert: Callable[[Any], Any], default: Any, help: str,
        commands: tuple[str, ...], group: str, **kw: Any) -> Option:
     return Option(name, convert, default, help, commands, group, **kw)
 
 
-OPTIONS: tuple[Option, ...] = (
+@dataclass(frozen=True)
+class _Place:
+    """Where an option declared on :class:`~dmscale.SearchConfig` stands in :data:`OPTIONS`."""
+
+    name: str
+
+
+def _search(name: str) -> _Place:
+    return _Place(name)
+
+
+def _table(rows: tuple[Option | _Place, ...], declared: tuple[Option, ...]) -> tuple[Option, ...]:
+    """``rows`` with each place filled by the declared option of its name; a declared option
+    with no place goes last in its help group (so a new field of ``SearchConfig`` is an
+    option of the command with no change here)."""
+    by_name = {o.name: o for o in declared}
+    stale = [r.name for r in rows if isinstance(r, _Place) and r.name not in by_name]
+    if stale:
+        raise ConfigError(f"the option table places {stale}, which SearchConfig does not declare: "
+                          "declare them with option(...) on SearchConfig, or drop their place")
+    table = [by_name[r.name] if isinstance(r, _Place) else r for r in rows]
+    placed = {o.name for o in table}
+    for extra in (o for o in declared if o.name not in placed):
+        last = max((i for i, o in enumerate(table) if o.group == extra.group), default=len(table) - 1)
+        table.insert(last + 1, extra)
+    return tuple(table)
+
+
+# The table, in the order of `dmscale COMMAND --help`. The options of the search itself are
+# declared on the fields of SearchConfig (help, converter, default: dmscale.search.config) and
+# only placed here by name.
+_ROWS: tuple[Option | _Place, ...] = (
     # ---- data
     _o("task", choice(*TASKS), "mnist",
        "built-in task: mnist (bundled MNIST, or a directory of MNIST IDX files with --data), "
@@ -203,83 +210,31 @@ OPTIONS: tuple[Option, ...] = (
        "p: pretrain (or --init), search, retrain; p-: pretrain (or --init), then train only "
        "the structural parameters (weights frozen), no retrain",
        _SEARCHING, "search"),
-    _o("resource", choice(*RESOURCES), "macs",
-       "the budgeted resource: kv_cache is the bytes of K and V cached per token per sequence "
-       "(the sum over attention layers of 2 x KV heads x head dim x dtype size)", _SEARCHING, "search"),
-    _o("target", budget_targets(RESOURCES), 0.5,
-       "the budget: <= 1 is a fraction of the supernet's cost, > 1 an absolute count; several "
-       "budgets at once as RESOURCE=T,RESOURCE=T (e.g. params=0.7,kv_cache=0.5; --resource is "
-       "then the first of them), each met by the search, the settle phase and the budget solver",
-       _SEARCHING, "search", metavar="T"),
-    _o("resource_weight", auto_or(nonneg_float), "auto",
-       "lambda_resource: weight of the resource loss log(r_c / r_t). auto: 50 for a search of "
-       "pipeline p / p- from a pretrained --model hf:PATH (its task loss holds the structure "
-       "against a weaker one in a short search), 3 for --task detect, else 1", _SEARCHING, "search",
-       metavar="W|auto"),
+    _search("resource"),
+    _search("target"),
+    _search("resource_weight"),
     _o("structure_lr", auto_or(positive_float), "auto",
        "learning rate of the structural parameters (Adam, no weight decay). auto: "
        "max(0.01, 0.5 / search steps), so each width or depth ratio can move 0.5 in a short "
        "search (Adam moves it about the lr per step)", _SEARCHING,
        "search", metavar="LR|auto"),
-    _o("importance", choice("taylor", "snip", "fisher", "index"), "taylor",
-       "element importance: taylor (moving average of (m g)^2), snip, fisher, index",
-       _SEARCHING, "search"),
-    _o("schedule", choice("exp", "constant"), "exp",
-       "target schedule: exp decays r_t from the supernet's cost to the target over the "
-       "search; constant uses the target from the start", _SEARCHING, "search"),
-    _o("schedule_end", open_fraction, 1.0,
-       "fraction of the search, in (0, 1], over which the exp schedule decays r_t; after it "
-       "r_t holds at the target (1 = the whole search, Eq. 10 as written)", _SEARCHING,
-       "search", metavar="F"),
-    _o("cost_forward", choice("soft", "exact"), "soft",
-       "the value of r_c in the resource loss: soft (the soft masks' cost, Eq. 6) or exact "
-       "(the hard masks' cost, i.e. the export's, with the soft cost's gradient)",
-       _SEARCHING, "search"),
-    _o("settle", unit_fraction, 0.4,
-       "last fraction of the search, in [0, 1), that lands on the budget: r_t held at the "
-       "target and a two-sided loss keeping the exact cost in the --budget-band; once there, "
-       "depth is frozen and the structure lr anneals to 0 (0 = the paper's loss to the end)",
-       _SEARCHING, "search", metavar="F"),
-    _o("settle_hold", boolean, True,
-       "in the settle phase, once landed, hold the structure (structure lr 0) while the exact "
-       "cost is inside the --budget-band, so it ends in the band once it entered it (off: the "
-       "anneal alone, as before this option)", _SEARCHING, "search", metavar="BOOL"),
-    _o("budget_band", band, (0.98, 1.0),
-       "LOW,HIGH: fractions of the target the settle phase lands the exact cost between, and "
-       "under LOW the budget solver gives a found model its unused budget back (a wider band, "
-       "e.g. 0.95,1.0, lands coarse search spaces whose steps jump over 2 %%)", _SEARCHING,
-       "search", metavar="LOW,HIGH"),
+    _search("importance"),
+    _search("schedule"),
+    _search("schedule_end"),
+    _search("cost_forward"),
+    _search("settle"),
+    _search("settle_hold"),
+    _search("budget_band"),
     _o("search_dims", choice("both", "width", "depth"), "both",
        "what to search: widths, depths (residual blocks per stage) or both", _SEARCHING,
        "search"),
-    _o("min_width", positive_int, 1, "the smallest width any dimension may keep",
-       _SEARCHING, "search", metavar="N"),
-    _o("width_step", positive_int, 1,
-       "channels per search unit (a coarse search space; 1 = every channel)", _SEARCHING,
-       "search", metavar="N"),
-    _o("align", align_value, None,
-       "hardware-aligned widths: keep every searched width (channels, FFN units, per-head "
-       "dims) a multiple of N, searched in units of lcm(--width-step, N); head counts and "
-       "blocks are counts and stay free; a width whose size is not a multiple of N is "
-       "searched unaligned and named in the summary. auto (default): 8 when the search runs "
-       "on CUDA (tensor-core tiles), 1 (off) on CPU", _SEARCHING, "search", metavar="N|auto"),
-    _o("exclude", str_list, None,
-       "module names or glob patterns (e.g. 'model.layers.*.mlp') whose widths stay fixed; "
-       "comma-separated or repeated", _SEARCHING, "search", metavar="PATTERN",
-       flag_kind="append"),
-    _o("layer_uniform", boolean, False,
-       "every repeated layer keeps the same count per kind (heads, FFN width, ...), each its "
-       "own most important elements; a Hugging Face model then exports with a standard config "
-       "(export --format hf loads with plain from_pretrained)", _SEARCHING, "search",
-       flag_kind="flag"),
-    _o("depth_unit", choice("block", "sublayer"), "block",
-       "what one depth element removes: a whole residual block (block), or each residual "
-       "branch of a block apart (sublayer: the search may drop the attention of one layer and "
-       "the FFN of another; a Hugging Face export then needs the per-layer format, not "
-       "--layer-uniform)", _SEARCHING, "search"),
-    _o("width_only_from", fraction, None,
-       "from this fraction of the search on, freeze depth and search widths only",
-       _SEARCHING, "search", metavar="P"),
+    _search("min_width"),
+    _search("width_step"),
+    _search("align"),
+    _search("exclude"),
+    _search("layer_uniform"),
+    _search("depth_unit"),
+    _search("width_only_from"),
     # ---- distillation
     _o("teacher", nonempty_str, None,
        "distil from a teacher (KL divergence on the logits) during search and retraining: "
@@ -358,11 +313,7 @@ OPTIONS: tuple[Option, ...] = (
        "run the model's forward under torch.compile during training (the masks are computed "
        "eagerly; the first steps are slow while it compiles)",
        _ALL_TRAIN, "run", flag_kind="flag"),
-    _o("fuse_norms", auto_or(boolean), None,
-       "run the search's masked LayerNorms / RMS norms under torch.compile (a few fused kernels "
-       "each instead of ~40 operators; same results up to float rounding). auto (default): on "
-       "CUDA, not on CPU; a compiler failure warns once and runs them eagerly",
-       _SEARCHING, "run", metavar="BOOL|auto"),
+    _search("fuse_norms"),
     _o("shard", choice("none", "fsdp"), "none",
        "under torchrun: none trains a whole copy of the model on every rank (DDP); fsdp shards "
        "weights, gradients and optimizer state over the ranks with FSDP2 (fully_shard per "
@@ -399,6 +350,7 @@ OPTIONS: tuple[Option, ...] = (
        "dmscale[tensorboard]`); metrics.jsonl is written either way", _ALL_TRAIN, "watch"),
 )
 
+OPTIONS: tuple[Option, ...] = _table(_ROWS, declared_options(SearchConfig))
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
 # options that may differ from the saved config when a run is resumed (--precision and

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -37,7 +38,8 @@ from dmscale.config.aliases import DEPRECATED, rename_deprecated, saved_config_k
 from dmscale.config.checks import DEFAULT_MODELS, RunConfigChecks
 from dmscale.config.defaults import BEFORE_AUTO, MIN_STRUCTURE_LR, STRUCTURE_REACH, apply_defaults
 from dmscale.core.errors import ConfigError
-from dmscale.search.config import BEFORE_OPTION
+from dmscale.core.options import declared_options
+from dmscale.search.config import BEFORE_OPTION, SearchConfig
 
 __all__ = [
     "ConfigError",
@@ -58,21 +60,39 @@ __all__ = [
 ]
 
 
-# the model of a task when --model is not given: (name, --model-args). ResNet-20 at half
-# width (8-16-32 channels) keeps the default MNIST search within a few minutes on 2 CPU cores.
-
-
-# ConfigError lives in errors.py (a DMScaleError); re-exported here for the command line.
-
-
 # ----------------------------------------------------------------------------- run config
+_LEADING = ("command", "source")  # the fields before the options; the rest (task_info, ...) after
+
+
+def _option_fields(cls: type) -> type:
+    """Give ``cls`` (before ``@dataclass``) a field for every option of :data:`OPTIONS` its body
+    does not declare (those declared on :class:`~dmscale.SearchConfig`), and order its fields as
+    the table: the leading ones, the options, then the rest (``config.yaml`` keeps this order).
+
+    A generated field's default is the option's, with ``auto`` as None (resolved per run).
+    """
+    body = dict(cls.__dict__.get("__annotations__", {}))
+    for opt in OPTIONS:
+        if opt.name not in body:
+            default = None if opt.default == "auto" else opt.default
+            setattr(cls, opt.name, field(default_factory=lambda d=default: copy.deepcopy(d))
+                    if isinstance(default, (list, dict, set)) else default)
+            body[opt.name] = "Any"
+    order = [*_LEADING, *(o.name for o in OPTIONS)]
+    cls.__annotations__ = {**{k: body[k] for k in order}, **{k: v for k, v in body.items() if k not in order}}
+    return cls
+
+
 @dataclass
+@_option_fields
 class RunConfig(RunConfigChecks):
     """Everything a run needs; saved resolved (``config.yaml``) in the run directory.
 
     ``None`` means "the default that depends on other fields" (see :meth:`resolved`); the
     options whose default is ``auto`` are chosen by the task (:mod:`dmscale.config.defaults`),
-    and ``chosen`` records which were and why.
+    and ``chosen`` records which were and why. The options of the search itself (``resource``,
+    ``target``, ``settle``, ...) are declared once, on :class:`~dmscale.SearchConfig`'s fields;
+    :func:`_option_fields` gives this class a field for each (:meth:`search_config` maps back).
     """
 
     command: str = "search"
@@ -96,25 +116,8 @@ class RunConfig(RunConfigChecks):
     weights: str | None = None
     pretrained: bool = False
     pipeline: str = "np"
-    resource: str = "macs"
-    target: float | dict[str, float] = 0.5  # a dict: several budgets {resource: target}
-    resource_weight: float | None = None  # None: auto (dmscale.config.defaults)
     structure_lr: float | None = None  # None: auto, set by the pipeline from the search's steps
-    importance: str = "taylor"
-    schedule: str = "exp"
-    schedule_end: float = 1.0
-    cost_forward: str = "soft"
-    settle: float = 0.4
-    settle_hold: bool = True
-    budget_band: tuple[float, float] = (0.98, 1.0)
     search_dims: str = "both"
-    min_width: int = 1
-    width_step: int = 1
-    align: int | None = None  # None: auto, resolved on the run's device (Pipeline)
-    exclude: list[str] | None = None
-    width_only_from: float | None = None
-    layer_uniform: bool = False
-    depth_unit: str = "block"
     teacher: str | None = None
     distill_weight: float = 1.0
     distill_temperature: float = 1.0
@@ -137,7 +140,6 @@ class RunConfig(RunConfigChecks):
     threads: int | None = None
     precision: str = "32"
     compile: bool = False
-    fuse_norms: bool | None = None  # None: auto (on CUDA)
     shard: str = "none"
     export: str | None = None
     gguf_type: str = "f16"
@@ -242,6 +244,18 @@ class RunConfig(RunConfigChecks):
     def distills(self) -> bool:
         """Whether a run with a ``--teacher`` computes any distillation term."""
         return self.distill_weight > 0 or self.distill_hidden > 0
+
+    def search_config(self, exclude: list[str]) -> SearchConfig:
+        """The library's :class:`~dmscale.SearchConfig` of this resolved run: every option it
+        declares, by name, with ``--target``'s budgets, ``--search-dims`` and ``exclude`` (the
+        module names ``--exclude`` matched, expanded by the run) mapped to its fields."""
+        values = {o.name: getattr(self, o.name) for o in declared_options(SearchConfig)}
+        several = isinstance(self.target, dict)  # --target params=0.7,kv_cache=0.5
+        values.update(target=self.target[self.resource] if several else self.target,
+                      targets=dict(self.target) if several else None, exclude=list(exclude),
+                      search_width=self.search_dims in ("both", "width"),
+                      search_depth=self.search_dims in ("both", "depth"))
+        return SearchConfig(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

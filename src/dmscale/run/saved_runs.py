@@ -180,17 +180,9 @@ def check_inputs_from_info(info: dict[str, Any], seed: int = 0) -> torch.Tensor:
 
 
 def search_config(cfg: RunConfig, exclude: list[str]) -> dms.SearchConfig:
-    """The library :class:`~dmscale.SearchConfig` of the run configuration ``cfg``."""
-    several = isinstance(cfg.target, dict)  # --target params=0.7,kv_cache=0.5
-    return dms.SearchConfig(
-        resource=cfg.resource, target=cfg.target[cfg.resource] if several else cfg.target,
-        targets=dict(cfg.target) if several else None, resource_weight=cfg.resource_weight,
-        schedule=cfg.schedule, schedule_end=cfg.schedule_end, importance=cfg.importance, min_width=cfg.min_width,
-        width_step=cfg.width_step, align=cfg.align, search_width=cfg.search_dims in ("both", "width"),
-        search_depth=cfg.search_dims in ("both", "depth"), exclude=exclude,
-        width_only_from=cfg.width_only_from, cost_forward=cfg.cost_forward,
-        settle=cfg.settle, settle_hold=cfg.settle_hold, budget_band=tuple(cfg.budget_band),
-        layer_uniform=cfg.layer_uniform, depth_unit=cfg.depth_unit, fuse_norms=cfg.fuse_norms)
+    """The library :class:`~dmscale.SearchConfig` of the run configuration ``cfg``
+    (:meth:`RunConfig.search_config`: every option SearchConfig declares, by name)."""
+    return cfg.search_config(exclude)
 
 
 def make_searcher(cfg: RunConfig, model: nn.Module, example: Any, extra_exclude: list[str],

@@ -1,10 +1,13 @@
 """The search configuration: what to search and under which budget (:class:`SearchConfig`).
 
+Every option of ``dmscale search`` that sets a field here is declared on that field
+(:func:`dmscale.core.options.option`: its help, converter and default on the command line);
+the command's parser, ``--config`` keys, ``config.yaml`` and resume are built from them.
+
 Example:
-    >>> from dmscale.search.config import SearchConfig, config_state
     >>> cfg = SearchConfig(resource="params", target=0.25)
-    >>> config_state(cfg)["target"], config_state(cfg)["gate_factory"]
-    (0.25, None)
+    >>> cfg.budgets
+    {'params': 0.25}
     >>> SearchConfig(target=-1)
     Traceback (most recent call last):
     ...
@@ -14,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 import torch
@@ -22,10 +25,12 @@ import torch
 from dmscale.core.errors import ConfigError
 from dmscale.core.importance import IMPORTANCE_METRICS
 from dmscale.cost.resources import RESOURCES
+from dmscale.core.options import option
 from dmscale.core.topk import GateFactory
+from dmscale.core.values import (align_value, auto_or, band, boolean, budget_targets, choice, fraction,
+                                 nonneg_float, open_fraction, positive_int, str_list, unit_fraction)
 
-__all__ = ["SearchConfig", "COST_FORWARD", "DEPTH_UNITS", "BEFORE_OPTION", "CUDA_ALIGN", "config_state",
-           "config_differences", "resolve_align"]
+__all__ = ["SearchConfig", "COST_FORWARD", "DEPTH_UNITS", "BEFORE_OPTION", "CUDA_ALIGN", "resolve_align"]
 
 COST_FORWARD = ("soft", "exact")
 DEPTH_UNITS = ("block", "sublayer")
@@ -34,6 +39,12 @@ DEPTH_UNITS = ("block", "sublayer")
 BEFORE_OPTION: dict[str, Any] = {"settle": 0.0, "settle_hold": False, "align": 1}
 # the width multiple of ``align=None`` on a CUDA device: bf16/fp16 tensor-core tiles
 CUDA_ALIGN = 8
+
+
+def _search(default: Any = MISSING, *, group: str = "search", **kw: Any) -> Any:
+    """A field that is also an option of ``dmscale search`` (:func:`dmscale.core.options.option`):
+    the command's parser, ``--config`` keys, ``config.yaml`` and resume are built from it."""
+    return option(default, commands=("search",), group=group, **kw)
 
 
 @dataclass
@@ -160,34 +171,94 @@ class SearchConfig:
         dmscale.core.errors.ConfigError: align must be None (auto: 8 on a CUDA device, 1 elsewhere) or an integer >= 1 (every searched width a multiple of it, e.g. 8), got 0
     """
 
-    resource: str = "macs"
-    target: float = 0.5
-    resource_weight: float = 1.0
-    schedule: str = "exp"
-    schedule_end: float = 1.0
-    importance: str = "taylor"
+    resource: str = _search(
+        "macs", convert=choice(*RESOURCES),
+        help="the budgeted resource: kv_cache is the bytes of K and V cached per token per sequence "
+             "(the sum over attention layers of 2 x KV heads x head dim x dtype size)")
+    target: float = _search(
+        0.5, convert=budget_targets(RESOURCES), metavar="T",
+        help="the budget: <= 1 is a fraction of the supernet's cost, > 1 an absolute count; several "
+             "budgets at once as RESOURCE=T,RESOURCE=T (e.g. params=0.7,kv_cache=0.5; --resource is "
+             "then the first of them), each met by the search, the settle phase and the budget solver")
+    resource_weight: float = _search(
+        1.0, convert=auto_or(nonneg_float), cli_default="auto", metavar="W|auto",
+        help="lambda_resource: weight of the resource loss log(r_c / r_t). auto: 50 for a search of "
+             "pipeline p / p- from a pretrained --model hf:PATH (its task loss holds the structure "
+             "against a weaker one in a short search), 3 for --task detect, else 1")
+    schedule: str = _search(
+        "exp", convert=choice("exp", "constant"),
+        help="target schedule: exp decays r_t from the supernet's cost to the target over the "
+             "search; constant uses the target from the start")
+    schedule_end: float = _search(
+        1.0, convert=open_fraction, metavar="F",
+        help="fraction of the search, in (0, 1], over which the exp schedule decays r_t; after it "
+             "r_t holds at the target (1 = the whole search, Eq. 10 as written)")
+    importance: str = _search(
+        "taylor", convert=choice("taylor", "snip", "fisher", "index"),
+        help="element importance: taylor (moving average of (m g)^2), snip, fisher, index")
     normalize: bool = True
     width_temperature: float = 1.0
     depth_temperature: float = 4.0
-    min_width: int = 1
-    width_step: int = 1
-    align: int | None = None
+    min_width: int = _search(1, convert=positive_int, metavar="N",
+                             help="the smallest width any dimension may keep")
+    width_step: int = _search(1, convert=positive_int, metavar="N",
+                              help="channels per search unit (a coarse search space; 1 = every channel)")
+    align: int | None = _search(
+        None, convert=align_value, metavar="N|auto",
+        help="hardware-aligned widths: keep every searched width (channels, FFN units, per-head "
+             "dims) a multiple of N, searched in units of lcm(--width-step, N); head counts and "
+             "blocks are counts and stay free; a width whose size is not a multiple of N is "
+             "searched unaligned and named in the summary. auto (default): 8 when the search runs "
+             "on CUDA (tensor-core tiles), 1 (off) on CPU")
     dim_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
     search_width: bool = True
     search_depth: bool | list[str] = True
-    exclude: list[str] = field(default_factory=list)
-    width_only_from: float | None = None
+    exclude: list[str] = _search(
+        default_factory=list, cli_default=None, convert=str_list, metavar="PATTERN", flag_kind="append",
+        help="module names or glob patterns (e.g. 'model.layers.*.mlp') whose widths stay fixed; "
+             "comma-separated or repeated")
+    width_only_from: float | None = _search(
+        None, convert=fraction, metavar="P",
+        help="from this fraction of the search on, freeze depth and search widths only")
     latency_options: dict[str, Any] = field(default_factory=dict)
-    cost_forward: str = "soft"
-    settle: float = 0.4
-    settle_hold: bool = True
-    budget_band: tuple[float, float] = (0.98, 1.0)
+    cost_forward: str = _search(
+        "soft", convert=choice(*COST_FORWARD),
+        help="the value of r_c in the resource loss: soft (the soft masks' cost, Eq. 6) or exact "
+             "(the hard masks' cost, i.e. the export's, with the soft cost's gradient)")
+    settle: float = _search(
+        0.4, convert=unit_fraction, metavar="F",
+        help="last fraction of the search, in [0, 1), that lands on the budget: r_t held at the "
+             "target and a two-sided loss keeping the exact cost in the --budget-band; once there, "
+             "depth is frozen and the structure lr anneals to 0 (0 = the paper's loss to the end)")
+    settle_hold: bool = _search(
+        True, convert=boolean, metavar="BOOL",
+        help="in the settle phase, once landed, hold the structure (structure lr 0) while the exact "
+             "cost is inside the --budget-band, so it ends in the band once it entered it (off: the "
+             "anneal alone, as before this option)")
+    budget_band: tuple[float, float] = _search(
+        (0.98, 1.0), convert=band, metavar="LOW,HIGH",
+        help="LOW,HIGH: fractions of the target the settle phase lands the exact cost between, and "
+             "under LOW the budget solver gives a found model its unused budget back (a wider band, "
+             "e.g. 0.95,1.0, lands coarse search spaces whose steps jump over 2 %%)")
     verify: bool = True
-    layer_uniform: bool = False
+    layer_uniform: bool = _search(
+        False, convert=boolean, flag_kind="flag",
+        help="every repeated layer keeps the same count per kind (heads, FFN width, ...), each its "
+             "own most important elements; a Hugging Face model then exports with a standard config "
+             "(export --format hf loads with plain from_pretrained)")
     gate_factory: GateFactory | None = None
     fold_masks: bool = True
-    fuse_norms: bool | None = None
-    depth_unit: str = "block"
+    fuse_norms: bool | None = _search(
+        None, convert=auto_or(boolean), group="run", metavar="BOOL|auto",
+        help="run the search's masked LayerNorms / RMS norms under torch.compile (a few fused kernels "
+             "each instead of ~40 operators; same results up to float rounding). auto (default): on "
+             "CUDA, not on CPU; a compiler failure warns once and runs them eagerly")
+    depth_unit: str = _search(
+        "block", convert=choice(*DEPTH_UNITS),
+        help="what one depth element removes: a whole residual block (block), or each residual "
+             "branch of a block apart (sublayer: the search may drop the attention of one layer and "
+             "the FFN of another; a Hugging Face export then needs the per-layer format, not "
+             "--layer-uniform)")
     targets: dict[str, float] | None = None
 
     @property
@@ -306,41 +377,3 @@ def resolve_align(align: int | None, device: torch.device | str | None) -> int:
         return int(align)
     kind = torch.device(device).type if device is not None else "cpu"
     return CUDA_ALIGN if kind == "cuda" else 1
-
-
-def config_state(config: SearchConfig) -> dict[str, Any]:
-    """The config as plain data: the gate factory by its qualified name (checkpoints stay
-    loadable without importing it; a resume with another gate is refused by name)."""
-    factory = config.gate_factory
-    state = asdict(replace(config, gate_factory=None))
-    state["budget_band"] = list(config.budget_band)  # the same in a checkpoint and in JSON
-    if config.targets is None:  # one budget: the state as before ``targets`` existed
-        del state["targets"]
-    state["gate_factory"] = None if factory is None else \
-        f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
-    return state
-
-
-def config_differences(saved: dict[str, Any], config: SearchConfig) -> str:
-    """What differs between a saved :func:`config_state` and ``config``, as
-    ``"name: saved X, now Y, ..."`` ("" when nothing that changes the search differs).
-
-    Options missing from ``saved`` (a state from before they existed) take the value that
-    reproduces that state's behaviour (:data:`BEFORE_OPTION`, else their default);
-    ``latency_options`` and ``verify`` do not change what is searched and are not compared,
-    nor is ``settle_hold`` when neither side has a settle phase.
-
-        >>> config_differences(config_state(SearchConfig()), SearchConfig(target=0.3))
-        'target: saved 0.5, now 0.3'
-    """
-    saved, current = dict(saved), config_state(config)
-    for f in fields(SearchConfig):
-        if f.name not in saved and f.default is not MISSING:
-            saved[f.name] = BEFORE_OPTION.get(f.name, f.default)
-    saved["budget_band"] = list(saved["budget_band"])  # a tuple default, a list in config_state
-    for key in ("latency_options", "verify", "fold_masks", "fuse_norms"):
-        saved.pop(key, None), current.pop(key, None)
-    if not saved.get("settle") and not current.get("settle"):  # no settle phase: the hold never acts
-        saved.pop("settle_hold", None), current.pop("settle_hold", None)
-    return ", ".join(f"{k}: saved {saved.get(k)!r}, now {current.get(k)!r}"
-                     for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k))

@@ -25,7 +25,8 @@ from typing import Any, Callable
 from torch import nn
 
 from dmscale.core.errors import ConfigError
-from dmscale.search.config import SearchConfig, config_differences, config_state
+from dmscale.search.config import SearchConfig
+from dmscale.search.config_state import config_differences, config_state
 from dmscale.search.settle import SettleState
 from dmscale.trace.discover import SearchSpace
 

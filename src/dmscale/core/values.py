@@ -1,4 +1,5 @@
-"""The value converters of the command's options (:data:`dmscale.config.run_config.OPTIONS`).
+"""The value converters of the command's options (:data:`dmscale.config.run_config.OPTIONS`,
+and the options declared on :class:`~dmscale.SearchConfig`'s fields).
 
 Each takes a value from the command line (a string) or a config file (any YAML scalar) and
 returns it typed, or raises :class:`~dmscale.core.errors.ConfigError` saying what was expected.

@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dmscale.config.aliases import DEPRECATED, rename_deprecated
+from dmscale.config.print_config import config_yaml
 from dmscale.config.run_config import (
     OPTIONS_BY_NAME,
-    RESUME_MUTABLE,
     ConfigError,
     RunConfig,
-    config_yaml,
     load_config_file,
     load_run_config,
 )
@@ -90,10 +89,6 @@ def _resume_dir(args: argparse.Namespace, options: dict[str, Any]) -> str | None
     return str(options["out"])
 
 
-TASK_FIELDS = ("task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size", "image_augment",
-               "auto_augment", "augment", "seq_len", "model", "model_args", "expand", "task_info", "seed")
-
-
 def _cmd_train(args: argparse.Namespace, command: str) -> int:
     from dmscale.engine.ddp import from_rank0, main_rank_env, on_all_ranks, process_group
     from dmscale.run.pipeline import Pipeline
@@ -102,24 +97,9 @@ def _cmd_train(args: argparse.Namespace, command: str) -> int:
     options = _options(args, command)
     resume = _resume_dir(args, options)
     if resume is not None:
-        saved = load_run_config(resume).to_dict()
-        for key in RESUME_MUTABLE - {"out"}:  # per-invocation options start from their defaults
-            saved[key] = OPTIONS_BY_NAME[key].default
-        cfg = RunConfig(**{**saved, **options, "out": resume, "command": command})
+        cfg = RunConfig.for_resume(resume, command, options)
     elif command == "retrain":
-        if not args.run:
-            raise ConfigError("retrain needs RUN, the directory of a `dmscale search` run")
-        source = load_run_config(args.run)
-        if not (Path(args.run) / "structure.json").is_file():
-            raise ConfigError(f"{args.run} has no structure.json: retrain needs a search run")
-        base = {k: getattr(source, k) for k in TASK_FIELDS}
-        for k in ("data", "val_data", "text_field", "train_limit", "test_limit", "seed"):
-            if k in options:
-                base[k] = options[k]
-        merged = {**base, **options, "command": "retrain", "source": str(args.run),
-                  "pipeline": source.pipeline}
-        merged["out"] = merged.get("out") or _default_out("retrain", source.task, merged.get("name"))
-        cfg = RunConfig(**merged)
+        cfg = RunConfig.for_retrain(args.run, options)
     else:
         cfg = RunConfig(command=command, **options)
     if getattr(args, "print_config", False):

@@ -1,7 +1,8 @@
 """The run configuration of the ``dmscale`` command: one dataclass, one table of options.
 
-Every option of the command line is declared once in :data:`OPTIONS` (flag, type, default,
-help, the subcommands that take it; the table lives in :mod:`dmscale.config.options`). The
+Every option of the command line is declared once: the search's own on the fields of
+:class:`~dmscale.SearchConfig`, the others in :data:`OPTIONS` (flag, type, default, help, the
+subcommands that take it; the table in :mod:`dmscale.config.options` places both). The
 same table drives ``argparse`` (see :mod:`dmscale.cli`), the keys a ``--config`` YAML/JSON
 file may set, and the validation of :class:`RunConfig`. Precedence: built-in defaults < ``--config`` file < explicit flags.
 
@@ -36,7 +37,7 @@ from dmscale.config.options import (
 )
 from dmscale.config.aliases import DEPRECATED, rename_deprecated, saved_config_keys
 from dmscale.config.checks import DEFAULT_MODELS, RunConfigChecks
-from dmscale.config.defaults import BEFORE_AUTO, MIN_STRUCTURE_LR, STRUCTURE_REACH, apply_defaults
+from dmscale.config.defaults import BEFORE_AUTO, apply_defaults
 from dmscale.core.errors import ConfigError
 from dmscale.core.options import declared_options
 from dmscale.search.config import BEFORE_OPTION, SearchConfig
@@ -46,12 +47,12 @@ __all__ = [
     "Option",
     "OPTIONS",
     "RunConfig",
-    "config_yaml",
     "TASKS",
     "PIPELINES",
     "load_config_file",
     "parse_mapping",
     "save_config",
+    "TASK_FIELDS",
     "load_run_config",
     # the option table's other names, re-exported from dmscale.config.options
     "COMMANDS",
@@ -61,6 +62,9 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- run config
+# what a retrain takes from the search run it retrains (RunConfig.for_retrain)
+TASK_FIELDS = ("task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size", "image_augment",
+               "auto_augment", "augment", "seq_len", "model", "model_args", "expand", "task_info", "seed")
 _LEADING = ("command", "source")  # the fields before the options; the rest (task_info, ...) after
 
 
@@ -245,6 +249,30 @@ class RunConfig(RunConfigChecks):
         """Whether a run with a ``--teacher`` computes any distillation term."""
         return self.distill_weight > 0 or self.distill_hidden > 0
 
+    @classmethod
+    def for_resume(cls, run_dir: str | Path, command: str, given: dict[str, Any]) -> RunConfig:
+        """The configuration that continues the run in ``run_dir``: its saved options, the
+        per-invocation ones (:data:`RESUME_MUTABLE`: ``--device``, ``--stop-after``, ...) from
+        their defaults, and ``given`` over them (the pipeline refuses a given option that would
+        change what the run computes)."""
+        saved = load_run_config(run_dir).to_dict()
+        for key in RESUME_MUTABLE - {"out"}:  # per-invocation options start from their defaults
+            saved[key] = OPTIONS_BY_NAME[key].default
+        return cls(**{**saved, **given, "out": str(run_dir), "command": command})
+
+    @classmethod
+    def for_retrain(cls, source: str | Path | None, given: dict[str, Any]) -> RunConfig:
+        """The configuration that retrains the model the search run ``source`` found: its task,
+        model and seed (:data:`TASK_FIELDS`) and pipeline, with ``given`` (the options of
+        ``dmscale retrain``, among them the data and its limits) over them."""
+        if not source:
+            raise ConfigError("retrain needs RUN, the directory of a `dmscale search` run")
+        run = load_run_config(source)
+        if not (Path(source) / "structure.json").is_file():
+            raise ConfigError(f"{source} has no structure.json: retrain needs a search run")
+        base = {k: getattr(run, k) for k in TASK_FIELDS}
+        return cls(**{**base, **given, "command": "retrain", "source": str(source), "pipeline": run.pipeline})
+
     def search_config(self, exclude: list[str]) -> SearchConfig:
         """The library's :class:`~dmscale.SearchConfig` of this resolved run: every option it
         declares, by name, with ``--target``'s budgets, ``--search-dims`` and ``exclude`` (the
@@ -317,40 +345,6 @@ def load_config_file(path: str | Path, command: str | None = None) -> dict[str, 
     if data is None:
         return {}
     return parse_mapping(data, command, origin=f"--config {p}")
-
-
-def config_yaml(cfg: RunConfig) -> str:
-    """The options of ``cfg``'s command, resolved, as YAML a ``--config`` file takes back.
-
-    Keys are the long flags without dashes (``structure-lr``); options left at None and the
-    run directory (``out``, given per run) are left out. An option resolved from ``auto``
-    carries a comment saying why; the structure lr, which the search's length sets, stays
-    ``auto`` with its rule.
-
-    Example:
-        >>> text = config_yaml(RunConfig(command="search", task="digits", target=0.4))
-        >>> "target: 0.4" in text, "optimizer: sgd  # auto for digits" in text
-        (True, True)
-    """
-    resolved = cfg.resolved()
-    lines = []
-    for opt in OPTIONS:
-        if cfg.command not in opt.commands or opt.name in ("out", "quiet"):
-            continue
-        key = opt.name.replace("_", "-")
-        value = getattr(resolved, opt.name, None)
-        if value is None and opt.name == "structure_lr":
-            lines.append(f"{key}: auto  # max({MIN_STRUCTURE_LR:g}, {STRUCTURE_REACH:g} / search "
-                         "steps), set when the run starts")
-            continue
-        if value is None:
-            continue
-        text = yaml.safe_dump({key: list(value) if isinstance(value, tuple) else value},
-                              default_flow_style=True, width=float("inf")).strip()[1:-1]  # {k: v}
-        why = resolved.chosen.get(opt.name)
-        lines.append(text + (f"  # {why}" if why else ""))
-    return (f"# dmscale {cfg.command}: resolved options (dmscale {cfg.command} --config FILE)\n"
-            + "\n".join(lines) + "\n")
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:

@@ -2,7 +2,7 @@
 retraining, and a run directory saved before the options were declared on ``SearchConfig``
 that still resumes.
 
-``tests/fixtures/runs/stopped_search`` was written by dmscale as of the commit before the
+``tests/fixtures/saved_runs/stopped_search`` was written by dmscale as of the commit before the
 search options moved onto ``SearchConfig`` (config.yaml in the field order of that time, its
 ``out`` set to a relative path), with ``dmscale search`` and the options of :data:`FLAGS` and
 ``--stop-after 3``: a search of two budgets stopped after 3 of its 8 steps.
@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from dmscale.cli import main
 from dmscale.config.run_config import TASK_FIELDS, ConfigError, RunConfig, load_run_config
 
-OLD_RUN = Path(__file__).parents[1] / "fixtures" / "runs" / "stopped_search"
+OLD_RUN = Path(__file__).parents[1] / "fixtures" / "saved_runs" / "stopped_search"
 FLAGS = ["--task", "digits", "--model", "smallcnn", "--model-args", "width=4,blocks=1", "--train-limit", "128",
          "--test-limit", "64", "--batch-size", "64", "--threads", "1", "--epochs", "2", "--retrain-epochs", "1",
          "--checkpoint-every", "2", "--target", "params=0.7,macs=0.6", "--exclude", "stem", "--settle", "0.3",

@@ -27,8 +27,8 @@ from dmscale.search.config import SearchConfig
 
 PACKAGE = Path(dmscale.__file__).parent
 ANCHOR = "    targets: dict[str, float] | None = None\n"
-NEW_FIELD = ('    probe_knob: float = _search(0.0, convert=nonneg_float, metavar="X",\n'
-             '                                help="a probe option declared on SearchConfig alone")\n')
+NEW_FIELD = ('    probe_knob: float = field(default=0.0, metadata=_search(\n'
+             '        convert=nonneg_float, metavar="X", help="a probe option declared on SearchConfig alone"))\n')
 
 # runs in the copy: help, print-config, a search stopped after 2 steps, a refused resume, a resume
 SCRIPT = r"""

@@ -1,8 +1,8 @@
 """Options declared once, on the fields of a dataclass (:func:`option`, :func:`declared_options`).
 
-A field made with :func:`option` carries what the ``dmscale`` command needs to offer it (help
-text, value converter, default on the command line, help group, the subcommands that take
-it, metavar) in its ``metadata``; :func:`declared_options` reads them back as
+A field declared with ``metadata=option(...)`` carries what the ``dmscale`` command needs to
+offer it (help text, value converter, default on the command line, help group, the
+subcommands that take it, metavar) in its ``metadata``; :func:`declared_options` reads them back as
 :class:`Option` rows. The argument parser, the keys a ``--config`` file may set,
 ``--print-config`` and the run's ``config.yaml`` are built from these rows, so a field
 declared this way (e.g. on :class:`dmscale.SearchConfig`) is a command-line option with no
@@ -10,12 +10,13 @@ other file changed. It lives in ``core`` because both the search (which declares
 and the configuration (which reads them) use it.
 
 Example:
-    >>> from dataclasses import dataclass
+    >>> from dataclasses import dataclass, field
     >>> from dmscale.core.values import positive_int
     >>> @dataclass
     ... class Knobs:
-    ...     width: int = option(8, convert=positive_int, help="channels per layer",
-    ...                         commands=("search",), group="search", metavar="N")
+    ...     width: int = field(default=8, metadata=option(
+    ...         convert=positive_int, help="channels per layer", commands=("search",), group="search",
+    ...         metavar="N"))
     ...     note: str = "not an option"
     >>> [(o.name, o.flag, o.default, o.metavar) for o in declared_options(Knobs)]
     [('width', '--width', 8, 'N')]
@@ -23,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, fields
 from typing import Any, Callable
 
 from dmscale.core.errors import ConfigError
@@ -55,30 +56,31 @@ class Option:
         return getattr(self.convert, "choices", None)
 
 
-def option(default: Any = MISSING, *, convert: Callable[[Any], Any], help: str, commands: tuple[str, ...],
-           group: str, metavar: str | None = None, flag_kind: str = "value", cli_default: Any = MISSING,
-           default_factory: Callable[[], Any] | Any = MISSING) -> Any:
-    """A dataclass field that is also an option of the command (see the module docstring).
+def option(*, convert: Callable[[Any], Any], help: str, commands: tuple[str, ...], group: str,
+           metavar: str | None = None, flag_kind: str = "value", cli_default: Any = MISSING) -> dict[str, Any]:
+    """The ``metadata`` of a dataclass field that is also an option of the command:
+    ``field(default=..., metadata=option(...))`` (see the module docstring).
 
-    ``default`` (or ``default_factory``) is the field's default; ``cli_default`` the option's
-    where the command's differs (e.g. ``"auto"``, resolved per run, for a field whose library
-    default is a number). ``convert`` turns a command-line string or a config-file value into
-    the field's value and raises :class:`~dmscale.core.errors.ConfigError` on a bad one.
+    The option's default is the field's, or ``cli_default`` where the command's differs (e.g.
+    ``"auto"``, resolved per run, for a field whose library default is a number; a field with a
+    ``default_factory`` needs one). ``convert`` turns a command-line string or a config-file
+    value into the field's value and raises :class:`~dmscale.core.errors.ConfigError` on a bad one.
     """
-    if cli_default is MISSING:
-        if default is MISSING:
-            raise ConfigError("option(): a field with a default_factory needs cli_default, the "
-                              "option's default on the command line")
-        cli_default = default
-    meta = {OPTION_KEY: {"convert": convert, "default": cli_default, "help": help,
-                         "commands": tuple(commands), "group": group, "metavar": metavar,
-                         "flag_kind": flag_kind}}
-    if default_factory is not MISSING:
-        return field(default_factory=default_factory, metadata=meta)
-    return field(default=default, metadata=meta)
+    return {OPTION_KEY: {"convert": convert, "help": help, "commands": tuple(commands), "group": group,
+                         "metavar": metavar, "flag_kind": flag_kind, "default": cli_default}}
+
+
+def _option(f: Field[Any]) -> Option:
+    spec = dict(f.metadata[OPTION_KEY])
+    if spec["default"] is MISSING:
+        if f.default is MISSING:
+            raise ConfigError(f"option {f.name!r}: a field without a plain default needs cli_default, "
+                              "the option's default on the command line")
+        spec["default"] = f.default
+    return Option(f.name, **spec)
 
 
 def declared_options(cls: type) -> tuple[Option, ...]:
-    """The :class:`Option` of every field of dataclass ``cls`` made with :func:`option`, in
+    """The :class:`Option` of every field of dataclass ``cls`` declared with :func:`option`, in
     field order (the option's name is the field's)."""
-    return tuple(Option(f.name, **f.metadata[OPTION_KEY]) for f in fields(cls) if OPTION_KEY in f.metadata)
+    return tuple(_option(f) for f in fields(cls) if OPTION_KEY in f.metadata)

@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,10 +41,11 @@ BEFORE_OPTION: dict[str, Any] = {"settle": 0.0, "settle_hold": False, "align": 1
 CUDA_ALIGN = 8
 
 
-def _search(default: Any = MISSING, *, group: str = "search", **kw: Any) -> Any:
-    """A field that is also an option of ``dmscale search`` (:func:`dmscale.core.options.option`):
-    the command's parser, ``--config`` keys, ``config.yaml`` and resume are built from it."""
-    return option(default, commands=("search",), group=group, **kw)
+def _search(*, group: str = "search", **kw: Any) -> dict[str, Any]:
+    """The metadata of a field that is also an option of ``dmscale search``
+    (:func:`dmscale.core.options.option`): the command's parser, ``--config`` keys,
+    ``config.yaml`` and resume are built from it."""
+    return option(commands=("search",), group=group, **kw)
 
 
 @dataclass
@@ -171,94 +172,95 @@ class SearchConfig:
         dmscale.core.errors.ConfigError: align must be None (auto: 8 on a CUDA device, 1 elsewhere) or an integer >= 1 (every searched width a multiple of it, e.g. 8), got 0
     """
 
-    resource: str = _search(
-        "macs", convert=choice(*RESOURCES),
+    resource: str = field(default="macs", metadata=_search(
+        convert=choice(*RESOURCES),
         help="the budgeted resource: kv_cache is the bytes of K and V cached per token per sequence "
-             "(the sum over attention layers of 2 x KV heads x head dim x dtype size)")
-    target: float = _search(
-        0.5, convert=budget_targets(RESOURCES), metavar="T",
+             "(the sum over attention layers of 2 x KV heads x head dim x dtype size)"))
+    target: float = field(default=0.5, metadata=_search(
+        convert=budget_targets(RESOURCES), metavar="T",
         help="the budget: <= 1 is a fraction of the supernet's cost, > 1 an absolute count; several "
              "budgets at once as RESOURCE=T,RESOURCE=T (e.g. params=0.7,kv_cache=0.5; --resource is "
-             "then the first of them), each met by the search, the settle phase and the budget solver")
-    resource_weight: float = _search(
-        1.0, convert=auto_or(nonneg_float), cli_default="auto", metavar="W|auto",
+             "then the first of them), each met by the search, the settle phase and the budget solver"))
+    resource_weight: float = field(default=1.0, metadata=_search(
+        convert=auto_or(nonneg_float), cli_default="auto", metavar="W|auto",
         help="lambda_resource: weight of the resource loss log(r_c / r_t). auto: 50 for a search of "
              "pipeline p / p- from a pretrained --model hf:PATH (its task loss holds the structure "
-             "against a weaker one in a short search), 3 for --task detect, else 1")
-    schedule: str = _search(
-        "exp", convert=choice("exp", "constant"),
+             "against a weaker one in a short search), 3 for --task detect, else 1"))
+    schedule: str = field(default="exp", metadata=_search(
+        convert=choice("exp", "constant"),
         help="target schedule: exp decays r_t from the supernet's cost to the target over the "
-             "search; constant uses the target from the start")
-    schedule_end: float = _search(
-        1.0, convert=open_fraction, metavar="F",
+             "search; constant uses the target from the start"))
+    schedule_end: float = field(default=1.0, metadata=_search(
+        convert=open_fraction, metavar="F",
         help="fraction of the search, in (0, 1], over which the exp schedule decays r_t; after it "
-             "r_t holds at the target (1 = the whole search, Eq. 10 as written)")
-    importance: str = _search(
-        "taylor", convert=choice("taylor", "snip", "fisher", "index"),
-        help="element importance: taylor (moving average of (m g)^2), snip, fisher, index")
+             "r_t holds at the target (1 = the whole search, Eq. 10 as written)"))
+    importance: str = field(default="taylor", metadata=_search(
+        convert=choice("taylor", "snip", "fisher", "index"),
+        help="element importance: taylor (moving average of (m g)^2), snip, fisher, index"))
     normalize: bool = True
     width_temperature: float = 1.0
     depth_temperature: float = 4.0
-    min_width: int = _search(1, convert=positive_int, metavar="N",
-                             help="the smallest width any dimension may keep")
-    width_step: int = _search(1, convert=positive_int, metavar="N",
-                              help="channels per search unit (a coarse search space; 1 = every channel)")
-    align: int | None = _search(
-        None, convert=align_value, metavar="N|auto",
+    min_width: int = field(default=1, metadata=_search(
+        convert=positive_int, metavar="N", help="the smallest width any dimension may keep"))
+    width_step: int = field(default=1, metadata=_search(
+        convert=positive_int, metavar="N",
+        help="channels per search unit (a coarse search space; 1 = every channel)"))
+    align: int | None = field(default=None, metadata=_search(
+        convert=align_value, metavar="N|auto",
         help="hardware-aligned widths: keep every searched width (channels, FFN units, per-head "
              "dims) a multiple of N, searched in units of lcm(--width-step, N); head counts and "
              "blocks are counts and stay free; a width whose size is not a multiple of N is "
              "searched unaligned and named in the summary. auto (default): 8 when the search runs "
-             "on CUDA (tensor-core tiles), 1 (off) on CPU")
+             "on CUDA (tensor-core tiles), 1 (off) on CPU"))
     dim_overrides: dict[str, dict[str, int]] = field(default_factory=dict)
     search_width: bool = True
     search_depth: bool | list[str] = True
-    exclude: list[str] = _search(
-        default_factory=list, cli_default=None, convert=str_list, metavar="PATTERN", flag_kind="append",
+    exclude: list[str] = field(default_factory=list, metadata=_search(
+        cli_default=None, convert=str_list, metavar="PATTERN", flag_kind="append",
         help="module names or glob patterns (e.g. 'model.layers.*.mlp') whose widths stay fixed; "
-             "comma-separated or repeated")
-    width_only_from: float | None = _search(
-        None, convert=fraction, metavar="P",
-        help="from this fraction of the search on, freeze depth and search widths only")
+             "comma-separated or repeated"))
+    width_only_from: float | None = field(default=None, metadata=_search(
+        convert=fraction, metavar="P",
+        help="from this fraction of the search on, freeze depth and search widths only"))
     latency_options: dict[str, Any] = field(default_factory=dict)
-    cost_forward: str = _search(
-        "soft", convert=choice(*COST_FORWARD),
+    cost_forward: str = field(default="soft", metadata=_search(
+        convert=choice(*COST_FORWARD),
         help="the value of r_c in the resource loss: soft (the soft masks' cost, Eq. 6) or exact "
-             "(the hard masks' cost, i.e. the export's, with the soft cost's gradient)")
-    settle: float = _search(
-        0.4, convert=unit_fraction, metavar="F",
+             "(the hard masks' cost, i.e. the export's, with the soft cost's gradient)"))
+    settle: float = field(default=0.4, metadata=_search(
+        convert=unit_fraction, metavar="F",
         help="last fraction of the search, in [0, 1), that lands on the budget: r_t held at the "
              "target and a two-sided loss keeping the exact cost in the --budget-band; once there, "
-             "depth is frozen and the structure lr anneals to 0 (0 = the paper's loss to the end)")
-    settle_hold: bool = _search(
-        True, convert=boolean, metavar="BOOL",
+             "depth is frozen and the structure lr anneals to 0 (0 = the paper's loss to the end)"))
+    settle_hold: bool = field(default=True, metadata=_search(
+        convert=boolean, metavar="BOOL",
         help="in the settle phase, once landed, hold the structure (structure lr 0) while the exact "
              "cost is inside the --budget-band, so it ends in the band once it entered it (off: the "
-             "anneal alone, as before this option)")
-    budget_band: tuple[float, float] = _search(
-        (0.98, 1.0), convert=band, metavar="LOW,HIGH",
+             "anneal alone, as before this option)"))
+    budget_band: tuple[float, float] = field(default=(0.98, 1.0), metadata=_search(
+        convert=band, metavar="LOW,HIGH",
         help="LOW,HIGH: fractions of the target the settle phase lands the exact cost between, and "
              "under LOW the budget solver gives a found model its unused budget back (a wider band, "
-             "e.g. 0.95,1.0, lands coarse search spaces whose steps jump over 2 %%)")
+             "e.g. 0.95,1.0, lands coarse search spaces whose steps jump over 2 %%)"))
     verify: bool = True
-    layer_uniform: bool = _search(
-        False, convert=boolean, flag_kind="flag",
+    layer_uniform: bool = field(default=False, metadata=_search(
+        convert=boolean, flag_kind="flag",
         help="every repeated layer keeps the same count per kind (heads, FFN width, ...), each its "
              "own most important elements; a Hugging Face model then exports with a standard config "
-             "(export --format hf loads with plain from_pretrained)")
+             "(export --format hf loads with plain from_pretrained)"))
     gate_factory: GateFactory | None = None
     fold_masks: bool = True
-    fuse_norms: bool | None = _search(
-        None, convert=auto_or(boolean), group="run", metavar="BOOL|auto",
+    fuse_norms: bool | None = field(default=None, metadata=_search(
+        convert=auto_or(boolean), group="run", metavar="BOOL|auto",
         help="run the search's masked LayerNorms / RMS norms under torch.compile (a few fused kernels "
              "each instead of ~40 operators; same results up to float rounding). auto (default): on "
-             "CUDA, not on CPU; a compiler failure warns once and runs them eagerly")
-    depth_unit: str = _search(
-        "block", convert=choice(*DEPTH_UNITS),
+             "CUDA, not on CPU; a compiler failure warns once and runs them eagerly"))
+    depth_unit: str = field(default="block", metadata=_search(
+        convert=choice(*DEPTH_UNITS),
         help="what one depth element removes: a whole residual block (block), or each residual "
              "branch of a block apart (sublayer: the search may drop the attention of one layer and "
              "the FFN of another; a Hugging Face export then needs the per-layer format, not "
-             "--layer-uniform)")
+             "--layer-uniform)"))
     targets: dict[str, float] | None = None
 
     @property

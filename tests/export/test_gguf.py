@@ -289,3 +289,21 @@ def test_hf_sublayer_search_with_gguf_pins_the_first_attention(tmp_path, capsys)
     assert kv["general.architecture"] in ("deci", "llama")
     heads = kv.get("deci.attention.head_count", kv.get("llama.attention.head_count"))
     assert (heads[0] if isinstance(heads, list) else heads) > 0
+
+
+def test_ffn_free_layer_of_a_sublayer_search_writes_ffn_norm(tmp_path):
+    """A removed FFN branch takes its norm with it (a ZeroBranch), but llama.cpp's deci loads
+    ``ffn_norm`` for the one-unit zero FFN of a layer with attention: it is written as ones."""
+    from exact import drop_units
+
+    lm = tiny("llama")
+    x = {"input_ids": torch.randint(0, 64, (2, 7))}
+    searcher = dms.prepare(lm, x, dms.SearchConfig("params", 1.0, depth_unit="sublayer"))
+    drop_units(searcher, [3, 4])  # layer 1's FFN, layer 2's attention
+    small = searcher.export().eval()
+    assert type(small.model.layers[1].post_attention_layernorm).__name__ == "ZeroBranch"
+    kv, tensors = fields(save_gguf(small, tmp_path / "m.gguf", gguf_type="f32"))
+    assert kv["deci.feed_forward_length"] == [96, 1, 96] and kv["deci.attention.head_count"] == [4, 4, 0]
+    assert (tensors["blk.1.ffn_norm.weight"].data == 1).all()
+    assert not tensors["blk.1.ffn_down.weight"].data.any()
+    assert "blk.2.attn_norm.weight" not in tensors and "blk.2.ffn_norm.weight" in tensors

@@ -257,10 +257,14 @@ def _tensors(lm: Any, arch: str, sizes: list[list[int]], head_dim: int) -> Itera
             t = _permute(t, kv)
         yield name, t
     hidden = lm.get_input_embeddings().embedding_dim
+    state = lm.state_dict()
     for i, (heads, _, ffn) in enumerate(sizes):
         if ffn == 0 and heads > 0:  # deci skips the layer's attention with n_ff = 0: a zero FFN instead
             for part, shape in (("gate_proj", (1, hidden)), ("up_proj", (1, hidden)), ("down_proj", (hidden, 1))):
                 yield f"model.layers.{i}.mlp.{part}.weight", torch.zeros(shape)
+            norm = f"model.layers.{i}.post_attention_layernorm.weight"
+            if norm not in state:  # removed with its FFN branch (a ZeroBranch); deci needs ffn_norm
+                yield norm, torch.ones(hidden)
 
 
 def _write_metadata(w: Any, lm: Any, arch: str, sizes: list[list[int]], head_dim: int,

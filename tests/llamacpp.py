@@ -73,7 +73,8 @@ def greedy_equal(small, tokenizer, path) -> str:
 
 
 def perplexities(small, path, tmp_path, bos: int | None = None) -> tuple[float, float, list[int]]:
-    """(llama.cpp's, transformers') perplexity on :func:`held_out` and llama.cpp's tokens.
+    """(llama.cpp's, transformers') perplexity on :func:`held_out` and llama.cpp's tokens
+    (``small`` None: llama.cpp's alone, transformers' NaN).
 
     llama-perplexity cuts the tokens into chunks of CTX, and scores in each chunk the tokens
     after its first half from the logits of the ones before (tools/perplexity/perplexity.cpp).
@@ -90,6 +91,8 @@ def perplexities(small, path, tmp_path, bos: int | None = None) -> tuple[float, 
     raw = logits_file.read_bytes()  # "_logits_", n_ctx, n_vocab, n_chunk, then the tokens (int32)
     n_ctx, _, n_chunk = struct.unpack("<iii", raw[8:20])
     tokens = np.frombuffer(raw[20:20 + 4 * n_ctx * n_chunk], dtype=np.int32).tolist()
+    if small is None:  # llama.cpp's alone
+        return ppl_cpp, float("nan"), tokens
     ids = torch.tensor(tokens).view(n_chunk, n_ctx)
     if bos is not None:
         ids[:, 0] = bos

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 __all__ = ["GGUF", "PROMPT", "NEW_TOKENS", "CTX", "llamacpp_bin", "load_smollm2", "held_out",
-           "greedy_equal", "perplexities"]
+           "train_windows", "accumulate_importance", "greedy_equal", "perplexities"]
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "The king said"
@@ -55,6 +55,26 @@ def held_out() -> str:
     from dmscale.data.shakespeare import shakespeare_text
 
     return shakespeare_text()[-5000:]
+
+
+def train_windows(tokenizer, batches: int = 8, batch: int = 2, seq: int = 64) -> list[torch.Tensor]:
+    """``batches`` batches of ``(batch, seq)`` token windows at seeded places in the start of the
+    plays, inside the text task's training split (its held-out tenth is the end)."""
+    from dmscale.data.shakespeare import shakespeare_text
+
+    ids = torch.tensor(tokenizer(shakespeare_text(max_chars=100_000))["input_ids"])
+    starts = torch.randint(0, len(ids) - seq, (batches, batch), generator=torch.Generator().manual_seed(0))
+    return [torch.stack([ids[i:i + seq] for i in row.tolist()]) for row in starts]
+
+
+def accumulate_importance(model, batches: list[torch.Tensor]) -> None:
+    """One forward and backward of the LM loss per batch (the search's importance, no step);
+    leaves ``model`` in eval mode without gradients."""
+    model.train()
+    for batch in batches:
+        model(input_ids=batch, labels=batch).loss.backward()
+    model.zero_grad(set_to_none=True)
+    model.eval()
 
 
 def greedy_equal(small, tokenizer, path) -> str:

@@ -1,6 +1,7 @@
-"""GGUF exports run in llama.cpp itself (slow): the real SmolLM2-135M searched to 0.8x its
-parameters, per-layer (``deci``) and layer-uniform (``llama``), and a per-layer Qwen2 (SmolLM2's
-weights with random q/k/v biases, in Qwen2's classes). llama.cpp's greedy continuation equals
+"""GGUF exports run in llama.cpp itself (slow): the real SmolLM2-135M searched to 0.85x its
+parameters (importance from 8 batches of Shakespeare training windows), per-layer (``deci``)
+and layer-uniform (``llama``), and a per-layer Qwen2 (SmolLM2's weights with random q/k/v
+biases, in Qwen2's classes). llama.cpp's greedy continuation equals
 transformers' ``generate(do_sample=False)`` token for token, ``llama-perplexity`` on held-out
 Shakespeare is within 1 % of transformers' perplexity over the very same tokens (read from
 llama.cpp's own logits file) with the same window convention, and llama.cpp tokenizes that text
@@ -19,7 +20,8 @@ import torch
 
 import dmscale as dms
 from dmscale.export.gguf import gguf_architecture, gguf_layer_sizes
-from llamacpp import CTX, greedy_equal, held_out, load_smollm2, perplexities
+from llamacpp import (CTX, accumulate_importance, greedy_equal, held_out, load_smollm2, perplexities,
+                      train_windows)
 
 pytestmark = pytest.mark.slow
 
@@ -29,14 +31,14 @@ def smollm2():
     return load_smollm2()
 
 
-def _pruned(model, tokenizer, uniform: bool):
-    """``model`` searched to 0.8x its parameters by one importance step and meet_target."""
+def _pruned(model, tokenizer, uniform: bool, batches: int = 8):
+    """``model`` searched to 0.85x its parameters (hidden size kept): importance from
+    ``batches`` batches of Shakespeare training windows, then meet_target."""
     model = copy.deepcopy(model)
-    ids = torch.tensor([tokenizer(held_out()[:600])["input_ids"][:96]])
-    searcher = dms.prepare(model, {"input_ids": ids}, dms.SearchConfig(
-        "params", 0.8, layer_uniform=uniform, exclude=["model.embed_tokens"]))
-    model.train()
-    model(input_ids=ids, labels=ids).loss.backward()
+    windows = train_windows(tokenizer, batches)
+    searcher = dms.prepare(model, {"input_ids": windows[0][:1]}, dms.SearchConfig(
+        "params", 0.85, layer_uniform=uniform, exclude=["model.embed_tokens"]))
+    accumulate_importance(model, windows)
     searcher.meet_target()
     return searcher.export().eval()
 
@@ -83,7 +85,7 @@ def _smollm2_as_qwen2(base, layers: int = 12):
 
 def test_per_layer_qwen2_with_biases_runs_in_llamacpp(smollm2, tmp_path):
     base, tokenizer, source = smollm2
-    small = _pruned(_smollm2_as_qwen2(base), tokenizer, uniform=False)
+    small = _pruned(_smollm2_as_qwen2(base), tokenizer, uniform=False, batches=1)  # random biases: no sense to find
     assert small.model.layers[0].self_attn.q_proj.bias is not None
     assert gguf_architecture(small) == "deci"
     path = dms.save_gguf(small, tmp_path / "model.gguf", tokenizer=source, gguf_type="f32")

@@ -18,22 +18,11 @@ import torch
 
 import dmscale as dms
 from dmscale.export.gguf import gguf_architecture, gguf_keep_depth, gguf_layer_sizes
-from llamacpp import CTX, greedy_equal, load_smollm2, perplexities
+from llamacpp import CTX, accumulate_importance, greedy_equal, load_smollm2, perplexities, train_windows
 
 pytestmark = pytest.mark.slow
 
-SEQ, BATCH, BATCHES = 64, 2, 8
 NO_ATTENTION, NO_FFN = 3, 2
-
-
-def _train_windows(tokenizer) -> list[torch.Tensor]:
-    """``BATCHES`` batches of ``(BATCH, SEQ)`` token windows from the start of the plays, inside
-    the text task's training split (its held-out tenth is the end)."""
-    from dmscale.data.shakespeare import shakespeare_text
-
-    ids = torch.tensor(tokenizer(shakespeare_text(max_chars=100_000))["input_ids"])
-    starts = torch.randint(0, len(ids) - SEQ, (BATCHES, BATCH), generator=torch.Generator().manual_seed(0))
-    return [torch.stack([ids[i:i + SEQ] for i in row.tolist()]) for row in starts]
 
 
 def _least_important(searcher: dms.Searcher) -> list[int]:
@@ -53,15 +42,11 @@ def pruned():
     """``(export, tokenizer, source .gguf)``: the pruned SmolLM2 (see the module docs)."""
     base, tokenizer, source = load_smollm2()
     model = copy.deepcopy(base)
-    batches = _train_windows(tokenizer)
+    batches = train_windows(tokenizer)
     searcher = dms.prepare(model, {"input_ids": batches[0][:1]}, dms.SearchConfig(
         "params", 0.85, depth_unit="sublayer", exclude=["model.embed_tokens"],
         keep_depth=gguf_keep_depth(model)))
-    model.train()
-    for batch in batches:
-        model(input_ids=batch, labels=batch).loss.backward()
-    model.zero_grad(set_to_none=True)
-    model.eval()
+    accumulate_importance(model, batches)
     drop = _least_important(searcher)
     (gate,) = searcher.gates.depth
     with torch.no_grad():  # exactly those units go, the others stay

@@ -238,3 +238,72 @@ def test_hf_search_writes_model_gguf_and_export_rewrites_it(tmp_path, capsys):
     assert main(["export", str(run), "--format", "gguf", "--gguf-type", "q8_0", "--out", str(tmp_path / "q.gguf")]) == 0
     kv2, _ = fields(tmp_path / "q.gguf")
     assert kv2["general.file_type"] == 7 and kv2["tokenizer.ggml.tokens"] == kv["tokenizer.ggml.tokens"]
+
+
+def test_sublayer_search_keeps_the_first_attention_for_gguf(tmp_path):
+    """A sublayer search that drops the least important branches removes layer 0's attention
+    (its GGUF refused, naming keep_depth); with ``keep_depth=gguf_keep_depth(model)`` the
+    same search keeps it and the export saves."""
+    from dmscale.export.gguf import gguf_keep_depth
+
+    x = {"input_ids": torch.randint(0, 64, (2, 7))}
+    exports = []
+    for keep in ([], gguf_keep_depth(tiny("llama"))):
+        lm = tiny("llama")
+        searcher = dms.prepare(lm, x, dms.SearchConfig("params", 1.0, depth_unit="sublayer", keep_depth=keep))
+        (gate,) = searcher.gates.depth
+        with torch.no_grad():  # the attention branches least important: two of three go
+            gate.importance.copy_(torch.tensor([float(i) + 10 * b.name.endswith("mlp")
+                                                for i, b in enumerate(searcher.space.depth[0].blocks)]))
+            gate.set_count(gate.n_units - 2)
+        exports.append(searcher.export().eval())
+    assert gguf_keep_depth(tiny("llama")) == ["model.layers.0.self_attn"]
+    assert gguf_layer_sizes(exports[0])[1] == [[0, 0, 96], [0, 0, 96], [4, 2, 96]]
+    with pytest.raises(UnsupportedLayerError, match="keep_depth"):
+        save_gguf(exports[0], tmp_path / "a.gguf")
+    with pytest.raises(UnsupportedLayerError, match="keep_depth"):
+        check_gguf(exports[0], layer_uniform=False)  # as a retrain of that structure checks it
+    assert not (tmp_path / "a.gguf").exists()
+    assert gguf_layer_sizes(exports[1])[1] == [[4, 2, 96], [0, 0, 96], [0, 0, 96]]  # 1 and 2 went
+    kv, _ = fields(save_gguf(exports[1], tmp_path / "b.gguf", gguf_type="f32"))
+    assert kv["deci.attention.head_count"] == [4, 0, 0]
+
+
+def test_hf_sublayer_search_with_gguf_pins_the_first_attention(tmp_path, capsys):
+    """--depth-unit sublayer --export gguf: layer 0's attention is no depth unit of the search
+    (structure.json), so the found model always writes RUN/model.gguf."""
+    from dmscale.cli import main
+    from tiny_hf import make_tiny_hf
+
+    model_dir, data = make_tiny_hf(tmp_path / "tiny", 20_000)
+    run = tmp_path / "run"
+    rc = main(["search", "--model", f"hf:{model_dir}", "--task", "text", "--data", str(data),
+               "--pipeline", "p-", "--epochs", "0.02", "--resource", "params", "--target", "0.8",
+               "--seq-len", "16", "--batch-size", "4", "--test-limit", "64", "--threads", "1",
+               "--depth-unit", "sublayer", "--export", "gguf", "--gguf-type", "f32", "--out", str(run)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    (stage,) = json.loads((run / "structure.json").read_text())["depth"]
+    assert stage["blocks"] == ["lm.model.layers.0.mlp", "lm.model.layers.1.self_attn", "lm.model.layers.1.mlp"]
+    kv, _ = fields(run / "model.gguf")
+    assert kv["general.architecture"] in ("deci", "llama")
+    heads = kv.get("deci.attention.head_count", kv.get("llama.attention.head_count"))
+    assert (heads[0] if isinstance(heads, list) else heads) > 0
+
+
+def test_ffn_free_layer_of_a_sublayer_search_writes_ffn_norm(tmp_path):
+    """A removed FFN branch takes its norm with it (a ZeroBranch), but llama.cpp's deci loads
+    ``ffn_norm`` for the one-unit zero FFN of a layer with attention: it is written as ones."""
+    from exact import drop_units
+
+    lm = tiny("llama")
+    x = {"input_ids": torch.randint(0, 64, (2, 7))}
+    searcher = dms.prepare(lm, x, dms.SearchConfig("params", 1.0, depth_unit="sublayer"))
+    drop_units(searcher, [3, 4])  # layer 1's FFN, layer 2's attention
+    small = searcher.export().eval()
+    assert type(small.model.layers[1].post_attention_layernorm).__name__ == "ZeroBranch"
+    kv, tensors = fields(save_gguf(small, tmp_path / "m.gguf", gguf_type="f32"))
+    assert kv["deci.feed_forward_length"] == [96, 1, 96] and kv["deci.attention.head_count"] == [4, 4, 0]
+    assert (tensors["blk.1.ffn_norm.weight"].data == 1).all()
+    assert not tensors["blk.1.ffn_down.weight"].data.any()
+    assert "blk.2.attn_norm.weight" not in tensors and "blk.2.ffn_norm.weight" in tensors

@@ -223,3 +223,44 @@ def test_per_layer_save_loads_without_dmscale(tmp_path):
         tokens = small.generate(ids, max_new_tokens=8, do_sample=False)
     torch.testing.assert_close(got["logits"], want, atol=1e-5, rtol=1e-5)
     assert torch.equal(got["tokens"], tokens)
+
+
+@pytest.mark.parametrize("resource", ["params", "macs"])
+def test_keep_depth_pins_a_branch(resource):
+    """``keep_depth`` takes layer 0's attention out of the search: its layer then stays when
+    its FFN goes (removed as a branch), and the cost counts the pinned attention as fixed."""
+    model = _tiny_lm(layers=3)
+    x = {"input_ids": torch.randint(0, 64, (2, 7))}
+    searcher = dms.prepare(model, x, dms.SearchConfig(resource, 1.0, depth_unit="sublayer",
+                                                      keep_depth=["model.layers.0.self_attn"]))
+    (stage,) = searcher.space.depth
+    assert [b.name for b in stage.blocks] == ["model.layers.0.mlp"] + [
+        f"model.layers.{i}.{p}" for i in (1, 2) for p in ("self_attn", "mlp")]
+    assert stage.blocks[0].layer.pinned == ["model.layers.0.self_attn"]
+    assert list(searcher.space.split_layers()) == ["model.layers.1", "model.layers.2"]
+    drop_units(searcher, [0, 1, 2])  # layer 0's FFN, all of layer 1
+    with torch.no_grad(), searcher.hardened():
+        hard = _out(model, x)
+    small = searcher.export().eval()
+    assert len(small.model.layers) == 2
+    assert type(small.model.layers[0].self_attn).__name__ == "LlamaAttention"
+    assert type(small.model.layers[0].mlp).__name__ == "ZeroBranch"
+    with torch.no_grad():
+        assert max_abs_diff(_out(small, x), hard) < 1e-4
+    assert searcher.resources()["hard"] == dms.count(small, x)[resource]
+    assert hf_layer_sizes(small)["layers"] == [[4, 2, 0], [4, 2, 64]]
+
+
+def test_keep_depth_of_a_whole_block_and_unknown_names():
+    model = _tiny_lm(layers=3)
+    x = {"input_ids": torch.randint(0, 64, (2, 7))}
+    space = dms.prepare(model, x, dms.SearchConfig(keep_depth=["model.layers.1.mlp"])).space
+    assert [b.name for b in space.depth[0].blocks] == ["model.layers.0", "model.layers.2"]
+    space = dms.prepare(_tiny_lm(layers=3), x, dms.SearchConfig(
+        depth_unit="sublayer", keep_depth=["model.layers.1"])).space  # both of its branches
+    assert [b.name for b in space.depth[0].blocks] == [f"model.layers.{i}.{p}" for i in (0, 2)
+                                                       for p in ("self_attn", "mlp")]
+    with pytest.raises(ConfigError, match="model.layers.9"):
+        dms.prepare(_tiny_lm(layers=3), x, dms.SearchConfig(keep_depth=["model.layers.9"]))
+    with pytest.raises(ConfigError, match="list of module names"):
+        dms.SearchConfig(keep_depth="model.layers.0")

@@ -19,6 +19,10 @@ pair-wise layout) and applies optional q/k/v biases, so Qwen2's per-layer export
 A layer without attention is written with ``n_head = n_head_kv = 0`` and no attention tensors;
 a layer without FFN but with attention gets a one-unit FFN of zeros (exactly no change):
 llama.cpp's ``deci`` graph skips the whole layer, attention included, when ``n_ff = 0``.
+The first layer must keep its attention: llama.cpp reads the head size (``n_embd_head_k``,
+``n_rot``) only when layer 0 has heads (``hparams.n_head() > 0`` in ``llama-model.cpp``), so
+``attention.key_length`` cannot stand in for it. A sublayer-depth search pins that branch with
+``SearchConfig(keep_depth=gguf_keep_depth(model))``, which ``--export gguf`` does.
 
 As llama.cpp's converter does: Llama-layout q/k projections (``llama``, ``deci``) are permuted
 from Hugging Face's rotate-half layout to GGML's pair-wise one (Qwen's ``qwen2``/``qwen3``
@@ -55,8 +59,8 @@ from dmscale.core.masks import GATES_NAME
 from dmscale.export.gguf_vocab import add_tokenizer
 from dmscale.export.hf import find_hf_model
 
-__all__ = ["save_gguf", "check_gguf", "gguf_layer_sizes", "gguf_architecture", "GGUF_TYPES",
-           "UNIFORM_ARCH", "PER_LAYER_ARCH"]
+__all__ = ["save_gguf", "check_gguf", "gguf_keep_depth", "gguf_layer_sizes", "gguf_architecture",
+           "GGUF_TYPES", "UNIFORM_ARCH", "PER_LAYER_ARCH"]
 
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
 UNIFORM_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -73,7 +77,8 @@ def check_gguf(model: nn.Module, layer_uniform: bool) -> None:
 
     Raises:
         UnsupportedLayerError: a family llama.cpp cannot run with layers of different sizes
-            (the fix: ``--layer-uniform``), or one it cannot run at all from here.
+            (the fix: ``--layer-uniform``), or one it cannot run at all from here; an
+            export whose first layer has no attention (the fix: ``keep_depth``).
     """
     lm = find_hf_model(model)
     family = lm.config.model_type
@@ -89,6 +94,43 @@ def check_gguf(model: nn.Module, layer_uniform: bool) -> None:
             "q/k norms); search with --layer-uniform (SearchConfig(layer_uniform=True)) to export GGUF")
     _rope(lm.config, lm, UNIFORM_ARCH[family] if layer_uniform else PER_LAYER_ARCH[family])
     _check_attention_types(lm)
+    _check_first_attention(lm)
+
+
+def _check_first_attention(lm: Any) -> None:
+    """Refuse a decoder whose first layer has no attention (see the module docs)."""
+    stack = getattr(getattr(lm, "model", None), "layers", None)
+    attn = getattr(stack[0], "self_attn", None) if isinstance(stack, nn.ModuleList) and len(stack) else None
+    if attn is not None and _part(attn, "q_proj") is None:
+        raise UnsupportedLayerError(
+            "model.layers.0 has no attention: llama.cpp reads the head size from the first layer "
+            "only when it has heads; search with the first layer's attention kept "
+            "(SearchConfig(keep_depth=['model.layers.0.self_attn']); --export gguf does this), or "
+            "with depth_unit='block'")
+
+
+def gguf_keep_depth(model: nn.Module) -> list[str]:
+    """The module names of ``model`` whose depth units a search must keep for its result to
+    run in llama.cpp: the first decoder layer's attention (``SearchConfig(keep_depth=...)``).
+
+    Example:
+        >>> import dmscale as dms
+        >>> _ = dms.ensure_torchvision()
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> lm = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
+        ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8))
+        >>> gguf_keep_depth(lm)
+        ['model.layers.0.self_attn']
+
+    Raises:
+        UnsupportedLayerError: no Hugging Face decoder stack with ``self_attn`` at ``model.layers``.
+    """
+    lm = find_hf_model(model)
+    stack = getattr(getattr(lm, "model", None), "layers", None)
+    attn = getattr(stack[0], "self_attn", None) if isinstance(stack, nn.ModuleList) and len(stack) else None
+    if attn is None:
+        raise UnsupportedLayerError(f"{type(lm).__name__}: no attention at model.layers.0.self_attn to keep")
+    return [next(name for name, m in model.named_modules() if m is attn)]
 
 
 def _check_attention_types(lm: Any) -> None:
@@ -215,10 +257,14 @@ def _tensors(lm: Any, arch: str, sizes: list[list[int]], head_dim: int) -> Itera
             t = _permute(t, kv)
         yield name, t
     hidden = lm.get_input_embeddings().embedding_dim
+    state = lm.state_dict()
     for i, (heads, _, ffn) in enumerate(sizes):
         if ffn == 0 and heads > 0:  # deci skips the layer's attention with n_ff = 0: a zero FFN instead
             for part, shape in (("gate_proj", (1, hidden)), ("up_proj", (1, hidden)), ("down_proj", (hidden, 1))):
                 yield f"model.layers.{i}.mlp.{part}.weight", torch.zeros(shape)
+            norm = f"model.layers.{i}.post_attention_layernorm.weight"
+            if norm not in state:  # removed with its FFN branch (a ZeroBranch); deci needs ffn_norm
+                yield norm, torch.ones(hidden)
 
 
 def _write_metadata(w: Any, lm: Any, arch: str, sizes: list[list[int]], head_dim: int,
@@ -284,10 +330,6 @@ def save_gguf(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None,
                              "searcher.export(), the physically smaller copy")
     head_dim, sizes = gguf_layer_sizes(lm)
     arch = gguf_architecture(lm)
-    if arch == "deci" and sizes[0][0] == 0:
-        raise UnsupportedLayerError(
-            "model.layers.0 has no attention: llama.cpp reads the head size from the first layer; "
-            "keep the first layer's attention (--exclude lm.model.layers.0.self_attn)")
     rope = _rope(lm.config, lm, arch)
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
              "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[gguf_type]

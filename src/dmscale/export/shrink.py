@@ -335,7 +335,7 @@ def structure_of(model: nn.Module, space: SearchSpace, keep: np.ndarray, keep_de
     removed, depth, k = [], [], 0
     units = [b for d in space.depth for b in d.blocks]
     kept_layers = {b.layer.name for b, kept in zip(units, keep_depth)  # split blocks with a branch left
-                   if b.layer is not None and kept}
+                   if b.layer is not None and (kept or b.layer.pinned)}  # (or a pinned one)
     for d in space.depth:
         kept_blocks = []
         for b in d.blocks:

@@ -39,7 +39,7 @@ from dmscale.export.deploy import batch_is_dynamic, check_onnx, check_pt2, save_
 from dmscale.engine.device import resolve_device, set_threads
 from dmscale.engine.rundir import RunDir, fmt_count, read_checkpoint
 from dmscale.export.files import save_weights
-from dmscale.tasks.hf_model import GGUF_FILE, is_hf_model, save_gguf_file, save_hf_dir
+from dmscale.tasks.hf_model import GGUF_FILE, gguf_pinned_depth, is_hf_model, save_gguf_file, save_hf_dir
 from dmscale.tasks.registry import build_model, build_task
 
 __all__ = [
@@ -188,10 +188,14 @@ def search_config(cfg: RunConfig, exclude: list[str]) -> dms.SearchConfig:
 def make_searcher(cfg: RunConfig, model: nn.Module, example: Any, extra_exclude: list[str],
                   configure: Callable[[list[str]], dms.SearchConfig] | None = None) -> dms.Searcher:
     """``dms.prepare`` of ``model`` with the search options of ``cfg`` (or ``configure(exclude)``,
-    e.g. a baseline's gate); its errors as :class:`ConfigError` (one line)."""
+    e.g. a baseline's gate); its errors as :class:`ConfigError` (one line). An ``hf:`` search
+    with ``--export gguf`` keeps what llama.cpp needs (:func:`gguf_pinned_depth`)."""
     exclude = _expand_patterns(model, cfg.exclude or []) + extra_exclude
     try:
         scfg = configure(exclude) if configure is not None else search_config(cfg, exclude)
+        if is_hf_model(cfg.model):
+            pinned = gguf_pinned_depth(model, cfg.export, cfg.depth_unit)
+            scfg = replace(scfg, keep_depth=scfg.keep_depth + pinned) if pinned else scfg
         return dms.prepare(model, example, scfg)
     except ValueError as err:  # bad budget, nothing to search, unsupported layer ...
         raise ConfigError(str(err).splitlines()[0]) from None

@@ -90,6 +90,10 @@ class SearchConfig:
         search_width: search widths.
         search_depth: True: every residual stage found; False: none; a list: those stages.
         exclude: module names (or prefixes) whose widths stay fixed.
+        keep_depth: module names whose depth unit the search never removes (the block that
+            holds each, or with ``depth_unit="sublayer"`` the branch: ``"model.layers.0.self_attn"``
+            keeps the first layer's attention); their widths are still searched. A GGUF export
+            needs the first layer's attention (``dmscale.save_gguf``); ``--export gguf`` pins it.
         width_only_from: progress from which depth is frozen at its hard value and only
             widths are searched (the extra width-only phase of A.1.2); None = never.
         latency_options: keyword arguments of :class:`dmscale.cost.latency.LatencyCostModel`
@@ -262,6 +266,7 @@ class SearchConfig:
              "the FFN of another; a Hugging Face export then needs the per-layer format, not "
              "--layer-uniform)"))
     targets: dict[str, float] | None = None
+    keep_depth: list[str] = field(default_factory=list)
 
     @property
     def budgets(self) -> dict[str, float]:
@@ -362,6 +367,10 @@ class SearchConfig:
             raise ConfigError(f"gate_factory must be a callable that builds a StructuralGate (e.g. a gate "
                               f"class), got {self.gate_factory!r}; None uses DMS's DifferentiableTopK")
         self.exclude = list(self.exclude)
+        if isinstance(self.keep_depth, str):
+            raise ConfigError(f"keep_depth must be a list of module names, got the string {self.keep_depth!r}: "
+                              f"pass [{self.keep_depth!r}]")
+        self.keep_depth = list(self.keep_depth)
 
 
 

@@ -40,7 +40,7 @@ def discover_space(model: nn.Module, example_inputs: Any, config: SearchConfig) 
     try:
         space = discover(model, example_inputs, config.exclude,
                          depth=config.search_depth if config.search_depth else False,
-                         depth_unit=config.depth_unit)
+                         depth_unit=config.depth_unit, keep_depth=config.keep_depth)
     except Exception as err:
         if not isinstance(err, ValueError) and fails_on(model, example_inputs):
             raise InputError(

@@ -34,7 +34,7 @@ from dmscale.tasks.registry import register_models
 
 __all__ = ["HF_PREFIX", "parse_hf_spec", "is_hf_model", "hf_source", "hf_config", "load_hf_model",
            "load_hf_tokenizer", "save_hf_dir", "check_hf_dir", "HF_DIR", "GGUF_FILE", "check_gguf_run",
-           "save_gguf_file", "gguf_tokenizer", "save_hf_outputs"]
+           "gguf_pinned_depth", "save_gguf_file", "gguf_tokenizer", "save_hf_outputs"]
 
 HF_DIR = "hf"  # the Hugging Face directory inside a run directory of an hf: model
 GGUF_FILE = "model.gguf"  # the llama.cpp file of a run with --export gguf
@@ -208,6 +208,22 @@ def check_gguf_run(model: nn.Module, spec: str, layer_uniform: bool) -> None:
     except UnsupportedLayerError as err:
         raise ConfigError(f"--model {spec} --export gguf: the found model would be written as "
                           f"{GGUF_FILE} for llama.cpp, and this one cannot be: {err}") from None
+
+
+def gguf_pinned_depth(model: nn.Module, export: str | None, depth_unit: str) -> list[str]:
+    """The modules whose depth units an ``hf:`` search keeps so that its ``--export gguf``
+    runs in llama.cpp (``SearchConfig.keep_depth``): with sublayer depth the first layer's
+    attention (:func:`dmscale.export.gguf.gguf_keep_depth`), else nothing (a removed first
+    block leaves the next one, with its attention, first)."""
+    if export != "gguf" or depth_unit != "sublayer":
+        return []
+    from dmscale.core.errors import UnsupportedLayerError
+    from dmscale.export.gguf import gguf_keep_depth
+
+    try:
+        return gguf_keep_depth(model)
+    except UnsupportedLayerError as err:
+        raise ConfigError(f"--export gguf --depth-unit sublayer: {err}") from None
 
 
 def gguf_tokenizer(spec: str, tokenizer: Any = None) -> Any:

@@ -4,7 +4,8 @@ A block is a module call whose output is ``post(x + f(x))`` for its input ``x`` 
 transformer block chains two such adds); a stage is a run of sibling blocks, whose branches
 the search may remove. :func:`find_blocks` reads the tracer's records of torch functions and
 module calls; :func:`group_stages` groups the blocks it finds; :func:`split_branches` makes
-each branch of a block that chains several its own unit (sublayer depth).
+each branch of a block that chains several its own unit (sublayer depth); :func:`pin_units`
+takes the units that must stay out of the search.
 
 Example:
     >>> import torch
@@ -39,7 +40,7 @@ from dmscale.trace.space import Block, DepthDim
 if TYPE_CHECKING:
     from dmscale.trace.tracer import Tracer
 
-__all__ = ["find_blocks", "group_stages", "split_branches"]
+__all__ = ["find_blocks", "group_stages", "split_branches", "pin_units"]
 
 
 def _mutated_after(tr: Tracer, call: ModuleCall) -> bool:
@@ -309,3 +310,47 @@ def _zero_replaceable(call: ModuleCall) -> bool:
     """Whether zeros like the call's first input rebuild what the module returned."""
     return (call.output_template != "opaque" and len(call.output_nodes) == 1
             and len(call.shapes) == 2 and call.shapes[0] == call.shapes[1])
+
+
+def pin_units(stages: list[DepthDim], keep: list[str]) -> list[DepthDim]:
+    """``stages`` without the depth units that hold, or lie inside, a module named in
+    ``keep``: the search never removes them (their widths are still searched). A pinned
+    branch of a split block records its name in the block's ``pinned`` (the block then
+    always stays, and its other branches are removed as branches); a stage left without
+    units is dropped.
+
+    Why: an export format may need a unit the search could remove (llama.cpp reads the
+    head size from the first layer's attention), and pinning it before the search keeps
+    the result writable.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from dmscale.trace.tracer import Tracer
+        >>> class Layer(nn.Module):  # x1 = x + attn(norm1(x)); y = x1 + mlp(norm2(x1))
+        ...     def __init__(self) -> None:
+        ...         super().__init__()
+        ...         self.norm1, self.attn = nn.LayerNorm(4), nn.Linear(4, 4)
+        ...         self.norm2, self.mlp = nn.LayerNorm(4), nn.Linear(4, 4)
+        ...     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ...         x = x + self.attn(self.norm1(x))
+        ...         return x + self.mlp(self.norm2(x))
+        >>> net = nn.Sequential(Layer(), Layer())
+        >>> tr = Tracer(net)
+        >>> _ = tr.run(torch.randn(1, 4))
+        >>> stages = split_branches(tr, group_stages(net, find_blocks(tr)))
+        >>> (d,) = pin_units(stages, ["0.attn"])
+        >>> [b.name for b in d.blocks], d.blocks[0].layer.pinned
+        (['0.mlp', '1.attn', '1.mlp'], ['0.attn'])
+    """
+    out = []
+    for d in stages:
+        units = []
+        for b in d.blocks:
+            if not any(b.contains(k) or b.name.startswith(k + ".") or b.name == k for k in keep):
+                units.append(b)
+            elif b.layer is not None:
+                b.layer.pinned.append(b.name)
+        if units:
+            out.append(DepthDim(d.name, units, min(d.min_keep, len(units))))
+    return out

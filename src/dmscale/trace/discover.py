@@ -35,7 +35,7 @@ from torch import nn
 
 from dmscale.core.errors import ConfigError, UnsupportedLayerError
 from dmscale.core.modes import eval_mode
-from dmscale.trace.blocks import find_blocks, split_branches
+from dmscale.trace.blocks import find_blocks, pin_units, split_branches
 from dmscale.trace.flops import ForwardFlopCounter
 from dmscale.trace.handlers.base import handler_for, load_families
 from dmscale.trace.slots import build_space
@@ -92,7 +92,8 @@ def check_traced_through(tr: Tracer) -> None:
 
 
 def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
-             depth: bool | Iterable[str] = True, depth_unit: str = "block") -> SearchSpace:
+             depth: bool | Iterable[str] = True, depth_unit: str = "block",
+             keep_depth: Iterable[str] = ()) -> SearchSpace:
     """Trace ``model`` once (eval mode, no grad) and build its :class:`SearchSpace`.
 
     Args:
@@ -101,9 +102,18 @@ def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
             list of stage (parent module) names to search.
         depth_unit: "block" (a block is one depth unit) or "sublayer" (each residual branch
             of a block that chains several is one, :func:`~dmscale.trace.blocks.split_branches`).
+        keep_depth: module names whose depth units (the block, or with sublayer depth the
+            branch, that holds each) are no units: never removed (:func:`~dmscale.trace.blocks.pin_units`).
+
+    Raises:
+        ConfigError: a ``depth`` stage or a ``keep_depth`` name that the model does not have.
     """
     load_families()
-    exclude = tuple(exclude)
+    exclude, keep_depth = tuple(exclude), list(keep_depth)
+    unknown = [k for k in keep_depth if k not in dict(model.named_modules())]
+    if unknown:
+        raise ConfigError(f"keep_depth names {unknown}, not modules of {type(model).__name__}: name the "
+                          "modules whose depth units must stay (e.g. 'model.layers.0.self_attn')")
     refuse_script_modules(model)
     tr = Tracer(model, exclude)
     with eval_mode(model), torch.no_grad():
@@ -124,6 +134,8 @@ def discover(model: nn.Module, example_inputs: Any, exclude: Iterable[str] = (),
         space.depth = split_branches(tr, space.depth)
     elif depth_unit != "block":
         raise ConfigError(f"depth_unit must be 'block' or 'sublayer', got {depth_unit!r}")
+    if keep_depth:
+        space.depth = pin_units(space.depth, keep_depth)
     space.example_output = out
     return space
 

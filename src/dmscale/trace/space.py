@@ -62,6 +62,9 @@ class Block:
     # sublayer depth: the modules that compute the branch (name -> output template), which
     # a removed branch replaces with zeros; {}: the block module ``name`` itself
     members: dict[str, Any] = field(default_factory=dict)
+    # a split block whose branches ``pinned`` (names) are no depth units (``keep_depth``): it
+    # stays whatever its other branches' masks are
+    pinned: list[str] = field(default_factory=list)
 
     def contains(self, name: str) -> bool:
         """Whether module/param ``name`` belongs to this block (or branch unit)."""
@@ -123,11 +126,12 @@ class SearchSpace:
 
     def split_layers(self) -> dict[str, list[tuple[int, int]]]:
         """Sublayer depth: each block split into branch units, by name, with its units
-        ``(depth dim, unit)`` in order ({} with block depth)."""
+        ``(depth dim, unit)`` in order ({} with block depth); a block with a pinned branch
+        (:func:`~dmscale.trace.blocks.pin_units`) is not one: it is never removed whole."""
         out: dict[str, list[tuple[int, int]]] = {}
         for j, dd in enumerate(self.depth):
             for i, b in enumerate(dd.blocks):
-                if b.layer is not None:
+                if b.layer is not None and not b.layer.pinned:  # a block with a pinned branch always stays
                     out.setdefault(b.layer.name, []).append((j, i))
         return out
 

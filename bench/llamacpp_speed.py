@@ -11,7 +11,9 @@ by side in one run, every row at the same GGUF type and thread count:
 
 * ``llama-bench`` prompt processing (``pp``, ``--prompt`` tokens) and decode (``tg``,
   ``--gen`` tokens) tokens/s, and decode after ``--depth`` tokens of context (``tg @ d``:
-  the KV cache a served conversation fills), ``--reps`` repetitions each (mean ± std);
+  the KV cache a served conversation fills): every file is written first, then measured in
+  ``--reps`` interleaved rounds (each round runs every file once, in turn), mean ± std over
+  the rounds;
 * ``llama-perplexity`` on the held-out Shakespeare (the text task's test split, its first
   ``--ppl-bytes`` bytes, ``-c --ppl-ctx``) at that GGUF type.
 
@@ -147,14 +149,36 @@ def _run(cmd: list[str], timeout: float) -> str:
 
 
 def bench_gguf(bin_dir: Path, path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """``llama-bench``'s records for ``path``: pp, tg, and tg after ``--depth`` tokens."""
-    base = [str(bin_dir / "llama-bench"), "-m", str(path), "-t", str(args.threads),
-            "-r", str(args.reps), "-o", "json"]
+    """One round of ``llama-bench`` on ``path`` (one repetition each): pp, tg, and tg after
+    ``--depth`` tokens of context."""
+    base = [str(bin_dir / "llama-bench"), "-m", str(path), "-t", str(args.threads), "-r", "1", "-o", "json"]
     out = _json_of(_run(base + ["-p", str(args.prompt), "-n", str(args.gen)], 1800))
     out += _json_of(_run(base + ["-p", "0", "-n", str(args.gen), "-d", str(args.depth)], 1800))
-    return [{k: r.get(k) for k in ("n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "model_size",
-                                   "model_n_params", "build_commit", "build_number", "type_k")}
-            for r in out]
+    return [{k: r.get(k) for k in ("n_prompt", "n_gen", "n_depth", "avg_ts")} for r in out]
+
+
+def interleaved(bin_dir: Path, files: dict[tuple[str, str], Path],
+                args: argparse.Namespace) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """``--reps`` rounds, each measuring every file once in turn: a load that changes during
+    the run slows every arm of a round alike, so the ratios stay side by side. Returns per
+    file llama-bench's records with ``avg_ts`` the mean over rounds, ``stddev_ts`` their
+    standard deviation and ``rounds`` the values."""
+    import statistics
+
+    seen: dict[tuple[str, str], list[list[dict[str, Any]]]] = {key: [] for key in files}
+    for r in range(args.reps):
+        for key, path in files.items():
+            seen[key].append(bench_gguf(bin_dir, path, args))
+        print(f"round {r + 1}/{args.reps} measured", flush=True)
+    out = {}
+    for key, rounds in seen.items():
+        recs = []
+        for i, first in enumerate(rounds[0]):
+            ts = [rnd[i]["avg_ts"] for rnd in rounds]
+            recs.append({**first, "avg_ts": statistics.mean(ts),
+                         "stddev_ts": statistics.stdev(ts) if len(ts) > 1 else 0.0, "rounds": ts})
+        out[key] = recs
+    return out
 
 
 def _json_of(text: str) -> list[dict[str, Any]]:
@@ -179,6 +203,7 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    commit = git_commit(ROOT)  # the code measured (taken before the long run)
     dms.ensure_torchvision()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -193,6 +218,7 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     text_file = work / "held_out.txt"
     text_file.write_bytes(test[:args.ppl_bytes])
     rows: dict[str, Any] = {}
+    files: dict[tuple[str, str], Path] = {}  # (arm, type) -> its GGUF, measured after every arm is written
     for name in args.arms:
         kwargs = ARMS[name]
         t0 = time.perf_counter()
@@ -204,13 +230,18 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         for gtype in args.types:
             path = work / f"{len(rows)}-{gtype}.gguf"
             dms.save_gguf(small, path, tokenizer=str(src), gguf_type=gtype)  # the source's tokenizer, copied
-            row["types"][gtype] = {"bytes": path.stat().st_size, "bench": bench_gguf(bin_dir, path, args),
+            files[(name, gtype)] = path
+            row["types"][gtype] = {"bytes": path.stat().st_size,
                                    "ppl": perplexity(bin_dir, path, text_file, args)}
-            path.unlink()
         rows[name] = row
+        del small
         print(f"{name}: {row['params'] / 1e6:.1f} M parameters, "
               + ", ".join(f"{t}: ppl {v['ppl']:.1f}" for t, v in row["types"].items()), flush=True)
-    return {"rows": rows, "commit": git_commit(ROOT), "command": command_line("bench/llamacpp_speed.py", args.argv),
+    for (name, gtype), recs in interleaved(bin_dir, files, args).items():
+        rows[name]["types"][gtype]["bench"] = recs
+    for path in files.values():
+        path.unlink()
+    return {"rows": rows, "commit": commit, "command": command_line("bench/llamacpp_speed.py", args.argv),
             "machine": f"{platform.platform()}, {os.cpu_count()} CPUs ({platform.machine()})",
             "threads": args.threads, "settings": {k: getattr(args, k) for k in
                                                   ("prompt", "gen", "depth", "reps", "batches", "tune_steps", "lr", "seq_len",
@@ -245,7 +276,7 @@ def write_table(cache: dict[str, Any], out: Path) -> Path:
              "(`scripts/build_llamacpp.sh`). Every row measured in the same run.", "",
              f"pp: prompt processing of {s['prompt']} tokens; tg: decoding {s['gen']} tokens; "
              f"tg @ {s['depth']}: decoding {s['gen']} tokens after {s['depth']} tokens of context; "
-             f"llama-bench, {s['reps']} repetitions, tokens/s mean ± std (x: over the original at the "
+             f"llama-bench, {s['reps']} interleaved rounds (every file once per round), tokens/s mean ± std (x: over the original at the "
              f"same type). Perplexity: llama-perplexity on the first {s['ppl_bytes']:,} bytes of the "
              f"held-out Shakespeare, context {s['ppl_ctx']}. Structures from {s['batches']} importance "
              f"batches and the budget solver, then {s['tune_steps']} AdamW steps (lr {s['lr']}) of 4 x "

@@ -756,6 +756,37 @@ def _yolo_default() -> str:
             f"hand-made design it points to**")
 
 
+# ---------------------------------------------------------------- llama.cpp speed (issue 48)
+
+DECODE_GOAL = 1.8  # issue 48: decode tokens/s of the 50 % per-layer export over the original's
+DEEP_DECODE_GOAL = 1.5  # ... and of the KV-cache-budget export at 1,024 tokens of context
+
+
+def _llamacpp_ratio(arm: str, gtype: str, depth: bool) -> float:
+    """Decode tokens/s of ``arm`` over the original's, at ``gtype``, with or without the
+    deep context of ``bench/llamacpp_speed.py``."""
+    rows = cache("llamacpp_speed")["rows"]
+
+    def tg(name: str) -> float:
+        recs = rows[name]["types"][gtype]["bench"]
+        return next(r["avg_ts"] for r in recs if r["n_gen"] > 0 and bool(r.get("n_depth")) == depth)
+
+    return tg(arm) / tg("original")
+
+
+@number("llamacpp.decode.readme")
+def _llamacpp_decode_readme() -> str:
+    c = cache("llamacpp_speed")
+    per, uni = (_llamacpp_ratio(a, "f16", False) for a in ("per-layer, params 0.5", "layer-uniform, params 0.5"))
+    kv = _llamacpp_ratio("per-layer, params 0.8 + kv_cache 0.5", "f16", True)
+    depth = c["settings"]["depth"]
+    met = sum([per >= DECODE_GOAL, kv >= DEEP_DECODE_GOAL])
+    return (f"at half the parameters a decode of {per:.2f}x the original's tokens/s per layer "
+            f"({uni:.2f}x layer-uniform), and with a KV-cache budget of 0.5 (and 0.8 of the parameters) "
+            f"{kv:.2f}x at {depth:,} tokens of context (f16, {c['threads']} thread): {met} of 2 goals "
+            f"({DECODE_GOAL}x, {DEEP_DECODE_GOAL}x) met")
+
+
 # ---------------------------------------------------------------- table 16
 
 

@@ -212,5 +212,5 @@ def test_table_adds_fastnas_rows_over_the_seeds_that_ran_it() -> None:
     minus = next(line for line in text.splitlines() if line.startswith("dms_p minus modelopt_fastnas"))
     assert "**+1.10 [" in minus and "per seed +1.00, +1.20" in minus
     assert "within 1 % under the target on 2 of 2 seeds" in minus
-    assert "| supernet | 4 / 4 | 8 / 8 |" in text
+    assert "| supernet | 4 / 4 / 1 | 8 / 8 / 1 |" in text
     assert "| modelopt_fastnas | 4.0 / 2.0 / 1.0 | 8.0 / 5.0 / 1.0 |" in text

@@ -1,6 +1,7 @@
 """DMS_p against Torch-Pruning and uniform width scaling at equal MACs (issue 10, table 4).
 
     PYTHONPATH=src python bench/peers.py [--quick] [--seeds 0 1 2] [--target 0.5] [--equal-training] [--table-only]
+        [--methods dms_p tp_magnitude tp_taylor uniform unpruned modelopt_fastnas]
 
 Per seed, one shared pretrained supernet (the project's ``pretrain`` phase; ResNet-20 of
 width 8 on the bundled 8x8 digits: MNIST takes about 4 s per step on this shared machine),
@@ -11,6 +12,10 @@ then four ways to reach ``--target`` x its MACs:
 * ``tp_magnitude`` / ``tp_taylor``: Torch-Pruning ``MagnitudePruner``, global pruning,
   ``MagnitudeImportance(p=2)`` / ``TaylorImportance()``, stepped iteratively to the target.
 * ``uniform``: one width multiplier for all dimensions, first channels of the pretrained weights.
+* ``modelopt_fastnas`` (only with ``--methods``; needs the ``bench`` extra): NVIDIA ModelOpt's
+  FastNAS (``modelopt.torch.prune.prune(mode="fastnas")``) with channel divisor 1, BatchNorm
+  calibration and ``score_func`` on training-split batches, its ``flops`` constraint bisected
+  until ``dms.count`` MACs are within 1 % under the target (``bench/peers_modelopt.py``).
 
 Every result is then finetuned by the same ``dmscale retrain`` phase (same SGD, lr, cosine
 schedule, epochs and batches); ``--equal-training`` is the control that also gives the peers
@@ -40,17 +45,19 @@ from benchlib import (add_quick_flags, ci_text, command_line, git_commit, hand_r
                       write_md)
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
+import peers_extra as pe  # noqa: E402
 import peers_lib as pl  # noqa: E402
 from dmscale.config.run_config import RunConfig  # noqa: E402
 from dmscale.run.pipeline import Pipeline, load_run_model  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 
-__all__ = ["METHODS", "run_seed", "write_table", "main"]
+__all__ = ["METHODS", "EXTRA", "run_seed", "write_table", "main"]
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "peers.json"
 METHODS = ("dms_p", "tp_magnitude", "tp_taylor", "uniform")
 REFERENCE = "unpruned"  # the supernet itself, finetuned the same way: the ceiling of every method
+EXTRA = ("modelopt_fastnas",)  # peers run only when --methods names them (a package outside CI's install)
 MODEL = {"model": "resnet", "model_args": {"width": 8}}
 
 
@@ -93,10 +100,12 @@ def _finetune_epochs(cfg: dict[str, Any], method: str) -> float:
 
 
 def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dict[str, Any],
-             save: Any = None) -> dict[str, Any]:
-    """All methods of one seed that ``done`` lacks, each stored into ``done`` (then ``save()``);
-    returns ``done``."""
-    if all(m in done for m in (*METHODS, REFERENCE)):
+             save: Any = None, methods: tuple[str, ...] = (*METHODS, REFERENCE)) -> dict[str, Any]:
+    """The ``methods`` of one seed that ``done`` lacks, each stored into ``done`` (then
+    ``save()``); returns ``done``. A method added to a seed whose other rows are cached runs on
+    the same pretrained supernet: the pretrain run is reproduced and checked (its accuracy must
+    equal the cached rows')."""
+    if all(m in done for m in methods):
         return done
     width = cfg.get("width", 8)
     base = work / _key(cfg) / f"seed{seed}"
@@ -105,15 +114,20 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
     pre = _run(pre_dir, width, command="pretrain", epochs=cfg["pretrain_epochs"], seed=seed, threads=threads)
     task = build_task(RunConfig(task="digits", **_model(width)).resolved())
     example = task.example_inputs()
+    cached = {r["pretrain_acc"] for r in done.values()}
+    if cached and cached != {pre["evals"]["pretrain"]["acc"]}:
+        raise RuntimeError(f"seed {seed}: the pretrain run in {pre_dir} reached {pre['evals']['pretrain']['acc']}, "
+                           f"the cached rows' supernet {sorted(cached)}: not the same supernet, so a new method "
+                           "cannot be compared with them (run every method of this setting again)")
     supernet, _ = load_run_model(pre_dir)
     full = pl.macs(supernet, example)
     out = done
-    for method in (*METHODS, REFERENCE):
+    for method in methods:
         if method in done:
             continue
         src = base / method
         t = time.perf_counter()
-        extra_steps, search_end = 0, None
+        extra_steps, search_end, method_info = 0, None, {}
         if method == "dms_p":
             s = _run(src, width, command="search", pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
                      retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads,
@@ -137,6 +151,19 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
             structure = pl.structure_from_shapes(pl.template_structure(supernet, example), r["model"])
             pl.write_source_run(src, pre_dir, structure, r["model"])
             extra_steps = r["steps"]
+        elif method == "modelopt_fastnas":
+            import peers_modelopt as pm
+            supernet.eval()
+            r = pm.prune_on_task(task, supernet, example, cfg["target"], seed,  # training split only
+                                 base / "modelopt_fastnas_search.pth")
+            template = pl.template_structure(supernet, example)
+            structure = pl.structure_from_shapes(template, r["model"])
+            pl.write_source_run(src, pre_dir, structure, r["model"])
+            extra_steps = r["evals"]
+            method_info = {"modelopt": pm.modelopt_version(), "constraint_percent": r["percent"],
+                           "bisect_runs": r["runs"], "in_window": r["in_window"],
+                           "width_groups": [w["producers"][0] for w in structure["width"]],
+                           "supernet_structure": widths(template)}
         elif method == REFERENCE:
             supernet.eval()
             structure = pl.template_structure(supernet, example)
@@ -160,7 +187,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
                        "multiplier": structure.get("multiplier"),
                        "pretrain_acc": pre["evals"]["pretrain"]["acc"], "supernet_macs": full,
                        "supernet_params": pre["counts"]["supernet"]["params"],
-                       **({"search_end": search_end} if search_end is not None else {})}
+                       **({"search_end": search_end} if search_end is not None else {}), **method_info}
         print(f"seed {seed} {method:13} acc {100 * out[method]['acc']:.2f} % at "
               f"{out[method]['macs_frac']:.3f} x MACs ({prune_s:.0f} s to prune/search)", flush=True)
         if save is not None:
@@ -215,6 +242,9 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
         lines.append(f"Each method minus `{REFERENCE}` (the supernet finetuned the same way), pt: " + "; ".join(
             f"{m} {ci_text([100 * (runs[str(s)][m]['acc'] - runs[str(s)][REFERENCE]['acc']) for s in have])}"
             for m in METHODS) + ".")
+    extra = [runs[str(s)][m] for s in have for m in EXTRA if m in runs[str(s)]]
+    lines += pe.extra_lines(runs, have, EXTRA, setting["target"], REFERENCE if ceiling else None,
+                            extra[0].get("supernet_structure") if extra else None)
     lines += ["",
               "Structures (kept channels per width group in model order | removable blocks kept per stage):", ""]
     for m in METHODS:
@@ -241,7 +271,12 @@ def write_table(cache: dict[str, Any]) -> Path:
              "the pipeline's finish phase and budget solver); `tp_magnitude` / `tp_taylor` = Torch-Pruning "
              "`MagnitudePruner`, global pruning, `MagnitudeImportance(p=2)` / `TaylorImportance()`, stepped "
              "iteratively until the MACs are under the target; `uniform` = one width multiplier, the largest "
-             "that fits, first channels of the pretrained weights.",
+             "that fits, first channels of the pretrained weights; `modelopt_fastnas` (where run, `--methods "
+             "modelopt_fastnas`) = NVIDIA ModelOpt FastNAS (`modelopt.torch.prune.prune(mode=\"fastnas\")`, rules "
+             "with channel divisor 1 instead of 32), BatchNorm calibration and `score_func` (top-1) on a split of "
+             "the *training* images (80 % calibration / 20 % scoring), its `flops` constraint bisected until "
+             "`dms.count` MACs are within 1 % under the target; it trains no weights (with `--equal-training` it "
+             "gets the search epochs as finetune, like the other peers).",
              "- mean ± standard deviation over seeds. Prune/search time: DMS_p's whole search phase; "
              "Torch-Pruning's iterative pruning (Taylor: incl. its gradient batches); uniform's solver. "
              "Note the DMS_p search also trains the weights for its search epochs before the shared "
@@ -273,8 +308,17 @@ def main(argv: list[str] | None = None) -> None:
                    help="DMS_p's --settle-hold (the library default since cfbead7; the cached rows ran without it)")
     p.add_argument("--structure-lr", type=float, default=None,
                    help="DMS_p's --structure-lr (default: the library's; the cached settings ran at 0.01)")
+    p.add_argument("--methods", nargs="+", choices=(*METHODS, REFERENCE, *EXTRA), default=None,
+                   help="run only these (default: every method but modelopt_fastnas); a method added to "
+                        "cached seeds runs on their pretrained supernets")
     p.add_argument("--table-only", action="store_true", help="only rewrite peers.md from the cache")
     args = p.parse_args(argv)
+    methods = tuple(args.methods) if args.methods else (*METHODS, REFERENCE)
+    if "modelopt_fastnas" in methods:
+        try:
+            import modelopt.torch.prune  # noqa: F401
+        except ImportError:
+            p.error("--methods modelopt_fastnas needs NVIDIA ModelOpt: pip install -e '.[bench]'")
     global RESULTS, CACHE
     RESULTS = quick_mode(args, RESULTS, seeds=[0], pretrain_epochs=2.0, search_epochs=0.5, finetune_epochs=0.5)
     CACHE = RESULTS / CACHE.name
@@ -312,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
         cache["runs"] = {**disk["runs"], key: cache["runs"][key]}
 
     for seed in args.seeds:
-        run_seed(seed, cfg, args.workdir, args.threads, cache["runs"][key].setdefault(str(seed), {}), save)
+        run_seed(seed, cfg, args.workdir, args.threads, cache["runs"][key].setdefault(str(seed), {}), save, methods)
         save()
         print(f"wrote {write_table(cache)}", flush=True)
 

@@ -1,0 +1,118 @@
+"""Table lines of the peers that ``bench/peers.py`` runs only on request (``--methods``).
+
+An extra peer (ModelOpt FastNAS) may cover only some of a setting's seeds, so its rows, its
+paired interval against DMS_p and its per-stage widths are computed over the seeds it has:
+:func:`extra_lines` writes them below the setting's table. :func:`stage_widths` turns a
+structure string of the cache (``"7/7/6/6/13/... | blocks 2/1/2"``, width groups in model
+order) and the width groups' first producers into per-stage residual / inner widths.
+
+Example:
+    >>> groups = ["conv1", "layer1.0.conv1", "layer2.0.conv1", "layer2.0.conv2"]
+    >>> stage_widths("8/6/10/15 | blocks 1/1", groups)
+    {1: {'residual': 8, 'inner': [6], 'blocks': 1}, 2: {'residual': 15, 'inner': [10], 'blocks': 1}}
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from typing import Any
+
+from benchlib import ci_text, mean_std
+
+__all__ = ["stage_widths", "extra_lines"]
+
+
+def _stage(producer: str) -> int:
+    """The stage of a width group from its first producer (``conv1``: the stem, stage 1)."""
+    m = re.match(r"layer(\d+)\.", producer)
+    return int(m.group(1)) if m else 1
+
+
+def stage_widths(structure: str, groups: list[str]) -> dict[int, dict[str, Any]]:
+    """``{stage: {"residual", "inner", "blocks"}}`` of a ResNet structure string: the residual
+    width (the group the stem or a block's ``conv2`` produces), the inner widths (the groups of
+    the blocks' ``conv1``) in block order and the blocks kept (removable ones, from the string)."""
+    width_part, _, block_part = structure.partition("| blocks")
+    kept = [int(k) for k in width_part.strip().split("/")]
+    if len(kept) != len(groups):
+        raise ValueError(f"{len(kept)} widths in {structure!r} but {len(groups)} width groups")
+    blocks = [int(b) for b in block_part.strip().split("/")] if block_part.strip() else []
+    out: dict[int, dict[str, Any]] = {}
+    for k, producer in zip(kept, groups):
+        st = out.setdefault(_stage(producer), {"residual": None, "inner": [], "blocks": None})
+        if producer == "conv1" or producer.endswith("conv2"):
+            st["residual"] = k
+        else:
+            st["inner"].append(k)
+    for i, st in enumerate(sorted(out)):
+        out[st]["blocks"] = blocks[i] if i < len(blocks) else None
+    return out
+
+
+def _stage_cell(rows: list[dict[str, Any]], stage: int, groups: list[str]) -> str:
+    """``residual / inner, inner, ... / blocks`` of one stage, means over ``rows``."""
+    per = [stage_widths(r["structure"], groups)[stage] for r in rows]
+    res = statistics.mean(p["residual"] for p in per)
+    inner = [statistics.mean(p["inner"][i] for p in per) for i in range(len(per[0]["inner"]))]
+    blocks = [p["blocks"] for p in per if p["blocks"] is not None]
+    return (f"{res:.1f} / " + ", ".join(f"{v:.1f}" for v in inner)
+            + (f" / {statistics.mean(blocks):.1f}" if blocks else ""))
+
+
+def _stages_table(runs: dict[str, Any], seeds: list[int], methods: list[str], groups: list[str],
+                  full: str) -> list[str]:
+    stages = sorted(stage_widths(full, groups))
+    lines = ["| method | " + " | ".join(f"stage {s}: residual / inner per block / removable blocks kept"
+                                         for s in stages) + " |",
+             "| --- |" + " ---: |" * len(stages)]
+    full_row = stage_widths(full, groups)
+    lines.append("| supernet | " + " | ".join(
+        f"{full_row[s]['residual']} / " + ", ".join(str(v) for v in full_row[s]["inner"])
+        + (f" / {full_row[s]['blocks']}" if full_row[s]["blocks"] is not None else "") for s in stages) + " |")
+    for m in methods:
+        rows = [runs[str(s)][m] for s in seeds]
+        lines.append(f"| {m} | " + " | ".join(_stage_cell(rows, s, groups) for s in stages) + " |")
+    return lines
+
+
+def extra_lines(runs: dict[str, Any], have: list[int], extra: tuple[str, ...], target: float,
+                reference: str | None, full_structure: str | None) -> list[str]:
+    """Rows, paired intervals against ``dms_p`` and per-stage widths of each ``extra`` method,
+    over the seeds of ``have`` that ran it (nothing for a method no seed ran)."""
+    lines: list[str] = []
+    for m in extra:
+        seeds = [s for s in have if m in runs[str(s)]]
+        if not seeds:
+            continue
+        rs = [runs[str(s)][m] for s in seeds]
+        version = rs[0].get("modelopt", "?")
+        fits = sum(1 for r in rs if 0.99 * target <= r["macs_frac"] <= target)
+        diffs = [100 * (runs[str(s)]["dms_p"]["acc"] - runs[str(s)][m]["acc"]) for s in seeds]
+        dms = [runs[str(s)]["dms_p"] for s in seeds]
+        lines += ["", f"**{m}** (NVIDIA ModelOpt {version}, FastNAS, channel divisor 1; seeds {seeds}):", "",
+                  "| method | top-1 after finetune (%) | MACs | x supernet MACs | params | prune/search time (s) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for name, rows in (("dms_p (same seeds)", dms), (m, rs)):
+            lines.append(f"| {name} | {mean_std([100 * r['acc'] for r in rows])} | "
+                         f"{mean_std([r['macs'] for r in rows], '{:,.0f}')} | "
+                         f"{mean_std([r['macs_frac'] for r in rows], '{:.3f}')} | "
+                         f"{mean_std([r['params'] for r in rows], '{:,.0f}')} | "
+                         f"{mean_std([r['prune_seconds'] for r in rows], '{:.0f}')} |")
+        lines += ["", f"dms_p minus {m}, pt: **{ci_text(diffs)}** (mean [95 % t-interval], p); per seed "
+                  + ", ".join(f"{d:+.2f}" for d in diffs) + ". "
+                  f"{m}'s MACs by `dms.count` are within 1 % under the target on {fits} of {len(rs)} seeds "
+                  f"(its own `flops` constraint, bisected: {mean_std([r['constraint_percent'] for r in rs], '{:.1f}')} %, "
+                  f"{mean_std([r['bisect_runs'] for r in rs], '{:.1f}')} `mtp.prune` runs; "
+                  f"{mean_std([r['steps'] for r in rs], '{:.0f}')} score evaluations for its sensitivity map)."]
+        if reference and all(reference in runs[str(s)] for s in seeds):
+            lines.append(f"{m} minus `{reference}`, pt: " + ci_text(
+                [100 * (runs[str(s)][m]["acc"] - runs[str(s)][reference]["acc"]) for s in seeds]) + ".")
+        groups = rs[0].get("width_groups")
+        if groups and full_structure:
+            lines += ["", f"Per-stage widths, means over these seeds (DMS_p beside {m}):", ""]
+            lines += _stages_table(runs, seeds, ["dms_p", m], groups, full_structure)
+        lines += ["", f"Structures of {m} (kept channels per width group in model order):", ""]
+        lines += [f"- {m}, seed {r['seed']}: {r['structure']} (constraint {r['constraint_percent']:.2f} %, "
+                  f"{r['macs_frac']:.4f} x MACs)" for r in rs]
+    return lines

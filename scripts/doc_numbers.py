@@ -274,6 +274,21 @@ def _peers_ceiling() -> str:
             f"there, and DMS_p is within {dms:.2f} of it")
 
 
+def _fastnas(key: str) -> str:
+    """DMS_p minus ModelOpt FastNAS, paired by seed over the seeds both ran (``key``: a peers run)."""
+    runs = cache("peers")["runs"][key]
+    seeds = sorted(int(s) for s, r in runs.items() if "dms_p" in r and "modelopt_fastnas" in r)
+    diffs = [100 * (runs[str(s)]["dms_p"]["acc"] - runs[str(s)]["modelopt_fastnas"]["acc"]) for s in seeds]
+    return ci(diffs)[1]
+
+
+@number("peers.fastnas.readme")
+def _peers_fastnas_readme() -> str:
+    eq = "pre10.0-s2.0-ft4.0-eqtrain-settle0.4-hold"
+    return (f"{_fastnas('t0.25-' + eq)} pt at 0.25 x, {_fastnas('t0.5-' + eq)} at 0.5 x; "
+            f"width 4 at 0.25 x {_fastnas('w4-t0.25-' + eq)}")
+
+
 @number("peers.w4")
 def _peers_w4() -> str:
     p5, p25 = _peers("w4-t0.5-pre10.0-s2.0-ft4.0-settle0.4-hold"), _peers("w4-t0.25-pre10.0-s2.0-ft4.0-settle0.4-hold")

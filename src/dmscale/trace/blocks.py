@@ -323,25 +323,20 @@ def pin_units(stages: list[DepthDim], keep: list[str]) -> list[DepthDim]:
     head size from the first layer's attention), and pinning it before the search keeps
     the result writable.
 
-    Example:
+    Example (the first of two residual blocks pinned by a module inside it):
         >>> import torch
         >>> from torch import nn
         >>> from dmscale.trace.tracer import Tracer
-        >>> class Layer(nn.Module):  # x1 = x + attn(norm1(x)); y = x1 + mlp(norm2(x1))
+        >>> class Res(nn.Module):  # y = x + f(x)
         ...     def __init__(self) -> None:
-        ...         super().__init__()
-        ...         self.norm1, self.attn = nn.LayerNorm(4), nn.Linear(4, 4)
-        ...         self.norm2, self.mlp = nn.LayerNorm(4), nn.Linear(4, 4)
-        ...     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ...         x = x + self.attn(self.norm1(x))
-        ...         return x + self.mlp(self.norm2(x))
-        >>> net = nn.Sequential(Layer(), Layer())
+        ...         super().__init__(); self.f = nn.Linear(4, 4)
+        ...     def forward(self, x: torch.Tensor) -> torch.Tensor: return x + self.f(x)
+        >>> net = nn.Sequential(Res(), Res())
         >>> tr = Tracer(net)
         >>> _ = tr.run(torch.randn(1, 4))
-        >>> stages = split_branches(tr, group_stages(net, find_blocks(tr)))
-        >>> (d,) = pin_units(stages, ["0.attn"])
-        >>> [b.name for b in d.blocks], d.blocks[0].layer.pinned
-        (['0.mlp', '1.attn', '1.mlp'], ['0.attn'])
+        >>> (d,) = pin_units(group_stages(net, find_blocks(tr)), ["0.f"])
+        >>> [b.name for b in d.blocks]
+        ['1']
     """
     out = []
     for d in stages:

@@ -155,6 +155,16 @@ def test_two_budgets_from_the_command_line_land_and_are_reported(tiny_hf, tmp_pa
     assert "budget        params" in printed and "budget        kv_cache" in printed
 
 
+def test_resource_names_the_primary_of_several_budgets():
+    """``--resource kv_cache --target params=0.7,kv_cache=0.5``: the budget ``--resource`` names
+    is the primary one (it was silently replaced by the first, params)."""
+    cfg = RunConfig(command="search", resource="kv_cache", target={"params": 0.7, "kv_cache": 0.5}).resolved()
+    assert cfg.resource == "kv_cache" and list(cfg.budgets) == ["kv_cache", "params"]
+    assert cfg.budgets == {"params": 0.7, "kv_cache": 0.5}
+    plain = RunConfig(command="search", target={"params": 0.7, "kv_cache": 0.5}).resolved()
+    assert plain.resource == "params" and list(plain.budgets) == ["params", "kv_cache"]
+
+
 @pytest.mark.parametrize("target, needle", [
     ("flops=0.5", "unknown resource 'flops'"),
     ("params=0,kv_cache=0.5", "the target of params must be a number > 0"),

@@ -193,17 +193,23 @@ class RunConfig(RunConfigChecks):
                               "models go with --task shakespeare)")
 
     def _check_budgets(self) -> None:
-        """Several budgets (``--target RESOURCE=T,...``): ``resource`` becomes the first one's;
+        """Several budgets (``--target RESOURCE=T,...``): the primary budget (the one
+        ``resources()`` and the report's cost plot show) is a ``--resource`` other than the
+        default (``macs``) when it is among them (its budget moves first), else the first one;
         a ``--resource`` other than the default that is not among them is refused."""
         if not isinstance(self.target, dict):
             return
         if not self.target:
             raise ConfigError("--target: expected a number > 0 or RESOURCE=T[,RESOURCE=T...], got none")
-        first = next(iter(self.target))
-        if self.resource not in ("macs", first) and self.resource not in self.target:
+        # "macs" is also the default, which cannot tell an explicit --resource macs from none:
+        # it leaves the first budget primary
+        if self.resource != "macs" and self.resource in self.target:
+            self.target = {self.resource: self.target[self.resource],
+                           **{k: v for k, v in self.target.items() if k != self.resource}}
+        elif self.resource != "macs":
             raise ConfigError(f"--resource {self.resource} is not among the budgets of --target "
                               f"({', '.join(self.target)}): leave --resource out with several budgets")
-        self.resource = first
+        self.resource = next(iter(self.target))
 
     @property
     def budgets(self) -> dict[str, float]:

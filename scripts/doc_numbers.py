@@ -286,7 +286,7 @@ def _fastnas(key: str) -> str:
 def _peers_fastnas_readme() -> str:
     eq = "pre10.0-s2.0-ft4.0-eqtrain-settle0.4-hold"
     return (f"{_fastnas('t0.25-' + eq)} pt at 0.25 x, {_fastnas('t0.5-' + eq)} at 0.5 x; "
-            f"width 4 at 0.25 x {_fastnas('w4-t0.25-' + eq)}")
+            f"width 4 at 0.25 x {_fastnas('w4-t0.25-' + eq)}, at 0.5 x {_fastnas('w4-t0.5-' + eq)}")
 
 
 @number("peers.w4")

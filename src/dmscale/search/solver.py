@@ -79,6 +79,22 @@ def _ratios(topks: list[Any]) -> list[float]:
     return [float(t.a.detach()) if t.a.numel() == 1 else 1.0 - t.hard_count() / t.n_units for t in topks]
 
 
+def _smallest_fitting(fits: Any, lo: float, hi: float, iterations: int) -> float:
+    """The smallest offset in [lo, hi] at which ``fits`` holds, by bisection (``fits`` is
+    monotone: false below some offset, true from it on); ``hi`` when nothing below fits."""
+    if fits(lo):
+        return lo
+    for _ in range(iterations):
+        if hi - lo < 1e-6:
+            break
+        mid = (lo + hi) / 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def _common_offset(topks: list[Any], budgets: _Budgets, lo: float, hi: float, iterations: int) -> None:
     """Leave ``topks`` at the offset in [lo, hi] (added to their ratios now) with the largest
     cost that fits every budget (binary search: the costs are non-increasing in the offset);
@@ -89,17 +105,7 @@ def _common_offset(topks: list[Any], budgets: _Budgets, lo: float, hi: float, it
         _shift_to(topks, base, offset)
         return budgets.fits(budgets())
 
-    if fits_at(lo):
-        hi = lo
-    for _ in range(iterations):
-        if hi - lo < 1e-6:
-            break
-        mid = (lo + hi) / 2
-        if fits_at(mid):
-            hi = mid
-        else:
-            lo = mid
-    _shift_to(topks, base, hi)
+    _shift_to(topks, base, _smallest_fitting(fits_at, lo, hi, iterations))
 
 
 def solve_budget(topks: list[Any], hard_cost: HardCost, target: float | tuple[float, ...],
@@ -202,18 +208,7 @@ def _exchange(topks: list[Any], budgets: _Budgets, iterations: int) -> None:
         _common_offset(shrink, budgets, 0.0, 1.0, iterations)
         return budgets.fits(budgets())
 
-    lo, hi = -1.0, 0.0
-    if fits_with(lo):
-        hi = lo
-    for _ in range(iterations):
-        if hi - lo < 1e-6:
-            break
-        mid = (lo + hi) / 2
-        if fits_with(mid):
-            hi = mid
-        else:
-            lo = mid
-    fits = fits_with(hi)
+    fits = fits_with(_smallest_fitting(fits_with, -1.0, 0.0, iterations))
     after = [c / max(t, 1e-12) for c, t in zip(budgets(), budgets.targets)]
     if not fits or min(after) <= shares[k]:  # no better: back to where it was
         _shift_to(topks, base, 0.0)

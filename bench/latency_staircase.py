@@ -72,7 +72,7 @@ def sweep(size: int, align: int, points: int) -> list[int]:
 
 
 def _layer_latency_us(layer: nn.Module, x: torch.Tensor, side: str, k: int, repeats: int) -> float:
-    from dmscale.cost.latency_profile import _with_channels
+    from dmscale.cost.latency_profile import with_channels
     from dmscale.cost.timing import measure_latency
     from dmscale.trace.handlers.base import handler_for
     handler = handler_for(layer)
@@ -80,7 +80,7 @@ def _layer_latency_us(layer: nn.Module, x: torch.Tensor, side: str, k: int, repe
     keep = torch.arange(k, device=x.device)
     handler.prune(m, keep if side == "in" else None, keep if side == "out" else None)
     if side == "in":
-        x = _with_channels(x, handler.channel_dim, k)
+        x = with_channels(x, handler.channel_dim, k)
     return 1e6 * measure_latency(m, x, repeats=repeats, warmup=2)
 
 
@@ -89,11 +89,11 @@ def staircase(name: str, device: torch.device, batch: int, align: int, points: i
     """Profile ``name`` for a latency search on ``device``, then sweep its layers (see the module
     text); returns the rows and the summary of each layer."""
     import dmscale as dms
-    from dmscale.cost.latency_profile import _capture
+    from dmscale.cost.latency_profile import capture_inputs
     model, example = _build(name, device)
     x = example.expand(batch, *example.shape[1:]).contiguous()
     layers = MODELS[name][2]
-    inputs, _ = _capture(model, [n for n, _ in layers], [], x)  # each layer's input at this batch
+    inputs, _ = capture_inputs(model, [n for n, _ in layers], [], x)  # each layer's input at this batch
     searcher = dms.prepare(copy.deepcopy(model), x, dms.SearchConfig(
         resource="latency", target=0.5, align=align, latency_options={"budget_s": budget_s}))
     cost = searcher._cost_model("latency")

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 import dmscale as dms
-from dmscale.core.errors import ConfigError
+from dmscale.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import deploy_latency as dl  # noqa: E402

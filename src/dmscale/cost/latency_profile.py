@@ -29,7 +29,7 @@ from dmscale.cost.polyfit import LayerFit, _basis, fit_monotone_poly
 from dmscale.cost.timing import _calls_per_block, _device_of, _time_block
 from dmscale.trace.values import split_inputs
 
-__all__ = ["LatencyProfiler"]
+__all__ = ["LatencyProfiler", "capture_inputs", "with_channels"]
 
 
 _US = 1e6  # seconds -> microseconds
@@ -69,7 +69,7 @@ class _Job:
     error: str | None = None
 
 
-def _capture(model: nn.Module, names: list[str], outputs_of: list[str],
+def capture_inputs(model: nn.Module, names: list[str], outputs_of: list[str],
              example_inputs: Any) -> tuple[dict[str, tuple[tuple, dict]], dict[str, Any]]:
     """First-call (args, kwargs) of the ``names`` submodules, and outputs of ``outputs_of``."""
     modules = dict(model.named_modules())
@@ -126,7 +126,7 @@ def _stubbed(model: nn.Module, outputs: dict[str, Any]) -> nn.Module:
     return rest
 
 
-def _with_channels(x: torch.Tensor, dim: int, c: int) -> torch.Tensor:
+def with_channels(x: torch.Tensor, dim: int, c: int) -> torch.Tensor:
     """A tensor like x with ``c`` entries on ``dim``: random for floats, sliced otherwise."""
     shape = list(x.shape)
     shape[dim] = c
@@ -193,7 +193,7 @@ class LatencyProfiler:
             plan.handler.prune(m, keep_in, keep_out)
             x = args[0]
             c = keep_in.numel() if keep_in is not None else x.shape[plan.handler.channel_dim]
-            x = _with_channels(x, plan.handler.channel_dim, c)
+            x = with_channels(x, plan.handler.channel_dim, c)
             rest = args[1:]
             return lambda: m(x, *rest, **kwargs)
 
@@ -221,7 +221,7 @@ class LatencyProfiler:
         plans = self._plans(work)
         blocks = [b.name for d in self.space.depth for b in d.blocks]
         profiled = [p.name for p in plans]
-        inputs, outputs = _capture(work, profiled + blocks, profiled, example_inputs)
+        inputs, outputs = capture_inputs(work, profiled + blocks, profiled, example_inputs)
         jobs: list[_Job] = []
         skipped: dict[str, str] = {}
         for plan in plans:

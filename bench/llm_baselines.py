@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 from benchlib import add_quick_flags, git_commit, hand_reading, quick_mode, save_cache, write_md  # noqa: E402
-from smollm2_prune import smollm2_path  # noqa: E402
+from smollm2_prune import protocol, smollm2_path  # noqa: E402
 import llm_baselines_lib as lib  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -84,9 +84,9 @@ def make_pipeline(args: argparse.Namespace, out: Path) -> Any:
                     retrain_epochs=args.retrain_epochs, test_limit=args.test_limit,
                     optimizer="adamw", threads=args.threads, quiet=True, out=str(out),
                     settle=0.0,  # the cached rows' protocol (before the settle phase)
-                    seed=getattr(args, "seed", 0))
+                    seed=getattr(args, "seed", 0), **protocol(args))
     pipe = Pipeline(cfg)
-    assert pipe.cfg.teacher == "supernet" and pipe.cfg.distills, pipe.cfg
+    assert pipe.cfg.teacher == "supernet" and (pipe.cfg.distills or not pipe.cfg.distill_weight), pipe.cfg
     pipe.rd.path.mkdir(parents=True, exist_ok=True)
     return pipe
 
@@ -221,9 +221,9 @@ def probe_tp(seconds: int) -> dict[str, Any]:
 
 
 def _probe_case(attn: str, use_cache: bool, ratio: float, seconds: int) -> dict[str, Any]:
-    from dmscale.core._compat import ensure_torchvision
+    import dmscale as dms
 
-    ensure_torchvision()
+    dms.ensure_torchvision()
     import torch
     import torch_pruning as tp
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -106,7 +106,8 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
             retrain_epochs=_epochs(args.finetune_steps, args), seq_len=args.seq_len,
             batch_size=args.batch_size, test_limit=args.test_limit, structure_lr=0.1,
             resource_weight=50.0, distill_hidden=0.0, threads=args.threads, layer_uniform=False,
-            out=out, settle=args.settle, settle_hold=args.settle_hold, seed=args.seed)
+            out=out, settle=args.settle, settle_hold=args.settle_hold, seed=args.seed,
+            distill_weight=args.distill_weight, lr=args.lr)
         res = smollm2_prune.run(ns)
         run_dir = Path(out) / f"target{args.target}"  # where smollm2_prune.run wrote the run
         res.update(method=args.method, target=args.target, seed=args.seed, settle_hold=args.settle_hold,
@@ -121,7 +122,8 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
                             widths=widths, target=args.target if args.method != "original" else 1.0,
                             calib_batches=2, retrain_epochs=_epochs(steps, args), seq_len=args.seq_len,
                             batch_size=args.batch_size, test_limit=args.test_limit,
-                            threads=args.threads, out=out, seed=args.seed)
+                            threads=args.threads, out=out, seed=args.seed,
+                            distill_weight=args.distill_weight, lr=args.lr)
     if args.method == "original":
         _original(args)  # llm_baselines reads the original's evaluation from the DMS arm's cache
     res = llm_baselines.run(ns)
@@ -345,6 +347,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--settle-hold", action="store_true",
                    help="hold DMS's structure while the exact cost is inside the band (the library default "
                         "since it was added; the cached rows ran without it, the settle phase annealing alone)")
+    p.add_argument("--distill-weight", type=float, default=None, metavar="W",
+                   help="weight of the logits-KL distillation in every arm (default: the library's, 1)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak lr of every arm's weights (default: the library's, 1e-4 for AdamW on hf:)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--test-limit", type=int, default=8192)

@@ -76,6 +76,17 @@ def _original_eval(pipe: Any, args: argparse.Namespace) -> dict[str, float]:
     return ev
 
 
+def protocol(args: argparse.Namespace) -> dict[str, Any]:
+    """The distillation weight and peak lr when ``args`` sets them (else the library's defaults):
+    shared with the baselines' finetune so that every arm trains alike."""
+    out: dict[str, Any] = {}
+    if getattr(args, "distill_weight", None) is not None:
+        out["distill_weight"] = args.distill_weight
+    if getattr(args, "lr", None) is not None:
+        out["lr"] = args.lr
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """One pipeline run (and the original's evaluation, once); returns the numbers."""
     out = Path(args.out or tempfile.mkdtemp(prefix="smollm2-")) / f"target{args.target}"
@@ -92,6 +103,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     settle=getattr(args, "settle", 0.0), settle_hold=getattr(args, "settle_hold", False),
                     seed=getattr(args, "seed", 0),
                     **({"distill_hidden": args.distill_hidden} if args.distill_hidden else {}),
+                    **protocol(args),
                     quiet=True, out=str(out))
     commit = _commit()
     t0 = time.perf_counter()

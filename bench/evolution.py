@@ -51,7 +51,7 @@ from benchlib import (add_quick_flags, command_line, git_commit, hand_reading, i
 import dmscale as dms  # noqa: E402
 from dmscale.config.run_config import RunConfig  # noqa: E402
 from dmscale.export.files import load_weights  # noqa: E402
-from dmscale.run.pipeline import Pipeline, recalibrate_batchnorm  # noqa: E402
+from dmscale.run.pipeline import Pipeline, calibrate_on_task  # noqa: E402
 from dmscale.run.saved_runs import make_searcher, new_supernet  # noqa: E402
 from dmscale.tasks.image import ClassificationTask  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
@@ -156,7 +156,7 @@ def _test_acc(space: el.SearchSpace, model: torch.nn.Module, task: Any, bc: Benc
     """Test top-1 of ``counts`` under DMS_p-'s export protocol (recalibration on the training set)."""
     space.set(counts)
     with space.searcher.hardened():
-        recalibrate_batchnorm(model, task, bc.batch_size, seed * 10 + 5)
+        calibrate_on_task(model, task, bc.batch_size, seed * 10 + 5)
         return float(task.evaluate(model)["acc"])
 
 
@@ -170,7 +170,7 @@ def run_evolution(bc: BenchConfig, seed: int, pre_dir: Path) -> dict[str, Any]:
                            lambda m, x, y: task.task_loss(task.forward(m, x), y))
     t_importance = clock()
     space = el.SearchSpace.of(searcher)
-    fitness = el.supernet_fitness(space, model, lambda m: recalibrate_batchnorm(m, fit, bc.batch_size, seed * 10 + 5,
+    fitness = el.supernet_fitness(space, model, lambda m: calibrate_on_task(m, fit, bc.batch_size, seed * 10 + 5,
                                                                                   n_batches=bc.fitness_bn_batches),
                                   lambda m: fit.evaluate(m)["acc"])
     result = el.evolve(space, fitness, dataclasses.replace(bc.evolution, seed=seed), clock)
@@ -180,7 +180,7 @@ def run_evolution(bc: BenchConfig, seed: int, pre_dir: Path) -> dict[str, Any]:
               "test_acc": _test_acc(space, model, task, bc, seed, i.candidate.counts)} for i in result.improvements]
     space.set(result.best.counts)
     small = searcher.export()  # the best candidate's export: same count, same test top-1
-    recalibrate_batchnorm(small, task, bc.batch_size, seed * 10 + 5)
+    calibrate_on_task(small, task, bc.batch_size, seed * 10 + 5)
     export_acc, export_macs = float(task.evaluate(small)["acc"]), int(dms.count(small, task.example_inputs())["macs"])
     return {"curve": curve, "cpu_s": round(total, 2), "importance_cpu_s": round(t_importance, 2),
             "importance_batches": n, "evaluations": len(result.evaluated), "budget": bc.evolution.budget,

@@ -46,7 +46,7 @@ from benchlib import (add_quick_flags, ci_text, command_line, git_commit, hand_r
                       shared_machine, widths, write_md)
 import dmscale as dms  # noqa: E402
 from dmscale.config.run_config import RunConfig  # noqa: E402
-from dmscale.run.pipeline import Pipeline, load_run_model, recalibrate_batchnorm  # noqa: E402
+from dmscale.run.pipeline import Pipeline, calibrate_on_task, load_run_model  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 
 __all__ = ["METHODS", "GatePipeline", "run_seed", "write_table", "plot", "main"]
@@ -124,7 +124,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
             supernet.eval()
             structure, mult = pl.uniform_structure(supernet, example, cfg["target"])
             small = pl.apply(supernet, structure)
-            recalibrate_batchnorm(small, task, 128, seed * 10 + 5, torch.device("cpu"))
+            calibrate_on_task(small, task, 128, seed * 10 + 5, torch.device("cpu"))
             acc = task.evaluate(small, device=torch.device("cpu"))["acc"]
             macs = pl.macs(small, example)
             row = {"acc": acc, "macs": macs, "params": int(dms.count(small, example)["params"]),

@@ -12,7 +12,8 @@ After the search, the *finish* (``Phases._finish_search``) runs structure-only s
 final target until the hard cost is under it (at most ``FINISH_STEPS``), then the budget
 solver when the cost is still over the target or under the low end of the search's
 ``budget_band`` (default 0.98) x target; the exported model's
-BatchNorm statistics are re-estimated (:func:`recalibrate_batchnorm`) before it is evaluated.
+BatchNorm statistics are re-estimated (:func:`calibrate_on_task`: the library's
+:func:`dmscale.recalibrate_batchnorm` on the task's training batches) before it is evaluated.
 """
 
 from __future__ import annotations
@@ -45,14 +46,14 @@ from dmscale.tasks.distill import kept_hidden_channels
 from dmscale.tasks.registry import Task
 from dmscale.tasks.start_weights import load_start_weights, load_weights_file, starts_from_weights
 
-__all__ = ["Phases", "recalibrate_batchnorm", "FINISH_STEPS", "BN_CALIBRATION_BATCHES"]
+__all__ = ["Phases", "calibrate_on_task", "FINISH_STEPS", "BN_CALIBRATION_BATCHES"]
 
 FINISH_STEPS = 300  # structure-only steps allowed after the search to get under the target
 BN_CALIBRATION_BATCHES = 20  # batches that re-estimate BatchNorm statistics of the export
 
 
-def recalibrate_batchnorm(model: nn.Module, task: Task, batch_size: int, seed: int,
-                          device: torch.device | str = "cpu", n_batches: int = BN_CALIBRATION_BATCHES) -> int:
+def calibrate_on_task(model: nn.Module, task: Task, batch_size: int, seed: int,
+                      device: torch.device | str = "cpu", n_batches: int = BN_CALIBRATION_BATCHES) -> int:
     """Re-estimate the running statistics of every BatchNorm layer of ``model`` on training
     batches (no gradients, weights untouched); returns the number of layers.
 
@@ -252,7 +253,7 @@ class Phases:
         small = export_search(searcher)  # --shard fsdp: on rank 0 only, gathered on the CPU
         if small is not None:
             small.to(self.device)
-            recalibrate_batchnorm(small, self.task, cfg.batch_size, cfg.seed * 10 + 5, self.device)
+            calibrate_on_task(small, self.task, cfg.batch_size, cfg.seed * 10 + 5, self.device)
             metrics = self._phase_result("search", small, total, self.evaluate("search", small, None, total))
             self.state["evals"]["search"] = metrics
             self.state["evals"]["final"] = metrics

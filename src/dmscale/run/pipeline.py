@@ -74,7 +74,7 @@ from dmscale.engine.rundir import (
 )
 from dmscale.export.files import save_weights
 from dmscale.engine.loggers import eval_scalars
-from dmscale.run.phases import Phases, recalibrate_batchnorm
+from dmscale.run.phases import Phases, calibrate_on_task
 from dmscale.run.saved_runs import (
     check_inputs_from_info,
     evaluate_run,
@@ -102,7 +102,7 @@ __all__ = [
     "save_weights",
     "load_weights",
     "resolve_device",
-    "recalibrate_batchnorm",
+    "calibrate_on_task",
     "export_run",
     "evaluate_run",
     # re-exported from dmscale.engine / dmscale.run.saved_runs (their home since the step loop moved)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 import dmscale
-from dmscale.config.options import OPTIONS, _Place, _table
+from dmscale.config.declare import _Place, _table
+from dmscale.config.options import OPTIONS
 from dmscale.config.run_config import RunConfig
 from dmscale.core.errors import ConfigError
 from dmscale.core.options import declared_options

@@ -3,8 +3,10 @@
 Every option of the command line is declared once, on a field: the search's own on the fields
 of :class:`~dmscale.SearchConfig`, the others on :class:`RunConfig`'s (declared in
 :class:`~dmscale.config.options.RunOptions`: flag, type, default, help, the subcommands that
-take it), which places both; :data:`OPTIONS` is the table they make. The same table drives ``argparse`` (see :mod:`dmscale.cli`), the keys a ``--config`` YAML/JSON
-file may set, and the validation of :class:`RunConfig`. Precedence: built-in defaults < ``--config`` file < explicit flags.
+take it), which places both; :data:`OPTIONS` is the table they make. The same table drives
+``argparse`` (see :mod:`dmscale.cli`), the keys a ``--config`` YAML/JSON file may set, and the
+validation of :class:`RunConfig`. Precedence: built-in defaults < ``--config`` file < explicit
+flags.
 
 Example:
     >>> cfg = RunConfig(task="digits", target=0.4, epochs=2)

@@ -25,6 +25,7 @@ the options' tables in. ``tests/test_cli_tables.py`` runs the check on the commi
 from __future__ import annotations
 
 import argparse
+import html
 import re
 import sys
 from dataclasses import dataclass
@@ -65,8 +66,11 @@ def _cell(text: str) -> str:
 
 
 def _code(text: str) -> str:
-    """``text`` as code in a cell (a pipe escaped: the table's, not the code's)."""
-    return "`" + text.replace("|", "\\|") + "`"
+    """``text`` as code in a cell; with a pipe as ``<code>`` and ``&#124;`` (in backticks, a
+    table needs ``\\|`` on GitHub and then shows the backslash on the site)."""
+    if "|" not in text:
+        return f"`{text}`"
+    return "<code>" + html.escape(text, quote=False).replace("|", "&#124;") + "</code>"
 
 
 def flag_text(opt: Option) -> str:

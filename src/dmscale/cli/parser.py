@@ -14,6 +14,7 @@ import textwrap
 from typing import Any
 
 from dmscale.config.aliases import DEPRECATED
+from dmscale.config.options import GROUP_TITLES
 from dmscale.config.run_config import OPTIONS, ConfigError, Option
 from dmscale.core.values import boolean
 
@@ -89,20 +90,9 @@ _COMMAND_HELP = {
                "against the target, loss and accuracy) for RUN."),
 }
 
-_GROUP_TITLES = {
-    "data": "data", "model": "model", "search": "search (DMS)", "distillation": "distillation",
-    "training": "training", "run": "run", "watch": "watching a run",
-}
-
-
-# the options of `dmscale search` that decide its model and search space (`dmscale inspect`)
-INSPECT_OPTIONS = ("task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size",
-                   "seq_len", "model", "model_args", "expand", "resource", "target", "search_dims",
-                   "min_width", "width_step", "align", "exclude", "layer_uniform", "depth_unit", "seed",
-                   "device", "threads", "out", "quiet",
-                   # --memory: what decides the memory of the search
-                   "batch_size", "pipeline", "optimizer", "precision", "shard", "teacher", "distill_weight",
-                   "distill_hidden")
+# the options of `dmscale search` that decide its model, search space and memory: those whose
+# declaration lists the inspect command
+INSPECT_OPTIONS = tuple(o.name for o in OPTIONS if "inspect" in o.commands)
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -252,10 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="--memory: ranks (GPUs) of the run (default: 1)")
         groups: dict[str, argparse._ArgumentGroup] = {}
         for opt in OPTIONS:
-            if command not in opt.commands and not (command == "inspect" and opt.name in INSPECT_OPTIONS):
+            if command not in opt.commands:
                 continue
             if opt.group not in groups:
-                groups[opt.group] = p.add_argument_group(_GROUP_TITLES[opt.group])
+                groups[opt.group] = p.add_argument_group(GROUP_TITLES[opt.group])
             _add_option(groups[opt.group], opt, command)
             for old in (o for o, n in DEPRECATED.items() if n == opt.name):  # --imgsz: not in --help
                 groups[opt.group].add_argument("--" + old.replace("_", "-"), dest=old, type=_type(opt),

@@ -1,10 +1,12 @@
 """The run configuration of the ``dmscale`` command: one dataclass, one table of options.
 
-Every option of the command line is declared once: the search's own on the fields of
-:class:`~dmscale.SearchConfig`, the others in :data:`OPTIONS` (flag, type, default, help, the
-subcommands that take it; the table in :mod:`dmscale.config.options` places both). The
-same table drives ``argparse`` (see :mod:`dmscale.cli`), the keys a ``--config`` YAML/JSON
-file may set, and the validation of :class:`RunConfig`. Precedence: built-in defaults < ``--config`` file < explicit flags.
+Every option of the command line is declared once, on a field: the search's own on the fields
+of :class:`~dmscale.SearchConfig`, the others on :class:`RunConfig`'s (declared in
+:class:`~dmscale.config.options.RunOptions`: flag, type, default, help, the subcommands that
+take it), which places both; :data:`OPTIONS` is the table they make. The same table drives
+``argparse`` (see :mod:`dmscale.cli`), the keys a ``--config`` YAML/JSON file may set, and the
+validation of :class:`RunConfig`. Precedence: built-in defaults < ``--config`` file < explicit
+flags.
 
 Example:
     >>> cfg = RunConfig(task="digits", target=0.4, epochs=2)
@@ -18,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from dmscale.config.declare import RETRAIN_INHERITS_KEY, flagged
 from dmscale.config.options import (
     COMMANDS,
     OPTIONS,
@@ -34,6 +36,7 @@ from dmscale.config.options import (
     RESUME_MUTABLE,
     TASKS,
     Option,
+    RunOptions,
 )
 from dmscale.config.aliases import DEPRECATED, rename_deprecated, saved_config_keys
 from dmscale.config.checks import DEFAULT_MODELS, RunConfigChecks
@@ -62,96 +65,20 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- run config
-# what a retrain takes from the search run it retrains (RunConfig.for_retrain)
-TASK_FIELDS = ("task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size", "image_augment",
-               "auto_augment", "augment", "seq_len", "model", "model_args", "expand", "task_info", "seed")
-_LEADING = ("command", "source")  # the fields before the options; the rest (task_info, ...) after
-
-
-def _option_fields(cls: type) -> type:
-    """Give ``cls`` (before ``@dataclass``) a field for every option of :data:`OPTIONS` its body
-    does not declare (those declared on :class:`~dmscale.SearchConfig`), and order its fields as
-    the table: the leading ones, the options, then the rest (``config.yaml`` keeps this order).
-
-    A generated field's default is the option's, with ``auto`` as None (resolved per run).
-    """
-    body = dict(cls.__dict__.get("__annotations__", {}))
-    for opt in OPTIONS:
-        if opt.name not in body:
-            default = None if opt.default == "auto" else opt.default
-            setattr(cls, opt.name, field(default_factory=lambda d=default: copy.deepcopy(d))
-                    if isinstance(default, (list, dict, set)) else default)
-            body[opt.name] = "Any"
-    order = [*_LEADING, *(o.name for o in OPTIONS)]
-    cls.__annotations__ = {**{k: body[k] for k in order}, **{k: v for k, v in body.items() if k not in order}}
-    return cls
-
-
 @dataclass
-@_option_fields
-class RunConfig(RunConfigChecks):
+class RunConfig(RunOptions, RunConfigChecks):
     """Everything a run needs; saved resolved (``config.yaml``) in the run directory.
 
-    ``None`` means "the default that depends on other fields" (see :meth:`resolved`); the
-    options whose default is ``auto`` are chosen by the task (:mod:`dmscale.config.defaults`),
-    and ``chosen`` records which were and why. The options of the search itself (``resource``,
-    ``target``, ``settle``, ...) are declared once, on :class:`~dmscale.SearchConfig`'s fields;
-    :func:`_option_fields` gives this class a field for each (:meth:`search_config` maps back).
+    Its fields are :class:`~dmscale.config.options.RunOptions`' (the command, the run it reads,
+    every option: each declared once there, or on :class:`~dmscale.SearchConfig`'s fields for
+    the options of the search itself, which :meth:`search_config` maps back) and what the run
+    fills in. ``None`` means "the default that depends on other fields" (see :meth:`resolved`);
+    the options whose default is ``auto`` are chosen by the task
+    (:mod:`dmscale.config.defaults`), and ``chosen`` records which were and why.
     """
 
-    command: str = "search"
-    source: str | None = None  # the run a retrain / export / eval / report reads
-    task: str = "mnist"
-    data: str | None = None
-    val_data: str | None = None  # imagefolder: the held-out images (default: DATA/val, or 10 %)
-    text_field: str = "text"
-    train_limit: int | None = None
-    test_limit: int | None = None
-    image_size: int | None = None  # None: imagefolder the model's (timm) or 32; detect 64
-    image_augment: str = "default"
-    auto_augment: str | None = None
-    workers: int | None = None  # None: dmscale.data.images.default_workers()
-    augment: dict[str, Any] | None = None
-    seq_len: int = 64
-    model: str | None = None
-    model_args: dict[str, Any] | None = None
-    expand: dict[str, float] | None = None
-    init: str | None = None
-    weights: str | None = None
-    pretrained: bool = False
-    pipeline: str = "np"
-    structure_lr: float | None = None  # None: auto, set by the pipeline from the search's steps
-    search_dims: str = "both"
-    teacher: str | None = None
-    distill_weight: float = 1.0
-    distill_temperature: float = 1.0
-    distill_hidden: float = 0.0
-    epochs: float = 1.0
-    pretrain_epochs: float | None = None
-    retrain_epochs: float | None = None
-    retrain_init: str = "inherit"
-    batch_size: int = 128
-    optimizer: str | None = None  # None: auto, the task's (dmscale.config.defaults)
-    lr: float | None = None
-    weight_decay: float | None = None
-    warmup: float | None = None
-    seed: int = 0
-    out: str | None = None
-    name: str | None = None
-    checkpoint_every: int = 100
-    stop_after: int | None = None
-    device: str = "auto"
-    threads: int | None = None
-    precision: str = "32"
-    compile: bool = False
-    shard: str = "none"
-    export: str | None = None
-    gguf_type: str = "f16"
-    quiet: bool = False
-    eval_every: int | str | None = None  # N steps, or "<X>e": X epochs
-    export_best: bool = False
-    logger: str = "none"
-    task_info: dict[str, Any] = field(default_factory=dict)  # filled by the task (classes, vocab)
+    # filled by the task (classes, vocab); a retrain takes it from the search run
+    task_info: dict[str, Any] = field(default_factory=dict, metadata={RETRAIN_INHERITS_KEY: True})
     chosen: dict[str, str] = field(default_factory=dict)  # options resolved from auto -> why
 
     def __post_init__(self) -> None:
@@ -301,6 +228,11 @@ class RunConfig(RunConfigChecks):
         if unknown:
             raise ConfigError(f"unknown config key(s) {unknown}")
         return cls(**data)
+
+
+# what a retrain takes from the search run it retrains (RunConfig.for_retrain): the fields
+# declared retrain_inherits (the task, its data, the model, the seed, task_info)
+TASK_FIELDS: tuple[str, ...] = flagged(RunConfig, RETRAIN_INHERITS_KEY)
 
 
 # ----------------------------------------------------------------------------- files

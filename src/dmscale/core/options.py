@@ -6,8 +6,11 @@ subcommands that take it, metavar) in its ``metadata``; :func:`declared_options`
 :class:`Option` rows. The argument parser, the keys a ``--config`` file may set,
 ``--print-config`` and the run's ``config.yaml`` are built from these rows, so a field
 declared this way (e.g. on :class:`dmscale.SearchConfig`) is a command-line option with no
-other file changed. It lives in ``core`` because both the search (which declares its fields)
-and the configuration (which reads them) use it.
+other file changed. A field may also stand for an option declared on another class's field
+(:func:`mirror_option`: the run configuration's field of a search option), and
+:func:`option_of` reads a field's option before ``@dataclass`` has named it. It lives in
+``core`` because both the search (which declares its fields) and the configuration (which
+reads them) use it; it knows nothing of either.
 
 Example:
     >>> from dataclasses import dataclass, field
@@ -29,7 +32,7 @@ from typing import Any, Callable
 
 from dmscale.core.errors import ConfigError
 
-__all__ = ["Option", "option", "declared_options", "OPTION_KEY"]
+__all__ = ["Option", "option", "mirror_option", "option_of", "declared_options", "OPTION_KEY"]
 
 OPTION_KEY = "dmscale.option"  # the key of a field's metadata that holds its option
 
@@ -70,17 +73,33 @@ def option(*, convert: Callable[[Any], Any], help: str, commands: tuple[str, ...
                          "metavar": metavar, "flag_kind": flag_kind, "default": cli_default}}
 
 
-def _option(f: Field[Any]) -> Option:
-    spec = dict(f.metadata[OPTION_KEY])
+def mirror_option(opt: Option) -> dict[str, Any]:
+    """The ``metadata`` of a field that stands for ``opt``, an option declared on another
+    class's field: :func:`option_of` gives back ``opt`` itself (so both classes offer the
+    same option, declared once)."""
+    return {OPTION_KEY: opt}
+
+
+def option_of(f: Field[Any], name: str | None = None) -> Option:
+    """The :class:`Option` field ``f`` declares (its ``metadata`` holds :data:`OPTION_KEY`).
+
+    ``name`` is the field's name where ``@dataclass`` has not set it yet (a class decorator
+    that reads the body before ``@dataclass`` runs); the default is ``f.name``.
+    """
+    spec = f.metadata[OPTION_KEY]
+    if isinstance(spec, Option):
+        return spec
+    spec = dict(spec)
+    name = f.name if name is None else name
     if spec["default"] is MISSING:
         if f.default is MISSING:
-            raise ConfigError(f"option {f.name!r}: a field without a plain default needs cli_default, "
+            raise ConfigError(f"option {name!r}: a field without a plain default needs cli_default, "
                               "the option's default on the command line")
         spec["default"] = f.default
-    return Option(f.name, **spec)
+    return Option(name, **spec)
 
 
 def declared_options(cls: type) -> tuple[Option, ...]:
-    """The :class:`Option` of every field of dataclass ``cls`` declared with :func:`option`, in
-    field order (the option's name is the field's)."""
-    return tuple(_option(f) for f in fields(cls) if OPTION_KEY in f.metadata)
+    """The :class:`Option` of every field of dataclass ``cls`` declared with :func:`option`
+    (or :func:`mirror_option`), in field order (the option's name is the field's)."""
+    return tuple(option_of(f) for f in fields(cls) if OPTION_KEY in f.metadata)

@@ -41,11 +41,12 @@ BEFORE_OPTION: dict[str, Any] = {"settle": 0.0, "settle_hold": False, "align": 1
 CUDA_ALIGN = 8
 
 
-def _search(*, group: str = "search", **kw: Any) -> dict[str, Any]:
+def _search(*, group: str = "search", inspect: bool = False, **kw: Any) -> dict[str, Any]:
     """The metadata of a field that is also an option of ``dmscale search``
     (:func:`dmscale.core.options.option`): the command's parser, ``--config`` keys,
-    ``config.yaml`` and resume are built from it."""
-    return option(commands=("search",), group=group, **kw)
+    ``config.yaml`` and resume are built from it. ``inspect``: ``dmscale inspect`` takes it
+    too (it decides the search space that command shows)."""
+    return option(commands=("search", "inspect") if inspect else ("search",), group=group, **kw)
 
 
 @dataclass
@@ -177,11 +178,11 @@ class SearchConfig:
     """
 
     resource: str = field(default="macs", metadata=_search(
-        convert=choice(*RESOURCES),
+        inspect=True, convert=choice(*RESOURCES),
         help="the budgeted resource: kv_cache is the bytes of K and V cached per token per sequence "
              "(the sum over attention layers of 2 x KV heads x head dim x dtype size)"))
     target: float = field(default=0.5, metadata=_search(
-        convert=budget_targets(RESOURCES), metavar="T",
+        inspect=True, convert=budget_targets(RESOURCES), metavar="T",
         help="the budget: <= 1 is a fraction of the supernet's cost, > 1 an absolute count; several "
              "budgets at once as RESOURCE=T,RESOURCE=T (e.g. params=0.7,kv_cache=0.5; --resource is "
              "then the first of them), each met by the search, the settle phase and the budget solver"))
@@ -205,12 +206,12 @@ class SearchConfig:
     width_temperature: float = 1.0
     depth_temperature: float = 4.0
     min_width: int = field(default=1, metadata=_search(
-        convert=positive_int, metavar="N", help="the smallest width any dimension may keep"))
+        inspect=True, convert=positive_int, metavar="N", help="the smallest width any dimension may keep"))
     width_step: int = field(default=1, metadata=_search(
-        convert=positive_int, metavar="N",
+        inspect=True, convert=positive_int, metavar="N",
         help="channels per search unit (a coarse search space; 1 = every channel)"))
     align: int | None = field(default=None, metadata=_search(
-        convert=align_value, metavar="N|auto",
+        inspect=True, convert=align_value, metavar="N|auto",
         help="hardware-aligned widths: keep every searched width (channels, FFN units, per-head "
              "dims) a multiple of N, searched in units of lcm(--width-step, N); head counts and "
              "blocks are counts and stay free; a width whose size is not a multiple of N is "
@@ -220,7 +221,7 @@ class SearchConfig:
     search_width: bool = True
     search_depth: bool | list[str] = True
     exclude: list[str] = field(default_factory=list, metadata=_search(
-        cli_default=None, convert=str_list, metavar="PATTERN", flag_kind="append",
+        inspect=True, cli_default=None, convert=str_list, metavar="PATTERN", flag_kind="append",
         help="module names or glob patterns (e.g. 'model.layers.*.mlp') whose widths stay fixed; "
              "comma-separated or repeated"))
     width_only_from: float | None = field(default=None, metadata=_search(
@@ -248,7 +249,7 @@ class SearchConfig:
              "e.g. 0.95,1.0, lands coarse search spaces whose steps jump over 2 %%)"))
     verify: bool = True
     layer_uniform: bool = field(default=False, metadata=_search(
-        convert=boolean, flag_kind="flag",
+        inspect=True, convert=boolean, flag_kind="flag",
         help="every repeated layer keeps the same count per kind (heads, FFN width, ...), each its "
              "own most important elements; a Hugging Face model then exports with a standard config "
              "(export --format hf loads with plain from_pretrained)"))
@@ -260,7 +261,7 @@ class SearchConfig:
              "each instead of ~40 operators; same results up to float rounding). auto (default): on "
              "CUDA, not on CPU; a compiler failure warns once and runs them eagerly"))
     depth_unit: str = field(default="block", metadata=_search(
-        convert=choice(*DEPTH_UNITS),
+        inspect=True, convert=choice(*DEPTH_UNITS),
         help="what one depth element removes: a whole residual block (block), or each residual "
              "branch of a block apart (sublayer: the search may drop the attention of one layer and "
              "the FFN of another; a Hugging Face export then needs the per-layer format, not "

@@ -1,7 +1,8 @@
 """GGUF exports run in llama.cpp itself (slow): the real SmolLM2-135M searched to 0.85x its
 parameters (importance from 8 batches of Shakespeare training windows), per-layer (``deci``)
-and layer-uniform (``llama``), and a per-layer Qwen2 (SmolLM2's weights with random q/k/v
-biases, in Qwen2's classes). llama.cpp's greedy continuation equals
+and layer-uniform (``llama``), a per-layer Qwen2 (SmolLM2's weights with random q/k/v
+biases, in Qwen2's classes) and a layer-uniform Qwen3 (SmolLM2's weights with random q/k norms,
+in Qwen3's classes; llama.cpp's ``qwen3``). llama.cpp's greedy continuation equals
 transformers' ``generate(do_sample=False)`` token for token, ``llama-perplexity`` on held-out
 Shakespeare is within 1 % of transformers' perplexity over the very same tokens (read from
 llama.cpp's own logits file) with the same window convention, and llama.cpp tokenizes that text
@@ -92,4 +93,39 @@ def test_per_layer_qwen2_with_biases_runs_in_llamacpp(smollm2, tmp_path):
     text = greedy_equal(small, tokenizer, path)
     ppl_cpp, ppl_hf, _ = perplexities(small, path, tmp_path, bos=None)
     print(f"Qwen2 per-layer: {text!r}; perplexity llama.cpp {ppl_cpp:.4f}, transformers {ppl_hf:.4f}")
+    assert abs(ppl_cpp / ppl_hf - 1) < 0.01
+
+
+def _smollm2_as_qwen3(base, layers: int = 12):
+    """SmolLM2's first ``layers`` layers in Qwen3's classes, with random q/k norm weights."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    c = base.config
+    config = Qwen3Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                         num_hidden_layers=layers, num_attention_heads=c.num_attention_heads,
+                         num_key_value_heads=c.num_key_value_heads, head_dim=c.hidden_size // c.num_attention_heads,
+                         rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
+                         tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
+    torch.manual_seed(0)
+    qwen = Qwen3ForCausalLM(config).eval()
+    state = {k: v for k, v in base.state_dict().items()
+             if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
+    missing, _ = qwen.load_state_dict(state, strict=False)
+    assert missing and all(k.endswith(("q_norm.weight", "k_norm.weight")) for k in missing), missing
+    with torch.no_grad():  # q/k norms that differ per dim: llama.cpp must apply them as written
+        for layer in qwen.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.uniform_(0.5, 1.5)
+    return qwen
+
+
+def test_layer_uniform_qwen3_runs_in_llamacpp(smollm2, tmp_path):
+    base, tokenizer, source = smollm2
+    small = _pruned(_smollm2_as_qwen3(base), tokenizer, uniform=True, batches=1)
+    assert gguf_architecture(small) == "qwen3"
+    assert len({tuple(s) for s in gguf_layer_sizes(small)[1]}) == 1
+    path = dms.save_gguf(small, tmp_path / "model.gguf", tokenizer=source, gguf_type="f32")
+    text = greedy_equal(small, tokenizer, path)
+    ppl_cpp, ppl_hf, _ = perplexities(small, path, tmp_path, bos=None)
+    print(f"Qwen3 layer-uniform: {text!r}; perplexity llama.cpp {ppl_cpp:.4f}, transformers {ppl_hf:.4f}")
     assert abs(ppl_cpp / ppl_hf - 1) < 0.01

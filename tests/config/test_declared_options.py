@@ -150,7 +150,8 @@ def test_every_searchconfig_option_reaches_the_run_config_and_back() -> None:
     changed = {"resource": "params", "target": 0.3, "resource_weight": 2.0, "schedule": "constant",
                "schedule_end": 0.5, "importance": "snip", "min_width": 2, "width_step": 2, "align": 4,
                "width_only_from": 0.7, "cost_forward": "exact", "settle": 0.2, "settle_hold": False,
-               "budget_band": (0.9, 1.0), "layer_uniform": True, "fuse_norms": True, "depth_unit": "sublayer"}
+               "budget_band": (0.9, 1.0), "layer_uniform": True, "fuse_norms": True, "depth_unit": "sublayer",
+               "keep_depth": ["layer1.0"]}
     assert set(changed) | {"exclude"} == {o.name for o in declared}
     scfg = RunConfig(**changed).search_config(["conv1"])
     assert {k: getattr(scfg, k) for k in changed} == changed and scfg.exclude == ["conv1"]
@@ -182,7 +183,7 @@ def test_what_resume_retrain_and_inspect_take_is_declared_on_the_fields() -> Non
     assert set(INSPECT_OPTIONS) == {
         "task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size", "seq_len", "model",
         "model_args", "expand", "resource", "target", "search_dims", "min_width", "width_step", "align", "exclude",
-        "layer_uniform", "depth_unit", "seed", "device", "threads", "out", "quiet", "batch_size", "pipeline",
+        "layer_uniform", "depth_unit", "keep_depth", "seed", "device", "threads", "out", "quiet", "batch_size", "pipeline",
         "optimizer", "precision", "shard", "teacher", "distill_weight", "distill_hidden"}
 
 

@@ -57,3 +57,17 @@ def test_show_prints_a_finished_runs_summary_and_refuses_other_directories(tmp_p
     assert out.startswith("dmscale pretrain finished") and str(tmp_path / "run") in out
     assert main(["show", str(tmp_path)]) == 2
     assert "has no summary.json" in capsys.readouterr().err
+
+
+def test_keep_depth_from_the_command_line_pins_blocks_by_pattern(tmp_path, capsys):
+    """``--keep-depth`` (declared once on ``SearchConfig.keep_depth``) takes glob patterns: the
+    blocks holding the matched modules leave the search; a pattern matching nothing is refused."""
+    tiny = [*TINY[:5], "width=4,blocks=2", *TINY[6:]]
+    assert main(["inspect", *tiny, "--out", str(tmp_path / "all.json")]) == 0
+    assert main(["inspect", *tiny, "--keep-depth", "stage1.*", "--out", str(tmp_path / "kept.json")]) == 0
+    depth = {name: [d["name"] for d in json.loads((tmp_path / name).read_text())["depth"]]
+             for name in ("all.json", "kept.json")}
+    assert depth == {"all.json": ["stage1", "stage2"], "kept.json": ["stage2"]}
+    capsys.readouterr()
+    assert main(["inspect", *tiny, "--keep-depth", "nope.*"]) == 2
+    assert "--keep-depth 'nope.*' matches no module" in capsys.readouterr().err

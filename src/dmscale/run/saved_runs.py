@@ -66,7 +66,7 @@ def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
 
 
 
-def _expand_patterns(model: nn.Module, patterns: list[str]) -> list[str]:
+def _expand_patterns(model: nn.Module, patterns: list[str], flag: str = "--exclude") -> list[str]:
     names = [n for n, _ in model.named_modules() if n]
     out: list[str] = []
     for pat in patterns:
@@ -76,7 +76,7 @@ def _expand_patterns(model: nn.Module, patterns: list[str]) -> list[str]:
             hits = [pat] if any(n == pat or n.startswith(pat + ".") for n in names) else []
         if not hits:
             examples = ", ".join(names[:3])
-            raise ConfigError(f"--exclude {pat!r} matches no module of the model "
+            raise ConfigError(f"{flag} {pat!r} matches no module of the model "
                               f"(its module names look like: {examples})")
         out.extend(hits)
     return out
@@ -188,14 +188,15 @@ def search_config(cfg: RunConfig, exclude: list[str]) -> dms.SearchConfig:
 def make_searcher(cfg: RunConfig, model: nn.Module, example: Any, extra_exclude: list[str],
                   configure: Callable[[list[str]], dms.SearchConfig] | None = None) -> dms.Searcher:
     """``dms.prepare`` of ``model`` with the search options of ``cfg`` (or ``configure(exclude)``,
-    e.g. a baseline's gate); its errors as :class:`ConfigError` (one line). An ``hf:`` search
-    with ``--export gguf`` keeps what llama.cpp needs (:func:`gguf_pinned_depth`)."""
+    e.g. a baseline's gate); its errors as :class:`ConfigError` (one line). ``--keep-depth``
+    patterns become module names; an ``hf:`` search with ``--export gguf`` keeps what llama.cpp
+    needs too (:func:`gguf_pinned_depth`)."""
     exclude = _expand_patterns(model, cfg.exclude or []) + extra_exclude
     try:
         scfg = configure(exclude) if configure is not None else search_config(cfg, exclude)
-        if is_hf_model(cfg.model):
-            pinned = gguf_pinned_depth(model, cfg.export, cfg.depth_unit)
-            scfg = replace(scfg, keep_depth=scfg.keep_depth + pinned) if pinned else scfg
+        pinned = gguf_pinned_depth(model, cfg.export, cfg.depth_unit) if is_hf_model(cfg.model) else []
+        keep = list(dict.fromkeys(_expand_patterns(model, scfg.keep_depth, "--keep-depth") + pinned))
+        scfg = replace(scfg, keep_depth=keep) if keep != scfg.keep_depth else scfg
         return dms.prepare(model, example, scfg)
     except ValueError as err:  # bad budget, nothing to search, unsupported layer ...
         raise ConfigError(str(err).splitlines()[0]) from None

@@ -267,7 +267,12 @@ class SearchConfig:
              "the FFN of another; a Hugging Face export then needs the per-layer format, not "
              "--layer-uniform)"))
     targets: dict[str, float] | None = None
-    keep_depth: list[str] = field(default_factory=list)
+    keep_depth: list[str] = field(default_factory=list, metadata=_search(
+        inspect=True, cli_default=None, convert=str_list, metavar="MODULE", flag_kind="append",
+        help="module names or glob patterns whose depth unit the search never removes (the block "
+             "that holds each; with --depth-unit sublayer the branch, e.g. "
+             "'lm.model.layers.0.self_attn'); their widths are still searched; comma-separated or "
+             "repeated"))
 
     @property
     def budgets(self) -> dict[str, float]:

@@ -64,6 +64,11 @@ def arms_of(setting: dict[str, Any], seeds: list[int]) -> list[tuple[str, list[f
     return out
 
 
+def _interval(g: tuple[float, float, float]) -> str:
+    """``(gap, low, high)`` as ``+gap [low, high]``."""
+    return f"{g[0]:+.2f} [{g[1]:.2f}, {g[2]:.2f}]"
+
+
 def _exported(setting: dict[str, Any], prefix: str, seeds: list[int]) -> str:
     vals = [r["exported"] for k, r in setting["runs"].items() if k.startswith(prefix) and r["seed"] in seeds]
     return f"{min(vals):.3f}-{max(vals):.3f}" if vals else "-"
@@ -110,11 +115,10 @@ def section(key: str, setting: dict[str, Any], info: dict[str, Any]) -> list[str
         g_med = rl.bootstrap_gap(accs, rand, "median")
         g_best = rl.bootstrap_gap(accs, rand, "best")
         lines.append(f"| {label} | {mean_std([100 * a for a in accs])} | {r['rank']} | {r['percentile']:.0f} | "
-                     f"{g_med[0]:+.2f} [{g_med[1]:+.2f}, {g_med[2]:+.2f}] | {ci_text(gaps['median'])} | "
-                     f"{g_best[0]:+.2f} [{g_best[1]:+.2f}, {g_best[2]:+.2f}] | {ci_text(gaps['best'])} |")
+                     f"{_interval(g_med)} | {ci_text(gaps['median'])} | {_interval(g_best)} | {ci_text(gaps['best'])} |")
     label, accs = arms_of(setting, seeds)[0]
     g = rl.bootstrap_gap(accs, rand, "median")
-    lines += ["", f"{label}: {verdict(*g)} ({g[0]:+.2f} pt [{g[1]:+.2f}, {g[2]:+.2f}], bootstrap).", ""]
+    lines += ["", f"{label}: {verdict(*g)} ({_interval(g)} pt, bootstrap).", ""]
     if kind == "np":
         same = [s for s in seeds if f"dms_struct/{s}/s{s}" in runs]
         equal = [s for s in same if runs[f"dms_struct/{s}/s{s}"]["acc"] == runs[f"dms/s{s}"]["acc"]]

@@ -160,7 +160,11 @@ def write_table(cache: dict[str, Any], path: Path) -> Path:
              "- random structures: every width dim's kept count and every stage's kept block count drawn "
              "uniformly from what the search may choose (`random_control_lib.sample`), accepted when "
              "`dms.count` puts the model within 1 % under the target MACs; each keeps its first channels and "
-             "blocks (the uniform baselines' rule); each trained with every seed exactly like DMS's structure", ""]
+             "blocks (the uniform baselines' rule); each trained with every seed exactly like DMS's structure",
+             "- intervals (95 %) of a gap to the random structures' median or best mean top-1: a percentile "
+             "bootstrap (10,000 draws) that resamples the structures and the seeds together (one seed draw "
+             "shared by the arm and every structure), and a paired Student-t over seeds of the per-seed gap "
+             "(`benchlib.paired_ci`; its best is the structure with the best mean, held fixed)", ""]
     info = cache.get("info", {})
     for key in sorted(cache.get("settings", {})):
         lines += section(key, cache["settings"][key], info)

@@ -37,6 +37,7 @@ CASES = [
     _case("peers", "peers.md", ("peers",), ("torch_pruning",), slow=True),  # 22 s
     _case("np_uniform", "np_uniform.md", ("np_uniform",)),  # 21 s
     _case("table16", "table16.md", ("table16",)),  # 9 s
+    _case("random_control", "random_control.md", ("random_control",)),  # 16 s
     _case("importance", "importance.md", ("importance",)),  # 19 s
     _case("gates", "gates.md", ("gates",), slow=True),  # 32 s
     _case("yolo_table11", "yolo_table11.md", ("yolo_table11",), ("ultralytics",), slow=True),  # 18 s

@@ -51,7 +51,8 @@ from benchlib import load_cache, mean_std, paired_ci, paired_diff  # noqa: E402
 __all__ = ["DOCUMENTS", "SPAN", "NUMBERS", "Disagreement", "number", "value", "spans", "check", "write", "main",
            "LATENCY_BAND", "latency_target_text", "STEP_GOAL", "gpu_step_text"]
 
-DOCUMENTS = ("README.md", "docs/benchmarks.md", "docs/search.md", "bench/RESULTS.md")
+DOCUMENTS = ("README.md", "docs/benchmarks.md", "docs/search.md", "docs/gpus.md", "docs/deploy.md",
+             "bench/RESULTS.md")
 SPAN = re.compile(r"<!-- num:(?P<key>[\w.@-]+) -->(?P<text>.*?)<!-- /num -->", re.S)
 NUMBERS: dict[str, Callable[[], str]] = {}
 
@@ -901,6 +902,16 @@ def _gpu_memory() -> str:
     return f"peak memory {now} (was {was})"
 
 
+@number("gpu.cost")
+def _gpu_cost() -> str:
+    new = _gpu()
+    time = " / ".join(f"{_step(new[f'new/{m}']):.2f}x" for m in GPU_MODELS)
+    memory = " / ".join(f"{_step(new[f'new/{m}'], 'peak_gib'):.2f}x" for m in GPU_MODELS)
+    batch = " / ".join(str(new[f"new/{m}"]["train"]["batch"]) for m in GPU_MODELS)
+    return (f"{time} the plain step's time and {memory} its peak memory (ResNet-50 / ViT-B/16 / "
+            f"SmolLM2-shaped Llama, batch {batch}, the Llama's of 512 tokens)")
+
+
 @number("gpu.kernels")
 def _gpu_kernels() -> str:
     new = _gpu()
@@ -967,6 +978,28 @@ def latency_target_text(rows: list[dict[str, Any]], band: float = LATENCY_BAND) 
 @number("latency.target")
 def _latency_target() -> str:
     return latency_target_text(list(cache("latency_target")["rows"].values()))
+
+
+@number("latency.target.macs")
+def _latency_target_macs() -> str:
+    rows = cache("latency_target")["rows"].values()
+    return span_of([a["macs_ratio"] for r in rows for k, a in r["arms"].items()
+                    if k.startswith("latency") and "macs_ratio" in a])
+
+
+DEPLOY_CUDA_NAMES = {"vit_base_patch16": "ViT-B/16", "resnet50": "ResNet-50", "yolov8n": "YOLOv8n (640 px)"}
+
+
+@number("deploy.cuda.compiled")
+def _deploy_cuda_compiled() -> str:
+    """Pruned / original median latency of the ``torch.compile``d exports at batch 64 (bf16)."""
+    parts = []
+    for model, m in cache("deploy_latency_cuda")["models"].items():
+        b = m["batches"].get("64", {})
+        if m.get("compiled") and "compile_orig" in b:
+            name = model.split(" (")[0]
+            parts.append(f"{DEPLOY_CUDA_NAMES.get(name, name)} {b['compile_pruned'][1] / b['compile_orig'][1]:.2f}x")
+    return ", ".join(parts)
 
 
 @number("gpu.export.readme")

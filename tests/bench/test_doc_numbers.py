@@ -59,6 +59,7 @@ def _alter(text: str, key: str) -> tuple[str, str]:
 
 @pytest.mark.parametrize("name, key", [("README.md", "peers.w8.t0.25"), ("README.md", "default_run.table"),
                                        ("docs/benchmarks.md", "llm5.t0.8.headline"),
+                                       ("docs/gpus.md", "gpu.cost"), ("docs/deploy.md", "deploy.cuda.compiled"),
                                        ("bench/RESULTS.md", "llm5.band")])
 def test_an_altered_number_is_reported_and_written_back(dn, tmp_path: Path, name: str, key: str) -> None:
     doc = _copy(tmp_path, name)

@@ -34,6 +34,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import (add_quick_flags, command_line, git_commit, hand_reading, load_cache, quick_mode,  # noqa: E402
                       save_cache, spread, write_md)
 sys.path.insert(0, str(ROOT / "src"))

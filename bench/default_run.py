@@ -32,6 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import environment, git_commit, save_cache  # noqa: E402
 
 __all__ = ["QUICK_FLAGS", "run", "record", "main"]

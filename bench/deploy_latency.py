@@ -64,6 +64,7 @@ from dmscale import deploy
 from dmscale.export.deploy import with_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))  # the shared helpers
 from benchlib import add_quick_flags, hand_reading, load_cache, quick_mode, save_cache  # noqa: E402
 import gpu_check_lib  # noqa: E402  (the GPU check's models)
 

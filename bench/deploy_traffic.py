@@ -33,6 +33,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 import deploy_latency as dl  # noqa: E402
 from benchlib import (add_quick_flags, command_line, environment, git_commit, load_cache, quick_mode,  # noqa: E402
                       save_cache, write_md)

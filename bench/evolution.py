@@ -10,7 +10,7 @@ seed, the pretrained supernet of bench/gates.py (ResNet-20 width 8 on the 8x8 di
   finish phase, budget solver, BatchNorm recalibration of the export), run in this process
   and timed in **process CPU seconds** (``time.process_time``: the machine is shared, wall
   time is not the cost);
-* **evolution** (bench/evolution_lib.py): SPOS/OFA-style constrained evolutionary search over
+* **evolution** (bench/lib/evolution_lib.py): SPOS/OFA-style constrained evolutionary search over
   the same per-gate counts (15 on ResNet-20, 33 with ``--depth 56``), population 50, top 10 parents, 25 mutation +
   25 crossover children, 10 generations (at most 550 distinct candidates, and at most 420 CPU
   seconds: each run stays under 8 minutes); elements ranked by DMS's own Taylor importance
@@ -44,6 +44,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 import evolution_lib as el  # noqa: E402
 from benchlib import (add_quick_flags, command_line, git_commit, hand_reading, invocations_text, load_cache,  # noqa: E402
                       locked, mean_std, pyplot, quick_mode, record_invocation, save_cache, save_figure,
@@ -246,7 +247,7 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
              f"{setting['pretrain_epochs']} epochs, one per seed); target {setting['target']} x MACs for both",
              f"- DMS_p-: `--pipeline p- --init <pretrain run>`, {setting['search_epochs']} epochs (400 steps), "
              "finish phase, budget solver, BatchNorm recalibration of the export; as bench/gates.py",
-             f"- evolution (bench/evolution_lib.py): population {e['population']}, {e['generations']} generations, "
+             f"- evolution (bench/lib/evolution_lib.py): population {e['population']}, {e['generations']} generations, "
              f"top {e['parents']} parents, {e['n_mutation']} mutation (p = {e['mutation_prob']}) + {e['n_crossover']} "
              f"crossover children per generation (at most {e['population'] + e['generations'] * (e['n_mutation'] + e['n_crossover'])} "
              "distinct candidates); candidates rejected unless their exact MACs (the searcher's hard cost) "

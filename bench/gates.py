@@ -9,10 +9,10 @@ pipeline's default learning rate, the exponential target schedule, the finish ph
 budget solver, BatchNorm recalibration of the export) with a different gate each:
 
 * ``dms``: DMS's differentiable top-k (the library default);
-* ``mes`` / ``sns`` / ``get``: bench/gates_lib.py's multiple element selection,
+* ``mes`` / ``sns`` / ``get``: bench/lib/gates_lib.py's multiple element selection,
   single number selection and gradient-estimate top-k;
 * ``dms_nonorm``: DMS without importance normalisation (paper Table 12);
-* ``uniform``: reference without search: one width multiplier (bench/peers_lib.py), the
+* ``uniform``: reference without search: one width multiplier (bench/lib/peers_lib.py), the
   same BatchNorm recalibration.
 
 Reported: top-1 of the export *without retraining*, its exact MACs / target at the search's
@@ -39,6 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 import gates_lib as gl  # noqa: E402
 import peers_lib as pl  # noqa: E402
 from benchlib import (add_quick_flags, ci_text, command_line, git_commit, hand_reading, invocations_text,  # noqa: E402
@@ -181,7 +182,7 @@ def write_table(cache: dict[str, Any], key: str) -> Path:
              + "; then the pipeline's finish phase and budget solver, BatchNorm "
              "recalibration of the export); accuracy of the export **without retraining**. Nothing is tuned "
              "per method: each gate gets the same pipeline, learning rate and steps.",
-             "- gates (bench/gates_lib.py): MES = one logit per channel/block, Gumbel-sigmoid straight-through, "
+             "- gates (bench/lib/gates_lib.py): MES = one logit per channel/block, Gumbel-sigmoid straight-through, "
              "expected cost; SNS = softmax over every candidate count, mask = sum_j p_j prefix_j by Taylor "
              "importance; GET = DMS's ratio and importance, hard top-k forward, straight-through dm/da = -1; "
              "w/o normalisation = DMS with c'_i = c_i.",

@@ -18,7 +18,7 @@ listed as skipped), and a running one is stopped ``--grace-s`` (30) later.
 
 Two tables, each model measured once with each implementation, each (implementation, model)
 in a fresh process whose PYTHONPATH is that implementation's ``src`` only (the two packages
-never share a process; GPU memory peaks start clean); see bench/gpu_check_lib.py for what is
+never share a process; GPU memory peaks start clean); see bench/lib/gpu_check_lib.py for what is
 measured:
 
 1. training step, bf16 autocast: plain vs DMS (``dms.prepare(model.cuda(), example,
@@ -62,6 +62,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import RUNS, command_line, git_commit  # noqa: E402
 from gpu_check_lib import SPECS  # noqa: E402
 
@@ -204,7 +205,7 @@ def run_job(job: dict[str, Any], args: argparse.Namespace, impls: dict[str, Any]
         env["OMP_NUM_THREADS"] = str(args.threads)
     t0, seen = time.time(), 0.0
     with open(log, "w") as handle:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "gpu_check_lib.py"), str(spec_path)],
+        proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "lib" / "gpu_check_lib.py"), str(spec_path)],
                                 cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             while proc.poll() is None:

@@ -2,7 +2,7 @@
 
     PYTHONPATH=src:tests:bench python bench/gpu_profile.py [--models llama_135m vit_b16 resnet50] [--out DIR]
 
-For each model of ``bench/gpu_check_lib.py`` (the same inputs, bf16 autocast, SGD + Adam, the
+For each model of ``bench/lib/gpu_check_lib.py`` (the same inputs, bf16 autocast, SGD + Adam, the
 library API as the README shows it), a plain step and a DMS step are profiled once after
 three warm-up steps (``torch.profiler``, CPU and CUDA): the step's wall time, the CPU time of
 its Python and dispatch, the device time of its kernels, the number of kernels, and the
@@ -25,6 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 import gpu_check_lib as lib  # noqa: E402
 from benchlib import RUNS  # noqa: E402
 

@@ -5,8 +5,9 @@ with its own time limit, under one deadline.
     python bench/gpu_session.py OUT --quick     # the same steps as CPU smoke runs (tiny models)
     python bench/gpu_session.py OUT --dry-run   # print the steps and their limits
 
-Steps (each a subprocess with ``PYTHONPATH=src:tests:bench``, its output under ``OUT/<step>``, its
-log in ``OUT/<step>.log``; a step that fails or runs out of time does not stop the next):
+Steps (each a subprocess with ``PYTHONPATH=src:tests:bench:bench/lib``, its output under
+``OUT/<step>``, its log in ``OUT/<step>.log``; a step that fails or runs out of time does not stop
+the next):
 
 1. ``train``: ``gpu_check.py`` table 1 for ViT-B/16, the SmolLM2-shaped Llama and ResNet-50 (bf16,
    the issue's batches), the new code eager, with its fold batch off (``--per-layer-folds``: does
@@ -79,7 +80,7 @@ def _commit() -> str:
 
 def _run(step: Step, out: Path, limit_s: float) -> str:
     """Run one step with its output logged; its outcome in words."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / p) for p in ("src", "tests", "bench")))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / p) for p in ("src", "tests", "bench", "bench/lib")))
     t0 = time.time()
     with open(out / f"{step.name}.log", "w") as log:
         proc = subprocess.Popen([sys.executable, *step.argv], cwd=ROOT, env=env, stdout=log,

@@ -43,6 +43,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import child_json, git_commit, load_cache, save_cache, snapshot_commit  # noqa: E402
 from search_proxies import ProxyModel, _ce, _images, _llama, _lm, _prepare, _step_fn, _tokens  # noqa: E402
 

@@ -40,6 +40,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 sys.path.insert(0, str(ROOT / "src"))
 import np_uniform  # noqa: E402
 from benchlib import (add_quick_flags, hand_reading, load_cache, locked, paired_ci, pyplot, quick_mode,  # noqa: E402

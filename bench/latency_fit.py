@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-for sub in ("src", "tests", "bench"):
+for sub in ("src", "tests", "bench", "bench/lib"):
     if str(ROOT / sub) not in sys.path:
         sys.path.insert(0, str(ROOT / sub))
 

@@ -37,6 +37,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import RESULTS, add_quick_flags, git_commit, quick_mode  # noqa: E402
 
 __all__ = ["MODELS", "sweep", "staircase", "render", "main"]

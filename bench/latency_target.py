@@ -43,6 +43,7 @@ import dmscale as dms
 from dmscale.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))  # the shared helpers
 import deploy_latency as dl  # noqa: E402
 from benchlib import (RESULTS, add_quick_flags, command_line, environment, git_commit, hand_reading,  # noqa: E402
                       load_cache, quick_mode, save_cache, write_md)

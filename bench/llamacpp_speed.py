@@ -51,6 +51,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import (add_quick_flags, command_line, git_commit, hand_reading, load_cache,  # noqa: E402
                       quick_mode, save_cache, write_md)
 

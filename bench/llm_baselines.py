@@ -58,6 +58,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 sys.path.insert(0, str(ROOT / "src"))
 from benchlib import add_quick_flags, git_commit, hand_reading, quick_mode, save_cache, write_md  # noqa: E402
 from smollm2_prune import protocol, smollm2_path  # noqa: E402
@@ -344,7 +345,7 @@ def probe_lines(path: Path) -> list[str]:
             "Llama with SmolLM2's layer shape): " + "; ".join(said) + ". The `tp_taylor` arm "
             "therefore traces with eager attention and `use_cache=False` and prunes FFN units only; the "
             "`taylor` arm is the hand-written LLM-Pruner importance over KV groups and FFN units "
-            "(`bench/llm_baselines_lib.py`; on FFN units it keeps exactly Torch-Pruning's choice, "
+            "(`bench/lib/llm_baselines_lib.py`; on FFN units it keeps exactly Torch-Pruning's choice, "
             "`tests/test_llm_baselines.py`). Torch-Pruning's GQA head rule never removes a KV "
             "head, and the query heads it removes per KV group are not monotonic in the ratio "
             "(one of three at 0.22, none at 0.34 or 0.54, on SmolLM2's shape), so the arm "

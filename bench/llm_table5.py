@@ -50,6 +50,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 sys.path.insert(0, str(ROOT / "src"))
 import llm_baselines  # noqa: E402
 import smollm2_prune  # noqa: E402

@@ -40,11 +40,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import (add_quick_flags, ci_text, command_line, git_commit, hand_reading, invocations_text,  # noqa: E402
                       load_cache, mean_std, quick_mode, record_invocation, save_merged, shared_machine, widths,
                       write_md)
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 import peers_extra as pe  # noqa: E402
 import peers_lib as pl  # noqa: E402
 from dmscale.config.run_config import RunConfig  # noqa: E402

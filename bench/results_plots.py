@@ -38,6 +38,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import pyplot, save_figure  # noqa: E402
 
 __all__ = ["PLOTS", "plot_peers", "plot_budget", "plot_yolo", "plot_schedule", "plot_search_overhead",

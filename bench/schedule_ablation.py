@@ -39,6 +39,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import (add_quick_flags, command_line, git_commit, load_cache, quick_mode, save_cache, spread,  # noqa: E402
                       write_md)
 sys.path.insert(0, str(ROOT / "src"))

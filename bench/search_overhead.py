@@ -46,6 +46,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 import dmscale as dms  # noqa: E402
 from benchlib import add_quick_flags, git_commit, load_cache, quick_mode, save_cache, write_md  # noqa: E402
 

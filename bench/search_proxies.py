@@ -60,6 +60,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import RUNS, child_json, git_commit, load_cache, save_cache, snapshot_commit  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -31,6 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import add_quick_flags, git_commit, quick_mode, save_cache, write_md  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -44,6 +45,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one configuration in this process (called in a fresh child) and return its numbers."""
     sys.path.insert(0, str(ROOT / "src"))
     sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
     from smollm2_prune import smollm2_path
 
     from dmscale.config.run_config import RunConfig

@@ -71,6 +71,7 @@ __all__ = ["main", "settings_of", "uniform_arm"]
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import add_quick_flags, git_commit, kept_reading, paired_diff, quick_mode, save_cache, spread  # noqa: E402
 
 ARMS = ("dms_np", "dms_np_hold", "yolov8n", "uniform", "p3")

@@ -42,7 +42,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
-for _p in (BENCH, ROOT / "src"):
+for _p in (BENCH, BENCH / "lib", ROOT / "src"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

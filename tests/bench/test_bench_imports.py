@@ -1,21 +1,29 @@
-"""The contract of ``bench/``: what the benchmark scripts may import from the package, and how
-long a bench module may be.
+"""The contract of ``bench/``: what the benchmark scripts may import from the package, how long
+a bench module may be, and where the helpers they share live.
 
 A benchmark reads the package the way a user would (``import dmscale as dms`` and the public
 namespaces) or through one of the internal modules listed in :data:`INTERNAL`, each with the
 reason it is needed; never a private name (``_x``) and never a private module. A new internal
 import is a decision: it goes into :data:`INTERNAL` with its reason, or becomes public API.
+
+``bench/`` holds the scripts (one per table, with the modules a single script is split into),
+``bench/lib/`` the helpers several of them import (``benchlib`` and the ``*_lib`` modules).
+``bench/lib`` is a folder, not a package: a script that imports a helper puts it on ``sys.path``
+itself, next to ``bench/`` (``sys.path.insert(0, str(ROOT / "bench" / "lib"))``), so that it
+runs as ``python bench/x.py`` from the repository root and imports the same way from the tests.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
+LIB = BENCH / "lib"  # the shared helpers
 MAX_LINES = 600  # as for src/ (tests/test_layers.py): over it, split by job
 
 PUBLIC = {"dmscale", "dmscale.deploy", "dmscale.distributed", "dmscale.errors"}
@@ -106,6 +114,41 @@ def test_no_bench_module_over_the_limit():
     long = {str(p.relative_to(ROOT)): n for p in _bench_files()
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"bench modules over {MAX_LINES} lines (split them by job): {long}"
+
+
+def _imported_modules(source: str) -> set[str]:
+    """The top-level names of every module ``source`` imports, anywhere in it."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+_PUTS_LIB_ON_PATH = re.compile(r'/ "lib"|"bench/lib"')  # ROOT / "bench" / "lib", parent / "lib", "bench/lib"
+
+
+def test_the_shared_helpers_live_in_bench_lib_and_every_script_finds_them():
+    """A script (bench/, scripts/) or test that imports a helper puts bench/lib on sys.path
+    itself; modules without ``__main__`` that only split a script rely on it."""
+    helpers = {p.stem for p in LIB.glob("*.py")}
+    assert "benchlib" in helpers and LIB in {p.parent for p in _bench_files()}, "bench/lib is not walked"
+    assert not (LIB / "__init__.py").exists(), "bench/lib is a folder on sys.path, not a package"
+    scripts = sorted(BENCH.glob("*.py"))
+    both = helpers & {p.stem for p in scripts}
+    assert not both, f"in both bench/ and bench/lib (one shadows the other): {sorted(both)}"
+    importers = [p for p in scripts if '__name__ == "__main__"' in p.read_text(encoding="utf-8")]
+    importers += sorted((ROOT / "scripts").glob("*.py")) + sorted((ROOT / "tests").rglob("*.py"))
+    lost = []
+    for p in importers:
+        source = p.read_text(encoding="utf-8")
+        uses = sorted(_imported_modules(source) & helpers)
+        if uses and not _PUTS_LIB_ON_PATH.search(source):
+            lost.append(f"{p.relative_to(ROOT)} imports {', '.join(uses)} without putting bench/lib on sys.path "
+                        '(add sys.path.insert(0, str(ROOT / "bench" / "lib")) after the bench/ one)')
+    assert not lost, "\n".join(lost)
 
 
 @pytest.mark.parametrize("source, expected", [

@@ -1,4 +1,4 @@
-"""bench/benchlib.py: the helpers every results table is written with."""
+"""bench/lib/benchlib.py: the helpers every results table is written with."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "lib"))
 import benchlib  # noqa: E402
 
 

@@ -22,6 +22,7 @@ from dmscale.tasks.models import ResNetCifar
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))
 import evolution_lib as el  # noqa: E402
 
 

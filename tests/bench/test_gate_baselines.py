@@ -20,6 +20,7 @@ from dmscale.tasks.models import ResNetCifar
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))
 import gates_lib as gl  # noqa: E402
 
 TARGET = 0.5

@@ -17,6 +17,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))
 import peers_lib as pl  # noqa: E402
 from dmscale.tasks.models import ResNetCifar  # noqa: E402
 

@@ -12,6 +12,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))
 import np_uniform_lib as nl  # noqa: E402
 from np_uniform_table import paired_gap  # noqa: E402
 from dmscale.config.run_config import RunConfig  # noqa: E402

@@ -148,7 +148,7 @@ class SearchConfig:
         gate_factory: builds the gate of every width and depth dimension (None: DMS's
             :class:`~dmscale.core.topk.DifferentiableTopK`). For baselines and ablations: any
             callable with DifferentiableTopK's signature returning a
-            :class:`~dmscale.core.topk.StructuralGate` (bench/gates_lib.py has the paper's MES,
+            :class:`~dmscale.core.topk.StructuralGate` (bench/lib/gates_lib.py has the paper's MES,
             SNS and GET). Export, exact cost and the export check are the same for every gate.
         verify: self-checks on the example inputs (one extra forward each, tolerance in
             :mod:`dmscale.export.verify`): ``prepare`` refuses a model whose output changes with all

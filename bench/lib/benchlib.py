@@ -35,7 +35,7 @@ __all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "envi
            "pyplot", "save_figure", "load_cache", "save_cache", "save_merged", "locked",
            "RESULTS", "RUNS", "add_quick_flags", "quick_mode", "hand_reading", "kept_reading", "write_md"]
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[1]  # bench/ (this file is in bench/lib)
 RESULTS = BENCH / "results"  # the committed caches, tables and plots
 RUNS = BENCH / "runs"  # not committed: run directories, and the outputs of --quick smoke runs
 

@@ -21,6 +21,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))
 from benchlib import RESULTS, git_commit, write_md  # noqa: E402
 
 BAR = 1.2  # issue 48: the pruned model's perplexity at most 1.2x the finetuned original's

@@ -81,13 +81,18 @@ class SearchCosts:
                 self.models[resource] = CostModel(self.model, self.space, resource)
         return self.models[resource]
 
-    def use_latency_profile(self, profile: Any) -> None:
-        """Rebuild the latency model from a saved profile (a resumed search keeps the
-        measured cost scale: ``LatencyCostModel.state_dict``)."""
-        from dmscale.cost.latency import LatencyCostModel
+    def state_dict(self) -> dict[str, Any]:
+        """The costs' part of the searcher's ``state_dict``: ``"latency_profile"`` once the
+        latency model exists (a resumed search keeps the measured cost scale), else nothing."""
+        return {"latency_profile": self.models["latency"].state_dict()} if "latency" in self.models else {}
 
-        options = {**self.config.latency_options, "profile": profile}
-        self.models["latency"] = LatencyCostModel(self.model, self.space, self.example_inputs, **options)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Rebuild the latency model from a saved ``"latency_profile"`` (no timing), if any."""
+        if "latency_profile" in state:
+            from dmscale.cost.latency import LatencyCostModel
+
+            options = {**self.config.latency_options, "profile": state["latency_profile"]}
+            self.models["latency"] = LatencyCostModel(self.model, self.space, self.example_inputs, **options)
 
     # ------------------------------------------------------------------ masks
     def masks(self, kind: str, cache: HardMaskCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,7 @@ the costs of the masks :mod:`dmscale.search.costs` (``searcher.costs``), the tar
 loss, schedule and settle phase :mod:`dmscale.search.budget` (``searcher.budget``),
 the budget solver :mod:`dmscale.search.solver`,
 importance and its all-reduce :mod:`dmscale.search.importance_sync`,
-``state_dict`` and resuming :mod:`dmscale.search.state`,
+the saved config's comparison :mod:`dmscale.search.config_state`,
 the self-checks :mod:`dmscale.export.selfcheck`, the structure dict :func:`dmscale.export.shrink.structure_of`).
 
 Example:
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -38,19 +39,19 @@ from dmscale.core.masks import GATES_NAME, Gates
 from dmscale.core.ratios import distinct_leaves
 from dmscale.search.budget import Budget
 from dmscale.search.config import COST_FORWARD, SearchConfig, resolve_align
+from dmscale.search.config_state import config_differences, config_state
 from dmscale.search.costs import HardMaskCache, SearchCosts
-from dmscale.search.importance_sync import ImportanceMixin
+from dmscale.search.importance_sync import ImportanceSync
 from dmscale.search.optimizer import STRUCTURE_LR, SearchOptimizer
 from dmscale.search.settle import SettleState
 from dmscale.search.setup import attach_gates, discover_space, model_device, unaligned_dims
 from dmscale.export.selfcheck import run_example, verify_export, verify_open
 from dmscale.search.solver import distinct_gates, solve_budget, solve_budgets
-from dmscale.search.state import SearcherStateMixin
 
 __all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
 
 
-class Searcher(SearcherStateMixin, ImportanceMixin):
+class Searcher:
     """A DMS search attached to a model. Create it with :func:`prepare`.
 
     ``align`` is the width multiple the search keeps (``SearchConfig.align``, resolved on the
@@ -59,10 +60,10 @@ class Searcher(SearcherStateMixin, ImportanceMixin):
 
     It owns ``costs`` (:class:`~dmscale.search.costs.SearchCosts`: the cost of the gates'
     masks in every resource) and ``budget`` (:class:`~dmscale.search.budget.Budget`: targets,
-    resource loss, r_t schedule, settle phase); the methods below that concern them call them.
-    ``state_dict`` and ``load_state_dict`` come from
-    :class:`~dmscale.search.state.SearcherStateMixin`, importance from
-    :class:`~dmscale.search.importance_sync.ImportanceMixin`.
+    resource loss, r_t schedule, settle phase) and ``importance``
+    (:class:`~dmscale.search.importance_sync.ImportanceSync`: whether importance exists, its
+    all-reduce under torch.distributed); the methods below that concern them call them, and
+    :meth:`state_dict` is the gates' and config's state with theirs.
 
     Non-finite losses: a backward through a NaN or infinite loss never changes importance
     (the update is skipped on the device), but it leaves NaN gradients on the weights and on
@@ -98,6 +99,7 @@ class Searcher(SearcherStateMixin, ImportanceMixin):
         # channel dims whose size is not a multiple of align: searched without it
         self.unaligned: list[str] = unaligned_dims(space, self.align)
         self.gates = self._attach(space)
+        self.importance = ImportanceSync(self.gates, config.importance, type(model).__name__)
         if config.verify and model_device(model).type != "meta":  # meta: no values to compare
             self._verify_open(space.example_output)
         self.costs = SearchCosts(model, space, example_inputs, config, self.gates)
@@ -360,6 +362,74 @@ class Searcher(SearcherStateMixin, ImportanceMixin):
     def fills_budgets(self) -> bool:
         """Whether the hard structure's exact cost reaches ``budget_band[0]`` x every target."""
         return self.budget.fills()
+
+    # ------------------------------------------------------------------ importance (self.importance)
+    def has_importance(self) -> bool:
+        """:meth:`ImportanceSync.has_importance <dmscale.search.importance_sync.ImportanceSync.has_importance>`:
+        whether the hard structure is chosen by importance (else :meth:`structure` and
+        :meth:`export` raise :class:`~dmscale.core.errors.NoImportanceError`)."""
+        return self.importance.has_importance()
+
+    def randomize_importance(self, seed: int | torch.Generator = 0) -> None:
+        """:meth:`ImportanceSync.randomize <dmscale.search.importance_sync.ImportanceSync.randomize>`:
+        a random importance for every gate (seeded), for random-pruning baselines."""
+        self.importance.randomize(seed)
+
+    def use_grad_scaler(self, scaler: Any) -> None:
+        """Tell the search about a ``torch.amp.GradScaler``: importance is computed from
+        unscaled gradients (Eq. 4 on g / scale)."""
+        self.importance.use_grad_scaler(scaler)
+
+    def sync_importance(self) -> int:
+        """:meth:`ImportanceSync.sync <dmscale.search.importance_sync.ImportanceSync.sync>`: under
+        torch.distributed, apply this step's importance updates from the global batch's gradient;
+        call it on every rank after ``loss.backward()``. Returns the number of updates applied."""
+        return self.importance.sync()
+
+    def use_process_group(self, group: Any = None) -> None:
+        """Which ranks share importance: ``None`` (default) the default process group, a
+        ``ProcessGroup``, or ``False`` (none); see :meth:`ImportanceSync.use_process_group
+        <dmscale.search.importance_sync.ImportanceSync.use_process_group>`."""
+        self.importance.use_process_group(group)
+
+    def _require_synced(self, what: str) -> None:
+        self.importance.require_synced(what)
+
+    def _require_importance(self, what: str) -> None:
+        self.importance.require(what)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: structural parameters and importance (the gates'),
+        config with the resolved ``align``, depth freezing, the budget's state (target, supernet
+        cost, settle phase; with several budgets also ``"budgets"``: every one's, a single
+        budget's state is as before ``targets`` existed) and a measured latency profile.
+
+            >>> import torch, dmscale as dms
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig("params", 0.5))
+            >>> state = s.state_dict()
+            >>> sorted(state)[:4]
+            ['config', 'depth_frozen', 'gates', 'settle_weight']
+            >>> s.load_state_dict(state); s.target_cost == state["target_cost"]
+            True
+        """
+        self._require_synced("state_dict()")
+        # the resolved align: an auto align on another device would search another space
+        return {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
+                "config": {**config_state(self.config), "align": self.align},
+                "depth_frozen": self.gates.depth_frozen, **self.budget.state_dict(), **self.costs.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (same model architecture and config)."""
+        diff = config_differences(state["config"], replace(self.config, align=self.align))
+        if diff:
+            raise ConfigError(f"searcher config differs from the saved one ({diff}); build the "
+                              "searcher with the saved config to load this state")
+        self.gates.load_state_dict(state["gates"])
+        self.costs.load_state_dict(state)
+        self.budget.load_state_dict(state)
+        self.freeze_depth(bool(state.get("depth_frozen", False)))
 
     # ------------------------------------------------------------------ self-checks
     def _run_example(self, model: nn.Module) -> Any:

@@ -3,7 +3,7 @@
 the costs of the masks :mod:`dmscale.search.costs` (``searcher.costs``), the targets, resource
 loss, schedule and settle phase :mod:`dmscale.search.budget` (``searcher.budget``),
 the budget solver :mod:`dmscale.search.solver`,
-importance and its all-reduce :mod:`dmscale.search.importance_sync`,
+importance and its all-reduce :mod:`dmscale.search.importance_sync` (``searcher.importance``),
 the saved config's comparison :mod:`dmscale.search.config_state`,
 the self-checks :mod:`dmscale.export.selfcheck`, the structure dict :func:`dmscale.export.shrink.structure_of`).
 

@@ -2,8 +2,10 @@
 (Eq. 4's moving average, without which a structure would only keep leading elements), random
 importance for baselines, the AMP scaler, and its all-reduce under torch.distributed.
 
-:class:`ImportanceMixin` expects ``self.gates`` (:class:`~dmscale.core.masks.Gates`),
-``self.config`` and ``self.model``; the Searcher provides them.
+:class:`ImportanceSync` is given the gates (:class:`~dmscale.core.masks.Gates`, which hold the
+importance buffers, the pending updates and the process group), the importance metric and the
+model's name (for its errors); the Searcher holds one as ``searcher.importance`` and its
+methods of the same names call it.
 
 Example:
     >>> import torch, dmscale as dms
@@ -21,32 +23,38 @@ import torch
 
 from dmscale.core.errors import NoImportanceError, PendingImportanceError
 
-__all__ = ["ImportanceMixin"]
+__all__ = ["ImportanceSync"]
 
 
-class ImportanceMixin:
-    """Importance and its synchronisation; mixed into :class:`~dmscale.search.searcher.Searcher`."""
+class ImportanceSync:
+    """Importance and its synchronisation across processes.
 
-    gates: Any
-    config: Any
-    model: torch.nn.Module
+    Args:
+        gates: the search's gates.
+        importance: the importance metric (``SearchConfig.importance``; ``"index"`` is static).
+        model_name: the searched model's class name, for :class:`NoImportanceError`.
+    """
+
+    def __init__(self, gates: Any, importance: str, model_name: str) -> None:
+        self.gates, self.importance, self.model_name = gates, importance, model_name
 
     def has_importance(self) -> bool:
         """Whether the hard structure is chosen by importance: the metric is ``"index"``
         (static, earlier elements first) or some width or depth gate has a non-zero
         importance (a task-loss backward updated it, Eq. 4, or a checkpoint restored it).
 
-        Derived from the importance buffers, so it follows :meth:`load_state_dict`. While it
-        is False every gate ranks its elements by position only, and :meth:`structure` and
-        :meth:`export` raise :class:`~dmscale.core.errors.NoImportanceError`.
+        Derived from the importance buffers, so it follows :meth:`dmscale.Searcher.load_state_dict`.
+        While it is False every gate ranks its elements by position only, and
+        :meth:`dmscale.Searcher.structure` and :meth:`dmscale.Searcher.export` raise
+        :class:`~dmscale.core.errors.NoImportanceError`.
         """
-        if self.config.importance == "index":
+        if self.importance == "index":
             return True
         ranked = [t for t in list(self.gates.width) + list(self.gates.depth)
                   if getattr(t, "ranks_by_importance", True)]  # e.g. MES ranks by its logits
         return not ranked or any(bool(t.importance.detach().ne(0).any()) for t in ranked)
 
-    def randomize_importance(self, seed: int | torch.Generator = 0) -> None:
+    def randomize(self, seed: int | torch.Generator = 0) -> None:
         """Give every gate a random importance (uniform in (0, 1], seeded): structures that
         keep random, not leading, elements. For exactness checks and random-pruning
         baselines; a search overwrites it gradually (Eq. 4's moving average).
@@ -70,12 +78,13 @@ class ImportanceMixin:
                 values = 1.0 - torch.rand(t.importance.shape, generator=g, dtype=torch.float64)
                 t.importance.copy_(values.to(t.importance.dtype))
 
-    def _require_importance(self, what: str) -> None:
+    def require(self, what: str) -> None:
+        """Raise :class:`NoImportanceError` naming ``what`` while :meth:`has_importance` is False."""
         if self.has_importance():
             return
         raise NoImportanceError(
             f"{what} before any importance exists: no training step with the task loss has "
-            f"run, so every layer of {type(self.model).__name__} would keep its first elements, "
+            f"run, so every layer of {self.model_name} would keep its first elements, "
             "an arbitrary choice and not a found structure. Train at least one step whose loss "
             "includes the task loss (importance comes from its gradient, paper Eq. 4: "
             "loss.backward() on task_loss + searcher.resource_loss(p)) before exporting; to keep "
@@ -88,7 +97,7 @@ class ImportanceMixin:
         same. Steps whose gradients are not finite never touch importance."""
         self.gates.grad_scaler = scaler
 
-    def sync_importance(self) -> int:
+    def sync(self) -> int:
         """Under torch.distributed: apply this step's importance updates (Eq. 4) from the
         gradient of the *global* batch. Call it on every rank after ``loss.backward()`` and
         before the next forward (before or after ``opt.step()``)::
@@ -104,8 +113,8 @@ class ImportanceMixin:
         instead would not give that.
 
         Forgotten, the next training forward applies the pending updates itself (the same
-        all-reduce, in lockstep on every rank: the result is the same); :meth:`structure`,
-        :meth:`export`, :meth:`hardened`, :meth:`meet_target` and :meth:`state_dict` raise
+        all-reduce, in lockstep on every rank: the result is the same); the Searcher's
+        ``structure``, ``export``, ``hardened``, ``meet_target`` and ``state_dict`` raise
         :class:`~dmscale.core.errors.PendingImportanceError` while updates are pending (they
         would miss the last step, and calling them on rank 0 only must not start a
         collective). Returns the number of updates applied: 0 in a single process (the
@@ -123,7 +132,8 @@ class ImportanceMixin:
                 "searcher.sync_importance() before changing the process group")
         self.gates.process_group = group
 
-    def _require_synced(self, what: str) -> None:
+    def require_synced(self, what: str) -> None:
+        """Raise :class:`PendingImportanceError` naming ``what`` while updates are pending."""
         n = len(self.gates.pending)
         if n:
             raise PendingImportanceError(

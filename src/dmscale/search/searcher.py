@@ -1,8 +1,10 @@
-"""The Searcher: costs, hard masks, budget solver and export
+"""The Searcher: a search attached to a model, and the objects it owns
 (the config is :mod:`dmscale.search.config`, the discovery and gates :mod:`dmscale.search.setup`,
-the resource loss and its schedule :mod:`dmscale.search.resource_loss`,
-importance and its all-reduce :mod:`dmscale.search.importance_sync`,
-``state_dict`` and resuming :mod:`dmscale.search.state`,
+the costs of the masks :mod:`dmscale.search.costs` (``searcher.costs``), the targets, resource
+loss, schedule and settle phase :mod:`dmscale.search.budget` (``searcher.budget``),
+the budget solver :mod:`dmscale.search.solver`,
+importance and its all-reduce :mod:`dmscale.search.importance_sync` (``searcher.importance``),
+the saved config's comparison :mod:`dmscale.search.config_state`,
 the self-checks :mod:`dmscale.export.selfcheck`, the structure dict :func:`dmscale.export.shrink.structure_of`).
 
 Example:
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -34,47 +37,33 @@ from dmscale.core.errors import ConfigError
 from dmscale.export.shrink import export_model, structure_of
 from dmscale.core.masks import GATES_NAME, Gates
 from dmscale.core.ratios import distinct_leaves
-from dmscale.cost.resources import CostModel
+from dmscale.search.budget import Budget
 from dmscale.search.config import COST_FORWARD, SearchConfig, resolve_align
-from dmscale.search.importance_sync import ImportanceMixin
+from dmscale.search.config_state import config_differences, config_state
+from dmscale.search.costs import HardMaskCache, SearchCosts
+from dmscale.search.importance_sync import ImportanceSync
 from dmscale.search.optimizer import STRUCTURE_LR, SearchOptimizer
-from dmscale.search.resource_loss import ResourceLossMixin
 from dmscale.search.settle import SettleState
 from dmscale.search.setup import attach_gates, discover_space, model_device, unaligned_dims
 from dmscale.export.selfcheck import run_example, verify_export, verify_open
-from dmscale.search.solver import solve_budget
-from dmscale.search.state import SearcherStateMixin
-from dmscale.search.budgets import BudgetsMixin, distinct_gates
+from dmscale.search.solver import distinct_gates, solve_budget, solve_budgets
 
 __all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
 
 
-def _cached_hard_mask(t: Any, cache: dict[int, list[Any]]) -> torch.Tensor:
-    """``t.hard_mask()``, reused while ``t.a`` has a value seen in its last two calls."""
-    a = t.a.detach()
-    key = float(a) if a.numel() == 1 else a.cpu().numpy().tobytes()
-    seen = cache.setdefault(id(t), [])
-    for k, mask in seen:
-        if k == key:
-            return mask
-    mask = t.hard_mask()
-    seen.append((key, mask))
-    del seen[:-2]
-    return mask
-
-
-class Searcher(BudgetsMixin, ResourceLossMixin, SearcherStateMixin, ImportanceMixin):
+class Searcher:
     """A DMS search attached to a model. Create it with :func:`prepare`.
 
     ``align`` is the width multiple the search keeps (``SearchConfig.align``, resolved on the
     model's device when None) and ``unaligned`` the channel dims it could not align (their
     size is not a multiple of it; they are searched without alignment).
 
-    Every budget's costs and the solver with several budgets come from
-    :class:`~dmscale.search.budgets.BudgetsMixin`, the resource loss and its schedule from
-    :class:`~dmscale.search.resource_loss.ResourceLossMixin`, ``state_dict`` and
-    ``load_state_dict`` from :class:`~dmscale.search.state.SearcherStateMixin`, importance from
-    :class:`~dmscale.search.importance_sync.ImportanceMixin`.
+    It owns ``costs`` (:class:`~dmscale.search.costs.SearchCosts`: the cost of the gates'
+    masks in every resource) and ``budget`` (:class:`~dmscale.search.budget.Budget`: targets,
+    resource loss, r_t schedule, settle phase) and ``importance``
+    (:class:`~dmscale.search.importance_sync.ImportanceSync`: whether importance exists, its
+    all-reduce under torch.distributed); the methods below that concern them call them, and
+    :meth:`state_dict` is the gates' and config's state with theirs.
 
     Non-finite losses: a backward through a NaN or infinite loss never changes importance
     (the update is skipped on the device), but it leaves NaN gradients on the weights and on
@@ -110,15 +99,11 @@ class Searcher(BudgetsMixin, ResourceLossMixin, SearcherStateMixin, ImportanceMi
         # channel dims whose size is not a multiple of align: searched without it
         self.unaligned: list[str] = unaligned_dims(space, self.align)
         self.gates = self._attach(space)
+        self.importance = ImportanceSync(self.gates, config.importance, type(model).__name__)
         if config.verify and model_device(model).type != "meta":  # meta: no values to compare
             self._verify_open(space.example_output)
-        self._costs: dict[str, Any] = {}
-        budgets = config.budgets  # {resource: target}; the first is config.resource's
-        # per budget: the supernet's cost, the final target, the settle phase's state
-        self.supernet_costs: dict[str, float] = {r: float(self._exact_cost(None, r)) for r in budgets}
-        self.target_costs: dict[str, float] = {r: self._resolve_target(r) for r in budgets}
-        self.settle_states: dict[str, SettleState] = {
-            r: SettleState(weight=float(config.resource_weight)) for r in budgets}
+        self.costs = SearchCosts(model, space, example_inputs, config, self.gates)
+        self.budget = Budget(config, self.costs, hint=self._align_hint())
         if self.unaligned:
             warnings.warn(f"align={self.align}: {len(self.unaligned)} width dim(s) have a size that is "
                           f"not a multiple of {self.align} and are searched without alignment: "
@@ -130,86 +115,12 @@ class Searcher(BudgetsMixin, ResourceLossMixin, SearcherStateMixin, ImportanceMi
         gates, self.uniform_groups = attach_gates(self.model, space, self.config, align=self.align)
         return gates
 
-    def _cost_model(self, resource: str | None = None) -> Any:
-        resource = resource or self.config.resource
-        if resource not in self._costs:
-            if resource == "latency":
-                from dmscale.cost.latency import LatencyCostModel
-
-                self._costs[resource] = LatencyCostModel(self.model, self.space, self.example_inputs,
-                                                         **self.config.latency_options)
-            else:
-                self._costs[resource] = CostModel(self.model, self.space, resource)
-        return self._costs[resource]
-
-    def _resolve_target(self, resource: str) -> float:
-        t = float(self.config.budgets[resource])
-        target = t * self.supernet_costs[resource] if t <= 1 else t
-        bounds = self.profile(resource)
-        low, high = bounds["min"], bounds["max"]
-        if not low - 1e-9 <= target <= high + 1e-9:
-            raise ConfigError(
-                f"target {resource} = {target:,.0f} is outside what this search "
-                f"space can reach: [{low:,.0f} (smallest), {high:,.0f} (supernet)]; pass a target "
-                f"between {low / high:.3g} and 1 (a fraction of the supernet) or between "
-                f"{low:,.0f} and {high:,.0f}" + self._align_hint()
-            )
-        return target
-
     def _align_hint(self) -> str:
         if self.align <= 1:
             return ""
         how = "align=None (auto) is 8 on CUDA" if self.config.align is None else f"align={self.align}"
         return (f" (every searched width is kept at a multiple of {self.align}, which bounds the "
                 f"smallest model from below: {how}; align=1, --align 1, searches every width)")
-
-    # ------------------------------------------------------------------ masks
-    def _masks(self, kind: str, cache: dict[int, list[Any]] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(width mask with trailing 1, flat depth mask) of kind "soft", "hard", "open", "min".
-
-        ``cache`` (hard masks only): each dim's last two hard masks by the value of its ``a``,
-        for the budget solver, which changes one dim at a time (the importances stay fixed).
-        """
-        g = self.gates
-
-        def flat(parts: list[torch.Tensor]) -> torch.Tensor:
-            return torch.cat(parts) if parts else torch.zeros(0, device=g._device())
-
-        if kind == "soft" or (kind == "hard" and cache is None):  # batched (no importance hook)
-            return g.masks(kind)
-
-        def pick(t: Any) -> torch.Tensor:
-            if kind == "hard":
-                return t.hard_mask() if cache is None else _cached_hard_mask(t, cache)
-            if kind == "min":  # the smallest units: the short last one and the first full ones
-                unit = torch.zeros(t.n_units, dtype=torch.float32, device=t.a.device)
-                if t.min_units > 0:
-                    unit[t.n_units - 1] = 1.0
-                    unit[:t.min_units - 1] = 1.0
-                return t.expand(unit)
-            return torch.ones(t.size, dtype=torch.float32, device=t.a.device)
-
-        width = g.assemble_width([pick(t) for t in g.width])
-        return width, flat([pick(t) for t in g.depth])
-
-    def _exact_cost(self, hard: str | None, resource: str | None = None,
-                    cache: dict[int, list[Any]] | None = None) -> float:
-        return float(self._exact_cost_tensor(hard, resource, cache))
-
-    def _exact_costs(self, hard: str | None, cache: dict[int, list[Any]] | None = None) -> tuple[float, ...]:
-        """:meth:`_exact_cost` of every budget, in ``config.budgets`` order (one set of masks)."""
-        with torch.no_grad():
-            w, d = self._masks("open" if hard is None else hard, cache)
-            return tuple(float(self._cost_model(r)(w, d)) for r in self.config.budgets)
-
-    def _exact_cost_tensor(self, hard: str | None, resource: str | None = None,
-                           cache: dict[int, list[Any]] | None = None) -> torch.Tensor:
-        """The cost of the masks of kind ``hard`` (None: all open) as a () float64 tensor on
-        the gates' device (no host synchronisation for hard masks without ``cache``)."""
-        kind = "open" if hard is None else hard
-        with torch.no_grad():
-            w, d = self._masks(kind, cache)
-            return self._cost_model(resource)(w, d)
 
     # ------------------------------------------------------------------ public API
     def model_parameters(self) -> Iterator[nn.Parameter]:
@@ -230,29 +141,6 @@ class Searcher(BudgetsMixin, ResourceLossMixin, SearcherStateMixin, ImportanceMi
         stepped together, with the settle phase's learning-rate scale and the search's progress
         (``opt.progress`` for :meth:`resource_loss`); see :mod:`dmscale.search.optimizer`."""
         return SearchOptimizer(self, weights, total_steps, structure_lr=structure_lr)
-
-    def soft_cost(self, resource: str | None = None) -> torch.Tensor:
-        """r_c of ``resource`` (default: the primary budget's) from the current soft masks
-        (differentiable in every ``a``)."""
-        w, d = self._masks("soft")
-        return self._cost_model(resource)(w, d)
-
-    def soft_costs(self) -> dict[str, torch.Tensor]:
-        """r_c of every budget from one set of soft masks (:attr:`SearchConfig.budgets` order)."""
-        w, d = self._masks("soft")
-        return {r: self._cost_model(r)(w, d) for r in self.config.budgets}
-
-    def latency_fit(self) -> dict[str, Any]:
-        """The latency model's fit report (per-layer and pooled relative RMSE, calibration,
-        how the parts add up to the timed model); see ``LatencyCostModel.fit_report``."""
-        if self.config.resource != "latency":
-            raise ConfigError(f"latency_fit() needs resource='latency', this search uses {self.config.resource!r}")
-        return self._cost_model("latency").fit_report()
-
-    def profile(self, resource: str | None = None) -> dict[str, float]:
-        """Smallest and largest cost of ``resource`` (default: the primary budget's) this
-        search space can reach."""
-        return {"min": self._exact_cost("min", resource), "max": self._exact_cost(None, resource)}
 
     def meet_target(self, iterations: int = 40) -> dict[str, float]:
         """Budget solver: bring the hard structure to the largest cost not above the target.
@@ -277,7 +165,10 @@ class Searcher(BudgetsMixin, ResourceLossMixin, SearcherStateMixin, ImportanceMi
                          lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
                          iterations, refill=refill)
         else:
-            self._meet_targets(widths, depth, iterations)
+            solve_budgets(widths, depth, list(self.structure_parameters()),
+                          lambda cache=None: self._exact_costs("hard", cache=cache),
+                          tuple(self.target_costs[r] for r in self.config.budgets), iterations,
+                          self.fills_budgets)
         return self.resources()
 
     @contextlib.contextmanager
@@ -323,6 +214,222 @@ class Searcher(BudgetsMixin, ResourceLossMixin, SearcherStateMixin, ImportanceMi
         if self.config.verify if verify is None else verify:
             self._verify_export(small)
         return small
+
+    # ------------------------------------------------------------------ costs (self.costs)
+    @property
+    def _costs(self) -> dict[str, Any]:
+        """The cost models built so far, by resource (``costs.models``)."""
+        return self.costs.models
+
+    def _cost_model(self, resource: str | None = None) -> Any:
+        return self.costs.model_of(resource)
+
+    def _masks(self, kind: str, cache: HardMaskCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.costs.masks(kind, cache)
+
+    def _exact_cost(self, hard: str | None, resource: str | None = None,
+                    cache: HardMaskCache | None = None) -> float:
+        return self.costs.exact(hard, resource, cache)
+
+    def _exact_costs(self, hard: str | None, cache: HardMaskCache | None = None) -> tuple[float, ...]:
+        return self.costs.exact_all(hard, cache)
+
+    def soft_cost(self, resource: str | None = None) -> torch.Tensor:
+        """r_c of ``resource`` (default: the primary budget's) from the current soft masks
+        (differentiable in every ``a``)."""
+        return self.costs.soft(resource)
+
+    def soft_costs(self) -> dict[str, torch.Tensor]:
+        """r_c of every budget from one set of soft masks (:attr:`SearchConfig.budgets` order)."""
+        return self.costs.soft_all()
+
+    def latency_fit(self) -> dict[str, Any]:
+        """The latency model's fit report (per-layer and pooled relative RMSE, calibration,
+        how the parts add up to the timed model); see ``LatencyCostModel.fit_report``."""
+        return self.costs.latency_fit()
+
+    def profile(self, resource: str | None = None) -> dict[str, float]:
+        """Smallest and largest cost of ``resource`` (default: the primary budget's) this
+        search space can reach."""
+        return self.costs.profile(resource)
+
+    # ------------------------------------------------------------------ budget (self.budget)
+    @property
+    def target_cost(self) -> float:
+        """:attr:`Budget.target_cost <dmscale.search.budget.Budget.target_cost>`: the primary budget's final target."""
+        return self.budget.target_cost
+
+    @target_cost.setter
+    def target_cost(self, value: float) -> None:
+        self.budget.target_cost = value
+
+    @property
+    def supernet_cost(self) -> float:
+        """:attr:`Budget.supernet_cost <dmscale.search.budget.Budget.supernet_cost>`: the supernet's cost."""
+        return self.budget.supernet_cost
+
+    @supernet_cost.setter
+    def supernet_cost(self, value: float) -> None:
+        self.budget.supernet_cost = value
+
+    @property
+    def settle_state(self) -> SettleState:
+        """:attr:`Budget.settle_state <dmscale.search.budget.Budget.settle_state>`: the primary budget's."""
+        return self.budget.settle_state
+
+    @settle_state.setter
+    def settle_state(self, value: SettleState) -> None:
+        self.budget.settle_state = value
+
+    @property
+    def target_costs(self) -> dict[str, float]:
+        """Every budget's final target, by resource (:attr:`SearchConfig.budgets` order)."""
+        return self.budget.target_costs
+
+    @property
+    def supernet_costs(self) -> dict[str, float]:
+        """The supernet's cost in every budget's resource."""
+        return self.budget.supernet_costs
+
+    @property
+    def settle_states(self) -> dict[str, SettleState]:
+        """Every budget's settle state (band loss weight, when it grew, when it landed)."""
+        return self.budget.settle_states
+
+    @property
+    def settled_at(self) -> float | None:
+        """:attr:`Budget.settled_at <dmscale.search.budget.Budget.settled_at>`: the progress at
+        which the settle phase landed, or None."""
+        return self.budget.settled_at
+
+    def target_at(self, progress: float, resource: str | None = None) -> float:
+        """:meth:`Budget.target_at <dmscale.search.budget.Budget.target_at>`: r_t (Eq. 10)."""
+        return self.budget.target_at(progress, resource)
+
+    def settling(self, progress: float) -> bool:
+        """:meth:`Budget.settling <dmscale.search.budget.Budget.settling>`: in the settle phase?"""
+        return self.budget.settling(progress)
+
+    def in_band(self) -> bool:
+        """:meth:`Budget.in_band <dmscale.search.budget.Budget.in_band>`: every exact cost in its band?"""
+        return self.budget.in_band()
+
+    def structure_lr_scale(self, progress: float) -> float:
+        """:meth:`Budget.structure_lr_scale <dmscale.search.budget.Budget.structure_lr_scale>`:
+        the factor for the structural parameters' learning rate at ``progress`` (1, then annealed
+        to 0 once the settle phase has landed, 0 while held in the band)."""
+        return self.budget.structure_lr_scale(progress)
+
+    def resource_loss(self, progress: float = 1.0) -> torch.Tensor:
+        """``resource_weight * log(r_c / r_t)`` when r_c > r_t, else 0 (Eq. 6); in the settle
+        phase (:meth:`settling`) the band loss of :func:`dmscale.search.settle.band_loss` instead.
+
+        From ``width_only_from`` on, and in the settle phase once the exact cost has reached
+        the target (:attr:`settled_at`), depth masks are frozen at their hard values
+        (:meth:`advance`). See :meth:`Budget.loss <dmscale.search.budget.Budget.loss>`.
+        """
+        self.advance(progress)
+        return self.budget.loss(progress)
+
+    def advance(self, progress: float) -> None:
+        """The step at ``progress``'s phase: whether the settle phase has landed and so whether
+        depth is frozen (:meth:`Budget.advance <dmscale.search.budget.Budget.advance>` decides,
+        :meth:`freeze_depth` applies). :meth:`resource_loss` calls it; a loop that must know
+        before the forward (DDP leaves frozen depth out) calls it first."""
+        self.freeze_depth(self.budget.advance(progress))
+
+    def freeze_depth(self, frozen: bool = True) -> None:
+        """Fix depth at its hard value (width-only phase): hard depth masks, no gradient."""
+        self.gates.depth_frozen = frozen
+        for t in self.gates.depth:
+            t.a.requires_grad_(not frozen)
+
+    def calibrated_resource_loss(self, weight: float) -> torch.Tensor:
+        """:meth:`Budget.calibrated_loss <dmscale.search.budget.Budget.calibrated_loss>`: the
+        resource loss against the final target on the soft cost scaled by hard / soft (the
+        finish phase's)."""
+        return self.budget.calibrated_loss(weight)
+
+    def resources(self) -> dict[str, Any]:
+        """:meth:`Budget.resources <dmscale.search.budget.Budget.resources>`: soft and hard cost
+        now, final target and supernet cost (with several budgets also per budget)."""
+        return self.budget.resources()
+
+    def within_budgets(self) -> bool:
+        """Whether the hard structure's exact cost is at or under every budget's target."""
+        return self.budget.within()
+
+    def fills_budgets(self) -> bool:
+        """Whether the hard structure's exact cost reaches ``budget_band[0]`` x every target."""
+        return self.budget.fills()
+
+    # ------------------------------------------------------------------ importance (self.importance)
+    def has_importance(self) -> bool:
+        """:meth:`ImportanceSync.has_importance <dmscale.search.importance_sync.ImportanceSync.has_importance>`:
+        whether the hard structure is chosen by importance (else :meth:`structure` and
+        :meth:`export` raise :class:`~dmscale.core.errors.NoImportanceError`)."""
+        return self.importance.has_importance()
+
+    def randomize_importance(self, seed: int | torch.Generator = 0) -> None:
+        """:meth:`ImportanceSync.randomize <dmscale.search.importance_sync.ImportanceSync.randomize>`:
+        a random importance for every gate (seeded), for random-pruning baselines."""
+        self.importance.randomize(seed)
+
+    def use_grad_scaler(self, scaler: Any) -> None:
+        """Tell the search about a ``torch.amp.GradScaler``: importance is computed from
+        unscaled gradients (Eq. 4 on g / scale)."""
+        self.importance.use_grad_scaler(scaler)
+
+    def sync_importance(self) -> int:
+        """:meth:`ImportanceSync.sync <dmscale.search.importance_sync.ImportanceSync.sync>`: under
+        torch.distributed, apply this step's importance updates from the global batch's gradient;
+        call it on every rank after ``loss.backward()``. Returns the number of updates applied."""
+        return self.importance.sync()
+
+    def use_process_group(self, group: Any = None) -> None:
+        """Which ranks share importance: ``None`` (default) the default process group, a
+        ``ProcessGroup``, or ``False`` (none); see :meth:`ImportanceSync.use_process_group
+        <dmscale.search.importance_sync.ImportanceSync.use_process_group>`."""
+        self.importance.use_process_group(group)
+
+    def _require_synced(self, what: str) -> None:
+        self.importance.require_synced(what)
+
+    def _require_importance(self, what: str) -> None:
+        self.importance.require(what)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: structural parameters and importance (the gates'),
+        config with the resolved ``align``, depth freezing, the budget's state (target, supernet
+        cost, settle phase; with several budgets also ``"budgets"``: every one's, a single
+        budget's state is as before ``targets`` existed) and a measured latency profile.
+
+            >>> import torch, dmscale as dms
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+            >>> s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig("params", 0.5))
+            >>> state = s.state_dict()
+            >>> sorted(state)[:4]
+            ['config', 'depth_frozen', 'gates', 'settle_weight']
+            >>> s.load_state_dict(state); s.target_cost == state["target_cost"]
+            True
+        """
+        self._require_synced("state_dict()")
+        # the resolved align: an auto align on another device would search another space
+        return {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
+                "config": {**config_state(self.config), "align": self.align},
+                "depth_frozen": self.gates.depth_frozen, **self.budget.state_dict(), **self.costs.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (same model architecture and config)."""
+        diff = config_differences(state["config"], replace(self.config, align=self.align))
+        if diff:
+            raise ConfigError(f"searcher config differs from the saved one ({diff}); build the "
+                              "searcher with the saved config to load this state")
+        self.gates.load_state_dict(state["gates"])
+        self.costs.load_state_dict(state)
+        self.budget.load_state_dict(state)
+        self.freeze_depth(bool(state.get("depth_frozen", False)))
 
     # ------------------------------------------------------------------ self-checks
     def _run_example(self, model: nn.Module) -> Any:

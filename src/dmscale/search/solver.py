@@ -33,11 +33,13 @@ budget fits.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import torch
 
-__all__ = ["solve_budget", "HardCost"]
+from dmscale.core.ratios import ratio_key
+
+__all__ = ["solve_budget", "solve_budgets", "distinct_gates", "HardCost"]
 
 HardCost = Callable[..., Any]  # hard_cost(cache: dict | None = None) -> exact cost(s) of the hard masks
 
@@ -269,3 +271,54 @@ def _last_free_count(t: Any, k: int, current: tuple[float, ...], budgets: _Budge
     with torch.no_grad():
         t.a.copy_(old_a)
     return lo
+
+
+def distinct_gates(topks: list[Any]) -> list[Any]:
+    """One gate per distinct ``a`` (layer-uniform dims share theirs)."""
+    seen: set[Hashable] = set()
+    out = []
+    for t in topks:
+        key = ratio_key(t)
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
+
+
+def solve_budgets(widths: list[Any], depth: list[Any], leaves: list[torch.nn.Parameter],
+                  hard_cost: HardCost, targets: tuple[float, ...], iterations: int,
+                  fills: Callable[[], bool]) -> None:
+    """The budget solver with several budgets. One solve moves every gate from the learned
+    ratios; when it leaves a budget under ``budget_band[0]`` x its target (``fills()`` is
+    False) and depth is searched, it also tries depth fixed at its current hard value and
+    depth all kept (a common offset cannot trade heads for layers: a KV-cache budget met by
+    dropping a layer can leave the parameter budget out of reach), and keeps the structure
+    whose least-filled budget is fullest.
+
+    ``widths`` and ``depth``: the distinct width gates and the depth gates to move (no depth
+    gates while depth is frozen); ``leaves``: the structural parameters, restored before each
+    try and set to the best one's; ``hard_cost(cache=None)``: every budget's exact cost.
+    """
+    start = [p.detach().clone() for p in leaves]
+
+    def attempt(open_depth: bool, with_depth: bool) -> tuple[float, float, list[torch.Tensor]]:
+        with torch.no_grad():
+            for p, v in zip(leaves, start):
+                p.copy_(v)
+        if open_depth:
+            for t in depth:
+                t.set_count(t.n_units)
+        gates = distinct_gates(widths + depth) if with_depth else widths
+        solve_budget(gates, hard_cost, targets, iterations,
+                     refill=widths if with_depth and depth and widths else None)
+        shares = [c / t for c, t in zip(hard_cost(), targets)]
+        fits = all(c <= t * (1 + 1e-9) for c, t in zip(hard_cost(), targets))
+        return (float(fits) + min(shares), sum(shares), [p.detach().clone() for p in leaves])
+
+    tried = [attempt(False, True)]
+    if depth and widths and not fills():
+        tried += [attempt(False, False), attempt(True, False)]
+    best = max(tried, key=lambda x: (x[0], x[1]))
+    with torch.no_grad():
+        for p, v in zip(leaves, best[2]):
+            p.copy_(v)

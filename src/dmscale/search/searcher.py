@@ -51,6 +51,18 @@ from dmscale.search.solver import distinct_gates, solve_budget, solve_budgets
 __all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
 
 
+def _delegate(owner: str, name: str, doc: str, settable: bool = False) -> property:
+    """A property of the Searcher that reads (and, ``settable``, writes) ``self.<owner>.<name>``,
+    with the owner's documentation: the Searcher's API over the objects that own the state."""
+    def get(self: Any) -> Any:
+        return getattr(getattr(self, owner), name)
+
+    def put(self: Any, value: Any) -> None:
+        setattr(getattr(self, owner), name, value)
+
+    return property(get, put if settable else None, doc=f"``searcher.{owner}.{name}``: {doc}")
+
+
 class Searcher:
     """A DMS search attached to a model. Create it with :func:`prepare`.
 
@@ -254,53 +266,16 @@ class Searcher:
         return self.costs.profile(resource)
 
     # ------------------------------------------------------------------ budget (self.budget)
-    @property
-    def target_cost(self) -> float:
-        """:attr:`Budget.target_cost <dmscale.search.budget.Budget.target_cost>`: the primary budget's final target."""
-        return self.budget.target_cost
-
-    @target_cost.setter
-    def target_cost(self, value: float) -> None:
-        self.budget.target_cost = value
-
-    @property
-    def supernet_cost(self) -> float:
-        """:attr:`Budget.supernet_cost <dmscale.search.budget.Budget.supernet_cost>`: the supernet's cost."""
-        return self.budget.supernet_cost
-
-    @supernet_cost.setter
-    def supernet_cost(self, value: float) -> None:
-        self.budget.supernet_cost = value
-
-    @property
-    def settle_state(self) -> SettleState:
-        """:attr:`Budget.settle_state <dmscale.search.budget.Budget.settle_state>`: the primary budget's."""
-        return self.budget.settle_state
-
-    @settle_state.setter
-    def settle_state(self, value: SettleState) -> None:
-        self.budget.settle_state = value
-
-    @property
-    def target_costs(self) -> dict[str, float]:
-        """Every budget's final target, by resource (:attr:`SearchConfig.budgets` order)."""
-        return self.budget.target_costs
-
-    @property
-    def supernet_costs(self) -> dict[str, float]:
-        """The supernet's cost in every budget's resource."""
-        return self.budget.supernet_costs
-
-    @property
-    def settle_states(self) -> dict[str, SettleState]:
-        """Every budget's settle state (band loss weight, when it grew, when it landed)."""
-        return self.budget.settle_states
-
-    @property
-    def settled_at(self) -> float | None:
-        """:attr:`Budget.settled_at <dmscale.search.budget.Budget.settled_at>`: the progress at
-        which the settle phase landed, or None."""
-        return self.budget.settled_at
+    target_cost = _delegate("budget", "target_cost", "the primary budget's final target.", settable=True)
+    supernet_cost = _delegate("budget", "supernet_cost", "the supernet's cost in the primary budget's "
+                              "resource.", settable=True)
+    settle_state = _delegate("budget", "settle_state", "the primary budget's settle state.", settable=True)
+    target_costs = _delegate("budget", "target_costs", "every budget's final target, by resource "
+                             "(:attr:`SearchConfig.budgets` order).")
+    supernet_costs = _delegate("budget", "supernet_costs", "the supernet's cost in every budget's resource.")
+    settle_states = _delegate("budget", "settle_states", "every budget's settle state (band loss weight, "
+                              "when it grew, when it landed).")
+    settled_at = _delegate("budget", "settled_at", "the progress at which the settle phase landed, or None.")
 
     def target_at(self, progress: float, resource: str | None = None) -> float:
         """:meth:`Budget.target_at <dmscale.search.budget.Budget.target_at>`: r_t (Eq. 10)."""

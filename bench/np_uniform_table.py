@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import ci_text, kept_reading, paired_diff, pyplot, save_figure, spread, write_md  # noqa: E402
+from np_fastnas_table import fastnas_lines  # noqa: E402
 
 __all__ = ["paired_gap", "write_table", "plot", "FINDINGS"]
 
@@ -48,6 +49,11 @@ def _width_spread(row: dict[str, Any], field: str) -> float:
     return statistics.pstdev([k for k in row[field][:row["n_width"]] if k > 0])
 
 
+def _searched(row: dict[str, Any]) -> bool:
+    """Whether a row comes from a traced DMS search (uniform and FastNAS rows do not)."""
+    return "search_end" in row
+
+
 def _cell(structure: str) -> str:
     return structure.replace(" | ", "; ")
 
@@ -64,10 +70,11 @@ def _main_table(runs: list[dict[str, Any]], s_ep: float, r_ep: float) -> list[st
             if not rs:
                 continue
             gap = paired_gap(rs, uni) if arm != "uniform" else []
-            search = "-" if arm == "uniform" else spread([r["search_end"] for r in rs], 2)
-            fin = "-" if arm == "uniform" else spread([float(r["finish_steps"]) for r in rs], 0)
-            sol = "-" if arm == "uniform" else f"{sum(r['solver_ran'] for r in rs)}/{len(rs)}"
-            shift = "-" if arm == "uniform" else spread([r["shift_posthoc"]["mean_abs"] for r in rs], 3)
+            plain = not _searched(rs[0])  # uniform, or a peer's structure (no DMS search to trace)
+            search = "-" if plain else spread([r["search_end"] for r in rs], 2)
+            fin = "-" if plain else spread([float(r["finish_steps"]) for r in rs], 0)
+            sol = "-" if plain else f"{sum(r['solver_ran'] for r in rs)}/{len(rs)}"
+            shift = "-" if plain else spread([r["shift_posthoc"]["mean_abs"] for r in rs], 3)
             lines.append(f"| {target} | {arm} | {len(rs)} | {spread([r['exported'] for r in rs])} | "
                          f"{spread([100 * r['acc'] for r in rs], 2)} | {ci_text(gap) if gap else '-'} | "
                          f"{search} | {fin} | {sol} | {shift} |")
@@ -110,6 +117,10 @@ def _structures(runs: list[dict[str, Any]], s_ep: float, r_ep: float) -> list[st
             lines.append(f"| {r['target']} | uniform (x{r['multiplier']:.3f}) | {r['seed']} | {_cell(r['structure'])} "
                          f"| - | - | - | - | {100 * r['acc']:.2f} |")
             continue
+        if not _searched(r):
+            lines.append(f"| {r['target']} | {r['arm']} | {r['seed']} | {_cell(r['structure'])} "
+                         f"| - | - | - | - | {100 * r['acc']:.2f} |")
+            continue
         lines.append(f"| {r['target']} | {r['arm']} | {r['seed']} | {_cell(r['structure'])} | "
                      f"{_stage_means(r, 'kept_search_end')} | {_stage_means(r, 'kept_after_finish')} | "
                      f"{_stage_means(r, 'kept_final')} | {_width_spread(r, 'kept_search_end'):.3f} / "
@@ -118,7 +129,7 @@ def _structures(runs: list[dict[str, Any]], s_ep: float, r_ep: float) -> list[st
 
 
 def _stability(runs: list[dict[str, Any]], r_ep: float) -> list[str]:
-    rows = [r for r in runs if r["arm"] != "uniform" and r["retrain_epochs"] == r_ep]
+    rows = [r for r in runs if _searched(r) and r["retrain_epochs"] == r_ep]
     marks = (0.1, 0.3, 0.5, 0.7, 0.9)
     lines = ["Mean over seeds of the importance Spearman correlation with the search's end (averaged over "
              "gates) and, in brackets, the share of the exported model's kept units already in the top-k "
@@ -165,6 +176,7 @@ def write_table(cache: dict[str, Any], command: str, s_ep: float = 10.0, r_ep: f
              *_main_table(runs, s_ep, r_ep), "",
              "## Search length (DMS_np from the baseline)", "", *_sweep_table(runs, r_ep), "",
              "## Importance stability across the search", "", *_stability(runs, r_ep), "",
+             *fastnas_lines(cache, s_ep, r_ep),
              f"## Structures (search {s_ep:g} epochs)", "", *_structures(runs, s_ep, r_ep), "", findings.rstrip(), ""]
     write_md(out, lines, end="")
     if runs:
@@ -181,7 +193,8 @@ def plot(runs: list[dict[str, Any]], s_ep: float = 10.0, r_ep: float = 20.0, nam
     fig, axes = plt.subplots(1, len(targets), figsize=(5 * len(targets), 3.8), squeeze=False)
     for ax, target in zip(axes[0], targets):
         # the first four: the protocol with --settle 0; the @hold rows: the library's default now
-        for i, arm in enumerate(("uniform", "dms", "dms_expand", "dms_width", "dms@hold", "dms_expand@hold")):
+        for i, arm in enumerate(("uniform", "dms", "dms_expand", "dms_width", "dms@hold", "dms_expand@hold",
+                                 "fastnas")):
             rs = _sel(runs, arm=arm, target=target, retrain_epochs=r_ep)
             rs = [r for r in rs if arm == "uniform" or r["search_epochs"] == s_ep]
             if not rs:

@@ -133,3 +133,40 @@ def test_table_only_keeps_the_last_invocation_that_ran(tmp_path: Path, monkeypat
     md = (tmp_path / "np_uniform.md").read_text()
     assert "- command (last invocation): `python bench/np_uniform.py --arms dms --seeds 3 4`" in md
     assert json.loads((tmp_path / "np_uniform.json").read_text())["last_command"] == cache["last_command"]
+
+
+def test_fastnas_arm_gets_its_own_section_and_no_search_columns(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``fastnas`` row (bench/np_fastnas.py: no traced search) sits in the main table with "-"
+    in the search columns and gets the FastNAS section: paired intervals against uniform and
+    DMS_np over its seeds, and per-stage widths where a DMS block removed counts 0 channels."""
+    import doctest
+
+    import np_fastnas_table as ft
+    import np_uniform_table as nt
+
+    assert doctest.testmod(ft).failed == 0
+    w4 = json.loads((ROOT / "bench" / "results" / "np_uniform_w4.json").read_text())["runs"]
+    keep = {k: r for k, r in w4.items() if r["arm"] in ("uniform", "dms@hold") and r["target"] == 0.25
+            and r["seed"] in (0, 1, 2)}
+    groups = ["conv1"] + [f"layer1.{b}.conv1" for b in range(3)] + \
+        [n for s in (2, 3) for n in (f"layer{s}.0.conv1", f"layer{s}.0.conv2", f"layer{s}.1.conv1", f"layer{s}.2.conv1")]
+    for seed, acc in ((0, 0.97), (1, 0.95), (2, 0.96)):
+        keep[f"fastnas/t0.25/s{seed}"] = {
+            "arm": "fastnas", "target": 0.25, "seed": seed, "search_epochs": 10.0, "retrain_epochs": 20.0, "acc": acc,
+            "structure": "3/2/1/2/5/7/2/1/2/16/1/1 | blocks 3/2/2", "width_groups": groups, "exported": 0.93,
+            "macs": 37160, "params": 2660, "modelopt": "0.47.0", "constraint_percent": 25.4, "bisect_runs": 14,
+            "search_seconds": 80.0, "pretrain_acc": 0.96, "commit": "abc1234"}
+    monkeypatch.setattr(nt, "RESULTS", tmp_path)
+    md = nt.write_table({"runs": keep}, "python bench/np_uniform.py --width 4", name="np_uniform_w4", width=4).read_text()
+    main = [line for line in md.splitlines() if line.startswith("| 0.25 | fastnas | 3 | ")]
+    assert main and main[0].rstrip(" |").endswith("| - | - | - | -"), main
+    row = [line for line in md.splitlines() if line.startswith("| 0.25 | 3 | ")]
+    assert len(row) == 1 and row[0].count("], p = ") == 2 and "0 of 3" in row[0], row
+    dms = sorted((r for r in keep.values() if r["arm"] == "dms@hold"), key=lambda r: r["seed"])
+    diffs = [100 * (d["acc"] - a) for d, a in zip(dms, (0.97, 0.95, 0.96))]
+    assert f"{sum(diffs) / 3:+.2f} [" in row[0]
+    stages = [line for line in md.splitlines() if line.startswith("| 0.25 | fastnas | 3 | ")]
+    assert len(stages) == 2 and "16.0 / 2.0, 1.0, 1.0 / 2.0" in stages[1]  # the main table's, the stages'
+    removed = [r for r in dms if min(r["kept_final"][:r["n_width"]]) == 0]
+    assert all(0.0 in [v for st in ft.stage_row(r, groups).values() for v in st[1]] for r in removed)

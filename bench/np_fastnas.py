@@ -39,6 +39,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 sys.path.insert(0, str(ROOT / "src"))
 import np_uniform as nu  # noqa: E402
 import peers  # noqa: E402

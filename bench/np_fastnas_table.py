@@ -26,6 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import ci_text, paired_diff, spread  # noqa: E402
 from peers_extra import stage_widths  # noqa: E402
 

@@ -23,15 +23,17 @@ the units chosen in the original by the Taylor importance of ``taylor``, then th
 finetune of as many weight steps: DMS's structure without its search's unit choice and trained
 weights), ``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the Torch-Pruning package's
 Taylor pruner, uniform per layer, FFN units only on this GQA model), ``tp_hidden`` (the same
-package in its LLM example's scope: the hidden size and the FFN units at one ratio), ``magnitude`` (L2, uniform), ``shortgpt``
+package in its LLM example's scope: the hidden size and the FFN units at one ratio), ``minitron``
+(Minitron's activation importance of query heads, FFN units and hidden channels, uniform widths:
+``bench/llm_minitron.py``), ``magnitude`` (L2, uniform), ``shortgpt``
 (block-influence layer removal) and ``original`` (the unpruned model, finetuned: a reference).
 What differs from the short table: ``--search-steps`` and ``--finetune-steps`` (default 30 and
 40 instead of 5 and 4), several seeds, 8,192 held-out tokens, and **every baseline finetunes
 for as many weight steps as the DMS run of the same target and seed took in all** (search +
 finish + finetune; read from its cache, so run ``dms`` first): DMS's search trains the weights
 too, and the short table showed that ShortGPT closes most of the gap once given those steps.
-The seed sets the batches of every phase (the calibration batches of Taylor and ShortGPT use
-their own fixed seed).
+The seed sets the batches of every phase (the calibration batches of Taylor, Minitron and
+ShortGPT use their own fixed seed).
 
 ``--quick`` is a smoke run of ``dms`` then ``taylor`` (2 search + 1 finetune steps of 2 x 32
 tokens, 128 held-out tokens) whose run directories, cache and table go to ``WORKDIR/quick/``
@@ -58,8 +60,8 @@ from benchlib import (add_quick_flags, hand_reading, paired_ci, pyplot, quick_mo
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_table5"
-METHODS = ("dms", "dms_ffn", "dms_widths", "taylor", "tp_taylor", "tp_hidden", "magnitude", "shortgpt",
-           "original")
+METHODS = ("dms", "dms_ffn", "dms_widths", "taylor", "tp_taylor", "tp_hidden", "minitron", "magnitude",
+           "shortgpt", "original")
 DMS = ("dms", "dms_ffn")  # DMS in its default search space, and with the attention widths fixed
 ATTENTION = [f"lm.model.layers.{i}.self_attn" for i in range(30)]  # SmolLM2's 30 layers
 BASELINES = llm_baselines.BASELINES

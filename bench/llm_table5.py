@@ -241,6 +241,21 @@ def _gaps(recs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _against(w: dict[int, float], label: str, other: dict[int, float]) -> str | None:
+    """``w``'s perplexity relative to ``other``'s, paired by seed: mean, per seed, and the 95 %
+    interval when two or more seeds pair (None when none does)."""
+    seeds = sorted(set(w) & set(other))
+    if not seeds:
+        return None
+    rel = [w[s] / other[s] - 1 for s in seeds]
+    ci = ""
+    if len(rel) > 1:
+        _, lo, hi, _ = paired_ci(rel)
+        ci = f"; 95 % CI [{lo:+.1%}, {hi:+.1%}]"
+    return (f"{statistics.mean(rel):+.1%} against {label} (seeds "
+            f"{', '.join(map(str, seeds))}: {', '.join(f'{x:+.1%}' for x in rel)}{ci})")
+
+
 def _structure_alone(recs: list[dict[str, Any]]) -> list[str]:
     """Per target: DMS's per-layer widths given to a plain finetune of the original (Taylor
     units, ``dms_widths``) against DMS itself and the best baseline, paired by seed: how much of
@@ -252,20 +267,30 @@ def _structure_alone(recs: list[dict[str, Any]]) -> list[str]:
         best = _best_baseline(recs, t)
         if best is not None:
             rows.append((LABEL[best[0]], best[1]))
-        parts = []
-        for label, other in rows:
-            seeds = sorted(set(w) & set(other))
-            if seeds:
-                rel = [w[s] / other[s] - 1 for s in seeds]
-                ci = ""
-                if len(rel) > 1:
-                    _, lo, hi, _ = paired_ci(rel)
-                    ci = f"; 95 % CI [{lo:+.1%}, {hi:+.1%}]"
-                parts.append(f"{statistics.mean(rel):+.1%} against {label} (seeds "
-                             f"{', '.join(map(str, seeds))}: {', '.join(f'{x:+.1%}' for x in rel)}{ci})")
+        parts = [p for label, other in rows if (p := _against(w, label, other))]
         if parts:
             out.append(f"- {t:.0%}, DMS's widths alone (finetuned from the original): perplexity "
                        + "; ".join(parts) + ".")
+    return out
+
+
+def _minitron(recs: list[dict[str, Any]]) -> list[str]:
+    """Per target: the Minitron-style arm against DMS, the best other baseline and ``tp_hidden``
+    (the same scope, hidden size and FFN units, chosen by Taylor importance), paired by seed."""
+    out = []
+    for t in sorted({r["target"] for r in recs if r["method"] == "minitron"}, reverse=True):
+        w = _arm(recs, "minitron", t)
+        others = [(m, _arm(recs, m, t)) for m in BASELINES if m != "minitron"]
+        others = [(m, b) for m, b in others if b]
+        rows = [("DMS", _arm(recs, "dms", t))]
+        if others:
+            m, b = min(others, key=lambda mb: statistics.mean(mb[1].values()))
+            rows.append((LABEL[m], b))
+        if rows[-1][0] != LABEL["tp_hidden"]:
+            rows.append((LABEL["tp_hidden"], _arm(recs, "tp_hidden", t)))
+        parts = [p for label, other in rows if (p := _against(w, label, other))]
+        if parts:
+            out.append(f"- {t:.0%}, Minitron-style activation pruning: perplexity " + "; ".join(parts) + ".")
     return out
 
 
@@ -326,7 +351,7 @@ def write_markdown(cache: Path = CACHE, name: str = "llm_table5", out: Path = RE
              "distillation from a frozen copy of the original in every arm's finetune (and in "
              "DMS's search). Weight steps: DMS search + finish + finetune; every baseline "
              "finetunes that many steps (same target and seed).", ""]
-    lines += _table(recs) + [""] + _gaps(recs) + _structure_alone(recs)
+    lines += _table(recs) + [""] + _gaps(recs) + _structure_alone(recs) + _minitron(recs)
     lines += ["", "What DMS kept:", ""] + _structures(recs)
     notes = hand_reading(RESULTS / f"{name}_notes.md", strip=False)
     if notes is not None:

@@ -4,7 +4,8 @@ On a tiny random GQA Llama: the widths land on the parameter target with a confi
 transformers saves; the count is predicted exactly; the importance is ModelOpt's aggregation
 (|a| averaged over the sequence, L2 over the batch) and ranks a deliberately silenced query head,
 FFN unit and hidden channel last; the prune keeps the top query heads within each KV group, runs
-under eager and SDPA attention, keeps a tied head tied, and at full widths changes nothing.
+under eager and SDPA attention, keeps a tied head tied, and at full widths changes nothing; the
+table-5 script pairs it by seed with DMS and the strongest other arms.
 """
 
 from __future__ import annotations
@@ -134,3 +135,33 @@ def test_prune_refuses_widths_before_cutting() -> None:
     assert lib.count_params(lm) == lib.count_params(_lm())
     with pytest.raises(ValueError, match="no uniform"):
         mt.minitron_widths(lm, 10)
+
+
+def test_table5_pairs_minitron_with_dms_the_best_other_baseline_and_tp_hidden(tmp_path: Path) -> None:
+    """The Minitron arm is a row of the table and a baseline; its own line pairs it by seed with
+    DMS, the best of the other baselines and the Torch-Pruning arm of the same scope."""
+    import json
+
+    import llm_table5
+
+    def rec(method: str, seed: int, ppl: float) -> dict:
+        return {"method": method, "target": 0.8, "seed": seed, "params_found": 80, "supernet": 100,
+                "weight_steps": 70, "before": {"ppl": 2 * ppl}, "after": {"ppl": ppl}, "commit": "abc",
+                "machine": "m", "cpus": 2, "task": "text", "quick": False,
+                "args": {"batch_size": 4, "seq_len": 128, "test_limit": 8192}}
+
+    rows = [rec("dms", 0, 80.0), rec("dms", 1, 80.0), rec("minitron", 0, 88.0), rec("minitron", 1, 96.0),
+            rec("tp_taylor", 0, 80.0), rec("tp_taylor", 1, 100.0), rec("tp_hidden", 0, 110.0),
+            rec("tp_hidden", 1, 120.0), rec("shortgpt", 0, 95.0)]
+    for r in rows:
+        (tmp_path / f"{r['method']}_t0.8_s{r['seed']}.json").write_text(json.dumps(r))
+    md = llm_table5.write_markdown(tmp_path, "t5", tmp_path).read_text()
+    assert "| 80% | Minitron activation importance" in md and "**92.0** (s0 88.0, s1 96.0)" in md
+    line = [x for x in md.splitlines() if x.startswith("- 80%, Minitron")]
+    assert len(line) == 1
+    assert "+15.0% against DMS (seeds 0, 1: +10.0%, +20.0%; 95 % CI" in line[0]
+    assert "+3.0% against Torch-Pruning Taylor, uniform (FFN only) (seeds 0, 1: +10.0%, -4.0%" in line[0]
+    assert "-20.0% against Torch-Pruning Taylor, uniform (hidden size + FFN" in line[0]
+    gap = [x for x in md.splitlines() if x.startswith("- 80%: DMS vs the best baseline")]
+    assert "(Torch-Pruning Taylor, uniform (FFN only))" in gap[0]  # by mean: 90.0 < 92.0
+    assert "minitron" in llm_table5.BASELINES

@@ -30,6 +30,8 @@ Methods (``--method``, one per invocation; the cache is one json per (method, ta
                the calibration batches, forward passes only; one width per dimension in every
                layer, hidden and FFN at one kept fraction, heads cut only when that fraction
                is nearer theirs; the embedding is pruned with the hidden size.
+               ``minitron_keep_heads``: the same with every head kept (the Minitron-8B recipe
+               at any target; at 80 % the rule keeps them anyway).
 ``shortgpt``   ShortGPT: remove the decoder layers of lowest block influence until the count
                is at most the target (whole layers: the count lands below it).
 ``original``   the unpruned model finetuned (the reference line; ``--target`` is ignored).
@@ -73,7 +75,8 @@ import llm_minitron  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_baselines"
 DMS_CACHE = RESULTS / "smollm2_prune"
-METHODS = ("taylor", "tp_taylor", "tp_hidden", "minitron", "magnitude", "shortgpt", "original")
+METHODS = ("taylor", "tp_taylor", "tp_hidden", "minitron", "minitron_keep_heads", "magnitude", "shortgpt",
+           "original")
 BASELINES = METHODS[:-1]  # the pruning methods; "original" is the reference line
 DEFAULT_FT = 0.00145  # the DMS arm's --retrain-epochs
 DEFAULT_STEPS = 4  # what DEFAULT_FT is at batch 4 x 128 (1,407,001 training tokens)
@@ -132,9 +135,9 @@ def prune(method: str, model: Any, pipe: Any, target: int, n_calib: int,
         chosen = lib.tp_hidden_prune(model, calib, lambda logits, y: pipe.task.task_loss(logits, y),
                                      lib.tp_hidden_ratio_for_target(model, target))
         return {**chosen, "calib_batches": n_calib, "save_pretrained": _config_saves(model)}
-    if method == "minitron":
+    if method in ("minitron", "minitron_keep_heads"):
         scores = llm_minitron.activation_scores(model, [x for x, _ in calib])
-        widths = llm_minitron.minitron_widths(model, target)
+        widths = llm_minitron.minitron_widths(model, target, keep_heads=method == "minitron_keep_heads")
         llm_minitron.minitron_prune(model, scores, **widths)
         return {**llm_minitron.kept_widths(model), **widths, "calib_batches": n_calib,
                 "save_pretrained": _config_saves(model)}
@@ -303,6 +306,7 @@ LABEL = {"dms": "DMS_p + distillation (per-layer widths)",
          "tp_taylor": "Torch-Pruning Taylor, uniform (FFN only)",
          "tp_hidden": "Torch-Pruning Taylor, uniform (hidden size + FFN, its LLM example's scope)",
          "minitron": "Minitron activation importance, uniform (hidden + heads + FFN)",
+         "minitron_keep_heads": "Minitron activation importance, uniform, every head kept (hidden + FFN)",
          "magnitude": "L2 magnitude, uniform", "shortgpt": "ShortGPT block influence (layers)",
          "original": "original, finetuned (reference)"}
 

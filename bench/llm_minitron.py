@@ -134,14 +134,15 @@ def minitron_count(model: nn.Module, q_per_group: int, hidden: int, ffn: int) ->
     return hidden_ffn_count(model, hidden, ffn) - len(lm.model.layers) * 2 * cut_heads * s["head_dim"] * hidden
 
 
-def minitron_widths(model: nn.Module, target: int) -> dict[str, int]:
+def minitron_widths(model: nn.Module, target: int, keep_heads: bool = False) -> dict[str, int]:
     """``{"q_per_group", "hidden", "ffn"}`` whose count is nearest ``target``, by the rule of the
     module docstring (hidden and FFN at one kept fraction, heads cut only when that fraction is
-    nearer theirs; the hidden size a multiple of the query heads kept)."""
+    nearer theirs; the hidden size a multiple of the query heads kept); ``keep_heads`` keeps
+    every head whatever the fraction (the Minitron-8B recipe at any target)."""
     s = group_sizes(model)
     per_ffn_unit = 3 * len(decoder(model).model.layers)  # gate row, up row, down column: x hidden
     options = []
-    for q in range(1, s["per_group"] + 1):
+    for q in range(s["per_group"] if keep_heads else 1, s["per_group"] + 1):
         step = q * s["kv_heads"]
         best = None
         for h in range(step, s["hidden"] + 1, step):

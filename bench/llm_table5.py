@@ -25,7 +25,8 @@ weights), ``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the T
 Taylor pruner, uniform per layer, FFN units only on this GQA model), ``tp_hidden`` (the same
 package in its LLM example's scope: the hidden size and the FFN units at one ratio), ``minitron``
 (Minitron's activation importance of query heads, FFN units and hidden channels, uniform widths:
-``bench/llm_minitron.py``), ``magnitude`` (L2, uniform), ``shortgpt``
+``bench/llm_minitron.py``; ``minitron_keep_heads`` the same with every head kept), ``magnitude``
+(L2, uniform), ``shortgpt``
 (block-influence layer removal) and ``original`` (the unpruned model, finetuned: a reference).
 What differs from the short table: ``--search-steps`` and ``--finetune-steps`` (default 30 and
 40 instead of 5 and 4), several seeds, 8,192 held-out tokens, and **every baseline finetunes
@@ -60,8 +61,8 @@ from benchlib import (add_quick_flags, hand_reading, paired_ci, pyplot, quick_mo
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_table5"
-METHODS = ("dms", "dms_ffn", "dms_widths", "taylor", "tp_taylor", "tp_hidden", "minitron", "magnitude",
-           "shortgpt", "original")
+METHODS = ("dms", "dms_ffn", "dms_widths", "taylor", "tp_taylor", "tp_hidden", "minitron", "minitron_keep_heads",
+           "magnitude", "shortgpt", "original")
 DMS = ("dms", "dms_ffn")  # DMS in its default search space, and with the attention widths fixed
 ATTENTION = [f"lm.model.layers.{i}.self_attn" for i in range(30)]  # SmolLM2's 30 layers
 BASELINES = llm_baselines.BASELINES

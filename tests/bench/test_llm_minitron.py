@@ -73,6 +73,9 @@ def test_widths_cut_heads_only_when_hidden_and_ffn_are_cut_as_hard() -> None:
     assert mild["q_per_group"] == 2  # hidden / FFN near 0.9: nearer all heads (1.0) than half (0.5)
     assert deep["q_per_group"] == 1
     assert abs(deep["hidden"] / HIDDEN - 0.5) < abs(deep["hidden"] / HIDDEN - 1.0)
+    kept = mt.minitron_widths(lm, int(0.45 * full), keep_heads=True)
+    assert kept["q_per_group"] == 2 and kept["hidden"] < deep["hidden"]
+    assert abs(mt.minitron_count(lm, **kept) - int(0.45 * full)) <= 3 * 3 * kept["hidden"] / 2
 
 
 def test_importance_is_sequence_mean_then_batch_l2() -> None:

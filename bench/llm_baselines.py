@@ -24,6 +24,14 @@ Methods (``--method``, one per invocation; the cache is one json per (method, ta
                again after; the ratio whose widths give the count nearest the target. The
                only arm that prunes the hidden size (DMS's run excludes the embedding).
 ``magnitude``  the same uniform structure chosen by the L2 norm of each group's weights.
+``minitron``   Minitron (Muralidharan et al. 2024) hand-written (:mod:`llm_minitron`; ModelOpt's
+               ``mcore_minitron`` mode needs Megatron-Core and Transformer Engine): activation
+               importance of query heads (within KV groups), FFN units and hidden channels on
+               the calibration batches, forward passes only; one width per dimension in every
+               layer, hidden and FFN at one kept fraction, heads cut only when that fraction
+               is nearer theirs; the embedding is pruned with the hidden size.
+               ``minitron_keep_heads``: the same with every head kept (the Minitron-8B recipe
+               at any target; at 80 % the rule keeps them anyway).
 ``shortgpt``   ShortGPT: remove the decoder layers of lowest block influence until the count
                is at most the target (whole layers: the count lands below it).
 ``original``   the unpruned model finetuned (the reference line; ``--target`` is ignored).
@@ -33,8 +41,8 @@ parameter count (``dms.count`` of the model; embeddings and hidden size kept), t
 finetune -- the pipeline's own retrain phase loop (``Pipeline._train("retrain", ...)``: the
 same batches, steps, AdamW, lr schedule and logits-KL distillation from one frozen copy of the
 original) -- and the same evaluation (``task.evaluate`` on the same held-out tokens).
-Calibration batches (Taylor gradients, block influence) come from the training split with a
-seed the finetune does not use.
+Calibration batches (Taylor gradients, block influence, Minitron activations) come from the
+training split with a seed the finetune does not use.
 
 ``--quick`` is a smoke run of ``--method`` (one calibration batch and one finetune step of 2 x 32
 tokens, 128 held-out tokens; the original is evaluated on them too) whose run directory, caches
@@ -63,11 +71,13 @@ sys.path.insert(0, str(ROOT / "src"))
 from benchlib import add_quick_flags, git_commit, hand_reading, quick_mode, save_cache, write_md  # noqa: E402
 from smollm2_prune import protocol, smollm2_path  # noqa: E402
 import llm_baselines_lib as lib  # noqa: E402
+import llm_minitron  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_baselines"
 DMS_CACHE = RESULTS / "smollm2_prune"
-METHODS = ("taylor", "tp_taylor", "tp_hidden", "magnitude", "shortgpt", "original")
+METHODS = ("taylor", "tp_taylor", "tp_hidden", "minitron", "minitron_keep_heads", "magnitude", "shortgpt",
+           "original")
 BASELINES = METHODS[:-1]  # the pruning methods; "original" is the reference line
 DEFAULT_FT = 0.00145  # the DMS arm's --retrain-epochs
 DEFAULT_STEPS = 4  # what DEFAULT_FT is at batch 4 x 128 (1,407,001 training tokens)
@@ -126,6 +136,12 @@ def prune(method: str, model: Any, pipe: Any, target: int, n_calib: int,
         chosen = lib.tp_hidden_prune(model, calib, lambda logits, y: pipe.task.task_loss(logits, y),
                                      lib.tp_hidden_ratio_for_target(model, target))
         return {**chosen, "calib_batches": n_calib, "save_pretrained": _config_saves(model)}
+    if method in ("minitron", "minitron_keep_heads"):
+        scores = llm_minitron.activation_scores(model, [x for x, _ in calib])
+        widths = llm_minitron.minitron_widths(model, target, keep_heads=method == "minitron_keep_heads")
+        llm_minitron.minitron_prune(model, scores, **widths)
+        return {**llm_minitron.kept_widths(model), **widths, "calib_batches": n_calib,
+                "save_pretrained": _config_saves(model)}
     if method == "shortgpt":
         bi = lib.block_influence(model, [x for x, _ in calib])
         drop = lib.layers_for_target(model, bi, target)
@@ -290,6 +306,8 @@ LABEL = {"dms": "DMS_p + distillation (per-layer widths)",
          "taylor": "LLM-Pruner Taylor, uniform (hand-written)",
          "tp_taylor": "Torch-Pruning Taylor, uniform (FFN only)",
          "tp_hidden": "Torch-Pruning Taylor, uniform (hidden size + FFN, its LLM example's scope)",
+         "minitron": "Minitron activation importance, uniform (hidden + heads + FFN)",
+         "minitron_keep_heads": "Minitron activation importance, uniform, every head kept (hidden + FFN)",
          "magnitude": "L2 magnitude, uniform", "shortgpt": "ShortGPT block influence (layers)",
          "original": "original, finetuned (reference)"}
 

@@ -23,15 +23,18 @@ the units chosen in the original by the Taylor importance of ``taylor``, then th
 finetune of as many weight steps: DMS's structure without its search's unit choice and trained
 weights), ``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the Torch-Pruning package's
 Taylor pruner, uniform per layer, FFN units only on this GQA model), ``tp_hidden`` (the same
-package in its LLM example's scope: the hidden size and the FFN units at one ratio), ``magnitude`` (L2, uniform), ``shortgpt``
+package in its LLM example's scope: the hidden size and the FFN units at one ratio), ``minitron``
+(Minitron's activation importance of query heads, FFN units and hidden channels, uniform widths:
+``bench/llm_minitron.py``; ``minitron_keep_heads`` the same with every head kept), ``magnitude``
+(L2, uniform), ``shortgpt``
 (block-influence layer removal) and ``original`` (the unpruned model, finetuned: a reference).
 What differs from the short table: ``--search-steps`` and ``--finetune-steps`` (default 30 and
 40 instead of 5 and 4), several seeds, 8,192 held-out tokens, and **every baseline finetunes
 for as many weight steps as the DMS run of the same target and seed took in all** (search +
 finish + finetune; read from its cache, so run ``dms`` first): DMS's search trains the weights
 too, and the short table showed that ShortGPT closes most of the gap once given those steps.
-The seed sets the batches of every phase (the calibration batches of Taylor and ShortGPT use
-their own fixed seed).
+The seed sets the batches of every phase (the calibration batches of Taylor, Minitron and
+ShortGPT use their own fixed seed).
 
 ``--quick`` is a smoke run of ``dms`` then ``taylor`` (2 search + 1 finetune steps of 2 x 32
 tokens, 128 held-out tokens) whose run directories, cache and table go to ``WORKDIR/quick/``
@@ -59,8 +62,8 @@ from benchlib import (add_quick_flags, hand_reading, paired_ci, pyplot, quick_mo
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_table5"
-METHODS = ("dms", "dms_ffn", "dms_widths", "taylor", "tp_taylor", "tp_hidden", "magnitude", "shortgpt",
-           "original")
+METHODS = ("dms", "dms_ffn", "dms_widths", "taylor", "tp_taylor", "tp_hidden", "minitron", "minitron_keep_heads",
+           "magnitude", "shortgpt", "original")
 DMS = ("dms", "dms_ffn")  # DMS in its default search space, and with the attention widths fixed
 ATTENTION = [f"lm.model.layers.{i}.self_attn" for i in range(30)]  # SmolLM2's 30 layers
 BASELINES = llm_baselines.BASELINES
@@ -240,6 +243,21 @@ def _gaps(recs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _against(w: dict[int, float], label: str, other: dict[int, float]) -> str | None:
+    """``w``'s perplexity relative to ``other``'s, paired by seed: mean, per seed, and the 95 %
+    interval when two or more seeds pair (None when none does)."""
+    seeds = sorted(set(w) & set(other))
+    if not seeds:
+        return None
+    rel = [w[s] / other[s] - 1 for s in seeds]
+    ci = ""
+    if len(rel) > 1:
+        _, lo, hi, _ = paired_ci(rel)
+        ci = f"; 95 % CI [{lo:+.1%}, {hi:+.1%}]"
+    return (f"{statistics.mean(rel):+.1%} against {label} (seeds "
+            f"{', '.join(map(str, seeds))}: {', '.join(f'{x:+.1%}' for x in rel)}{ci})")
+
+
 def _structure_alone(recs: list[dict[str, Any]]) -> list[str]:
     """Per target: DMS's per-layer widths given to a plain finetune of the original (Taylor
     units, ``dms_widths``) against DMS itself and the best baseline, paired by seed: how much of
@@ -251,20 +269,30 @@ def _structure_alone(recs: list[dict[str, Any]]) -> list[str]:
         best = _best_baseline(recs, t)
         if best is not None:
             rows.append((LABEL[best[0]], best[1]))
-        parts = []
-        for label, other in rows:
-            seeds = sorted(set(w) & set(other))
-            if seeds:
-                rel = [w[s] / other[s] - 1 for s in seeds]
-                ci = ""
-                if len(rel) > 1:
-                    _, lo, hi, _ = paired_ci(rel)
-                    ci = f"; 95 % CI [{lo:+.1%}, {hi:+.1%}]"
-                parts.append(f"{statistics.mean(rel):+.1%} against {label} (seeds "
-                             f"{', '.join(map(str, seeds))}: {', '.join(f'{x:+.1%}' for x in rel)}{ci})")
+        parts = [p for label, other in rows if (p := _against(w, label, other))]
         if parts:
             out.append(f"- {t:.0%}, DMS's widths alone (finetuned from the original): perplexity "
                        + "; ".join(parts) + ".")
+    return out
+
+
+def _minitron(recs: list[dict[str, Any]]) -> list[str]:
+    """Per target: the Minitron-style arm against DMS, the best other baseline and ``tp_hidden``
+    (the same scope, hidden size and FFN units, chosen by Taylor importance), paired by seed."""
+    out = []
+    for t in sorted({r["target"] for r in recs if r["method"] == "minitron"}, reverse=True):
+        w = _arm(recs, "minitron", t)
+        others = [(m, _arm(recs, m, t)) for m in BASELINES if m != "minitron"]
+        others = [(m, b) for m, b in others if b]
+        rows = [("DMS", _arm(recs, "dms", t))]
+        if others:
+            m, b = min(others, key=lambda mb: statistics.mean(mb[1].values()))
+            rows.append((LABEL[m], b))
+        if rows[-1][0] != LABEL["tp_hidden"]:
+            rows.append((LABEL["tp_hidden"], _arm(recs, "tp_hidden", t)))
+        parts = [p for label, other in rows if (p := _against(w, label, other))]
+        if parts:
+            out.append(f"- {t:.0%}, Minitron-style activation pruning: perplexity " + "; ".join(parts) + ".")
     return out
 
 
@@ -325,7 +353,7 @@ def write_markdown(cache: Path = CACHE, name: str = "llm_table5", out: Path = RE
              "distillation from a frozen copy of the original in every arm's finetune (and in "
              "DMS's search). Weight steps: DMS search + finish + finetune; every baseline "
              "finetunes that many steps (same target and seed).", ""]
-    lines += _table(recs) + [""] + _gaps(recs) + _structure_alone(recs)
+    lines += _table(recs) + [""] + _gaps(recs) + _structure_alone(recs) + _minitron(recs)
     lines += ["", "What DMS kept:", ""] + _structures(recs)
     notes = hand_reading(RESULTS / f"{name}_notes.md", strip=False)
     if notes is not None:

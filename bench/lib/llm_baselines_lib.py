@@ -40,8 +40,8 @@ import torch
 from torch import nn
 
 __all__ = ["decoder", "count_params", "group_sizes", "solve_uniform", "magnitude_scores",
-           "taylor_scores", "accumulate_grads", "prune_uniform", "prune_per_layer", "prune_structure",
-           "block_influence",
+           "taylor_scores", "accumulate_grads", "slice_linear", "prune_uniform", "prune_per_layer",
+           "prune_structure", "block_influence",
            "remove_layers", "layers_for_target", "ffn_keep_for_target", "tp_taylor_prune",
            "hidden_ffn_count", "tp_hidden_ratio_for_target", "tp_hidden_prune"]
 
@@ -152,7 +152,7 @@ def taylor_scores(model: nn.Module) -> Scores:
     return _scores(model, lambda w: (w.detach() * w.grad).abs())
 
 
-def _slice_linear(lin: nn.Linear, idx: torch.Tensor, dim: int) -> nn.Linear:
+def slice_linear(lin: nn.Linear, idx: torch.Tensor, dim: int) -> nn.Linear:
     """A new Linear with rows (dim 0, outputs) or columns (dim 1, inputs) ``idx`` of ``lin``."""
     w = lin.weight.detach().index_select(dim, idx.to(lin.weight.device)).clone()
     out_f, in_f = w.shape
@@ -204,14 +204,14 @@ def prune_per_layer(model: nn.Module, scores: Scores, kv_keep: list[int], ffn_ke
         q_idx = torch.cat([torch.arange(len(kv) * s["per_group"] * s["head_dim"])[_group_rows(s, g)[0]]
                            for g in groups])
         kv_idx = torch.cat([torch.arange(len(kv) * s["head_dim"])[_group_rows(s, g)[1]] for g in groups])
-        a.q_proj = _slice_linear(a.q_proj, q_idx, 0)
-        a.k_proj = _slice_linear(a.k_proj, kv_idx, 0)
-        a.v_proj = _slice_linear(a.v_proj, kv_idx, 0)
-        a.o_proj = _slice_linear(a.o_proj, q_idx, 1)
+        a.q_proj = slice_linear(a.q_proj, q_idx, 0)
+        a.k_proj = slice_linear(a.k_proj, kv_idx, 0)
+        a.v_proj = slice_linear(a.v_proj, kv_idx, 0)
+        a.o_proj = slice_linear(a.o_proj, q_idx, 1)
         units = torch.topk(ffn, f_keep).indices.sort().values
-        m.gate_proj = _slice_linear(m.gate_proj, units, 0)
-        m.up_proj = _slice_linear(m.up_proj, units, 0)
-        m.down_proj = _slice_linear(m.down_proj, units, 1)
+        m.gate_proj = slice_linear(m.gate_proj, units, 0)
+        m.up_proj = slice_linear(m.up_proj, units, 0)
+        m.down_proj = slice_linear(m.down_proj, units, 1)
         # num_key_value_groups (query heads per KV head) is unchanged: whole groups go
     lm.config.head_dim = s["head_dim"]  # no longer hidden / heads
 

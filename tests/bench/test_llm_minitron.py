@@ -21,6 +21,7 @@ import dmscale as dms
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))
 dms.ensure_torchvision()
 transformers = pytest.importorskip("transformers")
 import llm_baselines  # noqa: E402

@@ -110,27 +110,29 @@ def _model(s: Any) -> str:
 
 def _summary_table(summary: list[dict[str, Any]]) -> list[str]:
     lines = ["| setting | data | model | budget | supernet / baseline MACs | search ep | retrain ep | seeds "
-             "| baseline | DMS_np from `--expand` at 1.0 x | DMS - baseline, paired: mean [95 % CI], p | DMS better / worse "
+             "| baseline | DMS_np from `--expand` at 1.0 x | DMS - baseline, paired (pt; text: % of bpc): mean [95 % CI], p "
+             "| DMS better / worse "
              "| MACs / baseline | params / baseline | dims at <= 2 channels | search end / target | verdict |",
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
              "| ---: | --- |"]
     for row in summary:
         s, base, dms, diffs = row["setting"], row["base"], row["dms"], row["diffs"]
-        unit = " %" if s.kind == "text" else " pt"
-        ci = ci_text(diffs) + unit if diffs else "-"
+        ci = ci_text(diffs) if diffs else "-"
         better = sum(d > 0 for d in diffs) if s.kind == "image" else sum(d < 0 for d in diffs)
         worse = sum(d < 0 for d in diffs) if s.kind == "image" else sum(d > 0 for d in diffs)
         searches = row["searches"]
-        base_macs = dms[0]["base_macs"] if dms else None
+        base_macs = (dms or base)[0]["base_macs"] if (dms or base) else None
         supernet = f"{searches[0]['supernet_macs'] / base_macs:.2f} x" if searches and base_macs else "-"
         budget = " + ".join(s.budgets) + (f", min width {s.min_width}" if s.min_width > 1 else "")
         narrow = f"{statistics.mean(r['narrow'] for r in dms):.1f}" if dms else "-"
         end = f"{statistics.mean(r['search_end'] for r in searches):.2f}" if searches else "-"
+        # the verdict stands once every planned seed is in
+        shown = f"**{row['verdict']}**" if len(diffs) == len(s.seeds) else f"pending ({len(diffs)} of {len(s.seeds)})"
         lines.append(
-            f"| {s.name} | {_data(s)} | {_model(s)} | {budget} | {supernet} | {s.search_epochs:g} | "
+            f"| {s.name}{' (round 2)' if s.round > 1 else ''} | {_data(s)} | {_model(s)} | {budget} | {supernet} | {s.search_epochs:g} | "
             f"{s.retrain_epochs:g} | {len(diffs)} of {len(s.seeds)} | {_score(s.kind, base)} | {_score(s.kind, dms)} | "
             f"{ci} | {better} / {worse} | {_span([r['macs'] / r['base_macs'] for r in dms])} | "
-            f"{_span([r['params'] / r['base_params'] for r in dms])} | {narrow} | {end} | **{row['verdict']}** |")
+            f"{_span([r['params'] / r['base_params'] for r in dms])} | {narrow} | {end} | {shown} |")
     return lines
 
 
@@ -169,7 +171,9 @@ def write_table(cache: dict[str, Any], settings: tuple[Any, ...], path: Path) ->
         "`--expand width=1.5,depth=2` with the baseline's exact MACs as an absolute target (settle 0.4 with "
         "the hold, the default search), its structure trained from scratch by the same phase (same optimiser, "
         "schedule, epochs, batches and seed). Settings, arms and seeds were fixed in "
-        "`bench/scaling_claim.py` (`SETTINGS`) before any DMS run; every setting run is in the table.",
+        "`bench/scaling_claim.py` (`SETTINGS`) before any DMS run (round 1); a setting marked round 2 was added "
+        "after some of round 1's results were in, for the reason its per-seed table names. Every setting run is "
+        "in the table.",
         "",
         f"Bars (fixed before the runs): images, DMS ahead by >= {IMAGE_BAR} pt top-1 in the mean of the paired "
         "per-seed differences with the 95 % Student-t interval above 0 (`benchlib.paired_ci`); text, DMS's test "

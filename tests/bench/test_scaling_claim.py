@@ -4,6 +4,7 @@ the table built from a cache (no training)."""
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import sys
 from pathlib import Path
@@ -90,10 +91,15 @@ def test_table_from_a_cache_reports_every_setting_and_keeps_the_reading(tmp_path
     md.write_text("stale table\n\n## Reading\n\nkept words\n")
     text = st.write_table({"runs": runs}, sc.SETTINGS, md).read_text()
     line = next(x for x in text.splitlines() if x.startswith("| digits-w4 |"))
-    assert "4.60 x" in line and "3 of 20" in line and "+0.83 [" in line and "**won**" in line
+    assert "4.60 x" in line and "3 of 20" in line and "+0.83 [" in line and "pending (3 of 20)" in line
     assert "| digits-w8 |" in text  # a setting with no runs yet still has its row
     assert text.rstrip().endswith("kept words") and "stale table" not in text
     assert "| 1 | 96.00 | 96.50 | +0.50 pt |" in text
+    # with every planned seed in, the verdict stands
+    done = dataclasses.replace(s, seeds=(0, 1, 2))
+    line = next(x for x in st.write_table({"runs": runs}, (done,), md).read_text().splitlines()
+                if x.startswith("| digits-w4 |"))
+    assert "**won**" in line and "pending" not in line
 
 
 @pytest.mark.parametrize("kind", ["image", "text"])

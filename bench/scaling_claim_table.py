@@ -95,8 +95,10 @@ def summary_rows(cache: dict[str, Any], settings: tuple[Any, ...]) -> list[dict[
 
 
 def _data(s: Any) -> str:
-    if s.kind == "image":
+    if s.kind == "image" and s.model["task"] == "digits":
         return "8x8 digits (359 test images)"
+    if s.kind == "image":
+        return f"MNIST 28x28 ({s.model['train_limit']:,} train / 10,000 test images)"
     m = s.model
     return f"Shakespeare ({m['train_limit'] / 1e3:.0f}k train / {m['test_limit'] / 1e3:.0f}k test chars)"
 

@@ -52,7 +52,7 @@ from dmscale.run.pipeline import Pipeline  # noqa: E402
 from dmscale.run.saved_runs import new_supernet  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 
-__all__ = ["ARMS", "run_key", "run_arm", "baseline", "use_width", "dataset_note", "main"]
+__all__ = ["ARMS", "run_key", "run_arm", "uniform_source", "baseline", "use_width", "dataset_note", "main"]
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "np_uniform.json"
@@ -124,15 +124,19 @@ def _brief(structure: dict[str, Any]) -> str:
 
 def _search(arm: str, target: float, seed: int, epochs: float, threads: int, base_macs: int,
             out: Path, settle: float = 0.0, settle_hold: bool = False,
-            search_overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+            search_overrides: dict[str, Any] | None = None,
+            config_overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """One traced DMS_np search (no retrain); returns its summary and the measurements.
     ``search_overrides``: :class:`dmscale.SearchConfig` fields set on the search (e.g. another
-    importance metric or gate factory: bench/importance.py)."""
+    importance metric or gate factory: bench/importance.py); ``config_overrides``: RunConfig
+    fields that replace this function's (e.g. ``target`` with several budgets, ``min_width``:
+    bench/scaling_claim.py), saved in the search's config."""
     expand = EXPAND if arm == "dms_expand" else None
     absolute = float(target * base_macs) if expand else target  # > 1: an absolute count
     dims = "width" if arm == "dms_width" else "both"
-    cfg = RunConfig(command="search", pipeline="np", **MODEL, expand=expand, target=absolute, search_dims=dims,
-                    settle=settle, settle_hold=settle_hold,
+    fields: dict[str, Any] = {**MODEL, "expand": expand, "target": absolute, "search_dims": dims,
+                              "settle": settle, "settle_hold": settle_hold, **(config_overrides or {})}
+    cfg = RunConfig(command="search", pipeline="np", **fields,
                     epochs=epochs, retrain_epochs=0, seed=seed, threads=threads, quiet=True,
                     out=str(_fresh(out)))
     pipe = nl.TracedPipeline(cfg.resolved(), search_overrides=search_overrides)
@@ -155,23 +159,30 @@ def _search(arm: str, target: float, seed: int, epochs: float, threads: int, bas
     return summary, info
 
 
+def uniform_source(work: Path, target: float, seed: int, base: tuple[int, Any]) -> tuple[Path, dict[str, Any], float]:
+    """The run directory ``dmscale retrain --source`` reads for one width multiplier at
+    ``target`` x the baseline's MACs (1.0: the baseline itself), under ``work/src``; returns
+    it, the structure and the multiplier."""
+    _, (model, example) = base
+    structure, mult = pl.uniform_structure(model, example, target)
+    cfg_src = _fresh(work / "cfg")  # the config a search run of the baseline would hold
+    cfg_src.mkdir(parents=True)
+    save_config(RunConfig(command="search", pipeline="np", **MODEL, seed=seed).resolved(), cfg_src / "config.yaml")
+    return pl.write_source_run(_fresh(work / "src"), cfg_src, structure, pl.apply(model, structure)), structure, mult
+
+
 def run_arm(arm: str, target: float, seed: int, search_epochs: float, retrain_epochs: float,
             threads: int, base: tuple[int, Any], settle: float = 0.0, settle_hold: bool = False,
             search_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """One arm: its structure at ``target`` x the baseline's MACs, retrained from scratch
     (``search_overrides``: SearchConfig fields of a DMS arm's search)."""
-    base_macs, (model, example) = base
+    base_macs = base[0]
     work = WORK / run_key(arm, target, seed, search_epochs, retrain_epochs).replace("/", "-")  # reused by variants
     t0 = time.perf_counter()
     row: dict[str, Any] = {"arm": arm, "target": target, "seed": seed, "search_epochs": search_epochs,
                            "retrain_epochs": retrain_epochs}
     if arm == "uniform":
-        structure, mult = pl.uniform_structure(model, example, target)
-        cfg_src = _fresh(work / "cfg")  # the config a search run of the baseline would hold
-        cfg_src.mkdir(parents=True)
-        save_config(RunConfig(command="search", pipeline="np", **MODEL, seed=seed).resolved(),
-                    cfg_src / "config.yaml")
-        src = pl.write_source_run(_fresh(work / "src"), cfg_src, structure, pl.apply(model, structure))
+        src, structure, mult = uniform_source(work, target, seed, base)
         row["multiplier"] = mult
     else:
         src = work / "search"

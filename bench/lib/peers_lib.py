@@ -44,25 +44,30 @@ __all__ = ["macs", "fast_macs", "apply", "template_structure", "structure_from_s
            "tp_prune", "write_source_run"]
 
 
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)  # one output value costs weight[0].numel() MACs (groups included)
+
+
 def macs(model: nn.Module, example: torch.Tensor) -> int:
     """Exact MACs of ``model`` on ``example`` with the project's one counter (``dms.count``)."""
     return int(dms.count(model, example)["macs"])
 
 
 def fast_macs(model: nn.Module, example: torch.Tensor) -> int:
-    """MACs of the ``nn.Conv2d`` / ``nn.Linear`` layers from forward hooks (per example).
+    """MACs of the convolutions (1-, 2- and 3-d) and ``nn.Linear`` layers from forward hooks
+    (per example).
 
     Cheap enough to call after every pruning step; the result of a search is always checked
-    against :func:`macs` (on conv/linear-only models such as ResNet-20 the two agree exactly).
+    against :func:`macs` (on conv/linear-only models such as ResNet-20 or the causal-conv
+    CharCNN the two agree exactly).
     """
     total = 0
 
     def hook(m: nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
         nonlocal total
-        per_out = m.weight[0].numel() if isinstance(m, nn.Conv2d) else m.in_features
+        per_out = m.weight[0].numel() if isinstance(m, _CONVS) else m.in_features
         total += out.numel() // example.shape[0] * per_out
 
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (*_CONVS, nn.Linear))]
     try:
         with torch.no_grad():
             was = model.training

@@ -36,6 +36,7 @@ CASES = [
     _case("schedule_ablation", "schedule.md", ("schedule",)),  # 12 s
     _case("peers", "peers.md", ("peers",), ("torch_pruning",), slow=True),  # 22 s
     _case("np_uniform", "np_uniform.md", ("np_uniform",)),  # 21 s
+    _case("scaling_claim", "scaling_claim.md", ("scaling_claim",)),  # 14 s
     _case("table16", "table16.md", ("table16",)),  # 9 s
     _case("random_control", "random_control.md", ("random_control",)),  # 16 s
     _case("importance", "importance.md", ("importance",)),  # 19 s

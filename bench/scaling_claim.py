@@ -43,6 +43,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 sys.path.insert(0, str(ROOT / "src"))
 import np_uniform as nu  # noqa: E402
 import np_uniform_lib as nl  # noqa: E402

@@ -29,6 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 from benchlib import ci_text, invocations_text, kept_reading, paired_ci, write_md  # noqa: E402
 
 __all__ = ["IMAGE_BAR", "TEXT_BAR", "differences", "verdict", "summary_rows", "write_table"]

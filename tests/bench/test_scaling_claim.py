@@ -13,6 +13,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "lib"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 import peers_lib  # noqa: E402
 import scaling_claim as sc  # noqa: E402

@@ -161,6 +161,18 @@ def _detail_table(row: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _commands(invocations: dict[str, Any]) -> str:
+    """Every invocation once, with the settings it ran (``record_invocation`` entries per setting).
+
+        >>> _commands({"a": {"command": "python x.py", "commit": "c1"}, "b": {"command": "python x.py", "commit": "c1"}})
+        '`python x.py` (commit `c1`): a, b'
+    """
+    settings: dict[str, list[str]] = {}
+    for name, entry in invocations.items():
+        settings.setdefault(invocations_text(entry), []).append(name)
+    return "; ".join(f"{text}: {', '.join(names)}" for text, names in settings.items())
+
+
 def write_table(cache: dict[str, Any], settings: tuple[Any, ...], path: Path) -> Path:
     """``path`` (the md) from ``cache``: bars, protocol, summary, per-seed tables, kept reading."""
     summary = summary_rows(cache, settings)
@@ -185,7 +197,7 @@ def write_table(cache: dict[str, Any], settings: tuple[Any, ...], path: Path) ->
         "",
         f"- machine: {env.get('machine', '?')}, torch {env.get('torch', '?')}, {env.get('threads', '?')} "
         "thread(s), shared with other jobs",
-        "- commands (commit): " + ("; ".join(f"{name}: {invocations_text(e)}" for name, e in inv.items()) or "-"),
+        "- commands (commit) and the settings each ran: " + (_commands(inv) or "-"),
         "- columns: baseline and DMS are mean ± std over seeds (top-1 % or bpc); the difference is DMS minus "
         "the baseline per seed (pt of top-1, or % of the baseline's bpc: negative is better); MACs and params of "
         "the retrained DMS model over the baseline's (min-max over seeds); dims at <= 2 channels: mean count of "

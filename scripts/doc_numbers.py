@@ -541,7 +541,8 @@ def _np_w4() -> str:
 
 
 TP_NAME = {"tp_taylor": "Torch-Pruning's Taylor", "shortgpt": "ShortGPT", "taylor": "LLM-Pruner-style Taylor",
-           "tp_hidden": "Torch-Pruning (hidden + FFN)", "magnitude": "L2 magnitude"}
+           "tp_hidden": "Torch-Pruning (hidden + FFN)", "magnitude": "L2 magnitude",
+           "minitron": "Minitron-style", "minitron_keep_heads": "Minitron-style, every head kept"}
 
 
 def _llm(name: str = "llm_table5") -> list[dict[str, Any]]:

@@ -112,6 +112,16 @@ def _row(summary: dict[str, Any], target_macs: float, seed: int, t0: float, **ex
             "commit": git_commit(ROOT), **extra}
 
 
+def _train_missing(runs: dict[str, Any], structures: dict[str, dict[str, Any]], seeds: list[int],
+                   train: Callable[[str, dict[str, Any], int], None]) -> None:
+    """``train(name, structure, seed)`` for every structure and seed without a cached run
+    ``name/s{seed}`` (a cut-off invocation resumes where it stopped)."""
+    for name, structure in structures.items():
+        for seed in seeds:
+            if f"{name}/s{seed}" not in runs:
+                train(name, structure, seed)
+
+
 def run_np(width: int, target: float, seeds: list[int], n_dms: int, threads: int, work: Path,
            runs: dict[str, Any], store: Callable[[str, dict[str, Any]], None], sampler: dict[str, Any]) -> None:
     """Every missing run of the np setting (each ``store``d at once)."""
@@ -148,14 +158,8 @@ def run_np(width: int, target: float, seeds: list[int], n_dms: int, threads: int
                                          "seconds": r["search_seconds"] + r["retrain_seconds"]})
     dms_structures = {k: json.loads((nu.WORK / nu.run_key("dms", target, k, s_ep, r_ep).replace("/", "-")
                                      / "search" / "structure.json").read_text()) for k in seeds[:n_dms]}
-    for k, structure in dms_structures.items():
-        for seed in seeds:
-            if f"dms_struct/{k}/s{seed}" not in runs:
-                retrain(f"dms_struct/{k}", structure, seed)
-    for j, structure in enumerate(sampler["structures"]):
-        for seed in seeds:
-            if f"random/{j}/s{seed}" not in runs:
-                retrain(f"random/{j}", structure, seed)
+    _train_missing(runs, {f"dms_struct/{k}": st for k, st in dms_structures.items()}, seeds, retrain)
+    _train_missing(runs, {f"random/{j}": st for j, st in enumerate(sampler["structures"])}, seeds, retrain)
 
 
 def run_p(width: int, target: float, seeds: list[int], n_dms: int, threads: int, work: Path,
@@ -195,13 +199,8 @@ def run_p(width: int, target: float, seeds: list[int], n_dms: int, threads: int,
         if round(searcher.resources()["hard"]) != runs[f"dms_p/s{k}"]["macs"]:
             raise RuntimeError(f"seed {k}: DMS_p's counts with first channels cost {searcher.resources()['hard']:.0f} "
                                f"MACs, DMS_p's export {runs[f'dms_p/s{k}']['macs']}")
-        for seed in seeds:
-            if f"dms_struct/{k}/s{seed}" not in runs:
-                finetune(f"dms_struct/{k}", structure, seed)
-    for j, structure in enumerate(sampler["structures"]):
-        for seed in seeds:
-            if f"random/{j}/s{seed}" not in runs:
-                finetune(f"random/{j}", structure, seed)
+        _train_missing(runs, {f"dms_struct/{k}": structure}, seeds, finetune)
+    _train_missing(runs, {f"random/{j}": st for j, st in enumerate(sampler["structures"])}, seeds, finetune)
 
 
 def main(argv: list[str] | None = None) -> None:

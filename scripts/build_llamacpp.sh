@@ -17,9 +17,11 @@ version="${DMSCALE_LLAMACPP_VERSION:-11434.0.0}"
 root="${DMSCALE_LLAMACPP_DIR:-$HOME/.cache/dmscale/llama.cpp}"
 bin="$root/build/bin"
 stamp="$root/.built-$version"
-targets=(llama-simple llama-completion llama-perplexity llama-bench)
+targets=(llama-simple llama-completion llama-perplexity llama-bench llama-tokenize)
 
-if [[ -f "$stamp" ]]; then
+built=1
+for t in "${targets[@]}"; do [[ -x "$bin/$t" ]] || built=0; done
+if [[ -f "$stamp" && $built == 1 ]]; then  # a cache from before a target was added is completed
     echo "$bin"
     exit 0
 fi

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-__all__ = ["GGUF", "PROMPT", "NEW_TOKENS", "CTX", "llamacpp_bin", "load_smollm2", "held_out",
-           "train_windows", "accumulate_importance", "greedy_equal", "perplexities"]
+__all__ = ["GGUF", "PROMPT", "NEW_TOKENS", "CTX", "llamacpp_bin", "llamacpp_vocab", "real_tokenizer",
+           "load_smollm2", "held_out", "train_windows", "accumulate_importance", "greedy_equal",
+           "perplexities"]
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "The king said"
@@ -29,11 +30,60 @@ CTX = 64
 def llamacpp_bin(name: str) -> str:
     """The path of llama.cpp's binary ``name`` (under ``DMSCALE_LLAMACPP_DIR``, default
     ``~/.cache/dmscale/llama.cpp``), or skip the test."""
-    root = Path(os.environ.get("DMSCALE_LLAMACPP_DIR", Path.home() / ".cache" / "dmscale" / "llama.cpp"))
-    path = root / "build" / "bin" / name
+    path = _root() / "build" / "bin" / name
     if not path.is_file():
         pytest.skip(f"llama.cpp's {name} is not built at {path.parent}: run `bash scripts/build_llamacpp.sh`")
     return str(path)
+
+
+def _root() -> Path:
+    return Path(os.environ.get("DMSCALE_LLAMACPP_DIR", Path.home() / ".cache" / "dmscale" / "llama.cpp"))
+
+
+def llamacpp_vocab(name: str) -> tuple[Path, list[str], list[list[int]]]:
+    """llama.cpp's vocabulary file ``models/ggml-vocab-NAME.gguf`` (made by its converter from
+    the model's own Hugging Face tokenizer) with its test strings (``.inp``) and the ids the
+    Hugging Face tokenizer gave them without special tokens (``.out``, the references of
+    llama.cpp's ``test-tokenizer-0``); skips without the sources of ``scripts/build_llamacpp.sh``."""
+    found = sorted(_root().glob(f"src-*/llama.cpp/models/ggml-vocab-{name}.gguf"))
+    if not found:
+        pytest.skip(f"llama.cpp's sources (models/ggml-vocab-{name}.gguf) are not under {_root()}: "
+                    "run `bash scripts/build_llamacpp.sh`")
+    path = found[-1]
+    texts = path.with_name(path.name + ".inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    ids = [[int(t) for t in line.split()]
+           for line in path.with_name(path.name + ".out").read_text(encoding="utf-8").split("\n")]
+    return path, texts, ids[:len(texts)]
+
+
+def real_tokenizer(path: Path, pre_regex: str, bos: bool, ignore_merges: bool):
+    """The Hugging Face fast tokenizer of a llama.cpp vocabulary file, rebuilt as the model's
+    ``tokenizer.json`` defines it: its tokens, merges and control tokens, a byte-level BPE
+    split by ``pre_regex`` (Llama 3's or Qwen2's, as published), ``ignore_merges`` (Llama 3),
+    and a leading BOS from the post-processor when ``bos`` (Llama 3's ``<|begin_of_text|>``).
+    (transformers' own GGUF reader adds an ``<|endoftext|>`` token past the vocabulary and drops
+    Llama 3's BOS and ``ignore_merges``, so it is not used.)"""
+    import gguf
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    fields = gguf.GGUFReader(path).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    types = fields["tokenizer.ggml.token_type"].contents()
+    merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"].contents()]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    bpe = Tokenizer(models.BPE(vocab, merges, ignore_merges=ignore_merges))
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pre_regex), "isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.decoder = decoders.ByteLevel()
+    bpe.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, kind in zip(tokens, types) if kind == int(gguf.TokenType.CONTROL)])
+    special = {"eos_token": tokens[fields["tokenizer.ggml.eos_token_id"].contents()]}
+    if bos:
+        first = tokens[fields["tokenizer.ggml.bos_token_id"].contents()]
+        bpe.post_processor = processors.TemplateProcessing(single=f"{first} $A", special_tokens=[(first, vocab[first])])
+        special["bos_token"] = first
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, **special)
 
 
 def load_smollm2():

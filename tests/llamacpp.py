@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-__all__ = ["GGUF", "PROMPT", "NEW_TOKENS", "CTX", "llamacpp_bin", "llamacpp_vocab", "real_tokenizer",
+__all__ = ["LLAMA3_RE", "QWEN2_RE", "GGUF", "PROMPT", "NEW_TOKENS", "CTX", "llamacpp_bin", "llamacpp_vocab", "real_tokenizer",
            "load_smollm2", "held_out", "train_windows", "accumulate_importance", "greedy_equal",
            "perplexities"]
 
@@ -25,6 +25,10 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "The king said"
 NEW_TOKENS = 24
 CTX = 64
+# the split regexes of the published tokenizer.json files (Llama 3: digits in threes; Qwen2: one by one)
+LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_RE = LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
 
 
 def llamacpp_bin(name: str) -> str:

@@ -21,14 +21,10 @@ import torch
 import dmscale as dms
 from dmscale.export import gguf_vocab
 from dmscale.export.gguf import save_gguf
-from llamacpp import llamacpp_bin, llamacpp_vocab, real_tokenizer
+from llamacpp import LLAMA3_RE, QWEN2_RE, llamacpp_bin, llamacpp_vocab, real_tokenizer
 
 pytestmark = pytest.mark.slow
 
-# the split regexes of the published tokenizer.json files (Llama 3: digits in threes; Qwen2: one by one)
-LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_RE = LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
 # vocabulary file -> (family, split regex, leading BOS, ignore_merges), as the models publish them
 FAMILIES = {"llama-bpe": ("llama", LLAMA3_RE, True, True), "qwen2": ("qwen2", QWEN2_RE, False, False)}
 LINE = "To be, or not to be: that is the question 1234567."

@@ -196,3 +196,19 @@ def test_the_real_gemma3_tokenizer_gets_its_bos(tmp_path):
     tok = task.tokenizer
     assert task.head == (tok.bos_token_id,) == (2,)
     _check_windows(task, tok, data.read_bytes()[task.meta["train_bytes"]:].decode(), adds_bos=True)
+
+
+@pytest.mark.slow  # the Llama 3 vocabulary has 128,256 tokens
+def test_the_real_llama3_tokenizer_gets_its_bos(tmp_path):
+    """The real Llama 3 tokenizer (rebuilt from llama.cpp's vocabulary file, checked against the
+    ids of the Hugging Face tokenizer) puts <|begin_of_text|> before every window."""
+    from llamacpp import LLAMA3_RE, llamacpp_vocab, real_tokenizer
+
+    path, texts, want = llamacpp_vocab("llama-bpe")
+    tok = real_tokenizer(path, LLAMA3_RE, bos=True, ignore_merges=True)
+    assert [tok.encode(t, add_special_tokens=False) for t in texts] == want
+    assert text_framing(tok) == ((128000,), ())
+    data = tmp_path / "plays.txt"
+    data.write_text(TEXT, encoding="utf-8")
+    task = _task(str(_model_dir(tmp_path, tok)), data)
+    _check_windows(task, tok, data.read_bytes()[task.meta["train_bytes"]:].decode(), adds_bos=True)

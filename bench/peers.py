@@ -72,14 +72,30 @@ def _model(width: int) -> dict[str, Any]:
     return {**MODEL, "model_args": {"width": width}}
 
 
-def _run(out: Path, width: int = 8, **fields: Any) -> dict[str, Any]:
+def _setting(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The RunConfig fields of a setting's task and model: the ResNet-20 on the digits, or the
+    ``task`` / ``model`` / ``train_limit`` it names (``--task mnist --model tv:resnet18``)."""
+    if cfg.get("model"):
+        return {"task": cfg["task"], "model": cfg["model"],
+                **({"train_limit": cfg["train_limit"]} if cfg.get("train_limit") else {})}
+    return {"task": "digits", **_model(cfg.get("width", 8))}
+
+
+def _prefix(cfg: dict[str, Any]) -> str:
+    """The part of a setting's key and run directory that names a task and model of its own."""
+    if not cfg.get("model"):
+        return f"w{cfg['width']}-" if cfg.get("width", 8) != 8 else ""
+    return f"{cfg['task']}-{cfg['model'].replace(':', '_')}" + (f"-n{cfg['train_limit']}" if cfg.get("train_limit") else "") + "-"
+
+
+def _run(out: Path, setting: dict[str, Any], **fields: Any) -> dict[str, Any]:
     """One pipeline run in ``out`` (reused when it finished before)."""
     if (out / "summary.json").exists():
         return json.loads((out / "summary.json").read_text())
     if out.exists():  # an interrupted run: start it again
         import shutil
         shutil.rmtree(out)
-    cfg = RunConfig(task="digits", **_model(width), quiet=True, out=str(out), **{"settle": 0.0, "settle_hold": False, **fields})  # the cached rows' protocol (before the settle phase and its hold)
+    cfg = RunConfig(**setting, quiet=True, out=str(out), **{"settle": 0.0, "settle_hold": False, **fields})  # the cached rows' protocol (before the settle phase and its hold)
     return Pipeline(cfg.resolved()).run()
 
 
@@ -87,7 +103,7 @@ def _key(cfg: dict[str, Any]) -> str:
     """The cache key of a setting (``settle`` 0, the protocol before the settle phase, keeps the
     key its runs were stored under)."""
     key = "t{target}-pre{pretrain_epochs}-s{search_epochs}-ft{finetune_epochs}".format(**cfg)
-    key = (f"w{cfg['width']}-" if cfg.get("width", 8) != 8 else "") + key
+    key = _prefix(cfg) + key
     return key + ("-eqtrain" if cfg.get("equal_training") else "") + \
         (f"-settle{cfg['settle']}" if cfg.get("settle") else "") + \
         (f"-slr{cfg['structure_lr']}" if cfg.get("structure_lr") else "") + \
@@ -109,12 +125,12 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
     equal the cached rows')."""
     if all(m in done for m in methods):
         return done
-    width = cfg.get("width", 8)
+    setting = _setting(cfg)
     base = work / _key(cfg) / f"seed{seed}"
-    pre_dir = work / (f"w{width}" if width != 8 else "") / f"pretrain{cfg['pretrain_epochs']}" / f"seed{seed}"  # every target's
+    pre_dir = work / _prefix(cfg).rstrip("-") / f"pretrain{cfg['pretrain_epochs']}" / f"seed{seed}"  # every target's
     t0 = time.perf_counter()
-    pre = _run(pre_dir, width, command="pretrain", epochs=cfg["pretrain_epochs"], seed=seed, threads=threads)
-    task = build_task(RunConfig(task="digits", **_model(width)).resolved())
+    pre = _run(pre_dir, setting, command="pretrain", epochs=cfg["pretrain_epochs"], seed=seed, threads=threads)
+    task = build_task(RunConfig(**setting).resolved())
     example = task.example_inputs()
     cached = {r["pretrain_acc"] for r in done.values()}
     if cached and cached != {pre["evals"]["pretrain"]["acc"]}:
@@ -131,7 +147,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
         t = time.perf_counter()
         extra_steps, search_end, method_info = 0, None, {}
         if method == "dms_p":
-            s = _run(src, width, command="search", pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
+            s = _run(src, setting, command="search", pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
                      retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads,
                      settle=cfg.get("settle", 0.0),
                      settle_hold=bool(cfg.get("settle_hold")),
@@ -157,12 +173,13 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
             import peers_modelopt as pm
             supernet.eval()
             r = pm.prune_on_task(task, supernet, example, cfg["target"], seed,  # training split only
-                                 base / "modelopt_fastnas_search.pth")
+                                 base / "modelopt_fastnas_search.pth", divisor=cfg.get("fastnas_divisor", 1))
             template = pl.template_structure(supernet, example)
             structure = pl.structure_from_shapes(template, r["model"])
             pl.write_source_run(src, pre_dir, structure, r["model"])
             extra_steps = r["evals"]
-            method_info = {"modelopt": pm.modelopt_version(), "constraint_percent": r["percent"],
+            method_info = {"modelopt": pm.modelopt_version(), "divisor": cfg.get("fastnas_divisor", 1),
+                           "constraint_percent": r["percent"],
                            "bisect_runs": r["runs"], "in_window": r["in_window"],
                            "width_groups": [w["producers"][0] for w in structure["width"]],
                            "supernet_structure": widths(template)}
@@ -177,7 +194,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
             structure["multiplier"] = mult
         prune_s = time.perf_counter() - t
         t = time.perf_counter()
-        ft = _run(base / f"{method}_ft", width, command="retrain", source=str(src), epochs=_finetune_epochs(cfg, method),
+        ft = _run(base / f"{method}_ft", setting, command="retrain", source=str(src), epochs=_finetune_epochs(cfg, method),
                   seed=seed, threads=threads)
         counts = ft["counts"]["found"]
         out[method] = {"seed": seed, "method": method, "acc": ft["evals"]["final"]["acc"],
@@ -205,7 +222,11 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
     have = sorted(int(s) for s, r in runs.items() if all(m in r for m in METHODS))
     wanted = info.get("seeds", have)
     partial = [s for s in wanted if s not in have]
-    lines = [f"## {'ResNet-20 of width ' + str(setting['width']) + ', ' if setting.get('width', 8) != 8 else ''}"
+    model = (f"`{setting['model']}` on {setting['task']}"
+             + (f" (first {setting['train_limit']:,} training images)" if setting.get("train_limit") else "") + ", "
+             if setting.get("model") else
+             "ResNet-20 of width " + str(setting['width']) + ", " if setting.get('width', 8) != 8 else "")
+    lines = [f"## {model}"
              f"target {setting['target']} x MACs; pretrain {setting['pretrain_epochs']}, DMS_p search "
              f"{setting['search_epochs']}, finetune {setting['finetune_epochs']} epochs"
              + (f" (peers: {setting['finetune_epochs'] + setting['search_epochs']}, the same total weight "
@@ -239,7 +260,7 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
     best = max((m for m in METHODS if m != "dms_p"), key=mean.get)
     diffs = [100 * (runs[str(s)]["dms_p"]["acc"] - runs[str(s)][best]["acc"]) for s in have]
     lines += ["", f"dms_p minus the best peer ({best}), pt: {ci_text(diffs)} (mean [95 % t-interval], p); per seed "
-              + ", ".join(f"{d:+.2f}" for d in diffs) + " (one test image is 0.28 pt)."]
+              + ", ".join(f"{d:+.2f}" for d in diffs) + ("." if setting.get("model") else " (one test image is 0.28 pt).")]
     if ceiling:  # how much of the accuracy pruning lost each method gets back
         lines.append(f"Each method minus `{REFERENCE}` (the supernet finetuned the same way), pt: " + "; ".join(
             f"{m} {ci_text([100 * (runs[str(s)][m]['acc'] - runs[str(s)][REFERENCE]['acc']) for s in have])}"
@@ -264,8 +285,10 @@ def write_table(cache: dict[str, Any]) -> Path:
                                                     -cache["settings"][k]["target"]))
     lines = ["# DMS_p vs Torch-Pruning vs uniform width at equal MACs (issue 10, table 4)", "",
              f"- machine: {cache['machine']}",
-             "- task: ResNet-20 (width 8) on the 8x8 digits (1,438 train / 359 test images); MNIST costs about "
-             "4 s per step on this shared machine, too slow for several seeds",
+             "- task: ResNet-20 (width 8) on the 8x8 digits (1,438 train / 359 test images) unless a section "
+             "names another model: MNIST costs the ResNet-20 about 4 s per step on this shared machine, too slow "
+             "for many seeds; one section runs torchvision's ResNet-18 on MNIST, a model whose channels are "
+             "multiples of 32, where FastNAS's own granularity fits",
              "- protocol: one pretrained supernet per seed (`dmscale pretrain`), then each method reaches the "
              "target from it and every result is finetuned by the same `dmscale retrain` phase (SGD, lr 0.05, "
              "cosine, same epochs and batches). MACs/params by `dms.count` for all.",
@@ -275,7 +298,7 @@ def write_table(cache: dict[str, Any]) -> Path:
              "iteratively until the MACs are under the target; `uniform` = one width multiplier, the largest "
              "that fits, first channels of the pretrained weights; `modelopt_fastnas` (where run, `--methods "
              "modelopt_fastnas`) = NVIDIA ModelOpt FastNAS (`modelopt.torch.prune.prune(mode=\"fastnas\")`, rules "
-             "with channel divisor 1 instead of 32), BatchNorm calibration and `score_func` (top-1) on a split of "
+             "with channel divisor 1 instead of 32, except where a section says 32, ModelOpt's default), BatchNorm calibration and `score_func` (top-1) on a split of "
              "the *training* images (80 % calibration / 20 % scoring), its `flops` constraint bisected until "
              "`dms.count` MACs are within 1 % under the target; it trains no weights (with `--equal-training` it "
              "gets the search epochs as finetune, like the other peers).",
@@ -303,6 +326,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="control: finetune the peers for the search epochs more (DMS_p's search trains weights too)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--width", type=int, default=8, help="base width of the ResNet-20 (8: the cached settings')")
+    p.add_argument("--model", default=None,
+                   help="another model than the ResNet-20, as `dmscale --model` takes it (tv:resnet18); needs --task")
+    p.add_argument("--task", default=None, help="the task of --model (mnist)")
+    p.add_argument("--train-limit", type=int, default=None, help="the first N training images of --task")
+    p.add_argument("--fastnas-divisor", type=int, default=1,
+                   help="FastNAS's channel divisor (1: every width; 32: ModelOpt's default rules)")
     p.add_argument("--settle", type=float, default=0.0,
                    help="DMS_p's --settle (0: the cached settings' protocol, Eq. 10 to the last step; "
                         "0.4: the library default since)")
@@ -331,6 +360,12 @@ def main(argv: list[str] | None = None) -> None:
         cfg["equal_training"] = True
     if args.width != 8:
         cfg["width"] = args.width
+    if (args.model is None) != (args.task is None):
+        p.error("--model and --task go together (e.g. --task mnist --model tv:resnet18)")
+    if args.model:
+        cfg.update(task=args.task, model=args.model, **({"train_limit": args.train_limit} if args.train_limit else {}))
+    if args.fastnas_divisor != 1:
+        cfg["fastnas_divisor"] = args.fastnas_divisor
     if args.settle:
         cfg["settle"] = args.settle
     if args.structure_lr:

@@ -90,7 +90,8 @@ def extra_lines(runs: dict[str, Any], have: list[int], extra: tuple[str, ...], t
         fits = sum(1 for r in rs if 0.99 * target <= r["macs_frac"] <= target)
         diffs = [100 * (runs[str(s)]["dms_p"]["acc"] - runs[str(s)][m]["acc"]) for s in seeds]
         dms = [runs[str(s)]["dms_p"] for s in seeds]
-        lines += ["", f"**{m}** (NVIDIA ModelOpt {version}, FastNAS, channel divisor 1; seeds {seeds}):", "",
+        lines += ["", f"**{m}** (NVIDIA ModelOpt {version}, FastNAS, channel divisor {rs[0].get('divisor', 1)}"
+                  f"{' (its default rules)' if rs[0].get('divisor', 1) == 32 else ''}; seeds {seeds}):", "",
                   "| method | top-1 after finetune (%) | MACs | x supernet MACs | params | prune/search time (s) |",
                   "| --- | ---: | ---: | ---: | ---: | ---: |"]
         for name, rows in (("dms_p (same seeds)", dms), (m, rs)):

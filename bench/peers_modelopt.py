@@ -194,11 +194,11 @@ def fastnas_prune(model: nn.Module, example: torch.Tensor, target: float, calibr
 
 
 def prune_on_task(task: Any, model: nn.Module, example: torch.Tensor, target: float, seed: int,
-                  checkpoint: Path, rules: dict[str, Any] | None = None) -> dict[str, Any]:
+                  checkpoint: Path, divisor: int = 1) -> dict[str, Any]:
     """:func:`fastnas_prune` with calibration and scoring batches cut from ``task``'s training
     split by :func:`holdout_split` (``task.x_train`` / ``task.y_train``; nothing of the test
-    split is read: ``example`` only gives the input shape), ``rules`` defaulting to
-    :func:`fastnas_rules` (divisor 1)."""
+    split is read: ``example`` only gives the input shape), with :func:`fastnas_rules` of
+    ``divisor`` (32: ModelOpt's own default rules)."""
     calibration, scoring = holdout_split(task.x_train, task.y_train, seed)
     return fastnas_prune(model, example, target, calibration, scoring, checkpoint,
-                         rules=fastnas_rules(1) if rules is None else rules)
+                         rules=None if divisor == 32 else fastnas_rules(divisor))

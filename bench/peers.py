@@ -53,13 +53,14 @@ from dmscale.config.run_config import RunConfig  # noqa: E402
 from dmscale.run.pipeline import Pipeline, load_run_model  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 
-__all__ = ["METHODS", "EXTRA", "run_seed", "write_table", "main"]
+__all__ = ["METHODS", "EXTRA", "ABLATIONS", "run_seed", "write_table", "main"]
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "peers.json"
 METHODS = ("dms_p", "tp_magnitude", "tp_taylor", "uniform")
 REFERENCE = "unpruned"  # the supernet itself, finetuned the same way: the ceiling of every method
 EXTRA = ("modelopt_fastnas",)  # peers run only when --methods names them (a package outside CI's install)
+ABLATIONS = ("dms_p_width",)  # DMS_p variants run only when --methods names them: widths only (--search-dims width)
 MODEL = {"model": "resnet", "model_args": {"width": 8}}
 
 
@@ -113,7 +114,7 @@ def _key(cfg: dict[str, Any]) -> str:
 def _finetune_epochs(cfg: dict[str, Any], method: str) -> float:
     """The shared finetune; with ``equal_training`` the peers also get DMS_p's search epochs
     (a control: DMS_p's search trains the weights too)."""
-    extra = cfg["search_epochs"] if cfg.get("equal_training") and method != "dms_p" else 0.0
+    extra = cfg["search_epochs"] if cfg.get("equal_training") and method not in ("dms_p", *ABLATIONS) else 0.0
     return cfg["finetune_epochs"] + extra
 
 
@@ -146,8 +147,9 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
         src = base / method
         t = time.perf_counter()
         extra_steps, search_end, method_info = 0, None, {}
-        if method == "dms_p":
-            s = _run(src, setting, command="search", pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
+        if method in ("dms_p", *ABLATIONS):
+            dims = {"search_dims": "width"} if method == "dms_p_width" else {}
+            s = _run(src, setting, command="search", **dims, pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
                      retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads,
                      settle=cfg.get("settle", 0.0),
                      settle_hold=bool(cfg.get("settle_hold")),
@@ -265,6 +267,7 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
         lines.append(f"Each method minus `{REFERENCE}` (the supernet finetuned the same way), pt: " + "; ".join(
             f"{m} {ci_text([100 * (runs[str(s)][m]['acc'] - runs[str(s)][REFERENCE]['acc']) for s in have])}"
             for m in METHODS) + ".")
+    lines += _ablation_lines(runs, have)
     extra = [runs[str(s)][m] for s in have for m in EXTRA if m in runs[str(s)]]
     lines += pe.extra_lines(runs, have, EXTRA, setting["target"], REFERENCE if ceiling else None,
                             extra[0].get("supernet_structure") if extra else None)
@@ -275,6 +278,25 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
             extra = f", multiplier {r['multiplier']:.3f}" if r.get("multiplier") is not None else ""
             lines.append(f"- {m}, seed {r['seed']}: {r['structure']} ({r['steps']} prune/search steps{extra})")
     return lines + [""]
+
+
+def _ablation_lines(runs: dict[str, Any], have: list[int]) -> list[str]:
+    """Each DMS_p variant of :data:`ABLATIONS` over the seeds that ran it: its accuracy and MACs,
+    paired against DMS_p and against uniform width, and its structures."""
+    lines: list[str] = []
+    for m in ABLATIONS:
+        seeds = [s for s in have if m in runs[str(s)]]
+        if not seeds:
+            continue
+        rs = [runs[str(s)][m] for s in seeds]
+
+        def diff(other: str) -> str:
+            return ci_text([100 * (runs[str(s)][m]["acc"] - runs[str(s)][other]["acc"]) for s in seeds])
+        lines += ["", f"**{m}** (DMS_p searching widths only, `--search-dims width`; seeds {seeds}): top-1 "
+                  f"{mean_std([100 * r['acc'] for r in rs])} % at {mean_std([r['macs_frac'] for r in rs], '{:.3f}')} x "
+                  f"MACs; minus dms_p, pt: {diff('dms_p')}; minus uniform, pt: {diff('uniform')}.", ""]
+        lines += [f"- {m}, seed {r['seed']}: {r['structure']} ({r['steps']} search steps)" for r in rs]
+    return lines
 
 
 def write_table(cache: dict[str, Any]) -> Path:
@@ -339,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="DMS_p's --settle-hold (the library default since cfbead7; the cached rows ran without it)")
     p.add_argument("--structure-lr", type=float, default=None,
                    help="DMS_p's --structure-lr (default: the library's; the cached settings ran at 0.01)")
-    p.add_argument("--methods", nargs="+", choices=(*METHODS, REFERENCE, *EXTRA), default=None,
+    p.add_argument("--methods", nargs="+", choices=(*METHODS, REFERENCE, *EXTRA, *ABLATIONS), default=None,
                    help="run only these (default: every method but modelopt_fastnas); a method added to "
                         "cached seeds runs on their pretrained supernets")
     p.add_argument("--table-only", action="store_true", help="only rewrite peers.md from the cache")

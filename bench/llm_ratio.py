@@ -36,6 +36,16 @@ ROWS: list[tuple[str, str, str, str]] = [
     ("no distillation (`--distill-weight 0`: the task loss alone), 30 + 40 steps",
      "llm_ratio_kd0", "llm_ratio_kd0/original_t0.8_s0.json",
      "--name llm_ratio_kd0 --settle-hold --distill-weight 0"),
+    ("the default protocol, 50 search + 20 finetune steps",
+     "llm_ratio_s50", "llm_table5/original_t1.0_s0.json",
+     "--name llm_ratio_s50 --settle-hold --search-steps 50 --finetune-steps 20"),
+    ("the default protocol at a 3x higher lr (`--lr 3e-4`), 30 + 40 steps",
+     "llm_ratio_lr3", "llm_ratio_lr3/original_t0.8_s0.json",
+     "--name llm_ratio_lr3 --settle-hold --lr 3e-4"),
+    ("a 4x longer budget, 60 search + 240 finetune steps (DMS: the settle phase without the hold, "
+     "`llm_table5_long.md`'s runs)",
+     "llm_table5_long", "llm_table5_long/original_t0.8_s0.json",
+     "--name llm_table5_long --search-steps 60 --finetune-steps 240"),
 ]
 
 

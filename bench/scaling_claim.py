@@ -74,7 +74,7 @@ class Setting:
         min_width: the search's smallest width (x_min; 1 = the default).
         tests: what the setting measures (one line of the table's notes).
         round: 1 for the settings fixed before any DMS run; 2 for one added once round 1's
-            results were in (the table marks it and names why in ``tests``).
+            results were in; 3 once round 2's were (the table marks it and names why in ``tests``).
     """
 
     name: str
@@ -117,6 +117,14 @@ SETTINGS: tuple[Setting, ...] = (
             5.0, 10.0, tuple(range(10)), round=2,
             tests="added once every digits setting had tied: MNIST's 10,000 test images (1 image = 0.01 pt; "
                   "the digits' 359: 0.28 pt), the first 5,000 training images, the protocol of np_uniform_mnist"),
+    Setting("mnist-w4-rep", "image", {"task": "mnist", "model": "resnet", "model_args": {"width": 4}, "train_limit": 5000},
+            5.0, 10.0, tuple(range(10, 20)), round=3,
+            tests="added once mnist-w4 had won (round 2): the same protocol on ten fresh seeds (10-19), "
+                  "a replication of a result found after the fact"),
+    Setting("mnist-w4-params", "image", {"task": "mnist", "model": "resnet", "model_args": {"width": 4}, "train_limit": 5000},
+            5.0, 10.0, tuple(range(20)), budgets=("macs", "params"), round=3,
+            tests="added once mnist-w4 had won with 1.26-1.60x the baseline's parameters: the baseline's "
+                  "parameters as a second budget, so that the win cannot come from parameters"),
 )
 
 

@@ -132,7 +132,7 @@ def _summary_table(summary: list[dict[str, Any]]) -> list[str]:
         # the verdict stands once every planned seed is in
         shown = f"**{row['verdict']}**" if len(diffs) == len(s.seeds) else f"pending ({len(diffs)} of {len(s.seeds)})"
         lines.append(
-            f"| {s.name}{' (round 2)' if s.round > 1 else ''} | {_data(s)} | {_model(s)} | {budget} | {supernet} | {s.search_epochs:g} | "
+            f"| {s.name}{f' (round {s.round})' if s.round > 1 else ''} | {_data(s)} | {_model(s)} | {budget} | {supernet} | {s.search_epochs:g} | "
             f"{s.retrain_epochs:g} | {len(diffs)} of {len(s.seeds)} | {_score(s.kind, base)} | {_score(s.kind, dms)} | "
             f"{ci} | {better} / {worse} | {_span([r['macs'] / r['base_macs'] for r in dms])} | "
             f"{_span([r['params'] / r['base_params'] for r in dms])} | {narrow} | {end} | {shown} |")
@@ -186,8 +186,8 @@ def write_table(cache: dict[str, Any], settings: tuple[Any, ...], path: Path) ->
         "`--expand width=1.5,depth=2` with the baseline's exact MACs as an absolute target (settle 0.4 with "
         "the hold, the default search), its structure trained from scratch by the same phase (same optimiser, "
         "schedule, epochs, batches and seed). Settings, arms and seeds were fixed in "
-        "`bench/scaling_claim.py` (`SETTINGS`) before any DMS run (round 1); a setting marked round 2 was added "
-        "after some of round 1's results were in, for the reason its per-seed table names. Every setting run is "
+        "`bench/scaling_claim.py` (`SETTINGS`) before any DMS run (round 1); a setting marked round 2 or 3 was added "
+        "after some of the earlier rounds' results were in, for the reason its per-seed table names. Every setting run is "
         "in the table.",
         "",
         f"Bars (fixed before the runs): images, DMS ahead by >= {IMAGE_BAR} pt top-1 in the mean of the paired "

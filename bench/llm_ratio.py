@@ -46,6 +46,9 @@ ROWS: list[tuple[str, str, str, str]] = [
      "`llm_table5_long.md`'s runs)",
      "llm_table5_long", "llm_table5_long/original_t0.8_s0.json",
      "--name llm_table5_long --search-steps 60 --finetune-steps 240"),
+    ("the same 300 steps at the current default (the settle phase with the hold)",
+     "llm_ratio_long_hold", "llm_table5_long/original_t0.8_s0.json",
+     "--name llm_ratio_long_hold --settle-hold --search-steps 60 --finetune-steps 240"),
 ]
 
 

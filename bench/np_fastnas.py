@@ -91,7 +91,7 @@ def run_fastnas(target: float, seed: int, pretrain_epochs: float, retrain_epochs
     work = WORK / f"w{width}"
     t0 = time.perf_counter()
     pre_dir = work / f"pretrain{pretrain_epochs}" / f"seed{seed}"
-    pre = peers._run(pre_dir, width, command="pretrain", epochs=pretrain_epochs, seed=seed, threads=threads)
+    pre = peers._run(pre_dir, peers._setting({"width": width}), command="pretrain", epochs=pretrain_epochs, seed=seed, threads=threads)
     supernet, _ = load_run_model(pre_dir)
     supernet.eval()
     task = build_task(RunConfig(**nu.MODEL).resolved())

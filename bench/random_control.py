@@ -148,6 +148,17 @@ def run_np(width: int, target: float, seeds: list[int], n_dms: int, threads: int
         ft = nu._retrain(src, d / "retrain", seed, r_ep, threads, None)
         store(f"{name}/s{seed}", _row(ft, target_macs, seed, t0, structure=widths(structure), **extra))
 
+    def _dms_structure(seed: int) -> dict[str, Any]:
+        """The structure DMS_np's search of ``seed`` found; a cached run whose directory is gone
+        is run again, and must reproduce the cached accuracy."""
+        path = nu.WORK / nu.run_key("dms", target, seed, s_ep, r_ep).replace("/", "-") / "search" / "structure.json"
+        if not path.is_file():
+            r = nu.run_arm("dms", target, seed, s_ep, r_ep, threads, base, NP["settle"], NP["settle_hold"])
+            if r["acc"] != runs[f"dms/s{seed}"]["acc"]:
+                raise RuntimeError(f"seed {seed}: DMS_np's search run again reached {r['acc']}, the cached row "
+                                   f"{runs[f'dms/s{seed}']['acc']}: not the same structure")
+        return json.loads(path.read_text())
+
     for seed in seeds:
         for arm in ("dms", "uniform"):
             if f"{arm}/s{seed}" not in runs:
@@ -156,8 +167,7 @@ def run_np(width: int, target: float, seeds: list[int], n_dms: int, threads: int
                 keep = ("acc", "macs", "params", "exported", "structure", "search_end", "solver_ran", "commit")
                 store(f"{arm}/s{seed}", {"seed": seed, **{k: r[k] for k in keep if k in r},
                                          "seconds": r["search_seconds"] + r["retrain_seconds"]})
-    dms_structures = {k: json.loads((nu.WORK / nu.run_key("dms", target, k, s_ep, r_ep).replace("/", "-")
-                                     / "search" / "structure.json").read_text()) for k in seeds[:n_dms]}
+    dms_structures = {k: _dms_structure(k) for k in seeds[:n_dms]}
     _train_missing(runs, {f"dms_struct/{k}": st for k, st in dms_structures.items()}, seeds, retrain)
     _train_missing(runs, {f"random/{j}": st for j, st in enumerate(sampler["structures"])}, seeds, retrain)
 
@@ -189,7 +199,7 @@ def run_p(width: int, target: float, seeds: list[int], n_dms: int, threads: int,
         out = d / "ft"
         if out.exists():
             shutil.rmtree(out)
-        ft = peers._run(out, width, command="retrain", source=str(src), epochs=P["finetune_epochs"], seed=seed,
+        ft = peers._run(out, peers._setting(cfg), command="retrain", source=str(src), epochs=P["finetune_epochs"], seed=seed,
                         threads=threads)
         store(f"{name}/s{seed}", _row(ft, target_macs, seed, t0, structure=widths(structure), **extra))
 

@@ -104,6 +104,23 @@ def test_cache_keys_of_another_width_leave_the_width8_keys_alone() -> None:
     assert peers._model(4)["model_args"] == {"width": 4} and peers.MODEL["model_args"] == {"width": 8}
 
 
+def test_a_setting_names_its_task_and_model_in_its_key_and_run_config():
+    """``--task mnist --model tv:resnet18`` settings get keys and run directories of their own;
+    the ResNet-20 settings keep the RunConfig fields every caller of ``peers._run`` passes
+    (``random_control`` and ``np_fastnas`` build theirs with ``peers._setting``)."""
+    import peers
+    from dmscale.config.run_config import RunConfig
+
+    cfg = {"target": 0.5, "pretrain_epochs": 3.0, "search_epochs": 1.0, "finetune_epochs": 2.0}
+    assert peers._setting({**cfg, "width": 4}) == {"task": "digits", "model": "resnet", "model_args": {"width": 4}}
+    tv = {**cfg, "task": "mnist", "model": "tv:resnet18", "train_limit": 5000}
+    assert peers._setting(tv) == {"task": "mnist", "model": "tv:resnet18", "train_limit": 5000}
+    assert peers._key(tv) == "mnist-tv_resnet18-n5000-t0.5-pre3.0-s1.0-ft2.0"
+    assert peers._key(cfg) == "t0.5-pre3.0-s1.0-ft2.0"
+    for setting in (peers._setting(cfg), peers._setting(tv)):
+        RunConfig(command="pretrain", **setting).resolved()  # fields a run accepts
+
+
 class _TrainSplitOnly:
     """A digits task whose test split raises when anything reads it."""
 

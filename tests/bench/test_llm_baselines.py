@@ -346,19 +346,11 @@ def test_table5_epochs_give_the_exact_step_counts() -> None:
 def test_table5_table_pairs_dms_with_the_best_baseline_by_seed(tmp_path: Path) -> None:
     import json
 
-    import llm_table5
-
-    def rec(method: str, seed: int, ppl: float) -> dict:
-        return {"method": method, "target": 0.8, "seed": seed, "params_found": 80, "supernet": 100,
-                "weight_steps": 70, "before": {"ppl": 2 * ppl}, "after": {"ppl": ppl}, "commit": "abc",
-                "machine": "m", "cpus": 2, "task": "text", "quick": False,
-                "args": {"batch_size": 4, "seq_len": 128, "test_limit": 8192}}
+    from table5_records import record as rec, table5_markdown
 
     rows = [rec("dms", 0, 80.0), rec("dms", 1, 90.0), rec("shortgpt", 0, 100.0), rec("shortgpt", 1, 100.0),
             rec("taylor", 0, 120.0), rec("taylor", 1, 60.0)]  # taylor: mean 90 < shortgpt's 100
-    for r in rows:
-        (tmp_path / f"{r['method']}_t0.8_s{r['seed']}.json").write_text(json.dumps(r))
-    md = llm_table5.write_markdown(tmp_path, "t5", tmp_path).read_text()
+    md = table5_markdown(tmp_path, rows)
     assert "| 80% | DMS_p + distillation" in md and "**85.0** (s0 80.0, s1 90.0)" in md
     gap = [line for line in md.splitlines() if line.startswith("- 80%")]
     assert len(gap) == 1 and "LLM-Pruner Taylor" in gap[0]
@@ -369,24 +361,16 @@ def test_table5_table_pairs_dms_with_the_best_baseline_by_seed(tmp_path: Path) -
 def test_table5_pairs_each_dms_search_space_with_the_best_baseline(tmp_path: Path) -> None:
     """The FFN-only DMS rows (attention excluded) get their own comparison line and their own
     structure line (no KV groups to report), beside the default DMS rows."""
-    import json
-
-    import llm_table5
+    from table5_records import record, table5_markdown
 
     def rec(method: str, seed: int, ppl: float, kv: list[int]) -> dict:
-        r = {"method": method, "target": 0.8, "seed": seed, "params_found": 80, "supernet": 100,
-             "weight_steps": 70, "before": {"ppl": 2 * ppl}, "after": {"ppl": ppl}, "commit": "abc",
-             "machine": "m", "cpus": 2, "task": "text", "quick": False,
-             "args": {"batch_size": 4, "seq_len": 128, "test_limit": 8192}}
-        if method.startswith("dms"):
-            r.update(structure={"layers": [30], "kv_groups": kv, "ffn": [1536, 900, 800]},
-                     search_end=0.99, cost={"hard": 99.0, "target": 100.0})
-        return r
+        if not method.startswith("dms"):
+            return record(method, seed, ppl)
+        return record(method, seed, ppl, structure={"layers": [30], "kv_groups": kv, "ffn": [1536, 900, 800]},
+                      search_end=0.99, cost={"hard": 99.0, "target": 100.0})
 
     rows = [rec("dms", 0, 80.0, [3, 2, 2]), rec("dms_ffn", 0, 70.0, []), rec("tp_taylor", 0, 100.0, [])]
-    for r in rows:
-        (tmp_path / f"{r['method']}_t0.8_s{r['seed']}.json").write_text(json.dumps(r))
-    md = llm_table5.write_markdown(tmp_path, "t5", tmp_path).read_text()
+    md = table5_markdown(tmp_path, rows)
     gap = [line for line in md.splitlines() if line.startswith("- 80%")]
     assert len(gap) == 2 and gap[0].startswith("- 80%: DMS vs") and "+20.0%" in gap[0]
     assert "FFN units and depth only" in gap[1] and "+30.0%" in gap[1] and "Torch-Pruning" in gap[1]
@@ -398,25 +382,17 @@ def test_table5_reports_dms_widths_alone_against_dms_and_the_best_baseline(tmp_p
     """The ``dms_widths`` ablation (DMS's per-layer widths, finetuned from the original) is a row
     of its own and is compared, paired by seed, with DMS and with the best baseline, never
     counted as a baseline."""
-    import json
-
-    import llm_table5
+    from table5_records import record, table5_markdown
 
     def rec(method: str, seed: int, ppl: float) -> dict:
-        r = {"method": method, "target": 0.8, "seed": seed, "params_found": 80, "supernet": 100,
-             "weight_steps": 70, "before": {"ppl": 2 * ppl}, "after": {"ppl": ppl}, "commit": "abc",
-             "machine": "m", "cpus": 2, "task": "text", "quick": False,
-             "args": {"batch_size": 4, "seq_len": 128, "test_limit": 8192}}
-        if method == "dms":
-            r.update(structure={"layers": [30], "kv_groups": [3, 2], "ffn": [1536, 900]},
-                     search_end=0.99, cost={"hard": 99.0, "target": 100.0})
-        return r
+        if method != "dms":
+            return record(method, seed, ppl)
+        return record(method, seed, ppl, structure={"layers": [30], "kv_groups": [3, 2], "ffn": [1536, 900]},
+                      search_end=0.99, cost={"hard": 99.0, "target": 100.0})
 
     rows = [rec("dms", 0, 80.0), rec("dms", 1, 80.0), rec("dms_widths", 0, 88.0), rec("dms_widths", 1, 84.0),
             rec("tp_taylor", 0, 100.0), rec("tp_taylor", 1, 90.0)]
-    for r in rows:
-        (tmp_path / f"{r['method']}_t0.8_s{r['seed']}.json").write_text(json.dumps(r))
-    md = llm_table5.write_markdown(tmp_path, "t5", tmp_path).read_text()
+    md = table5_markdown(tmp_path, rows)
     assert "| 80% | DMS_p's per-layer widths" in md and "**86.0** (s0 88.0, s1 84.0)" in md
     gap = [line for line in md.splitlines() if line.startswith("- 80%")]
     assert len(gap) == 2 and "Torch-Pruning" in gap[0]  # the best baseline is still Torch-Pruning
@@ -465,25 +441,13 @@ def test_table5_checks_equal_weight_steps_seed_by_seed(tmp_path: Path) -> None:
     """A seed whose DMS search took a finish step (71 weight steps) is paired with baselines that
     finetuned 71 too: no flag. The flag is raised only where a seed's two arms differ (it was
     raised for any mix of step counts across seeds)."""
-    import json
-
-    import llm_table5
-
-    def rec(method: str, seed: int, ppl: float, steps: int) -> dict:
-        return {"method": method, "target": 0.8, "seed": seed, "params_found": 80, "supernet": 100,
-                "weight_steps": steps, "before": {"ppl": 2 * ppl}, "after": {"ppl": ppl}, "commit": "abc",
-                "machine": "m", "cpus": 2, "task": "text", "quick": False,
-                "args": {"batch_size": 4, "seq_len": 128, "test_limit": 8192}}
+    from table5_records import record as rec, table5_markdown
 
     rows = [rec("dms", 0, 80.0, 70), rec("dms", 1, 80.0, 71), rec("tp_taylor", 0, 90.0, 70),
             rec("tp_taylor", 1, 90.0, 71)]
-    for r in rows:
-        (tmp_path / f"{r['method']}_t0.8_s{r['seed']}.json").write_text(json.dumps(r))
-    gap = lambda: [x for x in llm_table5.write_markdown(tmp_path, "t5", tmp_path).read_text()  # noqa: E731
-                   .splitlines() if x.startswith("- 80%")]
-    assert len(gap()) == 1 and "NOT at equal" not in gap()[0]
-    (tmp_path / "tp_taylor_t0.8_s1.json").write_text(json.dumps(rec("tp_taylor", 1, 90.0, 70)))
-    assert "NOT at equal weight steps (seed 1: 71 vs 70)" in gap()[0]
+    gap = lambda rows: [x for x in table5_markdown(tmp_path, rows).splitlines() if x.startswith("- 80%")]  # noqa: E731
+    assert len(gap(rows)) == 1 and "NOT at equal" not in gap(rows)[0]
+    assert "NOT at equal weight steps (seed 1: 71 vs 70)" in gap([rec("tp_taylor", 1, 90.0, 70)])[0]
 
 
 def test_results_record_the_workdir_relative_to_the_checkout():

@@ -144,22 +144,13 @@ def test_prune_refuses_widths_before_cutting() -> None:
 def test_table5_pairs_minitron_with_dms_the_best_other_baseline_and_tp_hidden(tmp_path: Path) -> None:
     """The Minitron arm is a row of the table and a baseline; its own line pairs it by seed with
     DMS, the best of the other baselines and the Torch-Pruning arm of the same scope."""
-    import json
-
     import llm_table5
-
-    def rec(method: str, seed: int, ppl: float) -> dict:
-        return {"method": method, "target": 0.8, "seed": seed, "params_found": 80, "supernet": 100,
-                "weight_steps": 70, "before": {"ppl": 2 * ppl}, "after": {"ppl": ppl}, "commit": "abc",
-                "machine": "m", "cpus": 2, "task": "text", "quick": False,
-                "args": {"batch_size": 4, "seq_len": 128, "test_limit": 8192}}
+    from table5_records import record as rec, table5_markdown
 
     rows = [rec("dms", 0, 80.0), rec("dms", 1, 80.0), rec("minitron", 0, 88.0), rec("minitron", 1, 96.0),
             rec("tp_taylor", 0, 80.0), rec("tp_taylor", 1, 100.0), rec("tp_hidden", 0, 110.0),
             rec("tp_hidden", 1, 120.0), rec("shortgpt", 0, 95.0)]
-    for r in rows:
-        (tmp_path / f"{r['method']}_t0.8_s{r['seed']}.json").write_text(json.dumps(r))
-    md = llm_table5.write_markdown(tmp_path, "t5", tmp_path).read_text()
+    md = table5_markdown(tmp_path, rows)
     assert "| 80% | Minitron activation importance" in md and "**92.0** (s0 88.0, s1 96.0)" in md
     line = [x for x in md.splitlines() if x.startswith("- 80%, Minitron")]
     assert len(line) == 1

@@ -267,7 +267,7 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
         lines.append(f"Each method minus `{REFERENCE}` (the supernet finetuned the same way), pt: " + "; ".join(
             f"{m} {ci_text([100 * (runs[str(s)][m]['acc'] - runs[str(s)][REFERENCE]['acc']) for s in have])}"
             for m in METHODS) + ".")
-    lines += _ablation_lines(runs, have)
+    lines += pe.ablation_lines(runs, have, ABLATIONS)
     extra = [runs[str(s)][m] for s in have for m in EXTRA if m in runs[str(s)]]
     lines += pe.extra_lines(runs, have, EXTRA, setting["target"], REFERENCE if ceiling else None,
                             extra[0].get("supernet_structure") if extra else None)
@@ -278,25 +278,6 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
             extra = f", multiplier {r['multiplier']:.3f}" if r.get("multiplier") is not None else ""
             lines.append(f"- {m}, seed {r['seed']}: {r['structure']} ({r['steps']} prune/search steps{extra})")
     return lines + [""]
-
-
-def _ablation_lines(runs: dict[str, Any], have: list[int]) -> list[str]:
-    """Each DMS_p variant of :data:`ABLATIONS` over the seeds that ran it: its accuracy and MACs,
-    paired against DMS_p and against uniform width, and its structures."""
-    lines: list[str] = []
-    for m in ABLATIONS:
-        seeds = [s for s in have if m in runs[str(s)]]
-        if not seeds:
-            continue
-        rs = [runs[str(s)][m] for s in seeds]
-
-        def diff(other: str) -> str:
-            return ci_text([100 * (runs[str(s)][m]["acc"] - runs[str(s)][other]["acc"]) for s in seeds])
-        lines += ["", f"**{m}** (DMS_p searching widths only, `--search-dims width`; seeds {seeds}): top-1 "
-                  f"{mean_std([100 * r['acc'] for r in rs])} % at {mean_std([r['macs_frac'] for r in rs], '{:.3f}')} x "
-                  f"MACs; minus dms_p, pt: {diff('dms_p')}; minus uniform, pt: {diff('uniform')}.", ""]
-        lines += [f"- {m}, seed {r['seed']}: {r['structure']} ({r['steps']} search steps)" for r in rs]
-    return lines
 
 
 def write_table(cache: dict[str, Any]) -> Path:

@@ -1,4 +1,4 @@
-"""Table lines of the peers that ``bench/peers.py`` runs only on request (``--methods``).
+"""Table lines of the peers and DMS_p variants that ``bench/peers.py`` runs only on request (``--methods``).
 
 An extra peer (ModelOpt FastNAS) may cover only some of a setting's seeds, so its rows, its
 paired interval against DMS_p and its per-stage widths are computed over the seeds it has:
@@ -20,7 +20,7 @@ from typing import Any
 
 from benchlib import ci_text, mean_std
 
-__all__ = ["stage_widths", "extra_lines"]
+__all__ = ["stage_widths", "extra_lines", "ablation_lines"]
 
 
 def _stage(producer: str) -> int:
@@ -76,16 +76,39 @@ def _stages_table(runs: dict[str, Any], seeds: list[int], methods: list[str], gr
     return lines
 
 
+def _ran(runs: dict[str, Any], have: list[int], method: str) -> tuple[list[int], list[dict[str, Any]]]:
+    """The seeds of ``have`` that ran ``method``, and their rows."""
+    seeds = [s for s in have if method in runs[str(s)]]
+    return seeds, [runs[str(s)][method] for s in seeds]
+
+
+def ablation_lines(runs: dict[str, Any], have: list[int], ablations: tuple[str, ...]) -> list[str]:
+    """Each DMS_p variant of ``ablations`` (``dms_p_width``: widths only) over the seeds that ran
+    it: its accuracy and MACs, paired against DMS_p and against uniform width, and its structures."""
+    lines: list[str] = []
+    for m in ablations:
+        seeds, rs = _ran(runs, have, m)
+        if not seeds:
+            continue
+
+        def diff(other: str) -> str:
+            return ci_text([100 * (runs[str(s)][m]["acc"] - runs[str(s)][other]["acc"]) for s in seeds])
+        lines += ["", f"**{m}** (DMS_p searching widths only, `--search-dims width`; seeds {seeds}): top-1 "
+                  f"{mean_std([100 * r['acc'] for r in rs])} % at {mean_std([r['macs_frac'] for r in rs], '{:.3f}')} x "
+                  f"MACs; minus dms_p, pt: {diff('dms_p')}; minus uniform, pt: {diff('uniform')}.", ""]
+        lines += [f"- {m}, seed {r['seed']}: {r['structure']} ({r['steps']} search steps)" for r in rs]
+    return lines
+
+
 def extra_lines(runs: dict[str, Any], have: list[int], extra: tuple[str, ...], target: float,
                 reference: str | None, full_structure: str | None) -> list[str]:
     """Rows, paired intervals against ``dms_p`` and per-stage widths of each ``extra`` method,
     over the seeds of ``have`` that ran it (nothing for a method no seed ran)."""
     lines: list[str] = []
     for m in extra:
-        seeds = [s for s in have if m in runs[str(s)]]
+        seeds, rs = _ran(runs, have, m)
         if not seeds:
             continue
-        rs = [runs[str(s)][m] for s in seeds]
         version = rs[0].get("modelopt", "?")
         fits = sum(1 for r in rs if 0.99 * target <= r["macs_frac"] <= target)
         diffs = [100 * (runs[str(s)]["dms_p"]["acc"] - runs[str(s)][m]["acc"]) for s in seeds]

@@ -60,7 +60,8 @@ CACHE = RESULTS / "peers.json"
 METHODS = ("dms_p", "tp_magnitude", "tp_taylor", "uniform")
 REFERENCE = "unpruned"  # the supernet itself, finetuned the same way: the ceiling of every method
 EXTRA = ("modelopt_fastnas",)  # peers run only when --methods names them (a package outside CI's install)
-ABLATIONS = ("dms_p_width",)  # DMS_p variants run only when --methods names them: widths only (--search-dims width)
+# DMS_p variants run only when --methods names them, and the RunConfig fields their search adds
+ABLATIONS: dict[str, dict[str, Any]] = {"dms_p_width": {"search_dims": "width"}}
 MODEL = {"model": "resnet", "model_args": {"width": 8}}
 
 
@@ -148,8 +149,7 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
         t = time.perf_counter()
         extra_steps, search_end, method_info = 0, None, {}
         if method in ("dms_p", *ABLATIONS):
-            dims = {"search_dims": "width"} if method == "dms_p_width" else {}
-            s = _run(src, setting, command="search", **dims, pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
+            s = _run(src, setting, command="search", **ABLATIONS.get(method, {}), pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
                      retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads,
                      settle=cfg.get("settle", 0.0),
                      settle_hold=bool(cfg.get("settle_hold")),
@@ -217,6 +217,14 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
     return out
 
 
+def _model_title(setting: dict[str, Any]) -> str:
+    """The start of a section's title: the model when it is not the width-8 ResNet-20."""
+    if setting.get("model"):
+        limit = f" (first {setting['train_limit']:,} training images)" if setting.get("train_limit") else ""
+        return f"`{setting['model']}` on {setting['task']}{limit}, "
+    return f"ResNet-20 of width {setting['width']}, " if setting.get("width", 8) != 8 else ""
+
+
 def _section(cache: dict[str, Any], key: str) -> list[str]:
     """The table of one setting: every seed that has all methods."""
     setting, runs = cache["settings"][key], cache["runs"].get(key, {})
@@ -224,11 +232,7 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
     have = sorted(int(s) for s, r in runs.items() if all(m in r for m in METHODS))
     wanted = info.get("seeds", have)
     partial = [s for s in wanted if s not in have]
-    model = (f"`{setting['model']}` on {setting['task']}"
-             + (f" (first {setting['train_limit']:,} training images)" if setting.get("train_limit") else "") + ", "
-             if setting.get("model") else
-             "ResNet-20 of width " + str(setting['width']) + ", " if setting.get('width', 8) != 8 else "")
-    lines = [f"## {model}"
+    lines = [f"## {_model_title(setting)}"
              f"target {setting['target']} x MACs; pretrain {setting['pretrain_epochs']}, DMS_p search "
              f"{setting['search_epochs']}, finetune {setting['finetune_epochs']} epochs"
              + (f" (peers: {setting['finetune_epochs'] + setting['search_epochs']}, the same total weight "

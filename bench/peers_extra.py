@@ -82,18 +82,20 @@ def _ran(runs: dict[str, Any], have: list[int], method: str) -> tuple[list[int],
     return seeds, [runs[str(s)][method] for s in seeds]
 
 
-def ablation_lines(runs: dict[str, Any], have: list[int], ablations: tuple[str, ...]) -> list[str]:
-    """Each DMS_p variant of ``ablations`` (``dms_p_width``: widths only) over the seeds that ran
-    it: its accuracy and MACs, paired against DMS_p and against uniform width, and its structures."""
+def ablation_lines(runs: dict[str, Any], have: list[int], ablations: dict[str, dict[str, Any]]) -> list[str]:
+    """Each DMS_p variant of ``ablations`` (name -> the RunConfig fields its search adds) over the
+    seeds that ran it: its accuracy and MACs, paired against DMS_p and against uniform width, and
+    its structures."""
     lines: list[str] = []
-    for m in ablations:
+    for m, fields in ablations.items():
         seeds, rs = _ran(runs, have, m)
         if not seeds:
             continue
 
         def diff(other: str) -> str:
             return ci_text([100 * (runs[str(s)][m]["acc"] - runs[str(s)][other]["acc"]) for s in seeds])
-        lines += ["", f"**{m}** (DMS_p searching widths only, `--search-dims width`; seeds {seeds}): top-1 "
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in fields.items())
+        lines += ["", f"**{m}** (DMS_p with `{flags}`; seeds {seeds}): top-1 "
                   f"{mean_std([100 * r['acc'] for r in rs])} % at {mean_std([r['macs_frac'] for r in rs], '{:.3f}')} x "
                   f"MACs; minus dms_p, pt: {diff('dms_p')}; minus uniform, pt: {diff('uniform')}.", ""]
         lines += [f"- {m}, seed {r['seed']}: {r['structure']} ({r['steps']} search steps)" for r in rs]

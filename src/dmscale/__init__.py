@@ -29,6 +29,7 @@ from dmscale.export.files import load, save
 from dmscale.export.hf import save_pretrained
 from dmscale.export.gguf import save_gguf
 from dmscale.export.shrink import apply_structure
+from dmscale.integrations.lm_eval import evaluate_lm
 from dmscale.search.searcher import SearchConfig, Searcher, prepare
 from dmscale.trace.discover import discover
 from dmscale.trace.handlers import attention, norms  # noqa: F401  (layer handlers register themselves)
@@ -44,6 +45,7 @@ __all__ = [
     "save",
     "save_pretrained",
     "save_gguf",
+    "evaluate_lm",
     "load",
     "recalibrate_batchnorm",
     "discover",

@@ -126,15 +126,23 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from dmscale.engine.device import resolve_device
+    from dmscale.run.lm_evaluation import LM_OPTIONS, evaluate_run_lm, lm_eval_config
     from dmscale.run.pipeline import evaluate_run
 
-    overrides = {k: v for k, v in vars(args).items()
+    given = vars(args)
+    lm_cfg = lm_eval_config(args.run, {k: given[k] for k in LM_OPTIONS if k in given})  # checked first
+    overrides = {k: v for k, v in given.items()
                  if k in ("data", "val_data", "text_field", "test_limit", "batch_size", "device", "threads",
                           "workers")}
     result, text = evaluate_run(args.run, **overrides)
-    if vars(args).get("out"):
+    if lm_cfg is not None:
+        result["lm_eval"], lm_text = evaluate_run_lm(args.run, lm_cfg, resolve_device(given.get("device", "auto")),
+                                                     batch_size=min(8, given.get("batch_size") or 8))
+        text += "\n" + lm_text
+    if given.get("out"):
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    if not vars(args).get("quiet"):
+    if not given.get("quiet"):
         print(text)
     return 0
 

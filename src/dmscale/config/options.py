@@ -42,6 +42,7 @@ from dmscale.core.values import (
     positive_float,
     positive_int,
     nonempty_str,
+    str_list,
 )
 
 __all__ = [
@@ -63,6 +64,7 @@ COMMANDS = ("pretrain", "search", "retrain", "export", "eval", "report")
 GROUP_TITLES = {
     "data": "data", "model": "model", "search": "search (DMS)", "distillation": "distillation",
     "training": "training", "run": "run", "watch": "watching a run",
+    "lm_eval": "evaluating an LLM (hf: models)",
 }
 
 _ALL_TRAIN = ("pretrain", "search", "retrain")
@@ -389,6 +391,39 @@ class RunOptions:
         help="also log losses, evaluations, the search's exact cost against the target and the kept "
              "widths and depths: tensorboard writes <run>/tensorboard/ (needs `pip install "
              "dmscale[tensorboard]`); metrics.jsonl is written either way")
+
+    # ---- evaluating an LLM as the field reports it (docs/llm-eval.md)
+    lm_eval: list[str] | None = run_option(
+        None, convert=str_list, metavar="TASKS", commands=("search", "retrain", "eval"), group="lm_eval",
+        resume_mutable=True,
+        help="--model hf:PATH: zero-shot accuracy of the found model and of the original through "
+             "lm-evaluation-harness (its own prompts and metrics: acc, acc_norm, stderr), e.g. "
+             "boolq,winogrande,arc_easy,arc_challenge; in summary.json as original -> found. Needs "
+             "`pip install dmscale[eval]`")
+    lm_eval_data: str | None = run_option(
+        None, convert=nonempty_str, metavar="DIR", commands=("search", "retrain", "eval"), group="lm_eval",
+        resume_mutable=True,
+        help="read each --lm-eval task's split from the official file in DIR (boolq.dev.jsonl, "
+             "winogrande.dev.jsonl, arc-easy.test.jsonl, arc-challenge.test.jsonl) instead of the hub; "
+             "a missing file is refused before any model is loaded")
+    lm_eval_limit: int | None = run_option(
+        None, convert=positive_int, metavar="N", commands=("search", "retrain", "eval"), group="lm_eval",
+        resume_mutable=True,
+        help="the first N examples of each --lm-eval task (default: the whole split)")
+    ppl: list[str] | None = run_option(
+        None, convert=str_list, metavar="FILE", flag_kind="append", commands=("search", "retrain", "eval"),
+        group="lm_eval", resume_mutable=True,
+        help="also the perplexity of the found and the original model on this text by --ppl-protocol "
+             "(WikiText-2 wiki.test.raw, PTB ptb.test.txt); repeated or comma-separated")
+    ppl_protocol: str = run_option(
+        "llm-pruner", convert=choice("llm-pruner", "gptq"), commands=("search", "retrain", "eval"),
+        group="lm_eval", resume_mutable=True,
+        help="llm-pruner: the rows joined with two newlines, tokenised once, 128-token windows (LLM-Pruner, "
+             "the DMS paper); gptq: the same with 2,048-token windows (GPTQ, Wanda)")
+    ppl_limit: int | None = run_option(
+        None, convert=positive_int, metavar="TOKENS", commands=("search", "retrain", "eval"), group="lm_eval",
+        resume_mutable=True,
+        help="the first TOKENS tokens of each --ppl text (default: all)")
 
 
 OPTIONS: tuple[Option, ...] = declared_options(RunOptions)

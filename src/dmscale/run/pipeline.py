@@ -23,12 +23,10 @@ and ``model.safetensors`` (the found model), ``summary.json``, ``report.md`` wit
 Batches are a pure function of ``(seed, phase, step)``, so a resumed run computes exactly
 what an uninterrupted one does.
 
-Every phase trains with one step loop, :class:`dmscale.engine.loop.StepLoop` (autocast,
-gradient scaling, the non-finite skip, checkpoints, progress); the run directory's files live
-in :mod:`dmscale.engine.rundir`, reading run directories (export, eval) in
-:mod:`dmscale.run.saved_runs`, and what each phase does (the search's finish included) in
-:mod:`dmscale.run.phases`; this module runs them in order. Their public names stay importable
-from here.
+Every phase trains with one step loop, :class:`dmscale.engine.loop.StepLoop`; the run
+directory's files live in :mod:`dmscale.engine.rundir`, reading run directories in
+:mod:`dmscale.run.saved_runs`, each phase in :mod:`dmscale.run.phases`, the LLM evaluation at
+the end (``--lm-eval``) in :mod:`dmscale.run.lm_evaluation`; this module runs them in order.
 
 Example:
     >>> import tempfile
@@ -74,6 +72,7 @@ from dmscale.engine.rundir import (
 )
 from dmscale.export.files import save_weights
 from dmscale.engine.loggers import eval_scalars
+from dmscale.run.lm_evaluation import check_lm_eval_run, run_lm_eval
 from dmscale.run.phases import Phases, calibrate_on_task
 from dmscale.run.saved_runs import (
     check_inputs_from_info,
@@ -156,6 +155,7 @@ class Pipeline(Phases, Watching):
         self.resume = resume
         self._explicit = explicit
         self.cfg = self._prepare_config(cfg)
+        check_lm_eval_run(self.cfg)  # --lm-eval / --ppl: refused before any model is loaded
         self.device = resolve_device(self.cfg.device)
         if self.cfg.command == "search" and self.cfg.align is None:  # auto: the device's multiple,
             self.cfg.align = resolve_align(None, self.device)  # saved so a resume searches the same
@@ -281,6 +281,9 @@ class Pipeline(Phases, Watching):
             return self._summary()
         if hasattr(self.task, "save_artifacts") and (self.rd / "model.safetensors").is_file():
             self.state["artifacts"] = self.task.save_artifacts(load_run_model(self.rd.path)[0], self.rd.path)
+        if run_lm_eval(self.cfg, self.rd.path, getattr(self.task, "tokenizer", None), self.state, self.device,
+                       log=self._log):  # --lm-eval / --ppl: the found model and the original
+            self.save_state()
         summary = self._summary()
         self.save_state(status="done")
         self.rd.write_json("summary.json", summary)
@@ -369,7 +372,7 @@ class Pipeline(Phases, Watching):
             "resource": cfg.resource, "target": cfg.target,
             "counts": st["counts"], "resources": st.get("resources"),
             "resources_search_end": st.get("resources_search_end"),
-            "evals": st["evals"], "original": st.get("original"),
+            "evals": st["evals"], "original": st.get("original"), "lm_eval": st.get("lm_eval"),
             "steps": self.global_step, "processes": world_size(),
             "elapsed": round(self.elapsed(), 1), "warnings": st["warnings"],
             "structure": _structure_brief(structure) if structure else None,

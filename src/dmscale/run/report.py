@@ -20,7 +20,7 @@ import yaml
 from dmscale.config.defaults import chosen_lines
 from dmscale.run.report_plots import write_plots
 from dmscale.run.report_text import (align_line, budgets_of, detect_text, format_count, fused_line,
-                                     lm_metrics_text, metric_line, metric_name, original_line, posthoc_line,
+                                     lm_eval_lines, lm_metrics_text, metric_line, metric_name, original_line, posthoc_line,
                                      processes_text, reach_hint)
 from dmscale.run.watching import watch_lines, watch_report_lines
 
@@ -70,6 +70,10 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     cost = original_line(state.get("original"), evals.get("final"))
     if cost:
         lines.append(f"- original -> found: {cost}")
+    evaluated = lm_eval_lines(state.get("lm_eval"))
+    if evaluated:
+        lines.append("- LLM evaluation, original -> found:")
+        lines += [f"  - {line}" for line in evaluated]
     lines.append("")
     lines += ["| | supernet | found |", "|---|---:|---:|",
               f"| MACs (one example) | {format_count(sup.get('macs'))} | {format_count(found.get('macs'))} |",
@@ -188,6 +192,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     cost = original_line(summary.get("original"), evals.get("final"))
     if cost:
         out.append(f"  original -> found  {cost}")
+    for i, line in enumerate(lm_eval_lines(summary.get("lm_eval"))):
+        out.append(f"  {'LLM evaluation' if i == 0 else '':17} {line}")
     out += watch_lines(summary)
     for w in summary.get("warnings", []):
         out.append(f"  warning: {w}")

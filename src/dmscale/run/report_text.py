@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["REACH", "format_count", "metric_name", "detect_text", "lm_metrics_text", "metric_line", "original_line",
+           "lm_eval_lines",
            "posthoc_line", "reach_hint", "processes_text", "align_line", "fused_line", "budgets_of"]
 
 # How far (lr x steps) the structure parameters must be able to move for the search itself to
@@ -119,6 +120,41 @@ def original_line(original: dict[str, Any] | None, found: dict[str, Any] | None)
         return None
     return (f"perplexity {original['ppl']:,.2f} -> {found['ppl']:,.2f}, "
             f"{original['bpb']:.3f} -> {found['bpb']:.3f} bits/byte")
+
+
+def lm_eval_lines(record: dict[str, Any] | None) -> list[str]:
+    """One line per metric of an LLM evaluation (:mod:`dmscale.run.lm_evaluation`): the
+    original's value -> the found model's, accuracies in percent with their standard error.
+
+    Example:
+        >>> rec = {"original": {"arc_easy": {"acc": 0.5, "acc_stderr": 0.05, "examples": 100},
+        ...                     "wikitext2": {"ppl": 20.0, "window": 128, "protocol": "llm-pruner"}},
+        ...        "found": {"arc_easy": {"acc": 0.4, "acc_stderr": 0.049, "examples": 100},
+        ...                  "wikitext2": {"ppl": 25.5, "window": 128, "protocol": "llm-pruner"}}}
+        >>> print("\\n".join(lm_eval_lines(rec)))
+        arc_easy acc (100 examples): 50.00 +- 5.00 -> 40.00 +- 4.90
+        wikitext2 perplexity (llm-pruner, 128-token windows): 20.00 -> 25.50
+    """
+    if not record or not record.get("found"):
+        return []
+    original, found = record.get("original") or {}, record["found"]
+    lines = []
+    for name, values in found.items():
+        before = original.get(name, {})
+        if "ppl" in values:
+            lines.append(f"{name} perplexity ({values['protocol']}, {values['window']}-token windows): "
+                         f"{before.get('ppl', float('nan')):,.2f} -> {values['ppl']:,.2f}")
+            continue
+        for metric in ("acc", "acc_norm"):
+            if metric not in values:
+                continue
+            def pct(v: dict[str, Any]) -> str:
+                if metric not in v:
+                    return "-"
+                return f"{100 * v[metric]:.2f} +- {100 * v.get(metric + '_stderr', 0.0):.2f}"
+            n = f" ({values['examples']:,} examples)" if "examples" in values else ""
+            lines.append(f"{name} {metric}{n}: {pct(before)} -> {pct(values)}")
+    return lines
 
 
 def posthoc_line(search_end: dict[str, Any] | None, final: dict[str, Any] | None) -> str | None:

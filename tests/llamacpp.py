@@ -19,7 +19,7 @@ import torch
 
 __all__ = ["LLAMA3_RE", "QWEN2_RE", "GGUF", "PROMPT", "NEW_TOKENS", "CTX", "llamacpp_bin", "llamacpp_vocab", "real_tokenizer",
            "load_smollm2", "held_out", "train_windows", "accumulate_importance", "greedy_equal",
-           "perplexities"]
+           "perplexities", "llamacpp_tokens"]
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = "The king said"
@@ -131,6 +131,20 @@ def accumulate_importance(model, batches: list[torch.Tensor]) -> None:
     model.eval()
 
 
+def llamacpp_tokens(path, text: str, tmp_path, bos: bool = True) -> list[int]:
+    """``llama-tokenize``'s ids of ``text`` (read verbatim from a file) with the GGUF file
+    ``path``, with the model's BOS when ``bos``."""
+    import json
+
+    source = tmp_path / "text.txt"
+    source.write_bytes(text.encode("utf-8"))
+    cmd = [llamacpp_bin("llama-tokenize"), "-m", str(path), "-f", str(source), "--ids", "--log-disable",
+           *([] if bos else ["--no-bos"])]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def greedy_equal(small, tokenizer, path) -> str:
     """Assert that ``llama-simple`` on the GGUF file ``path`` continues :data:`PROMPT` with
     transformers' greedy tokens of ``small`` (at least 16 new ones); returns the text."""
@@ -156,11 +170,14 @@ def perplexities(small, path, tmp_path, bos: int | None = None) -> tuple[float, 
     data = tmp_path / "held_out.txt"
     data.write_text(held_out(), encoding="utf-8")
     logits_file = tmp_path / "logits.bin"
-    out = subprocess.run([llamacpp_bin("llama-perplexity"), "-m", str(path), "-f", str(data), "-c", str(CTX),
-                          "-b", str(CTX), "--save-all-logits", str(logits_file)],
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    line = next(s for s in (out.stdout + out.stderr).splitlines() if "Final estimate: PPL =" in s)
+    log = tmp_path / "llama-perplexity.log"  # a file, not a pipe: piped, its log thread can drop the last lines
+    with open(log, "w", encoding="utf-8") as fh:
+        out = subprocess.run([llamacpp_bin("llama-perplexity"), "-m", str(path), "-f", str(data), "-c", str(CTX),
+                              "-b", str(CTX), "--save-all-logits", str(logits_file)],
+                             stdout=fh, stderr=subprocess.STDOUT, timeout=600)
+    printed = log.read_text(encoding="utf-8", errors="replace")
+    assert out.returncode == 0, printed[-2000:]
+    line = next(s for s in printed.splitlines() if "Final estimate: PPL =" in s)
     ppl_cpp = float(line.split("PPL =")[1].split()[0])
     raw = logits_file.read_bytes()  # "_logits_", n_ctx, n_vocab, n_chunk, then the tokens (int32)
     n_ctx, _, n_chunk = struct.unpack("<iii", raw[8:20])

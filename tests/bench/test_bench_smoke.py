@@ -53,6 +53,7 @@ CASES = [
     _case("llm_baselines", "llm_baselines.md", ("llm_baselines", "smollm2_prune"), LLM, slow=True),  # 33 s
     _case("llm_table5", "llm_table5.md", ("llm_table5", "llm_baselines", "smollm2_prune"), LLM,
           slow=True),  # 110 s
+    _case("llm_table7", "llm_table7.md", ("llm_table7",), (*LLM, "lm_eval"), slow=True),
     _case("llamacpp_speed", "llamacpp_speed.md", ("llamacpp_speed",), (*LLM, "llama.cpp"), slow=True),  # 150 s
 ]
 

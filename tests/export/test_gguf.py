@@ -147,12 +147,15 @@ def test_layers_without_attention_or_ffn(tmp_path):
 
 
 def test_refusals_name_the_fix():
-    for family in ("qwen3",):
-        check_gguf(tiny(family), layer_uniform=True)  # equal layers: its own architecture
+    for family in ("qwen3", "gemma3"):
+        lm = tiny(family)
+        lm.config.query_pre_attn_scalar = lm.config.head_dim  # Gemma 3's own choice (llama.cpp's scale)
+        check_gguf(lm, layer_uniform=True)  # equal layers: its own architecture
         with pytest.raises(UnsupportedLayerError, match="--layer-uniform"):
-            check_gguf(tiny(family), layer_uniform=False)
-    with pytest.raises(UnsupportedLayerError, match="gemma3_text"):
-        check_gguf(tiny("gemma3"), layer_uniform=True)
+            check_gguf(lm, layer_uniform=False)
+    gemma = tiny("gemma3")  # query_pre_attn_scalar 256, head_dim 16: a scale llama.cpp would not compute
+    with pytest.raises(UnsupportedLayerError, match="query_pre_attn_scalar"):
+        check_gguf(gemma, layer_uniform=True)
     with pytest.raises(UnsupportedLayerError, match="llama3|rotary scaling"):
         lm = tiny("qwen2")
         lm.config.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}

@@ -12,8 +12,6 @@ The check of the check: the same export with a wrong pre-tokenizer name differs.
 
 from __future__ import annotations
 
-import json
-import subprocess
 
 import pytest
 import torch
@@ -21,7 +19,7 @@ import torch
 import dmscale as dms
 from dmscale.export import gguf_vocab
 from dmscale.export.gguf import save_gguf
-from llamacpp import LLAMA3_RE, QWEN2_RE, llamacpp_bin, llamacpp_vocab, real_tokenizer
+from llamacpp import LLAMA3_RE, QWEN2_RE, llamacpp_bin, llamacpp_tokens, llamacpp_vocab, real_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -31,13 +29,8 @@ LINE = "To be, or not to be: that is the question 1234567."
 
 
 def _tokenize(binary: str, path, text: str, tmp_path, bos: bool) -> list[int]:
-    """llama.cpp's ids for ``text`` (read verbatim from a file), with the model's BOS when ``bos``."""
-    source = tmp_path / "text.txt"
-    source.write_bytes(text.encode("utf-8"))
-    cmd = [binary, "-m", str(path), "-f", str(source), "--ids", "--log-disable", *([] if bos else ["--no-bos"])]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """llama.cpp's ids for ``text`` (``binary``: llama-tokenize, as :func:`llamacpp_tokens` finds it)."""
+    return llamacpp_tokens(path, text, tmp_path, bos=bos)
 
 
 def _mismatches(binary: str, path, texts, want, tmp_path) -> list[int]:

@@ -270,6 +270,10 @@ class StepLoop:
         GradScaler found non-finite gradients and no optimizer stepped."""
         for o in self.optimizers:
             o.zero_grad(set_to_none=True)
+        if not loss.requires_grad:  # nothing trains this step: frozen weights and depth alone, settled
+            for sch in self.schedulers:
+                sch.step()
+            return True
         scaler = self.host.precision.scaler
         stepped = True
         if scaler is None:

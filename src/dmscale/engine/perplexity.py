@@ -9,6 +9,11 @@ the ones before, and the perplexity is ``exp`` of the mean token NLL over all wi
 * ``llm-pruner``: ``W = 128`` (LLM-Pruner's ``PPLMetric``, and so the DMS paper's Table 7);
 * ``gptq``: ``W = 2048`` (GPTQ, SparseGPT, Wanda; the model's context for Llama 1/2).
 
+llama.cpp's ``llama-perplexity -f FILE -c N`` scores differently (:func:`llamacpp_perplexity`):
+the file as it is, tokenised once, in chunks of ``N`` tokens whose first token is the BOS when
+the vocabulary adds one, each chunk scoring only its second half (the first ``N/2`` tokens are
+context).
+
 The numbers are not comparable across protocols (a longer window gives more context, a lower
 perplexity): an unpruned model is always run under the same one. ``limit`` keeps the first
 ``limit`` tokens of the tokenised text (whole windows of it), for fixed subsets that a table
@@ -33,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PROTOCOLS", "window_perplexity"]
+__all__ = ["PROTOCOLS", "window_perplexity", "llamacpp_perplexity"]
 
 PROTOCOLS = {"llm-pruner": 128, "gptq": 2048}
 
@@ -70,3 +75,32 @@ def window_perplexity(model: nn.Module, ids: Sequence[int], window: int, batch_s
         model.train(was)
     loss = total / count
     return {"ppl": math.exp(loss), "loss": loss, "tokens": n * window, "windows": n, "window": window}
+
+
+@torch.no_grad()
+def llamacpp_perplexity(model: nn.Module, ids: Sequence[int], n_ctx: int, chunks: int | None = None,
+                        bos: int | None = None, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Perplexity by llama.cpp's protocol (``tools/perplexity/perplexity.cpp``): ``ids`` (the
+    whole text, tokenised once) in consecutive chunks of ``n_ctx`` tokens (at most ``chunks``
+    of them), the first token of each replaced by ``bos`` when given; in each chunk the logits
+    at positions ``n_ctx/2 .. n_ctx-2`` predict the next token, so a chunk scores
+    ``n_ctx - 1 - n_ctx/2`` tokens. Returns ``{"ppl", "loss", "tokens", "chunks"}``."""
+    n = len(ids) // n_ctx if chunks is None else min(chunks, len(ids) // n_ctx)
+    if n == 0:
+        raise ValueError(f"the text has {len(ids)} tokens, fewer than one chunk of {n_ctx}")
+    first = n_ctx // 2
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for i in range(n):
+            t = torch.as_tensor(list(ids[i * n_ctx:(i + 1) * n_ctx]), dtype=torch.long).view(1, n_ctx)
+            if bos is not None:
+                t[0, 0] = bos
+            t = t.to(device)
+            logits = _logits(model, t).float()[0]  # (n_ctx, vocab)
+            total += float(F.cross_entropy(logits[first:-1], t[0, first + 1:], reduction="sum"))
+            count += n_ctx - 1 - first
+    finally:
+        model.train(was)
+    return {"ppl": math.exp(total / count), "loss": total / count, "tokens": count, "chunks": n}

@@ -9,7 +9,7 @@ family (``model_type``)       every layer the same size   layers of different si
 Llama (SmolLM2), Mistral      ``llama``                   ``deci`` (per-layer arrays)
 Qwen2 / Qwen2.5               ``qwen2``                   ``deci`` (with the q/k/v biases)
 Qwen3                         ``qwen3``                   refused: search ``--layer-uniform``
-Gemma 3                       refused                     refused
+Gemma 3 (``gemma3_text``)     ``gemma3``                  refused: search ``--layer-uniform``
 ============================  ==========================  ===================================
 
 llama.cpp reads ``feed_forward_length`` and ``attention.head_count(_kv)`` as a scalar or one
@@ -29,6 +29,14 @@ from Hugging Face's rotate-half layout to GGML's pair-wise one (Qwen's ``qwen2``
 graphs use the rotate-half layout and take them as they are); a tied ``lm_head`` writes no
 ``output.weight``; 1-D tensors and norms stay float32, the matrices take ``gguf_type``
 (``q8_0`` falls back to f16 for a matrix whose rows are not a multiple of 32).
+
+Gemma 3 as the converter writes it (``conversion/gemma.py``): every norm weight plus one
+(Gemma's RMSNorm scales by ``1 + w``), q/k in the rotate-half layout, the global and the
+sliding layers' rotary bases (``rope.freq_base``, ``rope.freq_base_swa``), the window, and which
+layers slide as one boolean per kept layer (``attention.sliding_window_pattern``, read by
+llama.cpp's ``load_swa_pattern``), so a depth search keeps each layer's own attention.
+llama.cpp scales the embeddings by ``sqrt(hidden)`` and the queries by ``1/sqrt(head_dim)``: a
+model whose factors differ (a pruned hidden size, another ``query_pre_attn_scalar``) is refused.
 
 The file is written to a temporary name beside ``path`` and renamed, so a failure never
 leaves a half-written model. The tokenizer is embedded by :mod:`dmscale.export.gguf_vocab`.
@@ -56,6 +64,7 @@ from torch import nn
 
 from dmscale.core.errors import StructureError, UnsupportedLayerError
 from dmscale.core.masks import GATES_NAME
+from dmscale.export.gguf_gemma3 import check_gemma3, gemma3_metadata
 from dmscale.export.gguf_vocab import add_tokenizer
 from dmscale.export.hf import find_hf_model
 
@@ -63,7 +72,7 @@ __all__ = ["save_gguf", "check_gguf", "gguf_keep_depth", "gguf_layer_sizes", "gg
            "GGUF_TYPES", "UNIFORM_ARCH", "PER_LAYER_ARCH"]
 
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
-UNIFORM_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+UNIFORM_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
 PER_LAYER_ARCH = {"llama": "deci", "mistral": "deci", "qwen2": "deci"}
 _PERMUTED = ("llama", "deci")  # architectures that rotate pairs (GGML's NORM rope): permute q/k
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -93,7 +102,10 @@ def check_gguf(model: nn.Module, layer_uniform: bool) -> None:
             f"size (its per-layer architecture 'deci' is Llama's graph, without {family}'s "
             "q/k norms); search with --layer-uniform (SearchConfig(layer_uniform=True)) to export GGUF")
     _rope(lm.config, lm, UNIFORM_ARCH[family] if layer_uniform else PER_LAYER_ARCH[family])
-    _check_attention_types(lm)
+    if family == "gemma3_text":
+        check_gemma3(lm)
+    else:
+        _check_attention_types(lm)
     _check_first_attention(lm)
 
 
@@ -240,6 +252,8 @@ def _tensors(lm: Any, arch: str, sizes: list[list[int]], head_dim: int) -> Itera
         if name == "lm_head.weight" and tied:
             continue
         t = t.detach().float().cpu()
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            t = t + 1.0  # Gemma3RMSNorm: x * (1 + w); llama.cpp's norm: x * w
         m = _LAYER.match(name)
         if m is None:
             yield name, t
@@ -289,6 +303,8 @@ def _write_metadata(w: Any, lm: Any, arch: str, sizes: list[list[int]], head_dim
     w.add_vocab_size(lm.get_input_embeddings().num_embeddings)
     theta, _, extra = rope
     w.add_rope_freq_base(theta)
+    if arch == "gemma3":
+        gemma3_metadata(w, lm)
     if "linear" in extra:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(extra["linear"])
@@ -344,7 +360,7 @@ def save_gguf(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None,
         _write_metadata(writer, lm, arch, sizes, head_dim, file_type, rope)
         add_tokenizer(writer, tokenizer, lm.get_input_embeddings().num_embeddings)
         if not any("general.name" in kv for kv in writer.kv_data):  # else copied from the source GGUF
-            writer.add_name(getattr(lm.config, "_name_or_path", "") or type(lm).__name__)
+            writer.add_name(Path(getattr(lm.config, "_name_or_path", "") or type(lm).__name__).name)  # no paths
         for hf_name, t in _tensors(lm, arch, sizes, head_dim):
             name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             if name is None:

@@ -91,8 +91,13 @@ def add_tokenizer(writer: Any, tokenizer: Any, n_vocab: int) -> str:
         warnings.warn("save_gguf without a tokenizer: llama.cpp can load the file but not "
                       "tokenize text; pass tokenizer=", stacklevel=3)
         return "no tokenizer"
+    if isinstance(tokenizer, (str, os.PathLike)) and Path(tokenizer).is_dir():
+        return _add_sentencepiece(writer, Path(tokenizer), n_vocab)
     if isinstance(tokenizer, (str, os.PathLike)):
         return _copy_from_gguf(writer, Path(tokenizer), n_vocab)
+    spec = _backend_spec(tokenizer)
+    if spec.get("model", {}).get("type") == "BPE" and spec["model"].get("byte_fallback"):
+        return _add_hf_sentencepiece(writer, tokenizer, n_vocab)
     return _add_bpe(writer, tokenizer, n_vocab)
 
 
@@ -125,23 +130,101 @@ def _copy_from_gguf(writer: Any, path: Path, n_vocab: int) -> str:
     return f"tokenizer copied from {path.name} ({copied} keys)"
 
 
-def _add_bpe(writer: Any, tokenizer: Any, n_vocab: int) -> str:
-    import gguf
-
+def _backend_spec(tokenizer: Any) -> dict[str, Any]:
+    """The ``tokenizer.json`` of a fast tokenizer, as a dict."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise UnsupportedLayerError(
             f"{type(tokenizer).__name__} is not a fast (tokenizer.json) tokenizer; pass "
             "tokenizer='FILE.gguf' (a GGUF of the source model, e.g. made by llama.cpp's "
-            "convert_hf_to_gguf.py) to copy its tokenizer")
-    spec = json.loads(backend.to_str())
+            "convert_hf_to_gguf.py) or the directory holding its tokenizer.model")
+    return json.loads(backend.to_str())
+
+
+def _sentencepiece_vocab(directory: Path, n_vocab: int) -> tuple[list[bytes], list[float], list[int]]:
+    """Tokens, scores and types of ``directory/tokenizer.model`` padded to ``n_vocab``, with the
+    added tokens of ``tokenizer_config.json`` (llama.cpp's converter,
+    ``_create_vocab_sentencepiece``)."""
+    import gguf
+    from sentencepiece import SentencePieceProcessor
+
+    sp = SentencePieceProcessor()
+    sp.LoadFromFile(str(directory / "tokenizer.model"))
+    kind = gguf.TokenType
+    tokens = [f"[PAD{i}]".encode() for i in range(n_vocab)]
+    scores, types = [-10000.0] * n_vocab, [int(kind.UNUSED)] * n_vocab
+    for i in range(min(sp.vocab_size(), n_vocab)):
+        tokens[i], scores[i] = sp.IdToPiece(i).encode("utf-8"), sp.GetScore(i)
+        types[i] = int(kind.UNKNOWN if sp.IsUnknown(i) else kind.CONTROL if sp.IsControl(i)
+                       else kind.UNUSED if sp.IsUnused(i) else kind.BYTE if sp.IsByte(i) else kind.NORMAL)
+    config = directory / "tokenizer_config.json"
+    added = json.loads(config.read_text(encoding="utf-8")).get("added_tokens_decoder", {}) if config.is_file() else {}
+    for key, data in added.items():
+        i, text = int(key), str(data["content"])
+        if i >= n_vocab:
+            continue
+        special = data.get("special") or (text.startswith("<|") and text.endswith("|>")) \
+            or text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+        if not special:
+            text = text.replace("\u2581", " ")  # the converter pre-normalizes user-defined spaces
+        tokens[i], scores[i] = text.encode("utf-8"), -1000.0
+        types[i] = int(kind.CONTROL if special else kind.USER_DEFINED)
+    return tokens, scores, types
+
+
+def _write_sentencepiece(writer: Any, tokens: list[bytes], scores: list[float], types: list[int],
+                         directory: Path, n_vocab: int) -> None:
+    import gguf
+
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(directory, n_vocab=n_vocab).add_to_gguf(writer, quiet=True)
+    writer.add_add_space_prefix(False)  # as the converter writes Gemma 3's
+
+
+def _add_sentencepiece(writer: Any, directory: Path, n_vocab: int) -> str:
+    if not (directory / "tokenizer.model").is_file():
+        raise UnsupportedLayerError(f"tokenizer={str(directory)!r}: the directory has no tokenizer.model "
+                                    "(SentencePiece) to build the vocabulary from")
+    _write_sentencepiece(writer, *_sentencepiece_vocab(directory, n_vocab), directory, n_vocab)
+    return f"SentencePiece tokenizer from {directory.name}/tokenizer.model"
+
+
+def _add_hf_sentencepiece(writer: Any, tokenizer: Any, n_vocab: int) -> str:
+    import gguf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        vocab = gguf.LlamaHfVocab(Path(tmp))
+        tokens, scores, types = [], [], []
+        for text, score, kind in vocab.all_tokens():
+            tokens.append(text)
+            scores.append(score)
+            types.append(int(kind))
+        if len(tokens) > n_vocab:
+            raise UnsupportedLayerError(f"the tokenizer has {len(tokens)} tokens, the model's embedding "
+                                        f"{n_vocab} rows: it is not this model's tokenizer")
+        for i in range(len(tokens), n_vocab):
+            tokens.append(f"[PAD{i}]".encode())
+            scores.append(-1000.0)
+            types.append(int(gguf.TokenType.UNUSED))
+        _write_sentencepiece(writer, tokens, scores, types, Path(tmp), n_vocab)
+    return "SentencePiece-style tokenizer (byte-fallback BPE of tokenizer.json)"
+
+
+def _add_bpe(writer: Any, tokenizer: Any, n_vocab: int) -> str:
+    import gguf
+
+    spec = _backend_spec(tokenizer)
     steps = _steps(spec.get("pre_tokenizer"))
     if spec.get("model", {}).get("type") != "BPE" or not any(k == "bytelevel" for k, _ in steps):
         raise UnsupportedLayerError(
             f"the tokenizer is not a byte-level BPE ({spec.get('model', {}).get('type')}, pre-tokenizer "
-            f"{[k for k, _ in steps]}): SentencePiece-style tokenizers (Llama 2, Gemma) are embedded "
-            "only from a GGUF file: pass tokenizer='FILE.gguf' (a GGUF of the source model, e.g. "
-            "made by llama.cpp's convert_hf_to_gguf.py)")
+            f"{[k for k, _ in steps]}): pass tokenizer='FILE.gguf' (a GGUF of the source model, e.g. "
+            "made by llama.cpp's convert_hf_to_gguf.py) or the directory holding its tokenizer.model")
     pre = PRE_TOKENIZERS.get(steps)
     if pre is None:
         raise UnsupportedLayerError(

@@ -16,7 +16,7 @@ from dmscale.core.errors import ConfigError, StructureError, UnsupportedLayerErr
 from dmscale.core.masks import GATES_NAME
 from dmscale.export.shrink import ZeroBranch
 
-__all__ = ["hf_layer_sizes", "find_hf_model", "check_uniform_depth", "STANDARD_FAMILIES"]
+__all__ = ["hf_layer_sizes", "find_hf_model", "check_uniform_depth", "scaled_embeddings", "STANDARD_FAMILIES"]
 
 STANDARD_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
@@ -40,6 +40,28 @@ def check_uniform_depth(model: nn.Module, layer_uniform: bool, depth_unit: str) 
             "depth_unit='sublayer' (--depth-unit sublayer) may remove either; search with "
             "depth_unit='block' to keep the standard format, or without layer_uniform to save "
             "the per-layer format (from_pretrained with trust_remote_code=True, GGUF 'deci')")
+
+
+def scaled_embeddings(model: nn.Module) -> list[str]:
+    """The names (in ``model``) of a Hugging Face causal LM's input embedding when it scales its
+    output by a factor its standard config derives from the hidden size (Gemma 3: sqrt(hidden),
+    also llama.cpp's ``gemma3`` graph); else ``[]``. A layer-uniform search, whose result is
+    for the standard config and GGUF, keeps that hidden size (``SearchConfig.exclude``): a
+    pruned one would leave the standard format unable to state the model's scale.
+
+    Example:
+        >>> import torch
+        >>> scaled_embeddings(torch.nn.Linear(2, 2))
+        []
+    """
+    try:
+        lm = find_hf_model(model)
+    except (UnsupportedLayerError, ImportError):
+        return []
+    embed = lm.get_input_embeddings()
+    if getattr(embed, "scalar_embed_scale", None) is None:
+        return []
+    return [name for name, m in model.named_modules() if m is embed][:1]
 
 
 def find_hf_model(model: nn.Module) -> Any:

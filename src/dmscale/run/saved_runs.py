@@ -39,6 +39,7 @@ from dmscale.export.deploy import batch_is_dynamic, check_onnx, check_pt2, save_
 from dmscale.engine.device import resolve_device, set_threads
 from dmscale.engine.rundir import RunDir, fmt_count, read_checkpoint
 from dmscale.export.files import save_weights
+from dmscale.export.hf_sizes import scaled_embeddings
 from dmscale.tasks.hf_model import GGUF_FILE, gguf_pinned_depth, is_hf_model, save_gguf_file, save_hf_dir
 from dmscale.tasks.registry import build_model, build_task
 
@@ -192,6 +193,8 @@ def make_searcher(cfg: RunConfig, model: nn.Module, example: Any, extra_exclude:
     patterns become module names; an ``hf:`` search with ``--export gguf`` keeps what llama.cpp
     needs too (:func:`gguf_pinned_depth`)."""
     exclude = _expand_patterns(model, cfg.exclude or []) + extra_exclude
+    if is_hf_model(cfg.model) and cfg.layer_uniform:  # the standard config (and GGUF) states its scale
+        exclude += [n for n in scaled_embeddings(model) if n not in exclude]
     try:
         scfg = configure(exclude) if configure is not None else search_config(cfg, exclude)
         pinned = gguf_pinned_depth(model, cfg.export, cfg.depth_unit) if is_hf_model(cfg.model) else []

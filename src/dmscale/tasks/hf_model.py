@@ -228,12 +228,16 @@ def gguf_pinned_depth(model: nn.Module, export: str | None, depth_unit: str) -> 
 
 def gguf_tokenizer(spec: str, tokenizer: Any = None) -> Any:
     """The tokenizer a GGUF export of ``hf:PATH`` embeds: the source file itself when it is a
-    ``.gguf`` (its tokenizer is copied verbatim), else ``tokenizer`` or the directory's."""
+    ``.gguf`` (its tokenizer is copied verbatim), the directory of a Gemma model with its
+    ``tokenizer.model`` (the SentencePiece vocabulary, built as llama.cpp's converter builds it),
+    else ``tokenizer`` or the directory's."""
     path = parse_hf_spec(spec)
     if path is None:
         raise ConfigError(f"--model {spec} is not a Hugging Face model (hf:PATH)")
     if path.lower().endswith(".gguf"):
         return str(Path(path).expanduser())
+    if (Path(path).expanduser() / "tokenizer.model").is_file() and hf_config(path).model_type.startswith("gemma"):
+        return str(Path(path).expanduser())  # its SentencePiece model, as llama.cpp's converter reads it
     return tokenizer if tokenizer is not None else load_hf_tokenizer(path)
 
 

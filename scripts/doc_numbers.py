@@ -615,6 +615,43 @@ def _llm_08_others() -> str:
             f"{p['magnitude']:.0f}")
 
 
+def _llm7(target: float) -> str:
+    """Table 7 at CPU scale at ``target``: DMS_p against the best baseline and the finetuned
+    original, WikiText-2 / PTB perplexity and mean zero-shot accuracy (``bench/llm_table7.py``)."""
+    import llm_table7 as t7
+
+    recs = t7._records(RESULTS / "llm_table7")
+    col = lambda m, c, t=target: t7._by_seed(recs, m, t, c)  # noqa: E731
+    dms = col("dms_p", "wikitext2")
+    if not dms:
+        return "not run yet"
+    best = t7._best_baseline(recs, target)
+    parts = [f"WikiText-2 perplexity {mean(dms.values()):.1f}, PTB {mean(col('dms_p', 'ptb').values()):.1f}"]
+    if best is not None:
+        parts[0] += (f" vs {mean(col(best, 'wikitext2').values()):.1f} and {mean(col(best, 'ptb').values()):.1f} "
+                     f"for the best baseline ({t7.LABEL[best]})")
+    orig = col("original", "wikitext2", 1.0)
+    if orig:
+        parts.append(f"{mean(dms.values()) / mean(orig.values()):.2f}x the finetuned original's WikiText-2 "
+                     f"perplexity ({mean(orig.values()):.1f}; the paper: 1.36x)")
+    acc = f"mean zero-shot accuracy {mean(col('dms_p', 'mean_acc').values()):.1f} %"
+    if best is not None:
+        acc += f" vs {mean(col(best, 'mean_acc').values()):.1f} %"
+    parts.append(acc)
+    seeds = {r["seed"] for r in recs if r["method"] == "dms_p" and r["target"] == target}
+    return "; ".join(parts) + f" ({len(seeds)} seed{'s' if len(seeds) > 1 else ''})"
+
+
+@number("llm7.t0.81")
+def _llm7_81() -> str:
+    return _llm7(0.81)
+
+
+@number("llm7.t0.5")
+def _llm7_50() -> str:
+    return _llm7(0.5)
+
+
 @number("llm5.long.t0.8")
 def _llm_long_08() -> str:
     recs = _llm("llm_table5_long")

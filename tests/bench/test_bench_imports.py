@@ -37,6 +37,7 @@ INTERNAL: dict[str, str] = {
     "dmscale.tasks.models": "the built-in ResNet-20 the tables prune",
     "dmscale.tasks.image": "the image task's data (the peers' and FastNAS's loaders)",
     "dmscale.tasks.hf_model": "the Hugging Face causal-LM wrapper the LLM baselines prune",
+    "dmscale.engine.perplexity": "llama.cpp's perplexity protocol in transformers, beside llama-perplexity (table 7)",
     "dmscale.tasks.detect": "the detection task (YOLO table 11)",
     "dmscale.integrations.ultralytics": "YOLO through the Ultralytics integration (table 11)",
     "dmscale.export.files": "saving and loading exported models (FSDP and GPU checks)",

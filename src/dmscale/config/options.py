@@ -166,13 +166,13 @@ class RunOptions:
              "another glyph; mosaic cuts small objects apart, and Ultralytics itself turns it off "
              "for the last 10 epochs, which is all of a short run)")
     prompt_format: str = run_option(
-        "auto", convert=choice("auto", "alpaca", "chat"), commands=("pretrain", "search", "retrain", "eval", "inspect"),
+        "auto", convert=choice("auto", "alpaca", "chat"), commands=("pretrain", "search", "retrain", "inspect"),
         group="data", retrain_inherits=True,
         help="--task text with instruction records (a JSON array or JSON Lines of instruction / input / "
              "output): alpaca renders each with Stanford Alpaca's prompt template, chat with the "
              "tokenizer's chat template; auto: chat when the tokenizer has one, else alpaca")
     loss_on: str = run_option(
-        "response", convert=choice("response", "all"), commands=("pretrain", "search", "retrain", "eval", "inspect"),
+        "response", convert=choice("response", "all"), commands=("pretrain", "search", "retrain", "inspect"),
         group="data", retrain_inherits=True,
         help="instruction records: the loss on the response tokens only (LLM-Pruner's and alpaca-lora's "
              "default) or on every token")

@@ -41,8 +41,8 @@ from dmscale.config.run_config import ConfigError, RunConfig
 from dmscale.core.errors import DataError
 from dmscale.data.instructions import read_instructions, render
 from dmscale.data.text_files import HELD_OUT
-from dmscale.tasks.hf_model import load_hf_tokenizer, parse_hf_spec
 from dmscale.tasks.registry import Task
+from dmscale.tasks.text import TextTask, text_tokenizer
 from dmscale.tasks.text_windows import IGNORE
 
 __all__ = ["InstructionTask", "encode_record", "LOSS_ON"]
@@ -76,12 +76,11 @@ class InstructionTask(Task):
     metric = "bpb"
     higher_is_better = False
 
+    batch_metric = TextTask.batch_metric  # next-token accuracy over the scored targets
+    format_metrics = TextTask.format_metrics
+
     def __init__(self, cfg: RunConfig) -> None:
-        path = parse_hf_spec(cfg.model)
-        if path is None:
-            raise ConfigError(f"--task text tokenises with a pretrained model's tokenizer: use --model hf:PATH "
-                              f"(got --model {cfg.model})")
-        self.tokenizer = load_hf_tokenizer(path)
+        path, self.tokenizer = text_tokenizer(cfg)
         fmt = cfg.prompt_format
         if fmt == "auto":
             fmt = "chat" if getattr(self.tokenizer, "chat_template", None) else "alpaca"
@@ -138,10 +137,6 @@ class InstructionTask(Task):
         picks = torch.randint(0, len(self.train), (batch_size,), generator=g).tolist()
         return self._batch([self.train[i] for i in picks])
 
-    def batch_metric(self, logits: torch.Tensor, targets: torch.Tensor) -> float:
-        keep = targets != IGNORE
-        return float(((logits.argmax(-1) == targets) & keep).sum() / keep.sum().clamp(min=1))
-
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batch_size: int = 256, device: torch.device | str = "cpu",
                  limit: int | None = None) -> dict[str, float]:
@@ -175,7 +170,3 @@ class InstructionTask(Task):
         return (f"text (instructions: {self.data}, {self.n_records:,} records, {len(self.test):,} held out{dropped}; "
                 f"{self.prompt_format} prompts, loss on {self.loss_on} tokens), sequences of at most "
                 f"{self.seq_len}")
-
-    def format_metrics(self, metrics: dict[str, float]) -> str:
-        return (f"perplexity {metrics['ppl']:.2f}, {metrics['bpb']:.3f} bits/byte, "
-                f"next-token accuracy {100 * metrics['acc']:.1f}% (scored tokens)")

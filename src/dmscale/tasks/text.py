@@ -86,7 +86,7 @@ from dmscale.tasks.hf_model import load_hf_tokenizer, parse_hf_spec
 from dmscale.tasks.registry import Task, register_task
 from dmscale.tasks.text_windows import IGNORE, eval_starts, scored, text_framing, window
 
-__all__ = ["TextTask", "build_text_task", "text_files", "split_stream", "token_cache", "cache_is_complete", "first_non_utf8",
+__all__ = ["TextTask", "build_text_task", "text_tokenizer", "text_files", "split_stream", "token_cache", "cache_is_complete", "first_non_utf8",
            "document_separator", "resolve_source", "TextSource", "HELD_OUT", "CACHE_ENV"]
 
 CACHE_ENV = "DMSCALE_CACHE"
@@ -212,6 +212,20 @@ def _memmap(path: Path, count: int) -> np.ndarray:
     return np.memmap(path, dtype=np.uint32, mode="r", shape=(count,))
 
 
+def text_tokenizer(cfg: RunConfig) -> tuple[str, Any]:
+    """``(path, tokenizer)`` of the ``hf:PATH`` model whose tokenizer ``--task text`` uses.
+
+    Raises:
+        ConfigError: the model is not ``hf:PATH``, or its tokenizer cannot be loaded.
+    """
+    path = parse_hf_spec(cfg.model)
+    if path is None:
+        raise ConfigError(f"--task text tokenises with a pretrained model's tokenizer: use "
+                          f"--model hf:PATH (got --model {cfg.model}); the toy char-level "
+                          "models go with --task shakespeare")
+    return path, load_hf_tokenizer(path)
+
+
 class TextTask(Task):
     """Next-token prediction on plain text with the tokenizer of ``--model hf:PATH``."""
 
@@ -221,12 +235,7 @@ class TextTask(Task):
     higher_is_better = False
 
     def __init__(self, cfg: RunConfig) -> None:
-        path = parse_hf_spec(cfg.model)
-        if path is None:
-            raise ConfigError(f"--task text tokenises with a pretrained model's tokenizer: use "
-                              f"--model hf:PATH (got --model {cfg.model}); the toy char-level "
-                              "models go with --task shakespeare")
-        self.tokenizer = load_hf_tokenizer(path)
+        path, self.tokenizer = text_tokenizer(cfg)
         self.data = cfg.data
         self.source = resolve_source(cfg.data, cfg.text_field)
         self.files = list(self.source.files)

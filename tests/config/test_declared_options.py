@@ -176,15 +176,16 @@ def test_what_resume_retrain_and_inspect_take_is_declared_on_the_fields() -> Non
     """The options a resume may change, those a retrain takes from its search run and those of
     ``dmscale inspect`` are flags of their declarations (they were hand lists)."""
     assert RESUME_MUTABLE == {"stop_after", "checkpoint_every", "device", "threads", "workers", "quiet", "out",
-                              "fuse_norms"}
+                              "fuse_norms", "lm_eval", "lm_eval_data", "lm_eval_limit", "ppl", "ppl_protocol",
+                              "ppl_limit"}  # the LLM evaluation at the end: it changes no step
     assert set(TASK_FIELDS) == {"task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size",
                                 "image_augment", "auto_augment", "augment", "seq_len", "model", "model_args",
-                                "expand", "task_info", "seed"}
+                                "expand", "task_info", "seed", "prompt_format", "loss_on"}
     assert set(INSPECT_OPTIONS) == {
         "task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size", "seq_len", "model",
         "model_args", "expand", "resource", "target", "search_dims", "min_width", "width_step", "align", "exclude",
         "layer_uniform", "depth_unit", "keep_depth", "seed", "device", "threads", "out", "quiet", "batch_size", "pipeline",
-        "optimizer", "precision", "shard", "teacher", "distill_weight", "distill_hidden"}
+        "optimizer", "precision", "shard", "teacher", "distill_weight", "distill_hidden", "prompt_format", "loss_on"}
 
 
 def test_a_run_option_is_declared_once_and_the_options_follow_the_other_fields() -> None:

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from dmscale.core.errors import DataError
+
 __all__ = ["EvalSet", "EVAL_SETS", "convert_task_data", "missing_files", "text_rows", "perplexity_name"]
 
 
@@ -99,7 +101,7 @@ def convert_task_data(task: str, data_dir: str | Path, out_dir: str | Path) -> P
     Lines in the harness's fields; returns the file written.
 
     Raises:
-        ValueError: a record that is not JSON or lacks a field, naming the file and line.
+        DataError: a record that is not JSON or lacks a field, naming the file and line.
     """
     spec = EVAL_SETS[task]
     src = Path(data_dir) / spec.file
@@ -113,7 +115,7 @@ def convert_task_data(task: str, data_dir: str | Path, out_dir: str | Path) -> P
             try:
                 lines.append(json.dumps(spec.convert(json.loads(line))))
             except (ValueError, KeyError, TypeError) as err:
-                raise ValueError(f"{src}, line {n}: not a {task} record in the official format "
+                raise DataError(f"{src}, line {n}: not a {task} record in the official format "
                                  f"({type(err).__name__}: {err})") from None
     out.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
     return out

@@ -116,7 +116,7 @@ def render(record: dict[str, str], prompt_format: str, tokenizer: Any = None) ->
         template = ALPACA_PROMPT if record["input"] else ALPACA_PROMPT_NO_INPUT
         return template.format(**record), record["output"]
     if prompt_format != "chat":
-        raise ValueError(f"prompt_format must be 'alpaca' or 'chat', got {prompt_format!r}")
+        raise DataError(f"prompt_format must be 'alpaca' or 'chat', got {prompt_format!r}")
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("--prompt-format chat: the tokenizer has no chat template; use --prompt-format alpaca")
     user = record["instruction"] + (f"\n\n{record['input']}" if record["input"] else "")

@@ -25,7 +25,7 @@ Example (a stand-in model that predicts every token uniformly: perplexity = voca
     ...     def forward(self, input_ids):
     ...         return torch.zeros(*input_ids.shape, 50)
     >>> ids = list(range(40)) * 10
-    >>> round(window_perplexity(Uniform(), ids, window=16)["ppl"], 6)
+    >>> round(window_perplexity(Uniform(), ids, window=16)["ppl"], 3)
     50.0
 """
 
@@ -37,6 +37,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dmscale.core.errors import DataError
 
 __all__ = ["PROTOCOLS", "window_perplexity", "llamacpp_perplexity"]
 
@@ -57,7 +59,8 @@ def window_perplexity(model: nn.Module, ids: Sequence[int], window: int, batch_s
     ``.logits``)."""
     n = len(ids) // window
     if n == 0:
-        raise ValueError(f"the text has {len(ids)} tokens, fewer than one window of {window}")
+        raise DataError(f"the text has {len(ids)} tokens, fewer than one window of {window}: give a longer "
+                        "text or a larger --ppl-limit")
     t = torch.as_tensor(list(ids[:n * window]), dtype=torch.long).view(n, window)
     was = model.training
     model.eval()
@@ -87,7 +90,7 @@ def llamacpp_perplexity(model: nn.Module, ids: Sequence[int], n_ctx: int, chunks
     ``n_ctx - 1 - n_ctx/2`` tokens. Returns ``{"ppl", "loss", "tokens", "chunks"}``."""
     n = len(ids) // n_ctx if chunks is None else min(chunks, len(ids) // n_ctx)
     if n == 0:
-        raise ValueError(f"the text has {len(ids)} tokens, fewer than one chunk of {n_ctx}")
+        raise DataError(f"the text has {len(ids)} tokens, fewer than one chunk of {n_ctx}")
     first = n_ctx // 2
     was = model.training
     model.eval()

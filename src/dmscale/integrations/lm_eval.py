@@ -83,10 +83,10 @@ def perplexity(model: nn.Module, tokenizer: Any, path: str | Path, protocol: str
     tokenised (:func:`protocol_ids`).
 
     Raises:
-        ValueError: an unknown protocol, or a text shorter than one window.
+        ConfigError: an unknown protocol; DataError: a text shorter than one window.
     """
     if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown perplexity protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+        raise ConfigError(f"unknown perplexity protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
     if ids is None:
         ids = protocol_ids(tokenizer, path, limit)
     out = window_perplexity(model, ids, PROTOCOLS[protocol], batch_size=batch_size, device=device)

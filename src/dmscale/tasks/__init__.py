@@ -15,6 +15,6 @@ Layer rule: ``tasks`` imports :mod:`dmscale.config`, :mod:`dmscale.integrations`
 :mod:`dmscale.data` and the layers below; only :mod:`dmscale.run` and the CLI import it.
 """
 
-from dmscale.tasks import detect, hf_model, image, imagefolder, language, text, user_models  # noqa: F401  (they register themselves)
+from dmscale.tasks import detect, hf_model, image, imagefolder, instruct, language, text, user_models  # noqa: F401  (they register themselves)
 
 __all__: list[str] = []

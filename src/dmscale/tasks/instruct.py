@@ -39,13 +39,13 @@ from torch import nn
 
 from dmscale.config.run_config import ConfigError, RunConfig
 from dmscale.core.errors import DataError
-from dmscale.data.instructions import read_instructions, render
+from dmscale.data.instructions import is_instruction_file, read_instructions, render
 from dmscale.data.text_files import HELD_OUT
-from dmscale.tasks.registry import Task
+from dmscale.tasks.registry import Task, register_task
 from dmscale.tasks.text import TextTask, text_tokenizer
 from dmscale.tasks.text_windows import IGNORE
 
-__all__ = ["InstructionTask", "encode_record", "LOSS_ON"]
+__all__ = ["InstructionTask", "build_text_task", "encode_record", "LOSS_ON"]
 
 LOSS_ON = ("response", "all")
 
@@ -170,3 +170,11 @@ class InstructionTask(Task):
         return (f"text (instructions: {self.data}, {self.n_records:,} records, {len(self.test):,} held out{dropped}; "
                 f"{self.prompt_format} prompts, loss on {self.loss_on} tokens), sequences of at most "
                 f"{self.seq_len}")
+
+
+@register_task("text")
+def build_text_task(cfg: RunConfig) -> Task:
+    """``--task text``: :class:`~dmscale.tasks.text.TextTask`, or for a file of instruction
+    records (Alpaca's format, :func:`~dmscale.data.instructions.is_instruction_file`)
+    :class:`InstructionTask`."""
+    return InstructionTask(cfg) if is_instruction_file(cfg.data) else TextTask(cfg)

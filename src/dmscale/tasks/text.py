@@ -80,13 +80,12 @@ from dmscale.data.text_files import (
     split_text_chunks,
     text_files,
 )
-from dmscale.data.instructions import is_instruction_file
 from dmscale.data.text_sources import TextSource, resolve_source, split_documents
 from dmscale.tasks.hf_model import load_hf_tokenizer, parse_hf_spec
-from dmscale.tasks.registry import Task, register_task
+from dmscale.tasks.registry import Task
 from dmscale.tasks.text_windows import IGNORE, eval_starts, scored, text_framing, window
 
-__all__ = ["TextTask", "build_text_task", "text_tokenizer", "text_files", "split_stream", "token_cache", "cache_is_complete", "first_non_utf8",
+__all__ = ["TextTask", "text_tokenizer", "text_files", "split_stream", "token_cache", "cache_is_complete", "first_non_utf8",
            "document_separator", "resolve_source", "TextSource", "HELD_OUT", "CACHE_ENV"]
 
 CACHE_ENV = "DMSCALE_CACHE"
@@ -369,15 +368,3 @@ class TextTask(Task):
     def format_metrics(self, metrics: dict[str, float]) -> str:
         return (f"perplexity {metrics['ppl']:.2f}, {metrics['bpb']:.3f} bits/byte, "
                 f"next-token accuracy {100 * metrics['acc']:.1f}%")
-
-
-@register_task("text")
-def build_text_task(cfg: RunConfig) -> Task:
-    """``--task text``: :class:`TextTask`, or for a file of instruction records (Alpaca's
-    format, :func:`~dmscale.data.instructions.is_instruction_file`)
-    :class:`~dmscale.tasks.instruct.InstructionTask`."""
-    if is_instruction_file(cfg.data):
-        from dmscale.tasks.instruct import InstructionTask
-
-        return InstructionTask(cfg)
-    return TextTask(cfg)

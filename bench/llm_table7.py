@@ -135,7 +135,7 @@ def _dms(args: argparse.Namespace, out: Path) -> dict[str, Any]:
            "weight_steps": steps["search"] + steps["retrain"], "params": summary["counts"]["found"]["params"],
            "supernet": summary["counts"]["supernet"]["params"], "cost": summary["resources"],
            "structure": _structure(json.loads((out / "structure.json").read_text())),
-           "task": pipe.task.describe()}
+           "task": pipe.task.describe().replace(str(DATA) + os.sep, "")}
     res["served"] = _served(model, pipe.task.tokenizer, out / "model.gguf", args)
     return res
 
@@ -172,7 +172,8 @@ def _baseline(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     pipe._train("retrain", model, total, [opt], [pipe._schedule(opt, total)], teacher=teacher)
     return {"after": _evaluate(model, pipe.task.tokenizer, args), "weight_steps": total,
             "params": dms.count(model, pipe.example)["params"], "supernet": full,
-            "chosen": {k: v for k, v in chosen.items() if k != "block_influence"}, "task": pipe.task.describe()}
+            "chosen": {k: v for k, v in chosen.items() if k != "block_influence"},
+            "task": pipe.task.describe().replace(str(DATA) + os.sep, "")}
 
 
 def _llamacpp() -> Path | None:
@@ -222,7 +223,8 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or tempfile.mkdtemp(prefix="table7-")) / f"{args.method}_t{args.target}_s{args.seed}"
     t0 = time.perf_counter()
     res = _dms(args, out) if args.method in DMS else _baseline(args, out)
-    plain = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("out", "cache")}
+    shown = lambda v: str(v).replace(str(ROOT) + os.sep, "").replace(str(DATA.parent.parent), "shared")  # noqa: E731
+    plain = {k: shown(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("out", "cache")}
     res.update(method=args.method, target=args.target, seed=args.seed, args=plain, commit=git_commit(ROOT),
                machine=platform.platform(), cpus=os.cpu_count(), wall_s=time.perf_counter() - t0,
                peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

@@ -632,8 +632,9 @@ def _llm7(target: float) -> str:
                      f"for the best baseline ({t7.LABEL[best]})")
     orig = col("original", "wikitext2", 1.0)
     if orig:
+        paper = "; the paper: 1.36x at 81 %" if target > 0.8 else ""
         parts.append(f"{mean(dms.values()) / mean(orig.values()):.2f}x the finetuned original's WikiText-2 "
-                     f"perplexity ({mean(orig.values()):.1f}; the paper: 1.36x)")
+                     f"perplexity ({mean(orig.values()):.1f}{paper})")
     acc = f"mean zero-shot accuracy {mean(col('dms_p', 'mean_acc').values()):.1f} %"
     if best is not None:
         acc += f" vs {mean(col(best, 'mean_acc').values()):.1f} %"

@@ -10,6 +10,7 @@ search options moved onto ``SearchConfig`` (config.yaml in the field order of th
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -38,9 +39,39 @@ def test_a_run_saved_before_the_declarations_resumes_as_if_never_stopped(tmp_pat
     assert main(["search", *FLAGS, "--out", str(whole)]) == 0
     for name in ("structure.json", "model.safetensors"):
         assert (run / name).is_file()
-    assert (run / "structure.json").read_text() == (whole / "structure.json").read_text()
+    # the fixture's first 3 steps ran on another machine, whose CPU kernels (oneDNN picks AVX-512 /
+    # AMX paths where a CPU has them) round differently: the same structure, numbers equal to rounding
+    resumed, fresh = (json.loads((d / "structure.json").read_text()) for d in (run, whole))
+    assert _kept(resumed) == _kept(fresh)
+    assert _numbers(resumed) == pytest.approx(_numbers(fresh), rel=1e-5, abs=1e-7)
     a, b = load_file(str(run / "model.safetensors")), load_file(str(whole / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+
+
+def _kept(structure: dict) -> str:
+    """The structure without its floating-point numbers (kept channels, blocks, names, counts)."""
+    return json.dumps(_strip_floats(structure), sort_keys=True)
+
+
+def _strip_floats(o):
+    if isinstance(o, float):
+        return "float"
+    if isinstance(o, dict):
+        return {k: _strip_floats(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_strip_floats(v) for v in o]
+    return o
+
+
+def _numbers(o) -> list:
+    """Every floating-point number of ``o``, in order."""
+    if isinstance(o, float):
+        return [o]
+    if isinstance(o, dict):
+        return [x for k in sorted(o) for x in _numbers(o[k])]
+    if isinstance(o, list):
+        return [x for v in o for x in _numbers(v)]
+    return []
 
 
 def test_for_resume_keeps_the_run_and_starts_per_invocation_options_afresh() -> None:

@@ -151,7 +151,7 @@ def test_every_searchconfig_option_reaches_the_run_config_and_back() -> None:
                "schedule_end": 0.5, "importance": "snip", "min_width": 2, "width_step": 2, "align": 4,
                "width_only_from": 0.7, "cost_forward": "exact", "settle": 0.2, "settle_hold": False,
                "budget_band": (0.9, 1.0), "layer_uniform": True, "fuse_norms": True, "depth_unit": "sublayer",
-               "keep_depth": ["layer1.0"]}
+               "keep_depth": ["layer1.0"], "keep_width": ["residual"]}
     assert set(changed) | {"exclude"} == {o.name for o in declared}
     scfg = RunConfig(**changed).search_config(["conv1"])
     assert {k: getattr(scfg, k) for k in changed} == changed and scfg.exclude == ["conv1"]
@@ -177,14 +177,15 @@ def test_what_resume_retrain_and_inspect_take_is_declared_on_the_fields() -> Non
     ``dmscale inspect`` are flags of their declarations (they were hand lists)."""
     assert RESUME_MUTABLE == {"stop_after", "checkpoint_every", "device", "threads", "workers", "quiet", "out",
                               "fuse_norms", "lm_eval", "lm_eval_data", "lm_eval_limit", "ppl", "ppl_protocol",
-                              "ppl_limit"}  # the LLM evaluation at the end: it changes no step
+                              "ppl_limit",  # the LLM evaluation at the end: it changes no step
+                              "search_trace"}  # what the search records, not what it computes
     assert set(TASK_FIELDS) == {"task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size",
                                 "image_augment", "auto_augment", "augment", "seq_len", "model", "model_args",
                                 "expand", "task_info", "seed", "prompt_format", "loss_on"}
     assert set(INSPECT_OPTIONS) == {
         "task", "data", "val_data", "text_field", "train_limit", "test_limit", "image_size", "seq_len", "model",
         "model_args", "expand", "resource", "target", "search_dims", "min_width", "width_step", "align", "exclude",
-        "layer_uniform", "depth_unit", "keep_depth", "seed", "device", "threads", "out", "quiet", "batch_size", "pipeline",
+        "layer_uniform", "depth_unit", "keep_depth", "keep_width", "seed", "device", "threads", "out", "quiet", "batch_size", "pipeline",
         "optimizer", "precision", "shard", "teacher", "distill_weight", "distill_hidden", "prompt_format", "loss_on"}
 
 

@@ -51,7 +51,7 @@ def test_report_with_all_plots(tmp_path: Path) -> None:
     for name in ("width", "depth", "cost", "training"):
         assert (run / "plots" / f"{name}.png").stat().st_size > 1000
         assert f"plots/{name}.png" in text
-    assert "| conv1 | 8 | 5 |" in text and "| layer1 | 2 | 1 |" in text
+    assert "| conv1 | `conv1` | 8 | 5 |" in text and "| layer1 | 2 | 1 |" in text
     assert "97.00% test accuracy" in text and "3.90M" in text
 
 

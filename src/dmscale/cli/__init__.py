@@ -153,6 +153,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     options = rename_deprecated({k: v for k, v in vars(args).items() if k in OPTIONS_BY_NAME or k in DEPRECATED},
                                 f"{PROG} inspect")
     out = options.pop("out", None)
+    run = vars(args).get("run")
+    if vars(args).get("search_trace") or run is not None:
+        return _search_trace(run, out, bool(options.get("quiet")))
     if vars(args).get("memory"):
         from dmscale.run.inspect_memory import inspect_memory
 
@@ -167,6 +170,22 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         Path(out).write_text(json.dumps(space, indent=1) + "\n", encoding="utf-8")
     if not options.get("quiet"):
         print(format_space(space))
+    return 0
+
+
+def _search_trace(run: str | None, out: str | None, quiet: bool) -> int:
+    """``dmscale inspect RUN --search-trace``: the search trace of a run directory."""
+    from dmscale.run.inspect import format_search_trace, search_trace_summary
+
+    if run is None:
+        raise ConfigError(f"{PROG} inspect --search-trace needs RUN, a `{PROG} search` run directory")
+    if not Path(run, "config.yaml").is_file():
+        raise ConfigError(f"{run} is not a dmscale run directory (no config.yaml); pass a `{PROG} search` "
+                          "run directory, or leave RUN out to inspect a model's search space")
+    if out:
+        Path(out).write_text(json.dumps(search_trace_summary(run), indent=1) + "\n", encoding="utf-8")
+    if not quiet:
+        print(format_search_trace(run))
     return 0
 
 

@@ -236,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 "onnxruntime; pt2: also model.pt2 (torch.export.load) "
                                 "(default: safetensors)")
         if command == "inspect":
+            p.add_argument("run", metavar="RUN", nargs="?", default=argparse.SUPPRESS,
+                           help="with --search-trace: a `dmscale search` run directory")
+            p.add_argument("--search-trace", action="store_true", default=argparse.SUPPRESS,
+                           help="print RUN's search trace instead: per searched dimension (a residual "
+                                "stream named as one), the task- and resource-loss pull on its ratio, "
+                                "its cost per element and raw importance (search_trace.jsonl)")
             p.add_argument("--memory", action="store_true", default=argparse.SUPPRESS,
                            help="estimate the peak memory per rank of the search instead (docs/distributed.md)")
             p.add_argument("--world-size", type=int, default=argparse.SUPPRESS, metavar="N",

@@ -336,6 +336,12 @@ class RunOptions:
     name: str | None = run_option(
         None, convert=nonempty_str, metavar="NAME", commands=_ALL_TRAIN, group="run",
         help="name of the run directory under runs/ (instead of a timestamp)")
+    search_trace: bool = run_option(
+        True, convert=boolean, commands=("search",), group="run", resume_mutable=True,
+        help="write search_trace.jsonl: per searched dimension, every few steps, its ratio and kept "
+             "width, the task- and resource-loss gradients on its ratio, its cost per element and "
+             "its raw importance (read it with `dmscale inspect RUN --search-trace`; it changes no "
+             "value of the search)")
     checkpoint_every: int = run_option(
         100, convert=positive_int, metavar="N", commands=_ALL_TRAIN, group="run", resume_mutable=True,
         help="write the resumable checkpoint every N steps (atomically)")

@@ -214,7 +214,7 @@ class RunConfig(RunOptions, RunConfigChecks):
         several = isinstance(self.target, dict)  # --target params=0.7,kv_cache=0.5
         values.update(target=self.target[self.resource] if several else self.target,
                       targets=dict(self.target) if several else None, exclude=list(exclude),
-                      keep_depth=list(self.keep_depth or []),
+                      keep_depth=list(self.keep_depth or []), keep_width=list(self.keep_width or []),
                       search_width=self.search_dims in ("both", "width"),
                       search_depth=self.search_dims in ("both", "depth"))
         return SearchConfig(**values)

@@ -29,8 +29,7 @@ Evaluations during a phase (``--eval-every``, the best weights) are :mod:`dmscal
 a ``host.logger`` (``--logger``) gets each record's scalars (:mod:`dmscale.engine.loggers`).
 
 The loop talks to its run through :class:`LoopHost` (what :class:`dmscale.run.pipeline.Pipeline`
-provides): configuration, task, device, precision, run directory, the run's state and step
-counter.
+provides): configuration, task, device, precision, run directory, state and step counter.
 
 Example:
     >>> import tempfile, torch
@@ -52,6 +51,7 @@ Example:
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -103,6 +103,7 @@ class StepOutput:
     logits: torch.Tensor
     record: dict[str, Any]
     progress: float = 1.0
+    resource_loss: torch.Tensor | None = None  # the search's term of ``loss`` (None: no search)
 
 
 @dataclass
@@ -132,6 +133,7 @@ class StepLoop:
     distill: Callable[[Any, nn.Module, torch.Tensor], tuple[torch.Tensor, list[tuple[str, float, torch.Tensor]]]] | None = None
     until: Callable[[], bool] | None = None
     seed: int = 0
+    trace: Any = None  # a dmscale.search.search_trace.SearchTrace: .step() around traced backwards
     _non_finite: int = field(default=0, init=False)  # consecutive non-finite losses (skipped)
     _net: nn.Module | None = field(default=None, init=False)  # the model, in DDP under torchrun
     _wrapped_frozen: bool = field(default=False, init=False)  # depth frozen when _net was built
@@ -164,7 +166,8 @@ class StepLoop:
                     out = self.forward_loss(step, x, y)
                     if self.skip_non_finite(out, step):
                         continue
-                    self.backward_and_step(out.loss, step)
+                    with self.trace.step(self.phase, step + 1, self.total, out) if self.trace else nullcontext():
+                        self.backward_and_step(out.loss, step)
                     host.global_step += 1
                     done = step + 1
                     if done % log_every == 0 or done == self.total or step == start:
@@ -178,9 +181,8 @@ class StepLoop:
         finally:
             signals.__exit__()
             bar.close()
-            # Drop the DDP wrapper here, while the process group lives: a Stopped run's traceback
-            # would keep it until after destroy_process_group, and its reducer then aborts the
-            # process at exit ("terminate called without an active exception", 1 run in 4).
+            # Drop the DDP wrapper while the process group lives: a Stopped run's traceback keeps it past
+            # destroy_process_group, whose reducer then aborts at exit ("terminate called without ...").
             self._net = None
 
     def wrap_for(self, step: int) -> None:
@@ -234,7 +236,7 @@ class StepLoop:
             for name, weight, value in terms:
                 loss = loss + weight * value
                 record[name] = float(value.detach())
-        progress = 1.0
+        progress, r_loss = 1.0, None
         if self.searcher is not None:
             progress = step / self.total if self.phase == "search" else 1.0
             if self.phase == "finish":
@@ -243,7 +245,7 @@ class StepLoop:
                 r_loss = self.searcher.resource_loss(progress=progress)
             loss = loss + r_loss
             record["resource_loss"] = float(r_loss.detach())
-        return StepOutput(loss, task_loss, logits, record, progress)
+        return StepOutput(loss, task_loss, logits, record, progress, r_loss)
 
     def skip_non_finite(self, out: StepOutput, step: int) -> bool:
         """A NaN or infinite loss: skip the step (no backward, so neither weights, importance

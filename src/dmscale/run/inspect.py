@@ -27,9 +27,10 @@ from dmscale.config.run_config import ConfigError, RunConfig
 from dmscale.engine.rundir import fmt_count
 from dmscale.run.report import format_summary
 from dmscale.run.saved_runs import make_searcher
+from dmscale.search.search_trace import TRACE_FILE, read_trace
 from dmscale.tasks.registry import build_model, build_task
 
-__all__ = ["inspect_space", "format_space", "show_run"]
+__all__ = ["inspect_space", "format_space", "show_run", "search_trace_summary", "format_search_trace"]
 
 
 def inspect_space(cfg: RunConfig) -> dict[str, Any]:
@@ -96,3 +97,49 @@ def show_run(run_dir: str | Path) -> str:
                           + (f" (its state is {status!r}: continue it with --resume)" if status else
                              ": not a finished dmscale run directory"))
     return format_summary(json.loads(path.read_text()))
+
+
+def search_trace_summary(run_dir: str | Path, phase: str = "search") -> list[dict[str, Any]]:
+    """Per dim of a run's search trace (:mod:`dmscale.search.search_trace`), over the traced
+    steps of ``phase``: what it is, its size, the kept count at the first and last traced step,
+    the mean task- and resource-loss gradients on its ratio (d loss / d a: positive pushes ``a``
+    down, keeping elements; negative pushes it up, removing them), the cost per element and the mean raw importance per unit, both at the last step."""
+    try:
+        dims, records = read_trace(run_dir)
+    except FileNotFoundError:
+        raise ConfigError(f"{run_dir} has no {TRACE_FILE}: only a `dmscale search` run writes one "
+                          "(not with --no-search-trace, nor before this version)") from None
+    rows = [r for r in records if r["phase"] == phase] or records
+    if not rows:
+        raise ConfigError(f"{Path(run_dir) / TRACE_FILE} holds no traced step yet")
+    last = rows[-1]
+
+    def mean(key: str, i: int) -> float:
+        return sum(r[key][i] for r in rows) / len(rows)
+    return [{"name": d["name"], "label": d["label"], "kind": d["kind"], "size": d["size"],
+             "layers": d["layers"], "kept_first": rows[0]["kept"][i], "kept_last": last["kept"][i],
+             "grad_task": mean("grad_task", i), "grad_resource": mean("grad_resource", i),
+             "cost_per_element": last["cost_per_element"][i],
+             "importance_mean": last["importance_mean"][i]} for i, d in enumerate(dims)]
+
+
+def format_search_trace(run_dir: str | Path, limit: int = 60) -> str:
+    """The table ``dmscale inspect RUN --search-trace`` prints (:func:`search_trace_summary`):
+    gradients as d(loss)/d(a), so a positive task term keeps elements and a negative resource
+    term removes them; importance relative to the median dim's."""
+    rows = search_trace_summary(run_dir)
+    imps = sorted(r["importance_mean"] for r in rows if r["importance_mean"] > 0)
+    median = imps[len(imps) // 2] if imps else 0.0
+    width = max(12, min(48, max(len(r["label"]) for r in rows)))
+    out = [f"search trace of {run_dir} ({TRACE_FILE}; means over the search phase's traced steps)",
+           "  d(loss)/d(a) of the task and resource losses: > 0 keeps elements (the ratio a falls), < 0 "
+           "removes them; cost per element in the budget's resource; importance per unit over the median dim's",
+           "", f"  {'dimension':<{width}} {'size':>5} {'kept':>9} {'task':>9} {'resource':>9} "
+           f"{'cost/elem':>10} {'importance':>10}"]
+    for r in rows[:limit]:
+        rel = f"{r['importance_mean'] / median:.2f}x" if median else "-"
+        out.append(f"  {r['label'][:width]:<{width}} {r['size']:>5} {str(r['kept_first']) + '->' + str(r['kept_last']):>9} "
+                   f"{r['grad_task']:>+9.3g} {r['grad_resource']:>+9.3g} {fmt_count(r['cost_per_element']):>10} {rel:>10}")
+    if len(rows) > limit:
+        out.append(f"  ... {len(rows) - limit} more (--out FILE writes them all as JSON)")
+    return "\n".join(out)

@@ -16,10 +16,10 @@ no weight decay. In ``p-`` the weights are frozen (``requires_grad=False``) and 
 structural parameters are optimised.
 
 The run directory holds ``config.yaml`` (resolved), ``state.json`` (phases done, steps),
-``metrics.jsonl``, ``checkpoint.pt`` (written atomically every ``--checkpoint-every`` steps:
-model, optimisers, schedulers, the fp16 GradScaler, ``searcher.state_dict()``, RNG states,
-step), and the outputs: ``supernet.safetensors`` (pretrained supernet), ``structure.json``
-and ``model.safetensors`` (the found model), ``summary.json``, ``report.md`` with plots.
+``metrics.jsonl``, ``search_trace.jsonl`` (:mod:`dmscale.search.search_trace`), ``checkpoint.pt``
+(written atomically every ``--checkpoint-every`` steps: model, optimisers, schedulers, the fp16
+GradScaler, ``searcher.state_dict()``, RNG states, step), and the outputs: ``supernet.safetensors``,
+``structure.json`` and ``model.safetensors`` (the found model), ``summary.json``, ``report.md``.
 Batches are a pure function of ``(seed, phase, step)``, so a resumed run computes exactly
 what an uninterrupted one does.
 
@@ -61,6 +61,7 @@ from dmscale.core.fused_norms import fusion_state, reset_fusion
 from dmscale.engine.ddp import barrier, check_task_for_ranks
 from dmscale.engine.device import Precision, resolve_device, set_threads
 from dmscale.engine.loop import MAX_NON_FINITE_STEPS, StepLoop
+from dmscale.search.search_trace import SearchTrace
 from dmscale.engine.rundir import (
     CHECKPOINT_VERSION,
     Progress,
@@ -342,8 +343,9 @@ class Pipeline(Phases, Watching):
         hidden size was pruned), compared by ``--distill-hidden``."""
         distill = (Distillation.from_config(teacher, self.cfg, teacher_channels)
                    if teacher is not None else None)
-        StepLoop(self, phase, model, total, optimizers, schedulers, searcher=searcher,
-                 distill=distill, until=until,
+        traced = searcher is not None and self.cfg.search_trace
+        StepLoop(self, phase, model, total, optimizers, schedulers, searcher=searcher, distill=distill, until=until,
+                 trace=SearchTrace(searcher, self.rd.path, self.rd.writes) if traced else None,
                  seed=self.cfg.seed * 10 + PHASE_SEED[phase]).run()
 
     def evaluate(self, phase: str, model: nn.Module, searcher: dms.Searcher | None, step: int,
@@ -396,5 +398,3 @@ def _structure_brief(structure: dict[str, Any]) -> dict[str, Any]:
         "width": [(w["name"], w["size"], w["kept"]) for w in structure.get("width", [])],
         "depth": [(d["name"], len(d["blocks"]), len(d["kept"])) for d in structure.get("depth", [])],
     }
-
-

@@ -19,7 +19,8 @@ import yaml
 
 from dmscale.config.defaults import chosen_lines
 from dmscale.run.report_plots import write_plots
-from dmscale.run.report_text import (align_line, budgets_of, detect_text, format_count, fused_line,
+from dmscale.search.search_trace import TRACE_FILE, read_trace
+from dmscale.run.report_text import (align_line, width_label, budgets_of, detect_text, format_count, fused_line,
                                      lm_eval_lines, lm_metrics_text, metric_line, metric_name, original_line, posthoc_line,
                                      processes_text, reach_hint)
 from dmscale.run.watching import watch_lines, watch_report_lines
@@ -52,7 +53,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     summary = json.loads((rd / "summary.json").read_text()) if (rd / "summary.json").is_file() else {}
     records = read_metrics(rd)
     language = (cfg.get("task_info") or {}).get("kind") == "language"
-    plots = write_plots(out, structure, records, language)
+    trace = read_trace(rd) if (rd / TRACE_FILE).is_file() else None
+    plots = write_plots(out, structure, records, language, trace)
 
     counts = state.get("counts", {})
     sup, found = counts.get("supernet", {}), counts.get("found", {})
@@ -113,8 +115,10 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
             lines.append("")
         wid = structure.get("width") or []
         if wid:
-            lines += ["## Width", "", "| dimension | supernet | kept |", "|---|---:|---:|"]
-            lines += [f"| {w['name']} | {w['size']} | {w['kept']} |" for w in wid]
+            lines += ["## Width", "", "| dimension | its layers | supernet | kept |", "|---|---|---:|---:|"]
+            lines += [f"| {width_label(w)} | `{w['name']}`"
+                      + (f" and {len(w['producers']) - 1} more" if len(w.get("producers") or []) > 1 else "")
+                      + f" | {w['size']} | {w['kept']} |" for w in wid]
             lines.append("")
     if plots:
         lines += ["## Plots", ""]

@@ -5,7 +5,10 @@
 * ``depth.png``: removable residual blocks per stage, supernet vs kept;
 * ``cost.png``: the resource during the search (soft and hard) against the scheduled target
   r_t and the final target, from ``metrics.jsonl``;
-* ``training.png``: task loss and accuracy (bits per character for language) per phase.
+* ``training.png``: task loss and accuracy (bits per character for language) per phase;
+* ``search_trace.png``: per searched dimension over the search, its kept fraction and the task-
+  and resource-loss gradients on its ratio (:mod:`dmscale.search.search_trace`), residual
+  streams drawn apart.
 
 Example:
     >>> import tempfile
@@ -22,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dmscale.run.report_text import metric_name
+from dmscale.run.report_text import metric_name, width_label
 
 __all__ = ["PHASE_COLORS", "write_plots"]
 
@@ -31,9 +34,11 @@ PHASE_COLORS = {"pretrain": "tab:gray", "search": "tab:blue", "finish": "tab:pur
 
 
 def write_plots(out: Path, structure: dict[str, Any] | None, records: list[dict[str, Any]],
-                language: bool) -> list[tuple[str, str]]:
+                language: bool, trace: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+                ) -> list[tuple[str, str]]:
     """Write the plots that the run's files allow into ``out / "plots"`` (which must exist);
-    returns (title, path relative to ``out``) of each, in the report's order."""
+    returns (title, path relative to ``out``) of each, in the report's order. ``trace``: the
+    run's search trace (:func:`dmscale.search.search_trace.read_trace`), if any."""
     plots: list[tuple[str, str]] = []
     if structure is not None and _plot_width(structure, out / "plots" / "width.png"):
         plots.append(("Kept width per layer (supernet in grey)", "plots/width.png"))
@@ -44,6 +49,9 @@ def write_plots(out: Path, structure: dict[str, Any] | None, records: list[dict[
     if _plot_training(records, out / "plots" / "training.png", language):
         name = metric_name([r for r in records if r.get("event") == "eval"], language)
         plots.append((f"Task loss and {name}", "plots/training.png"))
+    if trace is not None and _plot_trace(trace, out / "plots" / "search_trace.png"):
+        plots.append(("What moved each dimension during the search (search_trace.jsonl)",
+                      "plots/search_trace.png"))
     return plots
 
 
@@ -61,10 +69,11 @@ def _plot_width(structure: dict[str, Any], path: Path) -> bool:
     if not width:
         return False
     plt = _plt()
-    names = [w["name"] for w in width]
+    names = [width_label(w) for w in width]
     sizes = [w["size"] for w in width]
     kept = [w["kept"] for w in width]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(names) + 2), 4.2))
+    # the labels stand at 70 degrees: room below the bars for the longest ("... residual stream, ...")
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.32 * len(names) + 2), 3.0 + 0.075 * max(len(n) for n in names)))
     xs = range(len(names))
     ax.bar(xs, sizes, color="#d0d7e1", label="supernet")
     ax.bar(xs, kept, color="tab:blue", label="kept")
@@ -157,6 +166,42 @@ def _plot_training(records: list[dict[str, Any]], path: Path, language: bool) ->
     ax2.set_ylabel(f"{name} (test)" if language else f"{name} % (faint: training batches)")
     ax2.set_title(name[0].upper() + name[1:])
     ax2.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _plot_trace(trace: tuple[list[dict[str, Any]], list[dict[str, Any]]], path: Path) -> bool:
+    """Kept fraction of every dim over the search (residual streams and depth in colour, a
+    layer's own width in grey), and each dim's mean task / resource gradient on its ratio."""
+    dims, records = trace
+    rows = [r for r in records if r["phase"] == "search"]
+    if not dims or len(rows) < 2:
+        return False
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 3.4 + 0.075 * max(len(d["label"]) for d in dims)))
+    steps = [r["step"] for r in rows]
+    for i, d in enumerate(dims):
+        shared = d["label"] != d["name"] or d["kind"] == "depth"
+        frac = [r["kept"][i] / d["size"] for r in rows]
+        ax1.plot(steps, frac, lw=1.6 if shared else 0.7, color=None if shared else "#b0b8c4",
+                 label=d["label"] if shared else None)
+    ax1.set_xlabel("search step")
+    ax1.set_ylabel("kept / supernet")
+    ax1.set_title("Kept fraction (grey: a layer's own width)")
+    ax1.legend(frameon=False, fontsize=7)
+    xs = range(len(dims))
+    task = [sum(r["grad_task"][i] for r in rows) / len(rows) for i in xs]
+    res = [sum(r["grad_resource"][i] for r in rows) / len(rows) for i in xs]
+    ax2.bar([x - 0.2 for x in xs], task, width=0.4, color="tab:green", label="task loss (> 0 keeps)")
+    ax2.bar([x + 0.2 for x in xs], res, width=0.4, color="tab:red", label="resource loss (< 0 removes)")
+    ax2.axhline(0, color="black", lw=0.6)
+    ax2.set_xticks(list(xs))
+    ax2.set_xticklabels([d["label"] for d in dims], rotation=70, ha="right", fontsize=6 if len(dims) > 20 else 7)
+    ax2.set_ylabel("mean d(loss)/d(a)")
+    ax2.set_title("Gradient on each dimension's ratio")
+    ax2.legend(frameon=False, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from dmscale.trace.naming import dim_label
+
 __all__ = ["REACH", "format_count", "metric_name", "detect_text", "lm_metrics_text", "metric_line", "original_line",
            "lm_eval_lines",
-           "posthoc_line", "reach_hint", "processes_text", "align_line", "fused_line", "budgets_of"]
+           "posthoc_line", "reach_hint", "processes_text", "align_line", "fused_line", "budgets_of", "width_label"]
 
 # How far (lr x steps) the structure parameters must be able to move for the search itself to
 # reach a budget: a ratio moves 0.2-0.5 to halve a network's MACs, and Adam moves it by about
@@ -236,3 +238,9 @@ def align_line(align: dict[str, Any] | None) -> str:
         names = ", ".join(left[:4]) + (" ..." if len(left) > 4 else "")
         text += f", except {len(left)} dim{'s' if len(left) > 1 else ''} whose size is not: {names}"
     return text
+
+
+def width_label(width: dict[str, Any]) -> str:
+    """What a ``structure.json`` width entry is: ``"layer3 residual stream, 3 blocks"`` for a
+    width that several blocks write, else its name (:func:`dmscale.trace.naming.dim_label`)."""
+    return dim_label(width["name"], width.get("producers") or [width["name"]])

@@ -273,6 +273,11 @@ class SearchConfig:
              "that holds each; with --depth-unit sublayer the branch, e.g. "
              "'lm.model.layers.0.self_attn'); their widths are still searched; comma-separated or "
              "repeated"))
+    keep_width: list[str] = field(default_factory=list, metadata=_search(
+        inspect=True, cli_default=None, convert=str_list, metavar="MODULE", flag_kind="append",
+        help="width dims the search never narrows: a layer writing the dim (name or glob, e.g. "
+             "'layer3.0.conv2'), or 'residual': every width that two or more blocks write (a "
+             "residual stream); comma-separated or repeated"))
 
     @property
     def budgets(self) -> dict[str, float]:
@@ -373,12 +378,11 @@ class SearchConfig:
             raise ConfigError(f"gate_factory must be a callable that builds a StructuralGate (e.g. a gate "
                               f"class), got {self.gate_factory!r}; None uses DMS's DifferentiableTopK")
         self.exclude = list(self.exclude)
-        if isinstance(self.keep_depth, str):
-            raise ConfigError(f"keep_depth must be a list of module names, got the string {self.keep_depth!r}: "
-                              f"pass [{self.keep_depth!r}]")
-        self.keep_depth = list(self.keep_depth)
-
-
+        for name in ("keep_depth", "keep_width"):
+            if isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name} must be a list of module names, got the string "
+                                  f"{getattr(self, name)!r}: pass [{getattr(self, name)!r}]")
+            setattr(self, name, list(getattr(self, name)))
 
 
 def resolve_align(align: int | None, device: torch.device | str | None) -> int:

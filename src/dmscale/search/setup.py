@@ -10,6 +10,7 @@ into one differentiable top-k per dimension (coarse steps, hardware-aligned widt
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from typing import Any
 
@@ -21,12 +22,13 @@ from dmscale.core.errors import ConfigError, InputError, NothingToSearchError, T
 from dmscale.trace.handlers.base import handler_for
 from dmscale.core.masks import Gates
 from dmscale.trace.handlers.norms import norm_formula
+from dmscale.trace.naming import RESIDUAL, residual_stream
 from dmscale.search.config import SearchConfig, resolve_align
 from dmscale.export.selfcheck import describe_inputs, fails_on
 from dmscale.core.ratios import stack_ratios
 from dmscale.search.uniform import tie_ratios, uniform_groups
 
-__all__ = ["discover_space", "attach_gates", "dim_unit", "unaligned_dims", "model_device"]
+__all__ = ["discover_space", "attach_gates", "dim_unit", "held_whole", "unaligned_dims", "model_device"]
 
 
 def discover_space(model: nn.Module, example_inputs: Any, config: SearchConfig) -> SearchSpace:
@@ -80,8 +82,10 @@ def attach_gates(model: nn.Module, space: SearchSpace, config: SearchConfig,
     cfg = config
     align = resolve_align(cfg.align, model_device(model)) if align is None else align
     dims = []
+    held = held_whole(space, cfg.keep_width)
     for d in space.width:
         step, min_keep = dim_unit(d, cfg, align)
+        min_keep = d.size if d.name in held else min_keep
         temperature = cfg.depth_temperature if d.kind == "heads" else cfg.width_temperature
         dims.append((d.size, step, min_keep, temperature))
     groups = uniform_groups([d.name for d in space.width],
@@ -124,6 +128,30 @@ def attach_gates(model: nn.Module, space: SearchSpace, config: SearchConfig,
     device = model_device(model)
     gates.to(torch.device("cpu") if device.type == "meta" else device)
     return gates, groups
+
+
+def held_whole(space: SearchSpace, keep_width: list[str]) -> set[str]:
+    """The width dims of ``space`` that ``keep_width`` holds at their full size: a dim one of
+    whose producers matches a pattern (a module name or glob), or, for ``"residual"``, every
+    dim that two or more blocks write (:func:`~dmscale.trace.naming.residual_stream`).
+
+    Raises:
+        ConfigError: a pattern that holds no width dim (a typo, or ``"residual"`` on a model
+            without residual streams).
+    """
+    held: set[str] = set()
+    for pattern in keep_width:
+        hits = {d.name for d in space.width
+                if (residual_stream(d.producers) is not None if pattern == RESIDUAL
+                    else any(fnmatch.fnmatchcase(p, pattern) for p in d.producers))}
+        if not hits:
+            what = ("no width dim is written by two or more blocks" if pattern == RESIDUAL else
+                    f"no searched width dim has a producer matching {pattern!r}")
+            raise ConfigError(f"keep_width {pattern!r}: {what}; the searched dims are "
+                              f"{[d.name for d in space.width][:8]} (`dmscale inspect` lists them with "
+                              "their producers)")
+        held |= hits
+    return held
 
 
 def model_device(model: nn.Module) -> torch.device:

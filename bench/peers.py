@@ -60,8 +60,22 @@ CACHE = RESULTS / "peers.json"
 METHODS = ("dms_p", "tp_magnitude", "tp_taylor", "uniform")
 REFERENCE = "unpruned"  # the supernet itself, finetuned the same way: the ceiling of every method
 EXTRA = ("modelopt_fastnas",)  # peers run only when --methods names them (a package outside CI's install)
+# the random control (issue 56): structures drawn uniformly from DMS_p's search space at 0.99-1.00 x
+# the target MACs (bench/lib/random_control_lib.py), first channels of the pretrained supernet,
+# finetuned like every method; RANDOM_PER_SEED draws per seed, run with --methods random
+RANDOM_PER_SEED = 5
+RANDOM = tuple(f"random{j}" for j in range(RANDOM_PER_SEED))
+# DMS_p's structure (its kept channels) on the pretrained supernet's weights, not on the weights its
+# search trained, finetuned as long as the peers: the structure apart from the search's training
+STRUCT = "dms_p_struct"
 # DMS_p variants run only when --methods names them, and the RunConfig fields their search adds
-ABLATIONS: dict[str, dict[str, Any]] = {"dms_p_width": {"search_dims": "width"}}
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "dms_p_width": {"search_dims": "width"},
+    # issue 56's diagnosis: the residual streams held whole (every dim two or more blocks write)
+    "dms_p_keep_residual": {"keep_width": ["residual"]},
+    # the same search with the weights frozen (p-: structure only) from the same supernet
+    "dms_pminus": {"pipeline": "p-"},
+}
 MODEL = {"model": "resnet", "model_args": {"width": 8}}
 
 
@@ -69,9 +83,10 @@ def _commit() -> str:
     return git_commit(ROOT)
 
 
-def _model(width: int) -> dict[str, Any]:
-    """The ResNet-20 of base ``width`` (8: every cached setting without a ``width``)."""
-    return {**MODEL, "model_args": {"width": width}}
+def _model(width: int, depth: int = 20) -> dict[str, Any]:
+    """The CIFAR ResNet of base ``width`` (8: every cached setting without a ``width``) and
+    ``depth`` (20: every cached setting without a ``depth``)."""
+    return {**MODEL, "model_args": {"width": width, **({"depth": depth} if depth != 20 else {})}}
 
 
 def _setting(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -80,13 +95,14 @@ def _setting(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("model"):
         return {"task": cfg["task"], "model": cfg["model"],
                 **({"train_limit": cfg["train_limit"]} if cfg.get("train_limit") else {})}
-    return {"task": "digits", **_model(cfg.get("width", 8))}
+    return {"task": "digits", **_model(cfg.get("width", 8), cfg.get("depth", 20))}
 
 
 def _prefix(cfg: dict[str, Any]) -> str:
     """The part of a setting's key and run directory that names a task and model of its own."""
     if not cfg.get("model"):
-        return f"w{cfg['width']}-" if cfg.get("width", 8) != 8 else ""
+        return (f"w{cfg['width']}-" if cfg.get("width", 8) != 8 else "") + \
+            (f"d{cfg['depth']}-" if cfg.get("depth", 20) != 20 else "")
     return f"{cfg['task']}-{cfg['model'].replace(':', '_')}" + (f"-n{cfg['train_limit']}" if cfg.get("train_limit") else "") + "-"
 
 
@@ -115,7 +131,8 @@ def _key(cfg: dict[str, Any]) -> str:
 def _finetune_epochs(cfg: dict[str, Any], method: str) -> float:
     """The shared finetune; with ``equal_training`` the peers also get DMS_p's search epochs
     (a control: DMS_p's search trains the weights too)."""
-    extra = cfg["search_epochs"] if cfg.get("equal_training") and method not in ("dms_p", *ABLATIONS) else 0.0
+    trains_weights = method in ("dms_p", *ABLATIONS) and ABLATIONS.get(method, {}).get("pipeline") != "p-"
+    extra = cfg["search_epochs"] if cfg.get("equal_training") and not trains_weights else 0.0
     return cfg["finetune_epochs"] + extra
 
 
@@ -149,11 +166,13 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
         t = time.perf_counter()
         extra_steps, search_end, method_info = 0, None, {}
         if method in ("dms_p", *ABLATIONS):
-            s = _run(src, setting, command="search", **ABLATIONS.get(method, {}), pipeline="p", init=str(pre_dir), epochs=cfg["search_epochs"],
-                     retrain_epochs=0, target=cfg["target"], seed=seed, threads=threads,
-                     settle=cfg.get("settle", 0.0),
-                     settle_hold=bool(cfg.get("settle_hold")),
-                     **({"structure_lr": cfg["structure_lr"]} if cfg.get("structure_lr") else {}))
+            s = _run(src, setting, **{"command": "search", "pipeline": "p", "init": str(pre_dir),
+                                      "epochs": cfg["search_epochs"], "retrain_epochs": 0,
+                                      "target": cfg["target"], "seed": seed, "threads": threads,
+                                      "settle": cfg.get("settle", 0.0),
+                                      "settle_hold": bool(cfg.get("settle_hold")),
+                                      **({"structure_lr": cfg["structure_lr"]} if cfg.get("structure_lr") else {}),
+                                      **ABLATIONS.get(method, {})})
             extra_steps = s["steps"]
             end = s["resources_search_end"]
             search_end = end["hard"] / end["target"]  # > 1: never landed, so the settle phase's hold never acted
@@ -185,6 +204,17 @@ def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dic
                            "bisect_runs": r["runs"], "in_window": r["in_window"],
                            "width_groups": [w["producers"][0] for w in structure["width"]],
                            "supernet_structure": widths(template)}
+        elif method == STRUCT:
+            structure = json.loads((base / "dms_p" / "structure.json").read_text())  # needs dms_p first
+            supernet.eval()
+            pl.write_source_run(src, pre_dir, structure, pl.apply(supernet, structure))
+        elif method in RANDOM:
+            import random_control_lib as rl
+            supernet.eval()
+            draw = rl.sample(rl.space_searcher(supernet, example), supernet, example, 1, cfg["target"],
+                             seed=1000 * seed + RANDOM.index(method))
+            structure = draw["structures"][0]
+            pl.write_source_run(src, pre_dir, structure, pl.apply(supernet, structure))
         elif method == REFERENCE:
             supernet.eval()
             structure = pl.template_structure(supernet, example)
@@ -272,6 +302,8 @@ def _section(cache: dict[str, Any], key: str) -> list[str]:
             f"{m} {ci_text([100 * (runs[str(s)][m]['acc'] - runs[str(s)][REFERENCE]['acc']) for s in have])}"
             for m in METHODS) + ".")
     lines += pe.ablation_lines(runs, have, ABLATIONS)
+    lines += pe.struct_lines(runs, have, STRUCT)
+    lines += pe.random_lines(runs, have, RANDOM)
     extra = [runs[str(s)][m] for s in have for m in EXTRA if m in runs[str(s)]]
     lines += pe.extra_lines(runs, have, EXTRA, setting["target"], REFERENCE if ceiling else None,
                             extra[0].get("supernet_structure") if extra else None)
@@ -290,7 +322,8 @@ def write_table(cache: dict[str, Any]) -> Path:
     keys = sorted(cache["settings"], key=lambda k: (cache["settings"][k]["finetune_epochs"] < 1,
                                                     cache["settings"][k].get("equal_training", False),
                                                     -cache["settings"][k]["target"]))
-    lines = ["# DMS_p vs Torch-Pruning vs uniform width at equal MACs (issue 10, table 4)", "",
+    lines = ["# DMS_p vs Torch-Pruning vs uniform width at equal MACs (issue 10, table 4)"
+             + (" -- issue 56's diagnosis" if CACHE.stem == "peers_diag" else ""), "",
              f"- machine: {cache['machine']}",
              "- task: ResNet-20 (width 8) on the 8x8 digits (1,438 train / 359 test images) unless a section "
              "names another model: MNIST costs the ResNet-20 about 4 s per step on this shared machine, too slow "
@@ -315,10 +348,10 @@ def write_table(cache: dict[str, Any]) -> Path:
              "finetune; the other methods go straight to the finetune.", ""]
     for key in keys:
         lines += _section(cache, key)
-    reading = hand_reading(RESULTS / "peers_reading.md")
+    reading = hand_reading(RESULTS / f"{CACHE.stem}_reading.md")
     if reading is not None:
         lines += [reading, ""]
-    return write_md(RESULTS / "peers.md", lines, end="")
+    return write_md(RESULTS / f"{CACHE.stem}.md", lines, end="")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -346,12 +379,17 @@ def main(argv: list[str] | None = None) -> None:
                    help="DMS_p's --settle-hold (the library default since cfbead7; the cached rows ran without it)")
     p.add_argument("--structure-lr", type=float, default=None,
                    help="DMS_p's --structure-lr (default: the library's; the cached settings ran at 0.01)")
-    p.add_argument("--methods", nargs="+", choices=(*METHODS, REFERENCE, *EXTRA, *ABLATIONS), default=None,
+    p.add_argument("--depth", type=int, default=20, help="depth of the CIFAR ResNet (20: the cached settings')")
+    p.add_argument("--methods", nargs="+", choices=(*METHODS, REFERENCE, *EXTRA, *ABLATIONS, STRUCT, "random"), default=None,
                    help="run only these (default: every method but modelopt_fastnas); a method added to "
                         "cached seeds runs on their pretrained supernets")
     p.add_argument("--table-only", action="store_true", help="only rewrite peers.md from the cache")
+    p.add_argument("--name", default="peers",
+                   help="the table: cache NAME.json, table NAME.md, reading NAME_reading.md under bench/results "
+                        "(peers_diag: issue 56's diagnosis, rerun on one machine)")
     args = p.parse_args(argv)
     methods = tuple(args.methods) if args.methods else (*METHODS, REFERENCE)
+    methods = tuple(x for m in methods for x in (RANDOM if m == "random" else (m,)))
     if "modelopt_fastnas" in methods:
         try:
             import modelopt.torch.prune  # noqa: F401
@@ -359,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
             p.error("--methods modelopt_fastnas needs NVIDIA ModelOpt: pip install -e '.[bench]'")
     global RESULTS, CACHE
     RESULTS = quick_mode(args, RESULTS, seeds=[0], pretrain_epochs=2.0, search_epochs=0.5, finetune_epochs=0.5)
-    CACHE = RESULTS / CACHE.name
+    CACHE = RESULTS / f"{args.name}.json"
     torch.set_num_threads(args.threads)
     cfg = {"target": args.target, "pretrain_epochs": args.pretrain_epochs,
            "search_epochs": args.search_epochs, "finetune_epochs": args.finetune_epochs}
@@ -367,6 +405,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg["equal_training"] = True
     if args.width != 8:
         cfg["width"] = args.width
+    if args.depth != 20:
+        cfg["depth"] = args.depth
     if (args.model is None) != (args.task is None):
         p.error("--model and --task go together (e.g. --task mnist --model tv:resnet18)")
     if args.model:

@@ -94,10 +94,13 @@ def ablation_lines(runs: dict[str, Any], have: list[int], ablations: dict[str, d
 
         def diff(other: str) -> str:
             return ci_text([100 * (runs[str(s)][m]["acc"] - runs[str(s)][other]["acc"]) for s in seeds])
-        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in fields.items())
+        flags = " ".join(f"--{k.replace('_', '-')} {','.join(v) if isinstance(v, list) else v}"
+                         for k, v in fields.items())
+        fastnas = all("modelopt_fastnas" in runs[str(s)] for s in seeds)
         lines += ["", f"**{m}** (DMS_p with `{flags}`; seeds {seeds}): top-1 "
                   f"{mean_std([100 * r['acc'] for r in rs])} % at {mean_std([r['macs_frac'] for r in rs], '{:.3f}')} x "
-                  f"MACs; minus dms_p, pt: {diff('dms_p')}; minus uniform, pt: {diff('uniform')}.", ""]
+                  f"MACs; minus dms_p, pt: {diff('dms_p')}; minus uniform, pt: {diff('uniform')}"
+                  + (f"; minus modelopt_fastnas, pt: {diff('modelopt_fastnas')}" if fastnas else "") + ".", ""]
         lines += [f"- {m}, seed {r['seed']}: {r['structure']} ({r['steps']} search steps)" for r in rs]
     return lines
 
@@ -142,3 +145,40 @@ def extra_lines(runs: dict[str, Any], have: list[int], extra: tuple[str, ...], t
         lines += [f"- {m}, seed {r['seed']}: {r['structure']} (constraint {r['constraint_percent']:.2f} %, "
                   f"{r['macs_frac']:.4f} x MACs)" for r in rs]
     return lines
+
+
+def random_lines(runs: dict[str, Any], have: list[int], randoms: tuple[str, ...]) -> list[str]:
+    """The random control: over the seeds of ``have`` that ran every draw of ``randoms``, the
+    random structures' accuracy, where DMS_p falls among its seed's draws (the share of draws
+    below it, ties counted half) and DMS_p minus its seed's 75th-percentile draw, paired."""
+    seeds = [s for s in have if all(m in runs[str(s)] for m in randoms)]
+    if not seeds:
+        return []
+    accs = {s: sorted(100 * runs[str(s)][m]["acc"] for m in randoms) for s in seeds}
+    dms = {s: 100 * runs[str(s)]["dms_p"]["acc"] for s in seeds}
+    below = [sum(1.0 if a < dms[s] else 0.5 if a == dms[s] else 0.0 for a in accs[s]) / len(randoms) for s in seeds]
+    q75 = {s: statistics.quantiles(accs[s], n=4, method="inclusive")[2] for s in seeds}
+    pooled = [a for s in seeds for a in accs[s]]
+    macs = [runs[str(s)][m]["macs_frac"] for s in seeds for m in randoms]
+    return ["", f"**Random structures** ({len(randoms)} per seed, drawn uniformly from DMS_p's search space at "
+            f"{min(macs):.3f}-{max(macs):.3f} x the target MACs, first channels of the supernet, finetuned the same "
+            f"way; seeds {seeds}): top-1 {mean_std(pooled)} %; best draw per seed {mean_std([accs[s][-1] for s in seeds])} %. "
+            f"DMS_p is above {100 * statistics.mean(below):.0f} % of its seed's draws (per seed "
+            + ", ".join(f"{100 * b:.0f}" for b in below) + "); DMS_p minus its seed's 75th-percentile draw, pt: "
+            + ci_text([dms[s] - q75[s] for s in seeds]) + "; minus its seed's best draw: "
+            + ci_text([dms[s] - accs[s][-1] for s in seeds]) + "."]
+
+
+def struct_lines(runs: dict[str, Any], have: list[int], struct: str) -> list[str]:
+    """DMS_p's structure on the pretrained supernet's weights (``struct``) against DMS_p (its
+    search-trained weights) and FastNAS, over the seeds that ran it."""
+    seeds, rs = _ran(runs, have, struct)
+    if not seeds:
+        return []
+
+    def diff(other: str) -> str:
+        return ci_text([100 * (runs[str(s)][struct]["acc"] - runs[str(s)][other]["acc"]) for s in seeds])
+    fastnas = all("modelopt_fastnas" in runs[str(s)] for s in seeds)
+    return ["", f"**{struct}** (DMS_p's kept channels on the pretrained supernet's weights, finetuned as long as "
+            f"the peers; seeds {seeds}): top-1 {mean_std([100 * r['acc'] for r in rs])} %; minus dms_p, pt: "
+            f"{diff('dms_p')}" + (f"; minus modelopt_fastnas, pt: {diff('modelopt_fastnas')}" if fastnas else "") + "."]

@@ -232,3 +232,38 @@ def test_table_adds_fastnas_rows_over_the_seeds_that_ran_it() -> None:
     assert "within 1 % under the target on 2 of 2 seeds" in minus
     assert "| supernet | 4 / 4 / 1 | 8 / 8 / 1 |" in text
     assert "| modelopt_fastnas | 4.0 / 2.0 / 1.0 | 8.0 / 5.0 / 1.0 |" in text
+
+
+def test_the_random_control_ranks_dms_p_among_its_seeds_draws() -> None:
+    """Issue 56: with ``--methods random`` the section says where DMS_p falls among the random
+    structures of its seed (share below it, its 75th-percentile draw, paired over seeds)."""
+    import peers
+
+    def row(method: str, acc: float, seed: int) -> dict:
+        return {"seed": seed, "method": method, "acc": acc, "macs": 10, "params": 5, "macs_frac": 0.995,
+                "target": 0.5, "prune_seconds": 1.0, "finetune_seconds": 1.0, "steps": 3, "structure": "4/4",
+                "multiplier": None, "pretrain_acc": 0.9, "supernet_macs": 20, "supernet_params": 9}
+    accs = {"dms_p": 0.96, "tp_magnitude": 0.90, "tp_taylor": 0.94, "uniform": 0.92}
+    runs = {str(s): {m: row(m, a, s) for m, a in accs.items()} for s in (0, 1)}
+    draws = (0.90, 0.92, 0.94, 0.98, 0.99)  # DMS_p (0.96) above 3 of 5; the 75th percentile 0.98
+    for s in (0, 1):
+        runs[str(s)].update({m: row(m, a, s) for a, m in zip(draws, peers.RANDOM)})
+    cache = {"settings": {"k": {"target": 0.5, "pretrain_epochs": 1, "search_epochs": 1, "finetune_epochs": 1}},
+             "runs": {"k": runs}, "info": {}}
+    text = "\n".join(peers._section(cache, "k"))
+    line = next(t for t in text.splitlines() if t.startswith("**Random structures**"))
+    assert "5 per seed" in line and "DMS_p is above 60 % of its seed's draws (per seed 60, 60)" in line
+    assert "75th-percentile draw, pt: -2.00" in line and "best draw: -3.00" in line
+    assert peers._key({"target": 0.5, "pretrain_epochs": 1.0, "search_epochs": 1.0, "finetune_epochs": 1.0,
+                       "width": 4, "depth": 32}).startswith("w4-d32-t0.5")
+    assert peers._model(4, 32)["model_args"] == {"width": 4, "depth": 32}
+
+
+def test_a_weight_frozen_search_gets_the_peers_finetune() -> None:
+    """p- trains no weights in its search: with --equal-training it is finetuned as long as
+    the peers, DMS_p and its other variants as long as DMS_p."""
+    import peers
+
+    cfg = {"search_epochs": 2.0, "finetune_epochs": 4.0, "equal_training": True}
+    assert peers._finetune_epochs(cfg, "dms_pminus") == peers._finetune_epochs(cfg, "uniform") == 6.0
+    assert peers._finetune_epochs(cfg, "dms_p") == peers._finetune_epochs(cfg, "dms_p_keep_residual") == 4.0

@@ -10,11 +10,11 @@ flag or config key always wins. What was chosen is recorded in the run configura
 run                      auto values
 =======================  ==========================================================
 ``--task detect``        AdamW, lr 1e-3, weight decay 0.01, augmentation
-                         ``fliplr=0,mosaic=0`` (bench/results/yolo_table11.md; SGD at
-                         lr 0.05 collapsed a YOLOv8n to no detections), resource weight 3
+                         ``fliplr=0,mosaic=0`` (SGD at the classifiers' lr leaves a YOLO
+                         with no detections), resource weight 3
 ``--model hf:PATH``      AdamW, lr 1e-4, no weight decay (finetuning a pretrained LM);
-                         resource weight 50 for searches of pipeline p / p- (short
-                         searches of a pretrained LM need it, bench/results/auto_defaults.md)
+                         resource weight 50 for searches of pipeline p / p- (a pretrained
+                         LM's task loss pulls hard against a short search's resource loss)
 anything else            SGD (momentum 0.9, Nesterov), lr 0.05, weight decay 5e-4
 every search             structure lr ``max(0.01, 0.5 / search steps)``: Adam moves a
                          ratio about its lr per step, so each ratio can move 0.5 in the
@@ -60,10 +60,10 @@ BEFORE_AUTO: dict[str, Any] = {"optimizer": "sgd", "warmup": 0.02, "resource_wei
 # searches, and for short ones enough that each ratio can move STRUCTURE_REACH (docs/search.md)
 MIN_STRUCTURE_LR = 0.01
 STRUCTURE_REACH = 0.5
-# the resource weight of a search that starts from a pretrained LM (bench/results/auto_defaults.md)
+# the resource weight of a search that starts from a pretrained LM
 PRETRAINED_LM_RESOURCE_WEIGHT = 50.0
-# of a YOLO search: its loss (about 10) pulls harder on the ratios than a classifier's
-# (bench/results/yolo_table11.md searched with 3; bench/results/auto_defaults.md)
+# of a YOLO search: its loss (a sum of box, class and DFL terms) pulls harder on the ratios
+# than a classifier's
 DETECT_RESOURCE_WEIGHT = 3.0
 
 _SGD_ADAMW_LR = {"sgd": 0.05, "adamw": 0.002}

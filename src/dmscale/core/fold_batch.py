@@ -16,11 +16,9 @@ layers is first called:
   masks' gradients in one ``_foreach_add_`` each.
 
 The values are the per-layer hooks' to the bit, the gradients up to the order of float
-additions. Operators per step fall by a fifth to a quarter (``bench/results/search_proxies.md``),
-host time on the CPU does not (``bench/results/host_time_fold_batch/``; ``host_time_per_layer/``:
-1-3 % slower than the per-layer folds, :data:`ENABLED` off, in the same rounds): a ``_foreach_mul`` over
-tensors of different shapes multiplies them one by one inside, so on a GPU it saves at most one
-kernel of about four per fold; a GPU run decides whether the batch stays.
+additions. The batch issues fewer operators per step; it does not save host time on the CPU,
+where a ``_foreach_mul`` over tensors of different shapes multiplies them one by one inside, so on
+a GPU it saves at most one kernel of the few each fold launches (:data:`ENABLED` turns it off).
 
 A layer is left to its own hooks where the batch cannot stand for them: a grouped
 convolution's input fold (its mask is gathered per weight entry), a weight or bias that is not
@@ -65,8 +63,7 @@ MIN_CHUNK_BYTES = 25 * 2**20
 
 # False: every layer folds on its own (the per-layer hooks, as before the batch), from the next
 # forward on; the same values, the gradients up to the order of float additions. For measuring
-# what the batch gains (bench/gpu_check.py --per-layer-folds) and for debugging, as
-# torch.backends' flags are
+# what the batch gains and for debugging, as torch.backends' flags are
 ENABLED = True
 
 

@@ -39,7 +39,7 @@ scales with what is kept.
 
 Limits: latency is a fitted model, not an exact count; at hard masks it predicts the
 exported model's latency only up to the fit and the timing noise of the machine
-(:meth:`LatencyCostModel.fit_report`; ``bench/latency_fit.py`` measures it). The rest only
+(:meth:`LatencyCostModel.fit_report` measures it). The rest only
 scales with depth: the time of element-wise ops and of attention cores (QK^T, AV: virtual
 layers, whose heads are searched) does not shrink with width in this model. On a busy
 machine, time with fewer threads than free cores: oversubscribed OpenMP threads make every

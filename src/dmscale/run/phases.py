@@ -199,7 +199,7 @@ class Phases:
 
     def search_config(self, exclude: list[str]) -> dms.SearchConfig:
         """The library config of this run's search (a subclass may change it, e.g. the gate of
-        the baselines in bench/gates.py)."""
+        a baseline)."""
         return search_config(self.cfg, exclude)
 
     def _make_searcher(self, model: nn.Module, extra_exclude: list[str]) -> dms.Searcher:

@@ -22,8 +22,7 @@ __all__ = ["REACH", "format_count", "metric_name", "detect_text", "lm_metrics_te
 
 # How far (lr x steps) the structure parameters must be able to move for the search itself to
 # reach a budget: a ratio moves 0.2-0.5 to halve a network's MACs, and Adam moves it by about
-# the learning rate per step (bench/results/table16.md: 110 steps at lr 5e-4 never reached
-# the target, at 5e-3 every run did).
+# the learning rate per step.
 REACH = 0.3
 
 

@@ -110,19 +110,15 @@ class SearchConfig:
             depth is frozen at its hard value (the width-only phase of A.1.2) and
             :meth:`Searcher.structure_lr_scale` anneals the structural learning rate to 0
             (cosine) over the rest of the search. Default 0.4, as the official code's
-            ``decay_ratio = 0.6``: measured in ``bench/results/budget.md``, the loss alone then
-            ends in [0.98, 1.00] x target where Eq. 10 to the last step does not.
+            ``decay_ratio = 0.6``: the loss alone then ends inside ``budget_band``, where Eq. 10
+            to the last step ends wherever the last steps leave it.
         settle_hold: in the settle phase, once landed, the structural learning rate is 0
             while the exact cost is inside ``budget_band`` (:meth:`Searcher.structure_lr_scale`):
             the ratios move only while the cost is outside the band, so a structure that
             entered the band stays there (the cost follows the kept counts), where with the
             anneal alone the ratios kept drifting (the task loss's pull, Adam's momentum) and
-            could leave it one channel at a time.
-            Default True: measured in ``bench/RESULTS.md`` (tables 1, 3, 5, 6), every search
-            long enough to reach its target lands in the band (40 of 40 on table 6, against
-            38 with the anneal alone); the anneal alone keeps trading width between layers a
-            little longer, which on pretrained models without retraining (DMS_p-, SmolLM2)
-            measured 1-2 % better, not resolved.
+            could leave it one channel at a time. Default True; with False the anneal alone
+            keeps trading width between layers a little longer.
         budget_band: (low, high) fractions of the target between which the settle phase's
             loss is zero; 0 < low <= high <= 1. Default (0.98, 1.0): over the target it is
             Eq. 6's hinge on the exact cost, under 0.98 x it pulls the cost back up.
@@ -148,8 +144,8 @@ class SearchConfig:
         gate_factory: builds the gate of every width and depth dimension (None: DMS's
             :class:`~dmscale.core.topk.DifferentiableTopK`). For baselines and ablations: any
             callable with DifferentiableTopK's signature returning a
-            :class:`~dmscale.core.topk.StructuralGate` (bench/lib/gates_lib.py has the paper's MES,
-            SNS and GET). Export, exact cost and the export check are the same for every gate.
+            :class:`~dmscale.core.topk.StructuralGate` (e.g. the paper's baselines MES, SNS and
+            GET). Export, exact cost and the export check are the same for every gate.
         verify: self-checks on the example inputs (one extra forward each, tolerance in
             :mod:`dmscale.export.verify`): ``prepare`` refuses a model whose output changes with all
             masks open, ``export`` raises when the export does not compute what the hardened

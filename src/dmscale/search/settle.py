@@ -30,8 +30,7 @@ __all__ = ["band_loss", "inside_band", "cosine_anneal", "SettleState", "WEIGHT_G
 
 # Per step over the band, the settle phase's resource weight is multiplied by this (a dual
 # ascent on the constraint): the task loss's pull on the ratios can hold the cost over the
-# target at any fixed weight (measured: DMS_p- on frozen weights stayed at 1.1-1.2 x target for
-# the whole phase at weight 1), a growing weight cannot. x1.1 is x117 after 50 steps over.
+# target at any fixed weight, a growing weight cannot. x1.1 is x117 after 50 steps over.
 WEIGHT_GROWTH = 1.1
 
 

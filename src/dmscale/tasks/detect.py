@@ -255,7 +255,7 @@ def _untimed_validator() -> type:
 
     Ultralytics' ``non_max_suppression`` stops after ``2 s + 0.05 s x batch`` and drops the
     detections of the batch's remaining images with only a log warning: on a loaded CPU
-    the same model then scores a lower mAP (measured: 2.1 instead of 2.5 mAP50-95). A search
+    the same model then scores a lower mAP. A search
     must not depend on the machine's load, so this validator passes an unbounded time.
     """
     from ultralytics.models.yolo.detect import DetectionValidator

@@ -3,7 +3,7 @@
 For each model and thread count: prepare a latency search (this profiles the model and fits
 F per layer), then for each seed draw a random hard structure (every gate's pruning ratio
 ``a`` uniform in its range), export it, and compare the predicted latency
-(``searcher._exact_cost("hard")``) with the measured latency of the exported model. As a
+(``searcher.costs.exact("hard")``) with the measured latency of the exported model. As a
 reference, the table also gives the naive "latency proportional to MACs" prediction
 (measured supernet latency x MACs ratio).
 
@@ -87,9 +87,9 @@ def run_one(name: str, threads: int, seeds: list[int], rounds: int, run: int) ->
         # untrained: keep channels by position (the latency of a structure depends on its counts)
         searcher = dms.prepare(net, x, dms.SearchConfig(resource="latency", target=1.0, importance="index"))
     prepare_s = time.perf_counter() - t0
-    cost = searcher._cost_model()
+    cost = searcher.costs.model_of()
     report = cost.fit_report()
-    macs_super = searcher._exact_cost(None, "macs")
+    macs_super = searcher.costs.exact(None, "macs")
     models: dict[str, torch.nn.Module] = {"supernet": dms.detach(copy.deepcopy(net))}
     rows = []
     for seed in seeds:
@@ -101,8 +101,8 @@ def run_one(name: str, threads: int, seeds: list[int], rounds: int, run: int) ->
         models[f"seed{seed}"] = small
         rows.append({
             "seed": seed,
-            "predicted": searcher._exact_cost("hard"),
-            "macs_ratio": searcher._exact_cost("hard", "macs") / macs_super,
+            "predicted": searcher.costs.exact("hard"),
+            "macs_ratio": searcher.costs.exact("hard", "macs") / macs_super,
             "params": dms.count(small, x)["params"],
             "blocks_kept": int(sum(float(t.hard_mask().sum()) for t in searcher.gates.depth)),
         })
@@ -140,7 +140,7 @@ def to_markdown(results: list[dict], args: argparse.Namespace, load_before: tupl
         "Written by `bench/latency_fit.py`. The fitted latency model of `dmscale.cost.latency` "
         f"(paper App. A.1.2, Eq. 9) predicts the latency of {len(args.seeds)} random hard structures per model; "
         "each is exported and timed. `predicted` is the cost model as a search uses it "
-        "(`searcher._exact_cost(\"hard\")`, calibrated so the parts add up to the timed "
+        "(`searcher.costs.exact(\"hard\")`, calibrated so the parts add up to the timed "
         "supernet); `uncalibrated` is the plain sum of the parts timed alone; `MACs-prop.` is the "
         "naive reference \"re-measured supernet latency x MACs ratio\".",
         "",

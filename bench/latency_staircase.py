@@ -97,7 +97,7 @@ def staircase(name: str, device: torch.device, batch: int, align: int, points: i
     inputs, _ = capture_inputs(model, [n for n, _ in layers], [], x)  # each layer's input at this batch
     searcher = dms.prepare(copy.deepcopy(model), x, dms.SearchConfig(
         resource="latency", target=0.5, align=align, latency_options={"budget_s": budget_s}))
-    cost = searcher._cost_model("latency")
+    cost = searcher.costs.model_of("latency")
     modules = dict(model.named_modules())
     out: dict[str, Any] = {"model": name, "batch": batch, "align": align, "layers": {}}
     for layer_name, side in layers:

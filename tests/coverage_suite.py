@@ -279,7 +279,7 @@ def classify(entry: Entry, tol: float = TOL, seed: int = STRUCTURE_SEED) -> Verd
         stage = "count export"
         exact = dms.count(small, inputs)
         stage = "cost at hard masks"
-        cost = {r: round(searcher._exact_cost("hard", r)) for r in ("macs", "params")}
+        cost = {r: round(searcher.costs.exact("hard", r)) for r in ("macs", "params")}
         configured = round(searcher.resources()["hard"])
         checks.update(cost_macs=cost["macs"], cost_params=cost["params"], export_macs=exact["macs"],
                       export_params=exact["params"], original_macs=original["macs"],
@@ -289,7 +289,7 @@ def classify(entry: Entry, tol: float = TOL, seed: int = STRUCTURE_SEED) -> Verd
                 failures.append(f"{r} cost at hard masks {cost[r]} != count of export {exact[r]} "
                                 f"(diff {cost[r] - exact[r]:+d})")
         if configured != cost["macs"]:
-            failures.append(f"resources()['hard'] {configured} != _exact_cost('hard', 'macs') {cost['macs']}")
+            failures.append(f"resources()['hard'] {configured} != costs.exact('hard', 'macs') {cost['macs']}")
         if not exact["params"] < original["params"]:
             failures.append(f"export not smaller: {exact['params']} params vs original {original['params']}")
         ratios = dict(macs_ratio=round(exact["macs"] / max(original["macs"], 1), 4),

@@ -76,8 +76,8 @@ def check_case(case: NetCase, data: st.DataObject) -> None:
     assert diff <= 1e-4 * scale, f"{where}: export differs from the hardened supernet by {diff:.3g}"
     for res in ("macs", "params"):
         counted = dms.count(small, x)[res]
-        assert round(searcher._exact_cost("hard", res)) == counted, \
-            f"{where}: {res} at hard masks {searcher._exact_cost('hard', res):.0f} != count of the export {counted}"
+        assert round(searcher.costs.exact("hard", res)) == counted, \
+            f"{where}: {res} at hard masks {searcher.costs.exact('hard', res):.0f} != count of the export {counted}"
     assert not hooks_of(small), f"{where}: export has hooks {hooks_of(small)}"
     again = dms.apply_structure(fresh, structure)
     shapes = {k: tuple(v.shape) for k, v in small.state_dict().items()}

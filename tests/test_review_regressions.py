@@ -115,8 +115,8 @@ def _llama_with_a_removed_block(monkeypatch, one_by_one: bool) -> tuple[list[int
 
         monkeypatch.setattr(dmscale.search.solver, "_last_free_count", lambda t, k, current, hard_cost: k)
     calls = []
-    real = type(searcher)._exact_cost
-    monkeypatch.setattr(type(searcher), "_exact_cost",
+    real = type(searcher.costs).exact
+    monkeypatch.setattr(type(searcher.costs), "exact",
                         lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
     res = searcher.meet_target()
     monkeypatch.undo()

@@ -221,7 +221,7 @@ def test_export_equals_hardened_and_cost_is_exact(prepared, seed):
     # the differentiable cost at hard masks is the exact count of the export
     exact = dms.count(small, inputs)
     for resource in ("macs", "params"):
-        cost = searcher._exact_cost("hard", resource)
+        cost = searcher.costs.exact("hard", resource)
         assert round(cost) == exact[resource], f"{resource}: cost at hard masks {cost} != count of export {exact[resource]}"
     # weights tied in the original (GPT-2's wte / lm_head) are still one tensor
     for names in prepared["tied"]:

@@ -102,8 +102,8 @@ def test_export_equals_hardened_and_cost_is_exact(prepared, seed):
     torch.testing.assert_close(out, hard, atol=1e-4, rtol=1e-4)
     # the differentiable cost at hard masks is the exact count of the export
     exact = dms.count(small, x)
-    assert round(searcher._exact_cost("hard", "macs")) == exact["macs"]
-    assert round(searcher._exact_cost("hard", "params")) == exact["params"]
+    assert round(searcher.costs.exact("hard", "macs")) == exact["macs"]
+    assert round(searcher.costs.exact("hard", "params")) == exact["params"]
     # shapes follow the structure
     structure = searcher.structure()
     modules = dict(small.named_modules())

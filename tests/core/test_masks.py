@@ -135,10 +135,10 @@ def test_batched_hard_masks_equal_every_gate_s_own(frozen):
         gates[0].importance[:4] = gates[0].importance[4]  # ties: the lower index ranks higher
     gates[1].required_groups = [torch.tensor([0, 1])]  # its own path
     searcher.gates.depth_frozen = frozen
-    batched = searcher._masks("hard")
-    own = searcher._masks("hard", cache={})  # gate by gate (the budget solver's path)
+    batched = searcher.costs.masks("hard")
+    own = searcher.costs.masks("hard", cache={})  # gate by gate (the budget solver's path)
     assert torch.equal(batched[0], own[0]) and torch.equal(batched[1], own[1])
-    assert searcher._exact_cost("hard") == searcher._exact_cost("hard", cache={})
+    assert searcher.costs.exact("hard") == searcher.costs.exact("hard", cache={})
 
 
 def test_the_bank_is_reused_until_a_gate_is_replaced_or_changes_what_the_bank_batches():

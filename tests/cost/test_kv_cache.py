@@ -55,7 +55,7 @@ def test_soft_count_at_hard_masks_is_the_exact_count_of_the_export(make, depth_r
         for t in searcher.gates.width + searcher.gates.depth:
             t.clamp_()
         w, d = searcher.gates.masks("hard")
-        soft_at_hard = float(searcher._cost_model("kv_cache")(w, d))
+        soft_at_hard = float(searcher.costs.model_of("kv_cache")(w, d))
     small = searcher.export()
     exact = dms.count(small, x)["kv_cache"]
     assert soft_at_hard == searcher.resources()["hard"] == exact

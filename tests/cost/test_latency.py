@@ -145,13 +145,13 @@ def test_prediction_is_exact_when_latency_is_proportional_to_flops(name: str, mo
     assert report["fit_rmse_rel"] < 1e-6
     flops_us = lambda m: 2 * dms.count(m, x)["macs"] * 1e-10 * 1e6  # noqa: E731
     with torch.no_grad():
-        assert float(cost(*searcher._masks("open"))) == pytest.approx(flops_us(net), rel=1e-6)
+        assert float(cost(*searcher.costs.masks("open"))) == pytest.approx(flops_us(net), rel=1e-6)
     gen = torch.Generator().manual_seed(0)
     for _ in range(3):
         with torch.no_grad():
             for t in list(searcher.gates.width) + list(searcher.gates.depth):
                 t.a.fill_(float(torch.rand((), generator=gen)) * t.max_ratio)
-            predicted = float(cost(*searcher._masks("hard")))
+            predicted = float(cost(*searcher.costs.masks("hard")))
         assert predicted == pytest.approx(flops_us(searcher.export()), rel=1e-6)
     dms.detach(net)
 
@@ -206,7 +206,7 @@ def prepared():
 
 def test_profile_report(prepared) -> None:
     net, x, searcher, _ = prepared
-    report = searcher._cost_model().fit_report()
+    report = searcher.costs.model_of().fit_report()
     assert report["unit"] == "us" and report["device"] == "cpu"
     assert report["profile_s"] < 60
     convs = [n for n, m in net.named_modules() if isinstance(m, torch.nn.Conv2d)]
@@ -230,7 +230,7 @@ def test_profile_report(prepared) -> None:
 
 def test_layer_fits_are_monotone_on_a_grid(prepared) -> None:
     _, _, searcher, _ = prepared
-    cost = searcher._cost_model()
+    cost = searcher.costs.model_of()
     r = np.linspace(0.0, 1.0, 11)
     for name, fit in cost.fits.items():
         if len(fit.sides) == 2:
@@ -243,7 +243,7 @@ def test_layer_fits_are_monotone_on_a_grid(prepared) -> None:
 
 def test_total_cost_grows_with_width_and_depth(prepared) -> None:
     _, _, searcher, _ = prepared
-    cost = searcher._cost_model()
+    cost = searcher.costs.model_of()
     n_slots, n_blocks = searcher.space.n_slots, sum(len(d.blocks) for d in searcher.space.depth)
     values = []
     with torch.no_grad():
@@ -302,12 +302,12 @@ def test_profiling_leaves_the_model_alone(prepared) -> None:
 
 def test_profile_round_trips_through_state_dict(prepared) -> None:
     net, x, searcher, _ = prepared
-    cost = searcher._cost_model()
+    cost = searcher.costs.model_of()
     state = json.loads(json.dumps(cost.state_dict()))  # JSON-able: can be saved with a search
     again = LatencyCostModel(net, searcher.space, x, profile=state)
     with torch.no_grad():
         for kind in ("open", "hard", "min"):
-            w, d = searcher._masks(kind)
+            w, d = searcher.costs.masks(kind)
             assert float(again(w, d)) == float(cost(w, d))
     assert again.fit_report()["layers"] == cost.fit_report()["layers"]
     bad = copy.deepcopy(cost.state_dict())
@@ -334,7 +334,7 @@ def test_gpt2_attention_children_are_profiled_and_every_dim_gets_a_gradient() ->
             "transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_proj"} <= set(report["layers"])
     assert not any(n.endswith(".core") for n in report["layers"])  # virtual: in the rest
     assert set(report["blocks"]) == {"transformer.h.0", "transformer.h.1", "transformer.h.2"}
-    w, d = searcher._masks("soft")
+    w, d = searcher.costs.masks("soft")
     cost(w, d).backward()
     for p in searcher.structure_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all()

@@ -183,7 +183,7 @@ def test_compile_and_precision_on_the_command_line(tmp_path: Path, capsys: pytes
 def test_the_cost_model_moves_its_index_tensors_once(tmp_path: Path) -> None:
     _, loop = _search_loop(tmp_path, "32")
     before = float(loop.searcher.soft_cost().detach())
-    cost = loop.searcher._costs["macs"]
+    cost = loop.searcher.costs.models["macs"]
     first = cost.on(torch.device("cpu"), cost._seg, cost.terms.base)
     again = cost.on(torch.device("cpu"), cost._seg, cost.terms.base)
     assert all(a is b for a, b in zip(first, again))

@@ -134,8 +134,8 @@ def check_export_properties(net: nn.Module, x: torch.Tensor, what: str) -> None:
                                    msg=lambda m: f"{where}\nexport vs hard (B=3): {m}")
         # (3) exact cost at hard masks == count of the export
         exact = dms.count(small, x.clone())
-        macs = round(searcher._exact_cost("hard", "macs"))
-        params = round(searcher._exact_cost("hard", "params"))
+        macs = round(searcher.costs.exact("hard", "macs"))
+        params = round(searcher.costs.exact("hard", "params"))
         assert (macs, params) == (exact["macs"], exact["params"]), \
             f"{where}\ncost model (macs, params) = {(macs, params)}, count(export) = {exact}"
         # shapes; (4) apply_structure on the un-prepared net: same shapes, same function
@@ -147,8 +147,8 @@ def check_export_properties(net: nn.Module, x: torch.Tensor, what: str) -> None:
 
     # the supernet's exact cost is the plain model's count
     plain = dms.count(fresh, x)
-    assert round(searcher._exact_cost(None, "macs")) == plain["macs"], ctx
-    assert round(searcher._exact_cost(None, "params")) == plain["params"], ctx
+    assert round(searcher.costs.exact(None, "macs")) == plain["macs"], ctx
+    assert round(searcher.costs.exact(None, "params")) == plain["params"], ctx
 
     # (5) detach: no hooks, original keys, original function
     dms.detach(net)
@@ -207,8 +207,8 @@ def test_export_producer_pruned_to_zero_channels():
         out = small(x)
     torch.testing.assert_close(out, hard, atol=1e-5, rtol=1e-5)
     exact = dms.count(small, x)
-    assert round(searcher._exact_cost("hard", "macs")) == exact["macs"]
-    assert round(searcher._exact_cost("hard", "params")) == exact["params"]
+    assert round(searcher.costs.exact("hard", "macs")) == exact["macs"]
+    assert round(searcher.costs.exact("hard", "params")) == exact["params"]
 
 
 class _InplaceBlock(nn.Module):

@@ -189,7 +189,7 @@ def test_per_channel_parameter_of_a_layer_without_handler_is_sliced_with_the_cha
     small = r.searcher.export()
     assert small[2].gamma.shape[0] == small[0].out_channels
     x = torch.randn(1, 3, 10, 10)
-    assert r.searcher._exact_cost("hard", "params") == dms.count(small, x)["params"]
+    assert r.searcher.costs.exact("hard", "params") == dms.count(small, x)["params"]
 
 
 @pytest.mark.parametrize("layout", ["normalised", "linear", "twice"])

@@ -45,7 +45,7 @@ def test_weight_standardised_conv_searches_outputs_and_fixes_inputs(ws):
     small = r.searcher.export()
     if hasattr(small.b, "gain"):
         assert small.b.gain.shape[0] == small.b.out_channels == small.dw.gain.shape[0]
-    assert r.searcher._exact_cost("hard", "params") == dms.count(small, torch.randn(1, 3, 8, 8))["params"]
+    assert r.searcher.costs.exact("hard", "params") == dms.count(small, torch.randn(1, 3, 8, 8))["params"]
 
 
 class _ScaledWeightConv(nn.Conv2d):

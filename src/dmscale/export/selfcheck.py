@@ -1,6 +1,8 @@
-"""The Searcher's self-checks on the example inputs: all masks open reproduce the model, and
+"""The search's self-checks on the example inputs: all masks open reproduce the model, and
 the export computes what the hardened supernet computes; both name the first layer that
-diverges (tolerances in :mod:`dmscale.export.verify`).
+diverges (tolerances in :mod:`dmscale.export.verify`). They take what they check as plain
+values: the model, its example inputs and its gates (or its hardened context and the
+structure's layers), not the searcher.
 
 Example:
     >>> import torch
@@ -14,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -36,41 +38,42 @@ def run_example(model: nn.Module, inputs: Any) -> Any:
         return model(*args, **kwargs)
 
 
-def verify_open(searcher: Any, reference: Any) -> None:
-    """All masks open must reproduce the original model (the trace's output)."""
-    bad = compare(flat_outputs(_open_run(searcher)), flat_outputs(reference))
+def verify_open(model: nn.Module, inputs: Any, gates: Any, reference: Any) -> None:
+    """With every mask of ``gates`` open, ``model`` on ``inputs`` must reproduce ``reference``
+    (its output before the gates were attached: the trace's)."""
+    def open_run() -> Any:
+        with gates.use("open"):
+            return run_example(model, inputs)
+
+    bad = compare(flat_outputs(open_run()), flat_outputs(reference))
     if bad is None:
         return
-    with searcher.gates.use(enabled=False):
-        where = first_divergence(lambda: run_example(searcher.model, searcher.example_inputs),
-                                 searcher.model, lambda: _open_run(searcher), searcher.model,
-                                 skip=GATES_NAME)
+    with gates.use(enabled=False):
+        where = first_divergence(lambda: run_example(model, inputs), model, open_run, model, skip=GATES_NAME)
     layer = "no single layer (only the final output)" if where is None else \
-        f"{describe(searcher.model, where[0])} (differs by {where[1]:.3g}, allowed {where[2]:.3g})"
+        f"{describe(model, where[0])} (differs by {where[1]:.3g}, allowed {where[2]:.3g})"
     fix = "" if where is None else (
         f" Exclude it to keep its channels fixed (SearchConfig(exclude=[{where[0]!r}]) or "
         f"--exclude {where[0]}), or register a handler that knows what it computes "
         "(dmscale.register_handler).")
     raise VerificationError(
-        f"with all masks open {type(searcher.model).__name__} no longer computes its own output "
+        f"with all masks open {type(model).__name__} no longer computes its own output "
         f"(output {bad[0]} differs by {bad[1]:.3g}, allowed {bad[2]:.3g}): dmscale does not "
         f"handle some layer exactly. First layer whose output diverges: {layer}.{fix} "
         "SearchConfig(verify=False) skips this check.")
 
 
-def _open_run(searcher: Any) -> Any:
-    with searcher.gates.use("open"):
-        return run_example(searcher.model, searcher.example_inputs)
-
-
-def verify_export(searcher: Any, small: nn.Module) -> None:
-    """The export must compute what the hardened supernet computes."""
+def verify_export(model: nn.Module, inputs: Any, hardened: Callable[[], ContextManager[Any]],
+                  layers: dict[str, Any], small: nn.Module) -> None:
+    """The export ``small`` must compute on ``inputs`` what ``model`` computes under
+    ``hardened()`` (its 0/1 masks); ``layers``: the structure's per-layer kept channels, to
+    compare the layers of the two models channel by channel."""
     def hard_run() -> Any:
-        with searcher.hardened():
-            return run_example(searcher.model, searcher.example_inputs)
+        with hardened():
+            return run_example(model, inputs)
 
     try:
-        got = flat_outputs(run_example(small, searcher.example_inputs))
+        got = flat_outputs(run_example(small, inputs))
     except Exception as err:
         raise VerificationError(
             f"the export fails on the example inputs ({type(err).__name__}: {err}); the model "
@@ -80,11 +83,11 @@ def verify_export(searcher: Any, small: nn.Module) -> None:
     bad = compare(got, flat_outputs(hard_run()))
     if bad is None:
         return
-    modules = dict(searcher.model.named_modules())
+    modules = dict(model.named_modules())
     align = {name: (handler_for(modules[name]).channel_dim, spec["out"])
-             for name, spec in searcher.structure()["layers"].items()
+             for name, spec in layers.items()
              if spec["out"] is not None and handler_for(modules[name]) is not None}
-    where = first_divergence(hard_run, searcher.model, lambda: run_example(small, searcher.example_inputs), small,
+    where = first_divergence(hard_run, model, lambda: run_example(small, inputs), small,
                              skip=GATES_NAME, align=align)
     layer = "none of equal shape (only the final output)" if where is None else \
         f"{describe(small, where[0])} (differs by {where[1]:.3g}, allowed {where[2]:.3g})"

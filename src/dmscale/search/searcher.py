@@ -40,12 +40,12 @@ from dmscale.core.ratios import distinct_leaves
 from dmscale.search.budget import Budget
 from dmscale.search.config import COST_FORWARD, SearchConfig, resolve_align
 from dmscale.search.config_state import config_differences, config_state
-from dmscale.search.costs import HardMaskCache, SearchCosts
+from dmscale.search.costs import SearchCosts
 from dmscale.search.importance_sync import ImportanceSync
 from dmscale.search.optimizer import STRUCTURE_LR, SearchOptimizer
 from dmscale.search.settle import SettleState
 from dmscale.search.setup import attach_gates, discover_space, model_device, unaligned_dims
-from dmscale.export.selfcheck import run_example, verify_export, verify_open
+from dmscale.export.selfcheck import verify_export, verify_open
 from dmscale.search.solver import distinct_gates, solve_budget, solve_budgets
 
 __all__ = ["SearchConfig", "Searcher", "prepare", "COST_FORWARD"]
@@ -113,7 +113,7 @@ class Searcher:
         self.gates = self._attach(space)
         self.importance = ImportanceSync(self.gates, config.importance, type(model).__name__)
         if config.verify and model_device(model).type != "meta":  # meta: no values to compare
-            self._verify_open(space.example_output)
+            verify_open(model, example_inputs, self.gates, space.example_output)
         self.costs = SearchCosts(model, space, example_inputs, config, self.gates)
         self.budget = Budget(config, self.costs, hint=self._align_hint())
         if self.unaligned:
@@ -174,12 +174,12 @@ class Searcher:
         refill = widths if depth and widths else None
         if len(self.config.budgets) == 1:
             solve_budget(distinct_gates(widths + depth),
-                         lambda cache=None: self._exact_cost("hard", cache=cache), self.target_cost,
+                         lambda cache=None: self.costs.exact("hard", cache=cache), self.budget.target_cost,
                          iterations, refill=refill)
         else:
             solve_budgets(widths, depth, list(self.structure_parameters()),
-                          lambda cache=None: self._exact_costs("hard", cache=cache),
-                          tuple(self.target_costs[r] for r in self.config.budgets), iterations,
+                          lambda cache=None: self.costs.exact_all("hard", cache=cache),
+                          tuple(self.budget.target_costs[r] for r in self.config.budgets), iterations,
                           self.fills_budgets)
         return self.resources()
 
@@ -202,7 +202,7 @@ class Searcher:
         self._require_synced("structure()")
         self._require_importance("structure()")
         with torch.no_grad():
-            width_mask, depth_mask = self._masks("hard")
+            width_mask, depth_mask = self.costs.masks("hard")
         structure = structure_of(self.model, self.space, width_mask.cpu().numpy() > 0.5,
                                  depth_mask.cpu().numpy() > 0.5, self.resources())
         # what the widths were aligned to (informative: apply_structure does not read it)
@@ -222,30 +222,13 @@ class Searcher:
         """
         self._require_synced("export()")
         self._require_importance("export()")
-        small = export_model(self.model, self.structure())
+        structure = self.structure()
+        small = export_model(self.model, structure)
         if self.config.verify if verify is None else verify:
-            self._verify_export(small)
+            verify_export(self.model, self.example_inputs, self.hardened, structure["layers"], small)
         return small
 
     # ------------------------------------------------------------------ costs (self.costs)
-    @property
-    def _costs(self) -> dict[str, Any]:
-        """The cost models built so far, by resource (``costs.models``)."""
-        return self.costs.models
-
-    def _cost_model(self, resource: str | None = None) -> Any:
-        return self.costs.model_of(resource)
-
-    def _masks(self, kind: str, cache: HardMaskCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.costs.masks(kind, cache)
-
-    def _exact_cost(self, hard: str | None, resource: str | None = None,
-                    cache: HardMaskCache | None = None) -> float:
-        return self.costs.exact(hard, resource, cache)
-
-    def _exact_costs(self, hard: str | None, cache: HardMaskCache | None = None) -> tuple[float, ...]:
-        return self.costs.exact_all(hard, cache)
-
     def soft_cost(self, resource: str | None = None) -> torch.Tensor:
         """r_c of ``resource`` (default: the primary budget's) from the current soft masks
         (differentiable in every ``a``)."""
@@ -405,16 +388,6 @@ class Searcher:
         self.costs.load_state_dict(state)
         self.budget.load_state_dict(state)
         self.freeze_depth(bool(state.get("depth_frozen", False)))
-
-    # ------------------------------------------------------------------ self-checks
-    def _run_example(self, model: nn.Module) -> Any:
-        return run_example(model, self.example_inputs)
-
-    def _verify_open(self, reference: Any) -> None:
-        verify_open(self, reference)
-
-    def _verify_export(self, small: nn.Module) -> None:
-        verify_export(self, small)
 
 
 

@@ -67,3 +67,13 @@ def test_keep_width_residual_holds_every_stream_whole(tmp_path: Path):
     assert width["conv1"] == (4, 4) and width["layer2.0.conv2"] == (8, 8) and width["layer3.0.conv2"] == (16, 16)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resources"]["hard"] <= summary["resources"]["target"] * (1 + 1e-9)
+
+
+def test_inspect_names_the_residual_streams_of_the_search_space(tmp_path: Path, capsys):
+    assert main(["inspect", "--task", "digits", "--model", "resnet", "--model-args", "width=4",
+                 "--out", str(tmp_path / "space.json")]) == 0
+    text = capsys.readouterr().out
+    assert "4 layer(s) (layer3 residual stream, 3 blocks)" in text
+    space = json.loads((tmp_path / "space.json").read_text())
+    labels = {d["name"]: d["label"] for d in space["width"]}
+    assert labels["layer2.0.conv2"] == "layer2 residual stream, 3 blocks" and labels["layer2.1.conv1"] == "layer2.1.conv1"

@@ -29,6 +29,7 @@ from dmscale.run.report import format_summary
 from dmscale.run.saved_runs import make_searcher
 from dmscale.search.search_trace import TRACE_FILE, read_trace
 from dmscale.tasks.registry import build_model, build_task
+from dmscale.trace.naming import dim_label
 
 __all__ = ["inspect_space", "format_space", "show_run", "search_trace_summary", "format_search_trace"]
 
@@ -44,8 +45,8 @@ def inspect_space(cfg: RunConfig) -> dict[str, Any]:
     searcher = make_searcher(replace(cfg, target=1.0), model, example, exclude)
     try:
         space, gates = searcher.space, searcher.gates
-        width = [{"name": d.name, "kind": d.kind, "size": d.size, "unit": int(g.step),
-                  "layers": len(d.producers)} for d, g in zip(space.width, gates.width)]
+        width = [{"name": d.name, "label": dim_label(d.name, d.producers), "kind": d.kind, "size": d.size,
+                  "unit": int(g.step), "layers": len(d.producers)} for d, g in zip(space.width, gates.width)]
         depth = [{"name": d.name, "blocks": len(d.blocks), "min_keep": d.min_keep} for d in space.depth]
         reach = searcher.profile()
         target = cfg.target[cfg.resource] if isinstance(cfg.target, dict) else cfg.target  # the first budget
@@ -74,7 +75,8 @@ def format_space(space: dict[str, Any], limit: int = 40) -> str:
            f"  align         widths in multiples of {space['align']}", "",
            f"  {len(space['width'])} width dimensions (elements, unit, layers that write them):"]
     for d in space["width"][:limit]:
-        out.append(f"    {d['name']:<40} {d['kind']:<6} {d['size']:>6} x{d['unit']:<3} {d['layers']} layer(s)")
+        what = f" ({d['label']})" if d.get("label", d["name"]) != d["name"] else ""
+        out.append(f"    {d['name']:<40} {d['kind']:<6} {d['size']:>6} x{d['unit']:<3} {d['layers']} layer(s){what}")
     if len(space["width"]) > limit:
         out.append(f"    ... {len(space['width']) - limit} more")
     out += ["", f"  {len(space['depth'])} depth dimensions (removable blocks, kept at least):"]

@@ -1,6 +1,6 @@
 """The checks of a run configuration that span several options (one option's own check is
 its converter in :mod:`dmscale.core.values`): the weights a run starts from, the export of
-the best checkpoint, timm's auto-augmentation, hidden-state distillation. Each raises a
+the best checkpoint, timm's auto-augmentation, hidden-state distillation, the retraining's start. Each raises a
 :class:`~dmscale.core.errors.ConfigError` that names the options and the fix.
 :class:`~dmscale.config.run_config.RunConfig` inherits them.
 
@@ -46,6 +46,7 @@ class RunConfigChecks:
     image_augment: Any
     distill_hidden: Any
     teacher: Any
+    retrain_init: Any
 
     def _check_start_weights(self) -> None:
         """``--weights`` / ``--pretrained`` fit the model and do not compete with ``--init``."""
@@ -102,3 +103,12 @@ class RunConfigChecks:
                               "teacher's, and this run has no teacher: give --teacher "
                               "RUN|FILE|supernet (hf: models distil from the original by "
                               "default), or --distill-hidden 0")
+
+    def _check_retrain_init(self) -> None:
+        """``--retrain-init pretrained`` needs pretrained weights: a pipeline p search (or the
+        retraining of one)."""
+        if self.retrain_init == "pretrained" and self.command in ("search", "retrain") and self.pipeline != "p":
+            raise ConfigError(f"--retrain-init pretrained starts the retraining from the pretrained supernet's "
+                              f"weights, and a pipeline {self.pipeline} search has none"
+                              + (" (p- does not retrain)" if self.pipeline == "p-" else "")
+                              + ": search with --pipeline p, or retrain with --retrain-init inherit or scratch")

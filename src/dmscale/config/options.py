@@ -295,10 +295,12 @@ class RunOptions:
         help="pipelines np / p: epochs of retraining the found model (default: --epochs; 0 skips "
              "it, run `dmscale retrain RUN` later)")
     retrain_init: str = run_option(
-        "inherit", convert=choice("inherit", "scratch"), commands=("search", "retrain"),
+        "inherit", convert=choice("inherit", "scratch", "pretrained"), commands=("search", "retrain"),
         group="training",
-        help="retrain the found model from the searched weights (inherit) or from a random "
-             "initialisation (scratch)")
+        help="retrain the found model from the searched weights (inherit), from a random "
+             "initialisation (scratch), or from the pretrained supernet's weights of the channels "
+             "and blocks the search kept (pretrained: pipeline p; the weights before the search "
+             "trained them under soft masks)")
     batch_size: int = run_option(
         128, convert=positive_int, metavar="N", commands=(*_ALL_TRAIN, "eval", "inspect"),
         group="training",

@@ -175,6 +175,7 @@ class RunConfig(RunOptions, RunConfigChecks):
             cfg.retrain_epochs = cfg.epochs
         cfg._check_distill_hidden()
         cfg._check_export_best()
+        cfg._check_retrain_init()
         return cfg
 
     @property

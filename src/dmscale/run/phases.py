@@ -81,6 +81,19 @@ def calibrate_on_task(model: nn.Module, task: Task, batch_size: int, seed: int,
     return n
 
 
+
+def load_init(model: nn.Module, init: str, model_name: str | None) -> nn.Module:
+    """``model`` with the weights of ``--init``: a ``dmscale pretrain`` run directory's model,
+    or a weights file."""
+    p = Path(init)
+    if p.is_dir():
+        src = load_run_config(p)
+        if src.command != "pretrain":
+            raise ConfigError(f"--init {p}: expected a `dmscale pretrain` run, got a "
+                              f"`dmscale {src.command}` run")
+        return load_weights(model, p / "model.safetensors")
+    return load_weights_file(model, str(p), "--init", f"--model {model_name}")
+
 class Phases:
     """The phases of a run, as methods ``_phase_<name>`` of :class:`dmscale.run.pipeline.Pipeline`
     (see the module docstring for what they read from it)."""
@@ -173,14 +186,19 @@ class Phases:
                 return model, exclude
         if cfg.init is None:
             return load_weights(model, self.rd / "supernet.safetensors"), exclude
-        p = Path(cfg.init)
-        if p.is_dir():
-            src = load_run_config(p)
-            if src.command != "pretrain":
-                raise ConfigError(f"--init {p}: expected a `dmscale pretrain` run, got a "
-                                  f"`dmscale {src.command}` run")
-            return load_weights(model, p / "model.safetensors"), exclude
-        return load_weights_file(model, str(p), "--init", f"--model {cfg.model}"), exclude
+        return load_init(model, cfg.init, cfg.model), exclude
+
+    def _searched_supernet(self, source: RunDir) -> nn.Module:
+        """``dmscale retrain RUN --retrain-init pretrained``: the pretrained supernet the p search
+        ``RUN`` started from (its ``supernet.safetensors``, else the weights of its ``--init``)."""
+        found = self._source_supernet(source)
+        init = load_run_config(source.path).init
+        if found is None and init is not None:
+            found = load_init(new_supernet(self.cfg, self.task.info, self.cfg.seed)[0], init, self.cfg.model)
+        if found is None:
+            raise ConfigError(f"--retrain-init pretrained: {source.path} holds no pretrained supernet "
+                              "(supernet.safetensors, or an --init); retrain with --retrain-init inherit or scratch")
+        return found
 
     def _source_supernet(self, source: RunDir) -> nn.Module | None:
         """``dmscale retrain --teacher supernet``: the pretrained supernet the run at ``source``
@@ -377,6 +395,9 @@ class Phases:
                 self.state["original"] = original
         if cfg.retrain_init == "inherit":
             model, _ = load_run_model(source.path)
+        elif cfg.retrain_init == "pretrained":  # the kept channels of the weights before the search
+            model = self._pretrained_supernet()[0] if cfg.command == "search" else self._searched_supernet(source)
+            dms.apply_structure(model, structure)
         else:
             model, _ = new_supernet(cfg, self.task.info, cfg.seed * 7 + 1)
             dms.apply_structure(model, structure)

@@ -75,6 +75,8 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "dms_p_keep_residual": {"keep_width": ["residual"]},
     # the same search with the weights frozen (p-: structure only) from the same supernet
     "dms_pminus": {"pipeline": "p-"},
+    # a search twice as long, its finetune shorter by as much (the same weight training)
+    "dms_p_long": {"epochs": 4.0},
 }
 MODEL = {"model": "resnet", "model_args": {"width": 8}}
 
@@ -133,7 +135,8 @@ def _finetune_epochs(cfg: dict[str, Any], method: str) -> float:
     (a control: DMS_p's search trains the weights too)."""
     trains_weights = method in ("dms_p", *ABLATIONS) and ABLATIONS.get(method, {}).get("pipeline") != "p-"
     extra = cfg["search_epochs"] if cfg.get("equal_training") and not trains_weights else 0.0
-    return cfg["finetune_epochs"] + extra
+    longer = ABLATIONS.get(method, {}).get("epochs", cfg["search_epochs"]) - cfg["search_epochs"]
+    return cfg["finetune_epochs"] + extra - longer
 
 
 def run_seed(seed: int, cfg: dict[str, Any], work: Path, threads: int, done: dict[str, Any],
@@ -252,7 +255,10 @@ def _model_title(setting: dict[str, Any]) -> str:
     if setting.get("model"):
         limit = f" (first {setting['train_limit']:,} training images)" if setting.get("train_limit") else ""
         return f"`{setting['model']}` on {setting['task']}{limit}, "
-    return f"ResNet-20 of width {setting['width']}, " if setting.get("width", 8) != 8 else ""
+    depth = setting.get("depth", 20)
+    if setting.get("width", 8) == 8 and depth == 20:
+        return ""
+    return f"ResNet-{depth} of width {setting.get('width', 8)}, "
 
 
 def _section(cache: dict[str, Any], key: str) -> list[str]:

@@ -267,3 +267,4 @@ def test_a_weight_frozen_search_gets_the_peers_finetune() -> None:
     cfg = {"search_epochs": 2.0, "finetune_epochs": 4.0, "equal_training": True}
     assert peers._finetune_epochs(cfg, "dms_pminus") == peers._finetune_epochs(cfg, "uniform") == 6.0
     assert peers._finetune_epochs(cfg, "dms_p") == peers._finetune_epochs(cfg, "dms_p_keep_residual") == 4.0
+    assert peers._finetune_epochs(cfg, "dms_p_long") == 2.0  # 4 search epochs + 2: DMS_p's 2 + 4

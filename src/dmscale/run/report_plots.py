@@ -64,6 +64,14 @@ def _plt() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path) -> bool:
+    """Lay ``fig`` out, write it to ``path`` and close it (True: a plot was written)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _plot_width(structure: dict[str, Any], path: Path) -> bool:
     width = structure.get("width") or []
     if not width:
@@ -82,10 +90,7 @@ def _plot_width(structure: dict[str, Any], path: Path) -> bool:
     ax.set_ylabel("width (channels / features)")
     ax.set_title("Kept width per searched dimension")
     ax.legend(frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def _plot_depth(structure: dict[str, Any], path: Path) -> bool:
@@ -106,10 +111,7 @@ def _plot_depth(structure: dict[str, Any], path: Path) -> bool:
     ax.set_title("Blocks per stage")
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.legend(frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def _plot_cost(records: list[dict[str, Any]], path: Path) -> bool:
@@ -130,10 +132,7 @@ def _plot_cost(records: list[dict[str, Any]], path: Path) -> bool:
     ax.set_ylabel(rows[-1].get("resource", "cost") if "resource" in rows[-1] else "cost")
     ax.set_title("Resource during the search")
     ax.legend(frameon=False, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def _plot_training(records: list[dict[str, Any]], path: Path, language: bool) -> bool:
@@ -166,10 +165,7 @@ def _plot_training(records: list[dict[str, Any]], path: Path, language: bool) ->
     ax2.set_ylabel(f"{name} (test)" if language else f"{name} % (faint: training batches)")
     ax2.set_title(name[0].upper() + name[1:])
     ax2.legend(frameon=False, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def _plot_trace(trace: tuple[list[dict[str, Any]], list[dict[str, Any]]], path: Path) -> bool:
@@ -202,7 +198,4 @@ def _plot_trace(trace: tuple[list[dict[str, Any]], list[dict[str, Any]]], path: 
     ax2.set_ylabel("mean d(loss)/d(a)")
     ax2.set_title("Gradient on each dimension's ratio")
     ax2.legend(frameon=False, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)

@@ -147,26 +147,33 @@ def extra_lines(runs: dict[str, Any], have: list[int], extra: tuple[str, ...], t
     return lines
 
 
-def random_lines(runs: dict[str, Any], have: list[int], randoms: tuple[str, ...]) -> list[str]:
+def random_lines(runs: dict[str, Any], have: list[int], randoms: tuple[str, ...],
+                 arms: tuple[str, ...] = ("dms_p", "dms_p_struct")) -> list[str]:
     """The random control: over the seeds of ``have`` that ran every draw of ``randoms``, the
-    random structures' accuracy, where DMS_p falls among its seed's draws (the share of draws
-    below it, ties counted half) and DMS_p minus its seed's 75th-percentile draw, paired."""
+    random structures' accuracy and, for each of ``arms`` those seeds ran, where it falls among
+    its seed's draws (the share below it, ties counted half) and its gap to its seed's
+    75th-percentile and best draws, paired."""
     seeds = [s for s in have if all(m in runs[str(s)] for m in randoms)]
     if not seeds:
         return []
     accs = {s: sorted(100 * runs[str(s)][m]["acc"] for m in randoms) for s in seeds}
-    dms = {s: 100 * runs[str(s)]["dms_p"]["acc"] for s in seeds}
-    below = [sum(1.0 if a < dms[s] else 0.5 if a == dms[s] else 0.0 for a in accs[s]) / len(randoms) for s in seeds]
-    q75 = {s: statistics.quantiles(accs[s], n=4, method="inclusive")[2] for s in seeds}
     pooled = [a for s in seeds for a in accs[s]]
     macs = [runs[str(s)][m]["macs_frac"] for s in seeds for m in randoms]
-    return ["", f"**Random structures** ({len(randoms)} per seed, drawn uniformly from DMS_p's search space at "
-            f"{min(macs):.3f}-{max(macs):.3f} x the target MACs, first channels of the supernet, finetuned the same "
-            f"way; seeds {seeds}): top-1 {mean_std(pooled)} %; best draw per seed {mean_std([accs[s][-1] for s in seeds])} %. "
-            f"DMS_p is above {100 * statistics.mean(below):.0f} % of its seed's draws (per seed "
-            + ", ".join(f"{100 * b:.0f}" for b in below) + "); DMS_p minus its seed's 75th-percentile draw, pt: "
-            + ci_text([dms[s] - q75[s] for s in seeds]) + "; minus its seed's best draw: "
-            + ci_text([dms[s] - accs[s][-1] for s in seeds]) + "."]
+    lines = ["", f"**Random structures** ({len(randoms)} per seed, drawn uniformly from DMS_p's search space at "
+             f"{min(macs):.3f}-{max(macs):.3f} x the target MACs, first channels of the supernet, finetuned the same "
+             f"way; seeds {seeds}): top-1 {mean_std(pooled)} %; best draw per seed {mean_std([accs[s][-1] for s in seeds])} %."]
+    for arm in arms:
+        if not all(arm in runs[str(s)] for s in seeds):
+            continue
+        acc = {s: 100 * runs[str(s)][arm]["acc"] for s in seeds}
+        below = [sum(1.0 if a < acc[s] else 0.5 if a == acc[s] else 0.0 for a in accs[s]) / len(randoms) for s in seeds]
+        q75 = {s: statistics.quantiles(accs[s], n=4, method="inclusive")[2] for s in seeds}
+        name = "DMS_p" if arm == "dms_p" else arm
+        lines[-1] += (f" {name} is above {100 * statistics.mean(below):.0f} % of its seed's draws (per seed "
+                      + ", ".join(f"{100 * b:.0f}" for b in below) + f"); {name} minus its seed's 75th-percentile draw, pt: "
+                      + ci_text([acc[s] - q75[s] for s in seeds]) + "; minus its seed's best draw: "
+                      + ci_text([acc[s] - accs[s][-1] for s in seeds]) + ".")
+    return lines
 
 
 def struct_lines(runs: dict[str, Any], have: list[int], struct: str) -> list[str]:

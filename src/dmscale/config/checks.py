@@ -108,7 +108,9 @@ class RunConfigChecks:
         """``--retrain-init pretrained`` needs pretrained weights: a pipeline p search (or the
         retraining of one)."""
         if self.retrain_init == "pretrained" and self.command in ("search", "retrain") and self.pipeline != "p":
+            if self.pipeline == "p-":
+                raise ConfigError("--retrain-init pretrained: a pipeline p- search trains no weights, so the weights "
+                                  "it exports are the pretrained ones already; retrain it with --retrain-init inherit")
             raise ConfigError(f"--retrain-init pretrained starts the retraining from the pretrained supernet's "
-                              f"weights, and a pipeline {self.pipeline} search has none"
-                              + (" (p- does not retrain)" if self.pipeline == "p-" else "")
-                              + ": search with --pipeline p, or retrain with --retrain-init inherit or scratch")
+                              f"weights, and a pipeline {self.pipeline} search has none: search with --pipeline p, "
+                              "or retrain with --retrain-init inherit or scratch")

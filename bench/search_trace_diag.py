@@ -137,9 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args(argv)
     cache = load_cache(CACHE, {"settings": {}})
-    cache.update(commit=git_commit(ROOT), machine=shared_machine(f"{args.threads} thread(s)"))
     key = f"w{args.width}-t{args.target}"
-    if not args.table_only:
+    if not args.table_only:  # the commit and machine the runs ran on
+        cache.update(commit=git_commit(ROOT), machine=shared_machine(f"{args.threads} thread(s)"))
         setting = cache["settings"].setdefault(key, {"runs": {}})
         setting["command"] = command_line("bench/search_trace_diag.py", argv)
         for seed in args.seeds:

@@ -290,6 +290,58 @@ def _peers_fastnas_readme() -> str:
             f"width 4 at 0.25 x {_fastnas('w4-t0.25-' + eq)}, at 0.5 x {_fastnas('w4-t0.5-' + eq)}")
 
 
+EQ = "pre10.0-s2.0-ft4.0-eqtrain-settle0.4-hold"  # issue 56's protocol (equal weight training)
+
+
+def _diag(key: str, a: str, b: str) -> tuple[list[float], str]:
+    """``a`` minus ``b`` in ``peers_diag``'s setting ``key``, paired over the seeds both ran."""
+    runs = cache("peers_diag")["runs"][key]
+    diffs = [100 * (r[a]["acc"] - r[b]["acc"]) for _, r in sorted(runs.items(), key=lambda kv: int(kv[0]))
+             if a in r and b in r]
+    return diffs, f"{ci(diffs)[1]} ({len(diffs)} seeds)"
+
+
+@number("diag.w4")
+def _diag_w4() -> str:
+    out = []
+    for t in ("0.25", "0.5"):
+        key = f"w4-t{t}-{EQ}"
+        out.append(f"at {t} x: DMS_p - FastNAS {_diag(key, 'dms_p', 'modelopt_fastnas')[1]}; DMS_p's structure "
+                   f"retrained from the pretrained weights - FastNAS {_diag(key, 'dms_p_struct', 'modelopt_fastnas')[1]}, "
+                   f"- DMS_p {_diag(key, 'dms_p_struct', 'dms_p')[1]}; residual streams held whole - DMS_p "
+                   f"{_diag(key, 'dms_p_keep_residual', 'dms_p')[1]}")
+    return "; ".join(out)
+
+
+@number("diag.w4.readme")
+def _diag_w4_readme() -> str:
+    a, b = (_diag(f"w4-t{t}-{EQ}", "dms_p_struct", "modelopt_fastnas")[1] for t in ("0.25", "0.5"))
+    return (f"{a} pt against FastNAS at 0.25 x, {b} at 0.5 x, where FastNAS already equals the unpruned "
+            "network finetuned the same way")
+
+
+@number("diag.d32")
+def _diag_d32() -> str:
+    key = f"w4-d32-t0.25-{EQ}"
+    return (f"DMS_p - FastNAS {_diag(key, 'dms_p', 'modelopt_fastnas')[1]}; DMS_p's structure retrained from the "
+            f"pretrained weights - FastNAS {_diag(key, 'dms_p_struct', 'modelopt_fastnas')[1]}; unpruned - uniform "
+            f"{_diag(key, 'unpruned', 'uniform')[1]}")
+
+
+@number("diag.w8")
+def _diag_w8() -> str:
+    return "; ".join(f"at {t} x DMS_p's structure retrained from the pretrained weights - DMS_p "
+                     f"{_diag(f't{t}-{EQ}', 'dms_p_struct', 'dms_p')[1]}" for t in ("0.25", "0.5"))
+
+
+@number("diag.r18")
+def _diag_r18() -> str:
+    key = f"mnist-tv_resnet18-n5000-t0.5-pre3.0-s1.0-ft2.0-eqtrain-settle0.4-hold"
+    return (f"DMS_p - FastNAS {_diag(key, 'dms_p', 'modelopt_fastnas')[1]}; DMS_p's structure retrained from "
+            f"the pretrained weights - FastNAS {_diag(key, 'dms_p_struct', 'modelopt_fastnas')[1]}; residual "
+            f"streams held whole - DMS_p {_diag(key, 'dms_p_keep_residual', 'dms_p')[1]}")
+
+
 @number("peers.w4")
 def _peers_w4() -> str:
     p5, p25 = _peers("w4-t0.5-pre10.0-s2.0-ft4.0-settle0.4-hold"), _peers("w4-t0.25-pre10.0-s2.0-ft4.0-settle0.4-hold")

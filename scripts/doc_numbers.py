@@ -298,6 +298,8 @@ def _diag(key: str, a: str, b: str) -> tuple[list[float], str]:
     runs = cache("peers_diag")["runs"][key]
     diffs = [100 * (r[a]["acc"] - r[b]["acc"]) for _, r in sorted(runs.items(), key=lambda kv: int(kv[0]))
              if a in r and b in r]
+    if len(diffs) < 2:  # one seed: a sketch, no interval
+        return diffs, f"{diffs[0]:+.2f} (1 seed, no interval)"
     return diffs, f"{ci(diffs)[1]} ({len(diffs)} seeds)"
 
 

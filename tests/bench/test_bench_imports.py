@@ -56,6 +56,8 @@ INTERNAL: dict[str, str] = {
     "dmscale.data.text_files": "reading the text corpus (loader throughput)",
     "dmscale.data.images": "the image-folder loader (loader throughput)",
     "dmscale.trace.handlers.base": "a layer's handler, to prune one layer (latency staircase)",
+    "dmscale.search.search_trace": "a search run's trace, read per dimension (issue 56's diagnosis)",
+    "dmscale.run.report_plots": "the report's trace plot, drawn for the diagnosis table",
 }
 
 

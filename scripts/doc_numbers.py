@@ -322,12 +322,19 @@ def _diag_w4_readme() -> str:
             "network finetuned the same way")
 
 
+STRUCT = "DMS_p's structure retrained from the pretrained weights"
+
+
+def _diag_rows(key: str, rows: tuple[tuple[str, str, str], ...]) -> str:
+    """``label a-b`` for each (label, a, b) of ``rows`` in ``peers_diag``'s setting ``key``."""
+    return "; ".join(f"{label} {_diag(key, a, b)[1]}" for label, a, b in rows)
+
+
 @number("diag.d32")
 def _diag_d32() -> str:
-    key = f"w4-d32-t0.25-{EQ}"
-    return (f"DMS_p - FastNAS {_diag(key, 'dms_p', 'modelopt_fastnas')[1]}; DMS_p's structure retrained from the "
-            f"pretrained weights - FastNAS {_diag(key, 'dms_p_struct', 'modelopt_fastnas')[1]}; unpruned - uniform "
-            f"{_diag(key, 'unpruned', 'uniform')[1]}")
+    return _diag_rows(f"w4-d32-t0.25-{EQ}", (("DMS_p - FastNAS", "dms_p", "modelopt_fastnas"),
+                                             (f"{STRUCT} - FastNAS", "dms_p_struct", "modelopt_fastnas"),
+                                             ("unpruned - uniform", "unpruned", "uniform")))
 
 
 @number("diag.w8")
@@ -338,10 +345,10 @@ def _diag_w8() -> str:
 
 @number("diag.r18")
 def _diag_r18() -> str:
-    key = f"mnist-tv_resnet18-n5000-t0.5-pre3.0-s1.0-ft2.0-eqtrain-settle0.4-hold"
-    return (f"DMS_p - FastNAS {_diag(key, 'dms_p', 'modelopt_fastnas')[1]}; DMS_p's structure retrained from "
-            f"the pretrained weights - FastNAS {_diag(key, 'dms_p_struct', 'modelopt_fastnas')[1]}; residual "
-            f"streams held whole - DMS_p {_diag(key, 'dms_p_keep_residual', 'dms_p')[1]}")
+    return _diag_rows("mnist-tv_resnet18-n5000-t0.5-pre3.0-s1.0-ft2.0-eqtrain-settle0.4-hold",
+                      (("DMS_p - FastNAS", "dms_p", "modelopt_fastnas"),
+                       (f"{STRUCT} - FastNAS", "dms_p_struct", "modelopt_fastnas"),
+                       ("residual streams held whole - DMS_p", "dms_p_keep_residual", "dms_p")))
 
 
 @number("peers.w4")

@@ -113,12 +113,12 @@ class SearchTrace:
         total = self._per_dim([p.grad for p in leaves], leaves)
         record: dict[str, Any] = {"phase": phase, "step": step, "progress": _num(progress)}
         record["a"] = [_num(self._value(ratio_leaf(g)[0], g)) for g in self.gates]
-        record["kept"] = [int(g.hard_mask().sum()) for g in self.gates]
+        record["kept"] = kept = [int(g.hard_mask().sum()) for g in self.gates]
         record["soft"] = pending["soft"]
         record["grad_resource"] = pending["grad_resource"]
         record["grad_task"] = [_num(t - r) for t, r in zip(total, pending["grad_resource"])]
         record["cost_per_element"] = [_num(c / k) if k else 0.0 for c, k in zip(pending["dc"], pending["dk"])]
-        imp = [self._importance(g) for g in self.gates]
+        imp = [self._importance(g, k) for g, k in zip(self.gates, kept)]
         record["importance_mean"] = [m for m, _ in imp]
         record["importance_marginal"] = [k for _, k in imp]
         first = not self.path.exists()
@@ -168,13 +168,14 @@ class SearchTrace:
         return out
 
     @staticmethod
-    def _importance(gate: Any) -> tuple[float, float]:
+    def _importance(gate: Any, kept: int) -> tuple[float, float]:
+        """(mean, lowest kept unit's) raw importance of ``gate``, which keeps ``kept`` elements."""
         imp = getattr(gate, "importance", None)
         if imp is None or not imp.numel():
             return 0.0, 0.0
         imp = imp.detach().float().reshape(-1)
         step = int(getattr(gate, "step", 1))
-        kept_units = max(1, -(-int(gate.hard_mask().sum()) // step))
+        kept_units = max(1, -(-kept // step))
         order = torch.sort(imp, descending=True).values
         return _num(float(imp.mean())), _num(float(order[min(kept_units, imp.numel()) - 1]))
 

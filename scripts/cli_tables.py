@@ -14,6 +14,10 @@ lines inside, so the table stays a table)::
 
     <!-- /options -->
 
+The table of resources (``<!-- resources -->`` ... ``<!-- /resources -->``) has a row per
+resource of ``dmscale.cost.registry`` (the choices of ``--resource``): its name, unit and
+description.
+
 A row per option of the group, in the order of ``--help``: the flag as ``--help`` spells it,
 its default on the command line, the subcommands that take it and its help text; all of it from
 ``dmscale.config.options.OPTIONS``, the table the declarations on ``RunConfig``'s and
@@ -38,11 +42,14 @@ if str(ROOT / "src") not in sys.path:
 
 from dmscale.config.options import GROUP_TITLES, OPTIONS, Option  # noqa: E402
 from dmscale.core.values import boolean  # noqa: E402
+from dmscale.cost.registry import Resource, resources  # noqa: E402
 
-__all__ = ["DOCUMENT", "SPAN", "Problem", "flag_text", "default_text", "table", "spans", "check", "write", "main"]
+__all__ = ["DOCUMENT", "SPAN", "RESOURCE_SPAN", "Problem", "flag_text", "default_text", "table",
+           "resource_table", "spans", "check", "write", "main"]
 
 DOCUMENT = ROOT / "docs" / "cli.md"
 SPAN = re.compile(r"<!-- options:(?P<group>[\w-]+) -->\n(?P<text>.*?)<!-- /options -->", re.S)
+RESOURCE_SPAN = re.compile(r"<!-- resources -->\n(?P<text>.*?)<!-- /resources -->", re.S)
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,14 @@ def table(group: str, options: Sequence[Option] = OPTIONS) -> str:
     return "\n" + "\n".join(rows) + "\n\n"
 
 
+def resource_table(registered: Sequence[Resource] | None = None) -> str:
+    """The markdown table of the registered resources (``--resource``'s choices)."""
+    rows = ["| resource | unit | what |", "|---|---|---|"]
+    rows += [f"| `{r.name}` | {_cell(r.unit)} | {_cell(r.description)} |"
+             for r in (resources() if registered is None else registered)]
+    return "\n" + "\n".join(rows) + "\n\n"
+
+
 def spans(text: str) -> list[tuple[str, str, int]]:
     """``(group, text, line)`` of every marked table of ``text``."""
     return [(m["group"], m["text"], text.count("\n", 0, m.start()) + 1) for m in SPAN.finditer(text)]
@@ -123,6 +138,13 @@ def check(path: Path = DOCUMENT, options: Sequence[Option] = OPTIONS) -> list[Pr
                                     "<!-- /options -->)"))
         elif mine[0][0] != table(group, options):
             problems.append(Problem(name, mine[0][1], group, "stale: run scripts/cli_tables.py --write"))
+    res = list(RESOURCE_SPAN.finditer(text))
+    if len(res) != 1:
+        problems.append(Problem(name, 1, "resources", f"{len(res)} tables of resources, expected one "
+                                "(<!-- resources --> ... <!-- /resources -->)"))
+    elif res[0]["text"] != resource_table():
+        problems.append(Problem(name, text.count("\n", 0, res[0].start()) + 1, "resources",
+                                "stale: run scripts/cli_tables.py --write"))
     return problems
 
 
@@ -130,6 +152,7 @@ def write(path: Path = DOCUMENT, options: Sequence[Option] = OPTIONS) -> bool:
     """Put ``options``' table in every marked table of ``path``; whether the file changed."""
     text = path.read_text(encoding="utf-8")
     new = SPAN.sub(lambda m: f"<!-- options:{m['group']} -->\n{table(m['group'], options)}<!-- /options -->", text)
+    new = RESOURCE_SPAN.sub(lambda m: f"<!-- resources -->\n{resource_table()}<!-- /resources -->", new)
     if new != text:
         path.write_text(new, encoding="utf-8")
     return new != text

@@ -34,7 +34,7 @@ from dmscale.core.values import positive_int
 from dmscale.search.config import SearchConfig
 
 PACKAGE = Path(dmscale.__file__).parent
-ANCHOR = "    targets: dict[str, float] | None = None\n"
+ANCHOR = '             "residual stream); comma-separated or repeated"))\n'
 NEW_FIELD = ('    probe_knob: float = field(default=0.0, metadata=_search(\n'
              '        convert=nonneg_float, metavar="X", help="a probe option declared on SearchConfig alone"))\n')
 # a run option of the training group, declared on RunConfig's fields (after --warmup)

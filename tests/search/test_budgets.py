@@ -102,8 +102,10 @@ def test_state_dict_carries_every_budget_and_a_single_budget_state_is_unchanged(
 
 @pytest.mark.parametrize("kwargs, needle", [
     ({"targets": {"flops": 0.5}}, "unknown resource 'flops'"),
-    ({"targets": {"params": 0.0}}, r"targets\['params'\] must be a finite number > 0"),
-    ({"targets": {"params": -2}}, r"targets\['params'\] must be a finite number > 0"),
+    ({"targets": {"params": 0.0}}, r"the target of params must be a number > 0 \(finite"),
+    ({"targets": {"params": -2}}, r"the target of params must be a number > 0 \(finite"),
+    ({"resource": "kv_cache", "targets": {"params": 0.5}}, "'kv_cache' is not among the budgets"),
+    ({"targets": {"params": 0.5, "latency": 0.5}, "depth_unit": "sublayer"}, "depth_unit='sublayer' with resource='latency'"),
     ({"targets": {}}, "non-empty dict"),
     ({"resource": "kv_cache", "target": 0.3, "targets": {"params": 0.5}}, "not both"),
     ({"resource": "tokens"}, "unknown resource 'tokens'"),

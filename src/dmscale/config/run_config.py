@@ -39,10 +39,12 @@ from dmscale.config.options import (
     RunOptions,
 )
 from dmscale.config.aliases import DEPRECATED, rename_deprecated, saved_config_keys
-from dmscale.config.checks import DEFAULT_MODELS, RunConfigChecks
+from dmscale.config.checks import (DEFAULT_MODELS, check_auto_augment, check_distill_hidden, check_export_best,
+                                   check_retrain_init, check_start_weights)
 from dmscale.config.defaults import BEFORE_AUTO, apply_defaults
 from dmscale.core.errors import ConfigError
 from dmscale.core.options import declared_options
+from dmscale.cost.budgets import Budgets
 from dmscale.search.config import BEFORE_OPTION, SearchConfig
 
 __all__ = [
@@ -66,7 +68,7 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- run config
 @dataclass
-class RunConfig(RunOptions, RunConfigChecks):
+class RunConfig(RunOptions):
     """Everything a run needs; saved resolved (``config.yaml``) in the run directory.
 
     Its fields are :class:`~dmscale.config.options.RunOptions`' (the command, the run it reads,
@@ -99,7 +101,7 @@ class RunConfig(RunOptions, RunConfigChecks):
         if self.init is not None and self.command == "search" and self.pipeline == "np":
             raise ConfigError("--init loads pretrained weights, which pipeline np does not use: "
                               "use --pipeline p or p-")
-        self._check_start_weights()
+        check_start_weights(self)
         hf = str(self.model or "").startswith("hf:")
         if self.export == "gguf" and not hf:
             raise ConfigError(f"--export gguf writes a Hugging Face causal LM for llama.cpp: it needs "
@@ -120,28 +122,26 @@ class RunConfig(RunOptions, RunConfigChecks):
                               "models go with --task shakespeare)")
 
     def _check_budgets(self) -> None:
-        """Several budgets (``--target RESOURCE=T,...``): the primary budget (the one
+        """The budgets of ``--resource`` / ``--target``, validated once
+        (:meth:`Budgets.of <dmscale.cost.budgets.Budgets.of>`, as ``SearchConfig`` validates
+        them). Several budgets (``--target RESOURCE=T,...``): the primary one (the one
         ``resources()`` and the report's cost plot show) is a ``--resource`` other than the
-        default (``macs``) when it is among them (its budget moves first), else the first one;
-        a ``--resource`` other than the default that is not among them is refused."""
+        default (``macs``) when it is among them (it moves first), else the first one; a
+        ``--resource`` other than the default that is not among them is refused."""
         if not isinstance(self.target, dict):
             return
-        if not self.target:
-            raise ConfigError("--target: expected a number > 0 or RESOURCE=T[,RESOURCE=T...], got none")
-        # "macs" is also the default, which cannot tell an explicit --resource macs from none:
-        # it leaves the first budget primary
-        if self.resource != "macs" and self.resource in self.target:
-            self.target = {self.resource: self.target[self.resource],
-                           **{k: v for k, v in self.target.items() if k != self.resource}}
-        elif self.resource != "macs":
-            raise ConfigError(f"--resource {self.resource} is not among the budgets of --target "
-                              f"({', '.join(self.target)}): leave --resource out with several budgets")
-        self.resource = next(iter(self.target))
+        try:
+            budgets = Budgets.of(self.resource, self.target)
+        except ConfigError as err:
+            raise ConfigError(f"--target: {err}") from None
+        self.target, self.resource = dict(budgets), budgets.primary
 
     @property
-    def budgets(self) -> dict[str, float]:
-        """``{resource: target}`` of every budget of a search."""
-        return dict(self.target) if isinstance(self.target, dict) else {self.resource: self.target}
+    def budgets(self) -> Budgets:
+        """Every budget of a search, ``{resource: target}`` with ``--budget-band``: the
+        :class:`~dmscale.cost.budgets.Budgets` its ``SearchConfig`` holds too."""
+        targets = self.target if isinstance(self.target, dict) else {self.resource: self.target}
+        return Budgets(targets, self.budget_band)
 
     # ------------------------------------------------------------------ resolution
     def resolved(self) -> RunConfig:
@@ -168,14 +168,14 @@ class RunConfig(RunOptions, RunConfigChecks):
         apply_defaults(cfg)  # optimizer, lr, weight decay, warm-up, augment, resource weight
         if cfg.exclude is None:
             cfg.exclude = []
-        cfg._check_auto_augment()
+        check_auto_augment(cfg)
         if cfg.pretrain_epochs is None:
             cfg.pretrain_epochs = cfg.epochs
         if cfg.retrain_epochs is None:
             cfg.retrain_epochs = cfg.epochs
-        cfg._check_distill_hidden()
-        cfg._check_export_best()
-        cfg._check_retrain_init()
+        check_distill_hidden(cfg)
+        check_export_best(cfg)
+        check_retrain_init(cfg)
         return cfg
 
     @property
@@ -208,13 +208,14 @@ class RunConfig(RunOptions, RunConfigChecks):
         return cls(**{**base, **given, "command": "retrain", "source": str(source), "pipeline": run.pipeline})
 
     def search_config(self, exclude: list[str]) -> SearchConfig:
-        """The library's :class:`~dmscale.SearchConfig` of this resolved run: every option it
-        declares, by name, with ``--target``'s budgets, ``--search-dims`` and ``exclude`` (the
+        """The library's :class:`~dmscale.SearchConfig` of this resolved run, built here and
+        nowhere else: every option it declares, by name, with ``--target``'s budgets
+        (:attr:`budgets`), ``--search-dims`` and ``exclude`` (the
         module names ``--exclude`` matched, expanded by the run) mapped to its fields."""
         values = {o.name: getattr(self, o.name) for o in declared_options(SearchConfig)}
-        several = isinstance(self.target, dict)  # --target params=0.7,kv_cache=0.5
-        values.update(target=self.target[self.resource] if several else self.target,
-                      targets=dict(self.target) if several else None, exclude=list(exclude),
+        budgets = self.budgets  # --target params=0.7,kv_cache=0.5: several
+        values.update(target=budgets[budgets.primary], targets=dict(budgets) if budgets.several else None,
+                      exclude=list(exclude),
                       keep_depth=list(self.keep_depth or []), keep_width=list(self.keep_width or []),
                       search_width=self.search_dims in ("both", "width"),
                       search_depth=self.search_dims in ("both", "depth"))

@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -36,14 +36,11 @@ from dmscale.trace.discover import SearchSpace
 from dmscale.trace.values import split_inputs
 from dmscale.trace.flops import ForwardFlopCounter
 from dmscale.trace.handlers.base import handler_for
-from dmscale.core.errors import ConfigError
 from dmscale.core.masks import GATES_NAME
 from dmscale.core.modes import eval_mode
 from dmscale.cost.kv_cache import kv_layers, require_kv_layers
 
-__all__ = ["count", "CostModel", "DeviceCache", "RESOURCES"]
-
-RESOURCES = ("macs", "params", "latency", "kv_cache")
+__all__ = ["count", "CostModel", "DeviceCache", "Row", "TermRows"]
 
 
 def _gqa_shapes(query_shape: Any, key_shape: Any, value_shape: Any) -> tuple[Any, Any]:
@@ -140,6 +137,12 @@ class DeviceCache:
         return out
 
 
+# one term of a cost model: (base, in group, out group, depth factor); -1 for no factor
+Row = tuple[float, int, int, int]
+# a resource's terms: rows(cost_model, model, space) (CostModel.macs_rows, ...)
+TermRows = Callable[["CostModel", nn.Module, SearchSpace], list[Row]]
+
+
 @dataclass
 class _Terms:
     base: torch.Tensor  # (T,) float64
@@ -154,18 +157,22 @@ class CostModel(DeviceCache):
     Built once from a :class:`SearchSpace`; :meth:`__call__` takes the concatenated width
     mask (n_slots + 1, last entry 1 for fixed channels) and the flat depth mask (n_blocks)
     and returns a float64 scalar.
+
+    ``rows(cost_model, model, space)`` gives the terms, each ``(base, in_group, out_group,
+    depth)``: :meth:`group` of the slots a term's input and output keep (-1: no factor) and
+    :meth:`block` of the module that holds it (-1: none), e.g. :meth:`macs_rows`,
+    :meth:`params_rows`, :meth:`kv_rows`; ``resource`` names the resource (the registered
+    resource's, :mod:`dmscale.cost.registry`, builds its cost model).
     """
 
-    def __init__(self, model: nn.Module, space: SearchSpace, resource: str) -> None:
-        if resource not in ("macs", "params", "kv_cache"):
-            raise ConfigError(f"CostModel resource must be 'macs', 'params' or 'kv_cache', got {resource!r}")
+    def __init__(self, model: nn.Module, space: SearchSpace, resource: str, rows: TermRows) -> None:
         self.resource = resource
         self.space = space
         self._groups: list[torch.Tensor] = []
         self._group_key: dict[bytes, int] = {}
         self._block_index = self._flat_blocks(space)
         self._alive_index = self._split_layers(space, self._block_index)
-        rows = {"macs": self._macs_rows, "params": self._params_rows, "kv_cache": self._kv_rows}[resource](model, space)
+        rows = rows(self, model, space)
         kept = [r for r in rows if not (r[1] < 0 and r[2] < 0 and r[3] < 0)]
         self.constant = float(sum(r[0] for r in rows if r[1] < 0 and r[2] < 0 and r[3] < 0))
         # depth factors: one per unit (B), then one per split block (A, alive while a branch is)
@@ -205,8 +212,9 @@ class CostModel(DeviceCache):
                                           for units in layers.values()], dtype=torch.long).view(len(layers), width)
         return {name: len(flat) + a for a, name in enumerate(layers)}
 
-    def _group(self, slots: Any) -> int:
-        """Index of the keep-ratio group of a channel->slot vector (-1: no factor)."""
+    def group(self, slots: Any) -> int:
+        """Index of the keep-ratio group of a channel->slot vector (-1: no factor): a term's
+        in or out factor is the mean mask of the channels of that group."""
         if slots is None or (slots < 0).all():
             return -1
         idx = torch.as_tensor(slots, dtype=torch.long).clone()
@@ -217,14 +225,18 @@ class CostModel(DeviceCache):
             self._groups.append(idx)
         return self._group_key[key]
 
-    def _block(self, name: str) -> int:
+    def block(self, name: str) -> int:
+        """The depth factor of module ``name``: its block's (or its split layer's alive) index
+        among the depth factors, -1 outside every removable block."""
         jb = self.space.block_of(name)
         if jb is None:  # a part of a split block outside its branches (a norm): alive factor
             layer = self.space.split_layer_of(name) if self._alive_index else None
             return -1 if layer is None else self._alive_index[layer]
         return self._block_index[jb]
 
-    def _macs_rows(self, model: nn.Module, space: SearchSpace) -> list[tuple[float, int, int, int]]:
+    def macs_rows(self, model: nn.Module, space: SearchSpace) -> list[Row]:
+        """MACs: one term per handled layer (its MACs x the keep of the sides it scales with),
+        the MACs of a block outside its handled layers (x its depth) and the rest (constant)."""
         rows = []
         attributed = 0
         for name, layer in space.layers.items():
@@ -232,9 +244,9 @@ class CostModel(DeviceCache):
                 continue
             attributed += layer.macs
             sides = layer.macs_sides
-            f_in = self._group(layer.in_slots) if "in" in sides else -1
-            f_out = self._group(layer.out_slots) if "out" in sides else -1
-            rows.append((float(layer.macs), f_in, f_out, self._block(name)))
+            f_in = self.group(layer.in_slots) if "in" in sides else -1
+            f_out = self.group(layer.out_slots) if "out" in sides else -1
+            rows.append((float(layer.macs), f_in, f_out, self.block(name)))
         rest = space.total_macs - attributed
         for j, d in enumerate(space.depth):  # MACs outside handled layers but inside a block
             for i, b in enumerate(d.blocks):
@@ -254,7 +266,11 @@ class CostModel(DeviceCache):
         rows.append((float(rest), -1, -1, -1))
         return rows
 
-    def _params_rows(self, model: nn.Module, space: SearchSpace) -> list[tuple[float, int, int, int]]:
+    def params_rows(self, model: nn.Module, space: SearchSpace,
+                    where: Callable[[str, nn.Module], bool] | None = None) -> list[Row]:
+        """Parameters: one term per parameter tensor (its size x the keep of the sides it
+        has x its block's depth); ``where(module_name, module)``: only the parameters of the
+        modules it accepts (None: all)."""
         modules = dict(model.named_modules())
         covered: dict[str, tuple[int, int]] = {}
         for name, layer in space.layers.items():
@@ -263,29 +279,32 @@ class CostModel(DeviceCache):
             module = modules[name]
             for pname, dims in handler_for(module).param_dims(module).items():
                 sides = set(dims.values())
-                f_in = self._group(layer.in_slots) if "in" in sides else -1
-                f_out = self._group(layer.out_slots) if "out" in sides else -1
+                f_in = self.group(layer.in_slots) if "in" in sides else -1
+                f_out = self.group(layer.out_slots) if "out" in sides else -1
                 covered[f"{name}.{pname}" if name else pname] = (f_in, f_out)
         for pname, (_, slots) in space.params.items():
-            covered[pname] = (self._group(slots), -1)
+            covered[pname] = (self.group(slots), -1)
         rows = []
         for pname, p in model.named_parameters():
             if pname.startswith(GATES_NAME + "."):
                 continue
+            owner = pname.rpartition(".")[0]
+            if where is not None and not where(owner, modules[owner]):
+                continue
             f_in, f_out = covered.get(pname, (-1, -1))
-            rows.append((float(p.numel()), f_in, f_out, self._block(pname.rpartition(".")[0])))
+            rows.append((float(p.numel()), f_in, f_out, self.block(pname.rpartition(".")[0])))
         return rows
 
-    def _kv_rows(self, model: nn.Module, space: SearchSpace) -> list[tuple[float, int, int, int]]:
+    def kv_rows(self, model: nn.Module, space: SearchSpace) -> list[Row]:
         """One term per attention layer: bytes x keep(KV heads) x keep(head dim) x depth. The
         attention handler records the module with its KV-head units as input slots and its
         per-head dims (None when not searched) as output slots."""
         rows = []
         for kv in require_kv_layers(model):
             layer = space.layers.get(kv.name)
-            f_in = self._group(layer.in_slots) if layer is not None else -1
-            f_out = self._group(layer.out_slots) if layer is not None else -1
-            rows.append((float(kv.bytes), f_in, f_out, self._block(kv.name)))
+            f_in = self.group(layer.in_slots) if layer is not None else -1
+            f_out = self.group(layer.out_slots) if layer is not None else -1
+            rows.append((float(kv.bytes), f_in, f_out, self.block(kv.name)))
         return rows
 
     # ------------------------------------------------------------------ evaluation

@@ -25,6 +25,7 @@ from typing import Any
 import dmscale as dms
 from dmscale.config.run_config import ConfigError, RunConfig
 from dmscale.engine.rundir import fmt_count
+from dmscale.cost.registry import format_in
 from dmscale.run.report import format_summary
 from dmscale.run.saved_runs import make_searcher
 from dmscale.search.search_trace import TRACE_FILE, read_trace
@@ -49,7 +50,7 @@ def inspect_space(cfg: RunConfig) -> dict[str, Any]:
                   "unit": int(g.step), "layers": len(d.producers)} for d, g in zip(space.width, gates.width)]
         depth = [{"name": d.name, "blocks": len(d.blocks), "min_keep": d.min_keep} for d in space.depth]
         reach = searcher.profile()
-        target = cfg.target[cfg.resource] if isinstance(cfg.target, dict) else cfg.target  # the first budget
+        target = cfg.budgets[cfg.resource]  # the primary budget's
         counts = dms.count(model, example)
         return {
             "model": cfg.model, "task": cfg.task, "resource": cfg.resource,
@@ -70,8 +71,8 @@ def format_space(space: dict[str, Any], limit: int = 40) -> str:
     out = [f"dmscale inspect: {space['model'] or 'default model'} on task {space['task']}",
            f"  supernet      {fmt_count(space['supernet']['macs'])} MACs, "
            f"{fmt_count(space['supernet']['params'])} parameters",
-           f"  {res:<13} reachable {fmt_count(cost['min'])} .. {fmt_count(cost['max'])}, target "
-           f"{fmt_count(cost['target'])} ({'reachable' if reachable else 'NOT reachable: below the smallest structure'})",
+           f"  {res:<13} reachable {format_in(res, cost['min'])} .. {format_in(res, cost['max'])}, target "
+           f"{format_in(res, cost['target'])} ({'reachable' if reachable else 'NOT reachable: below the smallest structure'})",
            f"  align         widths in multiples of {space['align']}", "",
            f"  {len(space['width'])} width dimensions (elements, unit, layers that write them):"]
     for d in space["width"][:limit]:

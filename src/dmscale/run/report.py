@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from dmscale.config.defaults import chosen_lines
+from dmscale.cost.registry import format_in
 from dmscale.run.report_plots import write_plots
 from dmscale.search.search_trace import TRACE_FILE, read_trace
 from dmscale.run.report_text import (align_line, width_label, budgets_of, detect_text, format_count, fused_line,
@@ -81,8 +82,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
               f"| MACs (one example) | {format_count(sup.get('macs'))} | {format_count(found.get('macs'))} |",
               f"| parameters | {format_count(sup.get('params'))} | {format_count(found.get('params'))} |"]
     for name, b in budgets_of(res).items():  # every budget of the search
-        lines.append(f"| {name} budget | {format_count(b.get('supernet'))} | {format_count(b['hard'])} of target "
-                     f"{format_count(b['target'])} ({100 * b['hard'] / max(b['target'], 1):.1f}%) |")
+        lines.append(f"| {name} budget | {format_in(name, b.get('supernet'))} | {format_in(name, b['hard'])} of target "
+                     f"{format_in(name, b['target'])} ({100 * b['hard'] / max(b['target'], 1):.1f}%) |")
     lines.append("")
     aligned = align_line(summary.get("align"))
     if aligned:
@@ -157,8 +158,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         share = ""
         if b.get("supernet"):
             share = f" ({100 * b['hard'] / b['supernet']:.1f}% of the supernet)"
-        out.append(f"  budget        {name} {format_count(b['hard'])}{share} "
-                   f"{'<=' if ok else 'OVER'} target {format_count(b['target'])}")
+        out.append(f"  budget        {name} {format_in(name, b['hard'])}{share} "
+                   f"{'<=' if ok else 'OVER'} target {format_in(name, b['target'])}")
     posthoc = posthoc_line(summary.get("resources_search_end"), res)
     if posthoc:
         out.append(f"  post-hoc      {posthoc}")

@@ -51,7 +51,9 @@ class Budget:
 
     def __init__(self, config: SearchConfig, costs: SearchCosts, hint: str = "") -> None:
         self.config, self.costs = config, costs
-        budgets = config.budgets  # {resource: target}; the first is config.resource's
+        # the search's budgets, held (Budgets: {resource: target} and the band); the first is
+        # config.resource's
+        self.budgets = budgets = config.budgets
         # per budget: the supernet's cost, the final target, the settle phase's state
         self.supernet_costs: dict[str, float] = {r: float(costs.exact(None, r)) for r in budgets}
         self.target_costs: dict[str, float] = {r: self._resolve_target(r, hint) for r in budgets}
@@ -60,7 +62,7 @@ class Budget:
 
     def _resolve_target(self, resource: str, hint: str) -> float:
         """The target of ``resource`` as a cost: a fraction (<= 1) of the supernet's, or absolute."""
-        t = float(self.config.budgets[resource])
+        t = float(self.budgets[resource])
         target = t * self.supernet_costs[resource] if t <= 1 else t
         bounds = self.costs.profile(resource)
         low, high = bounds["min"], bounds["max"]
@@ -145,7 +147,7 @@ class Budget:
         """
         settling, wo = self.settling(progress), self.config.width_only_from
         if settling and self.settled_at is None:  # once landed, the exact cost is not needed here
-            if len(self.config.budgets) == 1:
+            if len(self.budgets) == 1:
                 self.settle_state.reach(progress, self.costs.exact_all("hard")[0], self.target_cost)
             elif self.in_band():  # several budgets: landed once every one is inside its band
                 self.settle_state.settled_at = float(progress)
@@ -187,8 +189,8 @@ class Budget:
         the settle phase's band loss is zero (the same comparisons, so the hold and the band
         loss's weight growth never act on the same step)."""
         costs = self.costs.exact_all("hard")
-        return all(inside_band(c, self.target_costs[r], self.config.budget_band)
-                   for r, c in zip(self.config.budgets, costs))
+        return all(inside_band(c, self.target_costs[r], self.budgets.band)
+                   for r, c in zip(self.budgets, costs))
 
     # ------------------------------------------------------------------ losses
     def loss(self, progress: float) -> torch.Tensor:
@@ -199,7 +201,7 @@ class Budget:
         kept in :meth:`state_dict`) once per distinct ``progress``, so micro-batches of one
         accumulated step count once."""
         cfg, settling = self.config, self.settling(progress)
-        if len(cfg.budgets) == 1:
+        if len(self.budgets) == 1:
             return self._term(cfg.resource, self.costs.soft(), progress, settling)
         return sum(self._term(r, r_c, progress, settling) for r, r_c in self.costs.soft_all().items())
 
@@ -210,7 +212,7 @@ class Budget:
             r_c = r_c + (self.costs.exact_tensor("hard", resource) - r_c.detach())
         if settling:  # zero inside budget_band x target, log of the distance outside
             return self.settle_states[resource].loss(r_c, progress, self.target_costs[resource],
-                                                     cfg.budget_band)
+                                                     self.budgets.band)
         r_t = self.target_at(progress, resource)
         # Eq. 6 as max(log(r_c / r_t), 0): zero at or under the target, on the device (no
         # host synchronisation to compare r_c with r_t)
@@ -252,9 +254,9 @@ class Budget:
         """
         with torch.no_grad():
             soft = {r: float(c) for r, c in self.costs.soft_all().items()}
-        hard = dict(zip(self.config.budgets, self.costs.exact_all("hard")))
+        hard = dict(zip(self.budgets, self.costs.exact_all("hard")))
         per = {r: {"soft": soft[r], "hard": hard[r], "target": self.target_costs[r],
-                   "supernet": self.supernet_costs[r]} for r in self.config.budgets}
+                   "supernet": self.supernet_costs[r]} for r in self.budgets}
         out = {"resource": self.config.resource, **per[self.config.resource]}
         if len(per) > 1:
             out["budgets"] = per
@@ -263,14 +265,14 @@ class Budget:
     def within(self) -> bool:
         """Whether the hard structure's exact cost is at or under every budget's target."""
         costs = self.costs.exact_all("hard")
-        return all(c <= self.target_costs[r] * (1 + 1e-9) for r, c in zip(self.config.budgets, costs))
+        return all(c <= self.target_costs[r] * (1 + 1e-9) for r, c in zip(self.budgets, costs))
 
     def fills(self) -> bool:
         """Whether the exact cost of the hard structure reaches ``budget_band[0]`` x target in
         every budget (a budget left unused is capacity the found model could have had)."""
-        low = self.config.budget_band[0]
+        low = self.budgets.band[0]
         costs = self.costs.exact_all("hard")
-        return all(c >= low * self.target_costs[r] for r, c in zip(self.config.budgets, costs))
+        return all(c >= low * self.target_costs[r] for r, c in zip(self.budgets, costs))
 
     # ------------------------------------------------------------------ resuming
     def state_dict(self) -> dict[str, Any]:
@@ -279,11 +281,11 @@ class Budget:
         with several budgets also ``"budgets"``: every one's."""
         state: dict[str, Any] = {"target_cost": self.target_cost, "supernet_cost": self.supernet_cost,
                                  "settled_at": self.settled_at, "settle_weight": self.settle_state.weight}
-        if len(self.config.budgets) > 1:  # every budget's (the primary's also in the keys above)
+        if len(self.budgets) > 1:  # every budget's (the primary's also in the keys above)
             state["budgets"] = {r: {"target_cost": self.target_costs[r], "supernet_cost": self.supernet_costs[r],
                                     "settle_weight": self.settle_states[r].weight,
                                     "grown_at": self.settle_states[r].grown_at}
-                                for r in self.config.budgets}
+                                for r in self.budgets}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 
 from dmscale.core.errors import ConfigError
 from dmscale.core.masks import Gates
-from dmscale.cost.resources import CostModel
+from dmscale.cost.registry import RunNote, resource_named, resources
 from dmscale.search.config import SearchConfig
 from dmscale.trace.discover import SearchSpace
 
@@ -69,30 +69,38 @@ class SearchCosts:
         return self.gates._device()
 
     def model_of(self, resource: str | None = None) -> Any:
-        """The cost model of ``resource`` (default: the primary budget's), built on first use."""
+        """The cost model of ``resource`` (default: the primary budget's), built on first use
+        by the registered resource (:meth:`Resource.cost_model
+        <dmscale.cost.registry.Resource.cost_model>`)."""
         resource = resource or self.config.resource
         if resource not in self.models:
-            if resource == "latency":
-                from dmscale.cost.latency import LatencyCostModel
-
-                self.models[resource] = LatencyCostModel(self.model, self.space, self.example_inputs,
-                                                         **self.config.latency_options)
-            else:
-                self.models[resource] = CostModel(self.model, self.space, resource)
+            self.models[resource] = resource_named(resource).cost_model(
+                self.model, self.space, self.example_inputs, self.config.latency_options)
         return self.models[resource]
 
     def state_dict(self) -> dict[str, Any]:
-        """The costs' part of the searcher's ``state_dict``: ``"latency_profile"`` once the
-        latency model exists (a resumed search keeps the measured cost scale), else nothing."""
-        return {"latency_profile": self.models["latency"].state_dict()} if "latency" in self.models else {}
+        """The costs' part of the searcher's ``state_dict``: what a built cost model keeps
+        (its resource's ``state_key``, e.g. ``"latency_profile"``: a resumed search keeps the
+        measured cost scale), else nothing."""
+        out = {}
+        for name, model in self.models.items():
+            key = resource_named(name).state_key
+            if key is not None:
+                out[key] = model.state_dict()
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Rebuild the latency model from a saved ``"latency_profile"`` (no timing), if any."""
-        if "latency_profile" in state:
-            from dmscale.cost.latency import LatencyCostModel
+        """Rebuild the cost models whose saved state ``state`` holds (no timing for latency)."""
+        for res in resources():
+            if res.state_key is not None and res.state_key in state:
+                self.models[res.name] = res.cost_model(self.model, self.space, self.example_inputs,
+                                                       self.config.latency_options, saved=state[res.state_key])
 
-            options = {**self.config.latency_options, "profile": state["latency_profile"]}
-            self.models["latency"] = LatencyCostModel(self.model, self.space, self.example_inputs, **options)
+    def run_notes(self) -> list[RunNote]:
+        """What a run records about every budget's cost model after the search
+        (:meth:`Resource.run_note <dmscale.cost.registry.Resource.run_note>`: latency's fit)."""
+        notes = (resource_named(r).run_note(self.model_of(r)) for r in self.config.budgets)
+        return [n for n in notes if n is not None]
 
     # ------------------------------------------------------------------ masks
     def masks(self, kind: str, cache: HardMaskCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:

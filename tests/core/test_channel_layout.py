@@ -48,7 +48,7 @@ def test_every_masked_norm_of_a_vit_reads_its_weights_from_one_division():
     entry = TZOO["timm_deit_tiny"]
     model, x = entry.build().train(), entry.make_inputs()
     searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5))
-    layout = searcher.gates._layout
+    layout = searcher.gates.forward_masks.layout
     assert sum(len(keys) for keys, _ in layout.norm_groups) >= 5  # norm1, norm2 per block, the final norm
     loss = task_loss(output_tensor(model(x))) + searcher.resource_loss(0.5)
     assert _norm_weight_nodes(loss) == len(layout.norm_groups) == 1

@@ -135,9 +135,9 @@ def test_layers_that_multiply_their_activation_read_their_masks_from_the_batch()
     and leaves the next forward's batch, which hands out its masks instead (one node for all)."""
     model, s, x = _prepared("timm_vit_small")
     _steps(model, s, x)
-    chunks, _ = s.gates.__dict__["_fold_cache"]["made"]
+    chunks, _ = s.gates.forward_masks.fold_cache["made"]
     copied = [k for c in chunks for k in c.copied]
-    assert copied and all(k in s.gates._layout.keys[:s.gates._layout.n_block] for k in copied)
+    assert copied and all(k in s.gates.forward_masks.layout.keys[:s.gates.forward_masks.layout.n_block] for k in copied)
 
 
 def _long(model: nn.Module, x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -156,7 +156,7 @@ def test_the_batch_lets_go_of_each_folded_weight_after_its_layer_and_stays_out_o
     x = _long(model, x)
     _call(model, x)  # (after prepare's one-token forwards every layer took its activation: now the weights)
     _call(model, x)
-    folds = s.gates.__dict__["_folded"]
+    folds = s.gates.forward_masks._folded
     assert folds.done and len(folds.done) == len(folds.chunks) == 1  # a small model: one node
     assert not [k for k in folds.found if isinstance(k, int)]  # every layer's entry read once and dropped
     assert not [k for k in folds.found if isinstance(k, str)]  # no layer took its activation
@@ -191,9 +191,9 @@ def test_a_large_model_is_folded_in_quarters_in_its_order(monkeypatch):
     model, s, x = _prepared("hf_llama_gqa")
     x = _long(model, x)
     _call(model, x), _call(model, x)
-    folds = s.gates.__dict__["_folded"]
+    folds = s.gates.forward_masks._folded
     assert len(folds.chunks) in (CHUNKS, CHUNKS + 1) and folds.done == set(range(len(folds.chunks)))
-    order = [id(u) for _, u in s.gates.__dict__["_fold_layers"]]
+    order = [id(u) for _, u in s.gates.forward_masks.fold_layers]
     where = [folds.where[i] for i in order if i in folds.where]
     assert where == sorted(where)
     nodes = _fold_nodes(task_loss(_call(model, x)))

@@ -37,8 +37,8 @@ def test_a_block_under_no_grad_that_reads_first_still_reads_differentiable_masks
     model, x, searcher = _prepared()
     gates = searcher.gates
     gates.compute()  # as the model's pre-hook does, grad enabled
-    key = next(iter(gates._layout.offsets()))
-    assert gates._reads  # the ViT's depth masks are read
+    key = next(iter(gates.forward_masks.offsets))
+    assert gates.forward_masks.reads  # the ViT's depth masks are read
     with torch.no_grad():
         mask, depth = gates.channel_mask(key), gates.depth_value(0)
     assert mask.requires_grad and depth.requires_grad
@@ -86,3 +86,43 @@ def test_compiled_reads_give_the_eager_gradients_of_every_ratio():
                                   for g in list(gates.width) + list(gates.depth)]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
     assert grads[0].abs().sum() > 0
+
+
+def test_the_gates_own_their_mask_store_and_copies_get_their_own():
+    """The gates are no mixin of the store (issue 57): they own one, whose ``compute`` is theirs;
+    a copy's store computes the copy's masks and holds none of the original's."""
+    from dmscale.core.forward_masks import ForwardMasks
+    from dmscale.core.masks import Gates
+
+    assert not issubclass(Gates, ForwardMasks)
+    model, x, searcher = _prepared()
+    model(x)
+    store = searcher.gates.forward_masks
+    assert isinstance(store, ForwardMasks) and store.compute.__self__ is searcher.gates
+    assert store._gathered is not None and store.fold_layers is not None
+    net = copy.deepcopy(model)
+    copied = getattr(net, GATES_NAME).forward_masks
+    assert copied is not store and copied.compute.__self__ is getattr(net, GATES_NAME)
+    assert copied._gathered is None and copied.fold_cache == {} and copied.reads == store.reads
+    torch.testing.assert_close(net(x), model(x))
+
+
+def test_gates_pickled_as_the_mask_store_load_their_layout_and_reads():
+    """Gates pickled when they were the store (``_layout`` and ``_reads`` in their state) load
+    into gates that own a store with that layout and those reads."""
+    model, x, searcher = _prepared()
+    gates = searcher.gates
+    model(x)
+    state = gates.__getstate__()
+    store = state.pop("forward_masks")
+    state.update(_layout=store.layout, _reads=list(store.reads))
+    old = type(gates).__new__(type(gates))
+    old.__setstate__(state)
+    assert "_layout" not in old.__dict__ and "_reads" not in old.__dict__
+    assert old.forward_masks.layout == store.layout and old.forward_masks.reads == store.reads
+    assert old.forward_masks.compute.__self__ is old
+    with torch.no_grad():
+        old.compute(), gates.compute()
+        key = next(iter(store.offsets))
+        torch.testing.assert_close(old.channel_mask(key), gates.channel_mask(key))
+        torch.testing.assert_close(old.depth_value(0), gates.depth_value(0))

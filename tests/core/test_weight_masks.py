@@ -327,7 +327,7 @@ def test_every_multiply_by_a_depth_mask_or_an_output_mask_reads_its_own_entry() 
     blocks = len(TZOO["timm_deit_tiny"].layers)
     gates = s.gates
     assert gates.read_index.tolist() == [b for b in range(blocks) for _ in range(4)]
-    assert sum(k.startswith("outb_") for k in gates._layout.keys) == blocks  # qkv's bias
+    assert sum(k.startswith("outb_") for k in gates.forward_masks.layout.keys) == blocks  # qkv's bias
     model(x)
     units = [gates.depth_unit(0, b) for b in range(blocks)]
     values = [gates.depth_value(r) for r in range(4 * blocks)]

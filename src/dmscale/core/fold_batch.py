@@ -260,7 +260,7 @@ def _foldable(module: nn.Module, device: torch.device) -> bool:
         b is None or (type(b) is nn.Parameter and b.device == device))
 
 
-def _chunks(layers: list[tuple[nn.Module, Any]], keys: dict[str, int], sizes: list[int], gates: Any,
+def _chunks(layers: list[tuple[nn.Module, Any]], keys: dict[str, int], sizes: list[int], masks: Any,
             device: torch.device) -> tuple[list[_Chunk], dict[Any, int]]:
     """The chunks of the layers that the batch holds now, in the layers' order, and where each
     layer (by ``id(unfold)``) and each handed-out mask key lies."""
@@ -270,7 +270,7 @@ def _chunks(layers: list[tuple[nn.Module, Any]], keys: dict[str, int], sizes: li
             found.append((module, unfold, None, 0))
         elif _foldable(module, device):
             w, b = module._parameters["weight"], module._parameters.get("bias")
-            multiplies = unfold.multiplies(w.dim(), None if b is None else b.dim(), keys, gates)
+            multiplies = unfold.multiplies(w.dim(), None if b is None else b.dim(), keys, masks)
             if multiplies is not None:
                 size = w.numel() * w.element_size() + (0 if b is None else b.numel() * b.element_size())
                 found.append((module, unfold, multiplies, size))
@@ -320,16 +320,17 @@ class ForwardFolds:
         keys / sizes: the block's mask keys (key -> segment index) and segment sizes.
         block / depth: this forward's channel masks of the block and depth masks.
         grad_mode: whether the masks were computed with gradients.
-        gates: what the hooks read their depth indices from.
+        masks: the forward's mask store (:class:`~dmscale.core.forward_masks.ForwardMasks`), which
+            holds the depth reads' flat indices.
         cache: kept across forwards: the chunks, made again when a layer's state changed.
     """
 
     def __init__(self, layers: list[tuple[nn.Module, Any]], keys: dict[str, int], sizes: list[int],
-                 block: torch.Tensor, depth: torch.Tensor, grad_mode: bool, gates: Any, cache: dict) -> None:
+                 block: torch.Tensor, depth: torch.Tensor, grad_mode: bool, masks: Any, cache: dict) -> None:
         device = depth.device
         state = tuple((id(u), bool(u.__dict__.get("_skip")), _foldable(m, device)) for m, u in layers)
         if cache.get("state") != state:
-            cache.update(state=state, made=_chunks(layers, keys, sizes, gates, device))
+            cache.update(state=state, made=_chunks(layers, keys, sizes, masks, device))
         self.chunks, self.where = cache["made"]
         self.block, self.depth, self.grad_mode = block, depth, grad_mode
         self.found: dict[Any, Any] = {}

@@ -1,10 +1,13 @@
 """Where the hooks read a forward's masks: one gathered tensor of channels, one of depth.
 
-:meth:`~dmscale.core.masks.Gates.compute` evaluates every mask once per forward into two
-tensors (:meth:`ForwardMasks._store`): the channel masks of every hooked layer in one gather,
-(sum of C,) in :class:`~dmscale.core.channel_layout.ChannelLayout` order, and every depth dim's
-block masks concatenated, (n_blocks,). The hooks read their pieces (:meth:`channel_mask`,
-:meth:`norm_weights`, :meth:`depth_unit`, :meth:`depth_value`):
+:class:`ForwardMasks` is the per-forward mask store the gates own
+(``gates.forward_masks``). :meth:`~dmscale.core.masks.Gates.compute` evaluates every mask once
+per forward and hands the store two tensors (:meth:`ForwardMasks.store`): the channel masks of
+every hooked layer in one gather, (sum of C,) in
+:class:`~dmscale.core.channel_layout.ChannelLayout` order, and every depth dim's block masks
+concatenated, (n_blocks,). The hooks read their pieces (:meth:`~ForwardMasks.channel_mask`,
+:meth:`~ForwardMasks.norm_weights`, :meth:`~ForwardMasks.depth_unit`,
+:meth:`~ForwardMasks.depth_value`, through the gates):
 
 * eagerly, from one split of the channels (the norms' weights in one batched division per
   channel count) and one unbind of the depth masks, made when the masks are computed (under the
@@ -12,28 +15,26 @@ block masks concatenated, (n_blocks,). The hooks read their pieces (:meth:`chann
   save what its first forward saved): one autograd node each, not one per layer;
 * while dynamo traces the layers (``torch.compile(model)``), as slices and elements of the two
   tensors inside the graph: the backward of the split and the unbind (a zero-filled tensor per
-  piece without a gradient, then a ``cat``: 44 eager operators per step on ViT-B) never runs,
-  as no piece of theirs reaches the loss, and the graph takes two mask inputs.
+  piece without a gradient, then a ``cat``) never runs, as no piece of theirs reaches the loss,
+  and the graph takes two mask inputs.
 
 Both give the same values and gradients (tests compare the compiled and the eager search).
 
 Example:
     >>> import torch
     >>> from dmscale.core.channel_layout import ChannelLayout
-    >>> class Masks(ForwardMasks):
-    ...     def compute(self): self._store(torch.tensor([1.0, 0.5, 0.0]), torch.tensor([1.0, 0.25]))
-    >>> m = Masks()
-    >>> m._layout = ChannelLayout(["fc", "proj"], [2, 1])
-    >>> m._reads = [1]
-    >>> m.channel_mask("fc").tolist(), m.channel_mask("proj").tolist(), float(m.depth_value(0))
+    >>> masks = ForwardMasks(ChannelLayout(["fc", "proj"], [2, 1]), reads=[1],
+    ...                      compute=lambda: masks.store(torch.tensor([1.0, 0.5, 0.0]), torch.tensor([1.0, 0.25])))
+    >>> masks.channel_mask("fc").tolist(), masks.channel_mask("proj").tolist(), float(masks.depth_value(0))
     ([1.0, 0.5], [0.0], 0.25)
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch import nn
 
 from dmscale.core.channel_layout import ChannelLayout
 from dmscale.core import fold_batch
@@ -44,43 +45,80 @@ __all__ = ["ForwardMasks"]
 
 
 class ForwardMasks:
-    """The per-forward mask store of :class:`~dmscale.core.masks.Gates` (a mixin: the gates
-    provide ``compute()``, ``_layout``, ``_reads`` and, where a block is read more than once,
-    the ``read_index`` buffer)."""
+    """The per-forward mask store of :class:`~dmscale.core.masks.Gates`: this forward's masks
+    and their pieces as the hooks read them, computed on the first read of a forward that has
+    none (:meth:`clear` forgets them).
 
-    _layout: ChannelLayout
-    _reads: list[int]  # per depth read (a hook's multiply), its flat block index
+    Args:
+        layout: where each hooked layer's channels lie in the gather.
+        reads: per depth read (a hook's multiply, :meth:`~dmscale.core.masks.Gates.depth_read`),
+            its flat block index; appended to while the hooks are attached.
+        compute: computes this forward's masks and hands them to :meth:`store` (the gates'
+            :meth:`~dmscale.core.masks.Gates.compute`).
 
-    def compute(self) -> None:  # pragma: no cover - the gates' own
-        raise NotImplementedError
+    Attributes:
+        offsets: key -> (start, C) in the gather (a constant of a traced graph).
+        fold_layers: (module, unfold) of the model's folded layers, set by the model's forward
+            pre-hook (:class:`~dmscale.core.mask_hooks.ComputeMasks`) before it computes the masks.
+        fold_cache: the forward batch's chunks, kept across forwards
+            (:class:`~dmscale.core.fold_batch.ForwardFolds`).
+    """
 
-    def _store(self, gathered: torch.Tensor, depth: torch.Tensor, sizes: list[int] | None = None) -> None:
+    def __init__(self, layout: ChannelLayout, reads: list[int], compute: Callable[[], None]) -> None:
+        self.layout = layout
+        self.reads = reads
+        self.compute = compute
+        self.offsets = layout.offsets()
+        self.fold_layers: list[tuple[nn.Module, Any]] = []
+        self.fold_cache: dict[str, Any] = {}
+        self.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies (deepcopy, pickle) keep the layout, the reads and ``compute`` only: the
+        forward's masks are non-leaf tensors, the folded layers and their chunks the original's."""
+        return {"layout": self.layout, "reads": self.reads, "compute": self.compute}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["layout"], state["reads"], state["compute"])
+
+    def store(self, gathered: torch.Tensor, depth: torch.Tensor, sizes: list[int] | None = None,
+              read_index: torch.Tensor | None = None) -> None:
         """This forward's masks: every hooked layer's channels (sum of C,) and every depth
-        dim's blocks (n_blocks,), ``sizes`` blocks per depth dim (default: one dim)."""
-        if "_offsets" not in self.__dict__:  # read by the traced reads (a constant of the graph)
-            self._offsets = self._layout.offsets()
-        self.__dict__.update(_gathered=gathered, _depth=depth, _grad_mode=torch.is_grad_enabled(), _folded=None,
-                             _depth_sizes=sizes if sizes is not None else [depth.numel()])
-        self._split()
+        dim's blocks (n_blocks,), ``sizes`` blocks per depth dim (default: one dim);
+        ``read_index``: :attr:`reads` as a tensor on the masks' device (where a block is read
+        more than once, its reads are one gather)."""
+        self._gathered, self._depth, self._grad_mode, self._folded = gathered, depth, torch.is_grad_enabled(), None
+        self._depth_sizes = sizes if sizes is not None else [depth.numel()]
+        self._split(read_index)
 
-    def _clear(self) -> None:
+    def clear(self) -> None:
         """Forget this forward's masks: the next read computes them again."""
-        self.__dict__.update(_gathered=None, _depth=None, _channels=None, _weights={}, _depth_units=None,
-                             _values=None, _block=None, _folded=None)
+        self._gathered: torch.Tensor | None = None
+        self._depth: torch.Tensor | None = None
+        self._depth_sizes: list[int] = []
+        self._grad_mode = True
+        self._channels: dict[str, torch.Tensor] = {}
+        self._weights: dict[str, torch.Tensor] = {}
+        self._block: torch.Tensor | None = None
+        self._depth_units: list[Any] = []
+        self._values: Any = []
+        self._folded: ForwardFolds | None = None
 
     def _computed(self) -> None:
-        if self.__dict__.get("_gathered") is None:
+        if self._gathered is None:
             self.compute()
 
     # ------------------------------------------------------------------ eager pieces
-    def _split(self) -> None:
+    def _split(self, read_index: torch.Tensor | None) -> None:
         """The eager pieces of this forward's masks (views, and the norms' weights)."""
-        self._channels, self._weights, self._block = self._layout.split(self._gathered)
+        self._channels, self._weights, self._block = self.layout.split(self._gathered)
         units, sizes = self._depth.unbind(0), self._depth_sizes
         starts = [sum(sizes[:j]) for j in range(len(sizes) + 1)]
         self._depth_units = [units[starts[j]:starts[j + 1]] for j in range(len(sizes))]
-        repeated = len(set(self._reads)) < len(self._reads)  # one gather: its backward sums the reads
-        self._values = self._depth[self.read_index].unbind(0) if repeated else [units[b] for b in self._reads]
+        repeated = len(set(self.reads)) < len(self.reads)  # one gather: its backward sums the reads
+        if repeated and read_index is None:
+            read_index = torch.tensor(self.reads, dtype=torch.long, device=self._depth.device)
+        self._values = self._depth[read_index].unbind(0) if repeated else [units[b] for b in self.reads]
 
     @staticmethod
     def _tracing() -> bool:
@@ -94,14 +132,14 @@ class ForwardMasks:
         backward per forward, not one per layer)."""
         self._computed()
         if self._tracing():
-            start, size = self._offsets[key]
+            start, size = self.offsets[key]
             return self._gathered[start:start + size]
         found = self._channels.get(key)
         if found is None and self._block is not None:  # a key of the block, read by a fold on its own
             found = self._batched_mask(key)
             if found is None:
-                with torch.set_grad_enabled(self.__dict__.get("_grad_mode", True)):
-                    self._channels.update(self._layout.split_block(self._block))
+                with torch.set_grad_enabled(self._grad_mode):
+                    self._channels.update(self.layout.split_block(self._block))
                 found = self._channels[key]
         return found if found is not None else self._channels[key]
 
@@ -126,7 +164,7 @@ class ForwardMasks:
         for this forward."""
         self._computed()
         if self._tracing():
-            return self._depth[self._reads[read]]
+            return self._depth[self.reads[read]]
         return self._values[read]
 
     # ------------------------------------------------------------------ the folds' batch
@@ -150,13 +188,13 @@ class ForwardMasks:
         return self._folds().get(key) if fold_batch.ENABLED else None
 
     def _folds(self) -> ForwardFolds:
+        """This forward's batch, made on its first read."""
         self._computed()
-        folds = self.__dict__.get("_folded")
+        folds = self._folded
         if folds is None:
-            n = self._layout.n_block
+            n = self.layout.n_block
             block = self._block if self._block is not None else self._depth[:0]
-            folds = self.__dict__["_folded"] = ForwardFolds(
-                self.__dict__.get("_fold_layers") or [], {k: i for i, k in enumerate(self._layout.keys[:n])},
-                self._layout.sizes[:n], block, self._depth, self.__dict__.get("_grad_mode", True), self,
-                self.__dict__.setdefault("_fold_cache", {}))
+            folds = self._folded = ForwardFolds(
+                self.fold_layers, {k: i for i, k in enumerate(self.layout.keys[:n])}, self.layout.sizes[:n],
+                block, self._depth, self._grad_mode, self, self.fold_cache)
         return folds

@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -25,6 +25,7 @@ class MaskSource(Protocol):
     below both, so the hooks know the gates only by this protocol."""
 
     enabled: bool
+    forward_masks: Any  # the per-forward mask store (dmscale.core.forward_masks.ForwardMasks)
 
     def compute(self) -> None: ...
 

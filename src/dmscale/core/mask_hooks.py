@@ -58,7 +58,7 @@ class ComputeMasks(DMSHook):
         layers = self.__dict__.get("_layers")
         if layers is None:  # the model's folded layers, found once (core.fold_batch)
             layers = self._layers = fold_layers(module)
-        self.gates.__dict__["_fold_layers"] = layers
+        self.gates.forward_masks.fold_layers = layers
         self.gates.compute()
         if self.no_fastpath:  # the fused MHA/encoder kernel would bypass the layer hooks
             self.gates._fastpath = torch.backends.mha.get_fastpath_enabled()

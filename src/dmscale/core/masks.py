@@ -52,8 +52,11 @@ from dmscale.core.topk import DifferentiableTopK, GateFactory, StructuralGate
 __all__ = ["Gates", "DMSHook", "detach", "GATES_NAME", "assemble_width_mask", "first_input"]
 
 
-class Gates(nn.Module, ForwardMasks):
-    """The structural parameters of one search and the masks they produce."""
+class Gates(nn.Module):
+    """The structural parameters of one search and the masks they produce; this forward's
+    masks are held by the :class:`~dmscale.core.forward_masks.ForwardMasks` it owns
+    (``forward_masks``), which the hooks read through the gates (:meth:`channel_mask`,
+    :meth:`norm_weights`, :meth:`depth_unit`, :meth:`depth_value`, :meth:`batched_params`)."""
 
     def __init__(self, width: list[StructuralGate], depth: list[StructuralGate]) -> None:
         super().__init__()
@@ -70,9 +73,9 @@ class Gates(nn.Module, ForwardMasks):
         self.process_group: Any = None
         self.pending = PendingImportance()  # Eq. 4 updates waiting for the all-reduce
         self._forwards = 0  # training forwards so far: orders pending updates across ranks
-        self._layout = ChannelLayout()  # where each key's channels lie in channel_index
-        self._reads: list[int] = []  # per depth read (a hook's multiply), its flat block index
-        self._clear()  # this forward's masks (core.forward_masks), computed by the first forward
+        # this forward's masks, computed by the first forward; its layout (where each key's
+        # channels lie in channel_index) is set by attach, once the hooks are in place
+        self.forward_masks = ForwardMasks(ChannelLayout(), [], self.compute)
 
     def _apply(self, fn: Any, recurse: bool = True) -> "Gates":
         """``model.to(device)`` moves the gates; ``model.half()`` / ``.to(bfloat16)`` does
@@ -99,19 +102,15 @@ class Gates(nn.Module, ForwardMasks):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        if "_layout" not in self.__dict__:  # gates pickled before the layout: no norm groups
-            self._layout = ChannelLayout(self.__dict__.pop("_keys", []), self.__dict__.pop("_key_sizes", []))
-            self._weights = {}
-        if "_reads" not in self.__dict__:  # before the depth reads: their hooks read depth_unit
-            self._reads = []
-        self._clear()
+        if "forward_masks" not in self.__dict__:  # gates pickled when they were the mask store
+            self.forward_masks = ForwardMasks(_pickled_layout(self.__dict__), self.__dict__.pop("_reads", []),
+                                              self.compute)
+        self.forward_masks.clear()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors)."""
+        """Copies (deepcopy, pickle) drop the per-forward mask cache (non-leaf tensors: the
+        mask store keeps its layout and reads only)."""
         state = self.__dict__.copy()
-        for key in ("_gathered", "_depth", "_depth_sizes", "_channels", "_weights", "_depth_units",
-                    "_values", "_offsets", "_block", "_folded", "_fold_layers", "_fold_cache", "_grad_mode"):
-            state.pop(key, None)
         state["pending"] = PendingImportance()
         state.pop("_bank", None)  # rebuilt from the copied gates on first use
         state.pop("_bank_key", None)
@@ -169,11 +168,13 @@ class Gates(nn.Module, ForwardMasks):
         gates.register_buffer("derived_b", pairs[:, 1].clone(), persistent=False)
         keyed = attach_hooks(model, gates, consumers, branches, norms=norms, outputs=outputs,
                              fold_masks=fold_masks, depth_folds=depth_folds)
-        gates._layout, index = ChannelLayout.arrange(keyed, {k for k in keyed if k.startswith(NORM_PREFIX)},
-                                                     block_keys(fold_layers(model)))
+        layout, index = ChannelLayout.arrange(keyed, {k for k in keyed if k.startswith(NORM_PREFIX)},
+                                              block_keys(fold_layers(model)))
+        reads = gates.forward_masks.reads
+        gates.forward_masks = ForwardMasks(layout, reads, gates.compute)
         # every hooked layer's channels, (sum of C,): int32, half the memory (an LLM has many layers)
         gates.register_buffer("channel_index", index.to(torch.int32), persistent=False)
-        gates.register_buffer("read_index", torch.tensor(gates._reads, dtype=torch.long), persistent=False)
+        gates.register_buffer("read_index", torch.tensor(reads, dtype=torch.long), persistent=False)
         return gates
 
     def depth_read(self, j: int, block: int) -> int:
@@ -181,8 +182,31 @@ class Gates(nn.Module, ForwardMasks):
         id it reads its () scalar by (:meth:`depth_value`). Where a block is read more than once
         every read gets an entry of its own in one gather, whose backward sums their gradients
         (one operation) instead of one addition per extra read."""
-        self._reads.append(sum(t.size for t in list(self.depth)[:j]) + block)
-        return len(self._reads) - 1
+        reads = self.forward_masks.reads
+        reads.append(sum(t.size for t in list(self.depth)[:j]) + block)
+        return len(reads) - 1
+
+    # ------------------------------------------------------------------ the hooks' reads
+    # (this forward's pieces, from the mask store: see dmscale.core.forward_masks)
+    def channel_mask(self, key: str) -> torch.Tensor:
+        """This forward's (C,) mask of hooked layer ``key``."""
+        return self.forward_masks.channel_mask(key)
+
+    def norm_weights(self, key: str) -> torch.Tensor:
+        """This forward's (C,) statistics weights ``m / sum(m)`` of masked norm ``key``."""
+        return self.forward_masks.norm_weights(key)
+
+    def depth_unit(self, j: int, block: int) -> torch.Tensor:
+        """This forward's () mask of block ``block`` of depth dim ``j``."""
+        return self.forward_masks.depth_unit(j, block)
+
+    def depth_value(self, read: int) -> torch.Tensor:
+        """This forward's () depth mask of read ``read`` (:meth:`depth_read`)."""
+        return self.forward_masks.depth_value(read)
+
+    def batched_params(self, unfold: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The folded (weight, bias or None) of ``unfold``'s layer from this forward's batch, or None."""
+        return self.forward_masks.batched_params(unfold)
 
     # ------------------------------------------------------------------ masks
     def compute(self) -> None:
@@ -205,7 +229,8 @@ class Gates(nn.Module, ForwardMasks):
         if track:
             self._forwards += 1
         width, depth = self.masks(self.mode, track, defer)
-        self._store(width[self.channel_index], depth, [t.size for t in self.depth])
+        self.forward_masks.store(width[self.channel_index], depth, [t.size for t in self.depth],
+                                 self._buffers.get("read_index"))
 
     # ------------------------------------------------------------------ batched masks
     def _bank_for(self) -> tuple[GateBank | None, list[int]]:
@@ -358,9 +383,16 @@ class Gates(nn.Module, ForwardMasks):
         prev = (self.mode, self.enabled)
         self.mode = mode or self.mode
         self.enabled = enabled
-        self._clear()
+        self.forward_masks.clear()
         try:
             yield
         finally:
             self.mode, self.enabled = prev
-            self._clear()
+            self.forward_masks.clear()
+
+
+def _pickled_layout(state: dict[str, Any]) -> ChannelLayout:
+    """The channel layout of gates pickled when they held their masks themselves (taken out of
+    their ``state``): ``_layout``, or before the layout its keys and sizes (no norm groups)."""
+    layout = state.pop("_layout", None)
+    return layout if layout is not None else ChannelLayout(state.pop("_keys", []), state.pop("_key_sizes", []))

@@ -168,10 +168,11 @@ class FoldMask(DMSHook):
         found = first_input(args, kwargs)
         return found is None or found[1].numel() >= _current(module, "weight").numel()
 
-    def multiplies(self, w_dim: int, b_dim: int | None, keys: dict[str, int], gates: Any) -> list[tuple] | None:
+    def multiplies(self, w_dim: int, b_dim: int | None, keys: dict[str, int], masks: Any) -> list[tuple] | None:
         """This fold in a batch (:class:`~dmscale.core.fold_batch.Multiply` fields, the tensor
         as 0 weight / 1 bias), or None where it cannot be: a grouped convolution's input (its
-        mask is gathered per weight entry), a key outside the batch's block."""
+        mask is gathered per weight entry), a key outside the batch's block. ``masks``: the
+        forward's mask store (:class:`~dmscale.core.forward_masks.ForwardMasks`)."""
         bias_key = getattr(self, "bias_key", None) or self.key
         if self.plan.index is not None or self.key not in keys or (b_dim is not None and bias_key not in keys):
             return None
@@ -229,12 +230,12 @@ class FoldDepth(DMSHook):
         """Whether this eager call multiplies the weight and bias (not the output)."""
         return not _output_is_smaller(self, module, args, kwargs)
 
-    def multiplies(self, w_dim: int, b_dim: int | None, keys: dict[str, int], gates: Any) -> list[tuple]:
+    def multiplies(self, w_dim: int, b_dim: int | None, keys: dict[str, int], masks: Any) -> list[tuple]:
         """This fold in a batch (see :meth:`FoldMask.multiplies`): the weight and the bias
-        times their () depth masks (flat block indices)."""
+        times their () depth masks (flat block indices, from the mask store ``masks``)."""
         reads = getattr(self, "reads", ())
-        flat = [gates._reads[r] for r in (reads[0], reads[-1])] if reads else \
-            [gates.depth_flat(self.dim, self.block)] * 2
+        flat = [masks.reads[r] for r in (reads[0], reads[-1])] if reads else \
+            [masks.depth_flat(self.dim, self.block)] * 2
         # a norm's affine pair, one read: its hook multiplies one (2, C) stack (a group of two)
         group = 0 if b_dim is not None and len(set(reads)) <= 1 and w_dim == b_dim == 1 else -1
         out = [(0, "d", flat[0], 0, tuple(range(w_dim)), group)]
@@ -282,13 +283,13 @@ class Unfold(DMSHook):
         return [k for f in self.folds if isinstance(f, FoldMask)  # (bias_key: hooks pickled before it existed)
                 for k in (f.key, getattr(f, "bias_key", None)) if k is not None]
 
-    def multiplies(self, w_dim: int, b_dim: int | None, keys: dict[str, int], gates: Any
+    def multiplies(self, w_dim: int, b_dim: int | None, keys: dict[str, int], masks: Any
                    ) -> list[list[tuple]] | None:
         """Per fold, in the order the hooks multiply, its multiplies in a batch
         (:meth:`FoldMask.multiplies`); None where one fold cannot be batched."""
         out = []
         for f in getattr(self, "folds", ()):
-            found = f.multiplies(w_dim, b_dim, keys, gates) if hasattr(f, "multiplies") else None
+            found = f.multiplies(w_dim, b_dim, keys, masks) if hasattr(f, "multiplies") else None
             if found is None:
                 return None
             out.append(found)

@@ -89,12 +89,12 @@ def test_qwen2_search_writes_per_layer_hf_dir(models, tmp_path, capsys):
 
 def test_a_model_that_cannot_be_saved_is_refused_before_the_first_step(models, tmp_path, capsys,
                                                                        monkeypatch):
-    from dmscale.run.pipeline import Pipeline
+    from dmscale.engine.loop import StepLoop
 
     def no_step(*args, **kwargs):
         raise AssertionError("a step ran before the refusal")
 
-    monkeypatch.setattr(Pipeline, "_train", no_step)
+    monkeypatch.setattr(StepLoop, "run", no_step)
     run = tmp_path / "run"
     for extra in ([], ["--layer-uniform"]):
         rc = main(["search", "--model", f"hf:{models['gpt2']}", "--data", str(models["data"]), *COMMON,
@@ -108,8 +108,8 @@ def test_a_model_that_cannot_be_saved_is_refused_before_the_first_step(models, t
 
 
 def _save_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    """One rank of ``Phases._save_hf`` whose write fails on rank 0 (the only rank that writes)."""
-    import dmscale.run.phases as phases
+    """One rank of ``model_checks.save_hf`` whose write fails on rank 0 (the only rank that writes)."""
+    import dmscale.run.model_checks as phases
     from dmscale.core.errors import VerificationError
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
@@ -118,13 +118,13 @@ def _save_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     def failing(*args, **kwargs):
         raise VerificationError("logits differ by 1")
 
-    phases.save_hf_outputs = failing  # what _save_hf calls on the writing rank
+    phases.save_hf_outputs = failing  # what save_hf calls on the writing rank
     from dmscale.engine.rundir import RunDir
 
     cfg = SimpleNamespace(model="hf:m", export=None, gguf_type="f16")
-    host = SimpleNamespace(rd=RunDir(out_dir, writes=rank == 0), cfg=cfg, task=None, _log=print)
+    host = SimpleNamespace(rd=RunDir(out_dir, writes=rank == 0), cfg=cfg, task=None, log=print)
     try:
-        phases.Phases._save_hf(host, nn.Linear(1, 1) if rank == 0 else None)
+        phases.save_hf(host, nn.Linear(1, 1) if rank == 0 else None)
         result = None
     except Exception as err:  # what each rank raises
         result = f"{type(err).__name__}: {err}"

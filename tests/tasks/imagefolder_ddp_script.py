@@ -22,7 +22,7 @@ __all__ = ["main"]
 def main(argv: list[str]) -> int:
     from dmscale.cli import main as dmscale_main
     from dmscale.data.order import StepBatchSampler
-    from dmscale.run.pipeline import Pipeline
+    from dmscale.run.context import RunContext
 
     record_dir, dmscale_args = Path(argv[0]), argv[argv.index("--") + 1:]
     seen: dict[str, list[int]] = {}
@@ -34,15 +34,15 @@ def main(argv: list[str]) -> int:
         seen[f"{self.seed}/{step}"] = [i for i, _ in got]
         return got
 
-    save_weights = Pipeline._save_weights
+    save_weights = RunContext.save_weights
 
-    def recording_save(self: Pipeline, model: Any, name: str) -> None:
+    def recording_save(self: RunContext, model: Any, name: str) -> None:
         saved[f"{len(saved)}:{name}"] = {k: [list(v.shape), hashlib.sha256(v.detach().cpu().contiguous().numpy().tobytes()).hexdigest()]
                        for k, v in model.state_dict().items()}
         save_weights(self, model, name)
 
     StepBatchSampler.items = recording_items  # type: ignore[method-assign]
-    Pipeline._save_weights = recording_save  # type: ignore[method-assign]
+    RunContext.save_weights = recording_save  # type: ignore[method-assign]
     rc = dmscale_main(dmscale_args)
     record = {"rc": rc, "seen": seen, "saved": saved, "world": int(os.environ.get("WORLD_SIZE", "1"))}
     (record_dir / f"rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(record))

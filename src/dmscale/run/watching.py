@@ -1,8 +1,9 @@
 """Watching a run: its logger (``--logger``), which weights it exports (``--eval-every``,
 ``--export-best``) and how the summary says so.
 
-:class:`Watching` is mixed into :class:`dmscale.run.pipeline.Pipeline`. The evaluations
-themselves and the best weights are :mod:`dmscale.engine.evaluation`; the loggers
+:class:`Watch` is one object per run, held by the run's
+:class:`~dmscale.run.context.RunContext` and given to its phases. The evaluations themselves
+and the best weights are :mod:`dmscale.engine.evaluation`; the loggers
 :mod:`dmscale.engine.loggers`.
 
 What "best" means: only the run's last training phase of a *fixed* structure keeps a best,
@@ -39,75 +40,78 @@ from dmscale.engine.evaluation import BEST_FILE, offer_best
 from dmscale.engine.loggers import JsonlLogger, RunLogger, make_logger, require_logger
 from dmscale.run.saved_runs import load_weights
 
-__all__ = ["Watching", "metric_text", "watch_lines", "watch_report_lines"]
+__all__ = ["Watch", "metric_text", "watch_lines", "watch_report_lines"]
 
 
-class Watching:
-    """The logger and the exported weights of a :class:`~dmscale.run.pipeline.Pipeline` (see
-    the module text); reads ``cfg``, ``task``, ``rd``, ``state``, ``phases``, ``resume`` and
-    ``global_step`` of the pipeline."""
+class Watch:
+    """The logger and the exported weights of a run (see the module text): one object, built
+    once per run (:class:`~dmscale.run.context.RunContext` holds it) and given to the phases.
 
-    logger: RunLogger
+    Args:
+        cfg: the run's configuration (``logger``, ``eval_every``, ``export_best``, ``command``);
+            a ``--logger`` whose package is missing fails here, before the run directory exists.
+    """
 
-    def _init_watch(self) -> None:
-        """Before the run directory exists: fail on a logger whose package is missing."""
-        require_logger(self.cfg.logger)
+    def __init__(self, cfg: Any) -> None:
+        require_logger(cfg.logger)
+        self.cfg = cfg
+        self.logger: RunLogger = JsonlLogger()
+
+    def open(self, rd: Any, resume: bool, global_step: int) -> None:
+        """The run's logger in ``rd``; a resumed run hides what a killed one logged after its
+        checkpoint."""
+        purge = global_step + 1 if resume else None
+        self.logger = make_logger(self.cfg.logger, rd.path, writes=rd.writes, purge_step=purge)
+
+    def close(self) -> None:
+        """Close the logger (a new run of the same object logs to nothing until :meth:`open`)."""
+        self.logger.close()
         self.logger = JsonlLogger()
 
-    def _open_logger(self) -> None:
-        """The run's logger; a resumed run hides what a killed one logged after its checkpoint."""
-        purge = self.global_step + 1 if self.resume else None
-        self.logger = make_logger(self.cfg.logger, self.rd.path, writes=self.rd.writes, purge_step=purge)
-
-    def _close_logger(self) -> None:
-        logger = getattr(self, "logger", None)
-        if logger is not None:
-            logger.close()
-        self.logger = JsonlLogger()
-
-    @property
-    def best_phase(self) -> str | None:
-        """The phase that keeps its best weights (``--eval-every``), or None."""
+    def best_phase(self, phases: list[str]) -> str | None:
+        """The phase of ``phases`` that keeps its best weights (``--eval-every``), or None."""
         if self.cfg.eval_every is None:
             return None
         if self.cfg.command == "pretrain":
             return "pretrain"
-        return "retrain" if "retrain" in self.phases else None
+        return "retrain" if "retrain" in phases else None
 
-    def _phase_result(self, phase: str, model: nn.Module, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
-        """The end of ``phase``: its last evaluation (``metrics`` of ``model`` after ``step``
-        steps) competes for the best; with ``--export-best`` the best weights are loaded into
-        ``model`` (they become ``model.safetensors``). Records ``state["exported"]`` and
-        returns the metrics of the weights ``model`` now holds."""
-        cfg = self.cfg
+    def phase_result(self, ctx: Any, phase: str, model: nn.Module, step: int,
+                     metrics: dict[str, Any]) -> dict[str, Any]:
+        """The end of ``phase`` of the run ``ctx`` (a :class:`~dmscale.run.context.RunContext`):
+        its last evaluation (``metrics`` of ``model`` after ``step`` steps) competes for the
+        best; with ``--export-best`` the best weights are loaded into ``model`` (they become
+        ``model.safetensors``). Records ``state["exported"]`` and returns the metrics of the
+        weights ``model`` now holds."""
+        cfg, state = self.cfg, ctx.state
         if cfg.eval_every is None:
             return metrics
-        kept = self.best_phase == phase
+        kept = self.best_phase(ctx.phases) == phase
         if kept:
-            offer_best(self, phase, model, step, metrics, ties=True)
-        best = self.state.get("best") if kept else None
-        chosen = {"checkpoint": "final", "step": step, "global_step": self.global_step, "metrics": metrics}
+            offer_best(ctx, phase, model, step, metrics, ties=True)
+        best = state.get("best") if kept else None
+        chosen = {"checkpoint": "final", "step": step, "global_step": ctx.global_step, "metrics": metrics}
         if best is not None and cfg.export_best and best["step"] != step:
-            if self.rd.writes:  # the file is rank 0's; the other ranks save nothing
-                load_weights(model, self.rd / BEST_FILE)
+            if ctx.rd.writes:  # the file is rank 0's; the other ranks save nothing
+                load_weights(model, ctx.rd / BEST_FILE)
             chosen = {"checkpoint": "best", "step": best["step"], "global_step": best["global_step"],
                       "metrics": best["metrics"]}
-        self.state["exported"] = {
+        state["exported"] = {
             "checkpoint": chosen["checkpoint"], "phase": phase, "step": chosen["step"],
-            "global_step": chosen["global_step"], "metric": self.task.metric,
-            "value": chosen["metrics"].get(self.task.metric), "file": "model.safetensors",
+            "global_step": chosen["global_step"], "metric": ctx.task.metric,
+            "value": chosen["metrics"].get(ctx.task.metric), "file": "model.safetensors",
             "best_kept": kept,
         }
         return chosen["metrics"]
 
-    def _watch_summary(self) -> dict[str, Any]:
+    def summary(self, state: dict[str, Any]) -> dict[str, Any]:
         """``eval_every``, ``best`` and ``exported`` of the summary (nothing without --eval-every)."""
         if self.cfg.eval_every is None:
             return {}
-        best = self.state.get("best")
+        best = state.get("best")
         return {"eval_every": self.cfg.eval_every, "export_best": self.cfg.export_best,
                 "best": {k: v for k, v in best.items() if k != "metrics"} if best else None,
-                "exported": self.state.get("exported")}
+                "exported": state.get("exported")}
 
 
 def metric_text(metric: str, value: float | None) -> str:

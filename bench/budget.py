@@ -1,6 +1,6 @@
 """Does the resource loss alone land the search on its budget? (issue 10, table 6)
 
-    PYTHONPATH=src python bench/budget.py [--quick] [--seeds 0 1 2] [--epochs 10] [--threads 1] [--table-only]
+    python -m bench.budget [--quick] [--seeds 0 1 2] [--epochs 10] [--threads 1] [--table-only]
 
 Runs the DMS_np search phase (no retraining) of the built-in ResNet-20 (width 8) on the
 bundled 8x8 digits for each target x mode x seed, through the same pipeline the CLI runs,
@@ -33,11 +33,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import (add_quick_flags, command_line, git_commit, hand_reading, load_cache, quick_mode,  # noqa: E402
+from bench.lib.benchlib import (add_quick_flags, command_line, git_commit, hand_reading, load_cache, quick_mode,  # noqa: E402
                       save_cache, spread, write_md)
-sys.path.insert(0, str(ROOT / "src"))
 from dmscale.config.run_config import RunConfig  # noqa: E402
 from dmscale.run.pipeline import Pipeline  # noqa: E402
 
@@ -175,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
                 save_cache(CACHE, cache)
                 print(f"target {target} {mode:5} seed {seed}: search end {r['search_end']:.3f}, "
                       f"exported {r['exported']:.3f} x target ({r['seconds']} s)", flush=True)
-    command = command_line("bench/budget.py", argv)
+    command = command_line("-m bench.budget", argv)
     if not args.table_only:
         cache["commands"] = [c for c in cache.get("commands", []) if c != command] + [command]
         save_cache(CACHE, cache)

@@ -1,6 +1,6 @@
 """The default run: ``dmscale search`` with no flags, timed, and what it found.
 
-    PYTHONPATH=src python bench/default_run.py [--quick] [--workdir DIR]
+    python -m bench.default_run [--quick] [--workdir DIR]
 
 Runs the command exactly as a user would, in a fresh temporary directory (so ``runs/`` starts
 empty), with this checkout's ``src`` first on ``PYTHONPATH``; the thread count is the CLI's own
@@ -31,9 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import environment, git_commit, save_cache  # noqa: E402
+from bench.lib.benchlib import environment, git_commit, save_cache  # noqa: E402
 
 __all__ = ["QUICK_FLAGS", "run", "record", "main"]
 

@@ -1,10 +1,10 @@
 """What pruning buys at deployment: CPU latency of the original and of the pruned export, in
 PyTorch and in onnxruntime, at batch 1 and 32, next to the MACs ratio.
 
-    PYTHONPATH=src python bench/deploy_latency.py [--threads 1] [--rounds 15] [--models ...]
-    PYTHONPATH=src python bench/deploy_latency.py --table-only   # rewrite the md from the json
-    PYTHONPATH=src python bench/deploy_latency.py --quick        # smoke run, under bench/runs/
-    PYTHONPATH=src python bench/deploy_latency.py --device cuda  # on a GPU: bf16, eager / compile / ORT
+    python -m bench.deploy_latency [--threads 1] [--rounds 15] [--models ...]
+    python -m bench.deploy_latency --table-only   # rewrite the md from the json
+    python -m bench.deploy_latency --quick        # smoke run, under bench/runs/
+    python -m bench.deploy_latency --device cuda  # on a GPU: bf16, eager / compile / ORT
 
 Each model is pruned to half its MACs with the budget solver on the supernet at
 initialisation (``searcher.meet_target()``: one common pruning ratio for every width and
@@ -36,7 +36,7 @@ where it exists (the float32 ONNX file, inputs and outputs through host memory; 
 otherwise), each forward synchronised. Expect 1-2 minutes per model on a GPU (an estimate),
 mostly compilation. On a machine whose bench/results does not come back, name the files:
 
-    PYTHONPATH=src python bench/deploy_latency.py --device cuda --cache OUT/deploy_latency_cuda.json \
+    python -m bench.deploy_latency --device cuda --cache OUT/deploy_latency_cuda.json \
         --out OUT/deploy_latency_cuda.md [--models resnet18 vit] [--no-compile]
 """
 
@@ -63,10 +63,9 @@ import dmscale as dms
 from dmscale import deploy
 from dmscale.export.deploy import with_batch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))  # the shared helpers
-from benchlib import add_quick_flags, hand_reading, load_cache, quick_mode, save_cache  # noqa: E402
-import gpu_check_lib  # noqa: E402  (the GPU check's models)
+from bench.lib.benchlib import add_quick_flags, hand_reading, load_cache, quick_mode, save_cache  # noqa: E402
+from bench.lib.deploy_models import (DEPLOY_SIZES, LLAMA_SEQ, LLAMA_VOCAB, SERVING_BATCH, VOCAB, Builder,
+                                     example, models, prune_half, synced)
 
 __all__ = ["RESULTS", "CACHE", "DEPLOY_SIZES", "Builder", "models", "prune_half", "onnx_files", "measure", "bench_one",
            "render", "DEVICE_VARIANTS", "VOCAB", "example", "bench_one_device", "render_device", "main"]
@@ -75,83 +74,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = RESULTS / "deploy_latency.json"
 VARIANTS = ("torch_orig", "torch_pruned", "ort_orig", "ort_pruned")
 DEVICE_VARIANTS = ("eager_orig", "eager_pruned", "compile_orig", "compile_pruned", "ort_orig", "ort_pruned")
-DEPLOY_SIZES = (224, 640)  # image sizes the models are deployed at: classification, YOLO
-SERVING_BATCH = 64
-LLAMA_VOCAB, LLAMA_SEQ = 49152, 512  # SmolLM2's vocabulary; the device table's sequence length
-VOCAB = {"llama_smollm2_shape (transformers)": LLAMA_VOCAB}  # rows whose input is token ids
-Builder = Callable[[], nn.Module]
-
-
-def _vit(size: int, name: str = "vit_tiny_patch16_224") -> Builder:
-    import timm
-
-    return lambda: timm.create_model(name, img_size=size, pretrained=False)
-
-
-def _llama(small: bool = False) -> Builder:
-    """:mod:`gpu_check_lib`'s Llama of SmolLM2-135M's shape (random init; ``small``: its 2-layer,
-    width-64 one, for the tests), without a KV cache (a forward over the whole sequence, as a
-    batch is served)."""
-    def build() -> nn.Module:
-        model = gpu_check_lib._llama(small)
-        model.config.use_cache = False
-        return model
-    return build
-
-
-def example(batch: int, size: int, vocab: int | None = None) -> torch.Tensor:
-    """A model's input: images (batch, 3, size, size), or with ``vocab`` token ids (batch, size)."""
-    g = torch.Generator().manual_seed(batch)
-    if vocab is None:
-        return torch.randn(batch, 3, size, size, generator=g)
-    return torch.randint(0, vocab, (batch, size), generator=g)
-
-
-def _yolo() -> nn.Module:
-    from dmscale.integrations.ultralytics import build_yolo
-
-    return build_yolo("yolov8n.yaml", nc=80)
-
-
-def models(deploy_sizes: bool = False) -> dict[str, tuple[Builder, int]]:
-    """``{row name: (builder of the model at random init, image size)}``: small images (96 px,
-    YOLO 160) to keep the CPU table short, or with ``deploy_sizes`` the sizes the models are
-    deployed at (:data:`DEPLOY_SIZES`: 224 px, YOLO 640) and ViT-B/16, ResNet-50 and a
-    SmolLM2-shaped Llama (512 tokens; :data:`VOCAB`) first (the device table; ``--models
-    vit_base resnet50 llama yolov8n`` picks the served sizes)."""
-    dms.ensure_torchvision()
-    import torchvision
-
-    size, yolo = DEPLOY_SIZES if deploy_sizes else (96, 160)
-    large: dict[str, tuple[Builder, int]] = {  # the device table's own models: what users serve on a GPU
-        "vit_base_patch16 (timm)": (_vit(size, "vit_base_patch16_224"), size),
-        "resnet50 (torchvision)": (lambda: torchvision.models.resnet50(), size),
-        "llama_smollm2_shape (transformers)": (_llama(), LLAMA_SEQ),  # size: tokens per sequence
-    } if deploy_sizes else {}
-    return {
-        **large,
-        "resnet18 (torchvision)": (lambda: torchvision.models.resnet18(), size),
-        "mobilenet_v3_small (torchvision)": (lambda: torchvision.models.mobilenet_v3_small(), size),
-        "vit_tiny_patch16 (timm)": (_vit(size), size),
-        "yolov8n (ultralytics)": (_yolo, yolo),
-    }
-
-
-def prune_half(build: Builder, x: torch.Tensor, align: int | None = None) -> tuple[nn.Module, nn.Module, tuple[int, int]]:
-    """The model at init, its export at half the MACs (same weights) and both MACs counts;
-    ``align``: ``SearchConfig.align`` (None: its default for the CPU the search runs on, 1)."""
-    torch.manual_seed(0)
-    original = build().eval()
-    source = build().eval()
-    source.load_state_dict(original.state_dict())
-    # untrained: keep channels by position (only the pruned shapes matter for the timings)
-    searcher = dms.prepare(source, x, dms.SearchConfig(resource="macs", target=0.5, importance="index", align=align))
-    searcher.meet_target()
-    pruned = searcher.export().eval()
-    dms.detach(source)
-    return original, pruned, (dms.count(original, x)["macs"], dms.count(pruned, x)["macs"])
-
-
 def onnx_files(model: nn.Module, x: torch.Tensor, batches: list[int], stem: Path) -> tuple[dict[int, Path], list[str]]:
     """``{batch: ONNX file}`` (one dynamic-batch file, or one file per batch when the model
     cannot be exported with a dynamic batch) and the export warnings; each file is checked
@@ -322,28 +244,15 @@ def _ort_cuda_sessions(nets: dict[str, nn.Module], x1: torch.Tensor, batches: li
     return out
 
 
-def _synced(fn: Callable[[Any], Any], x: Any, device: torch.device) -> Callable[[], float]:
-    """A timer of ``fn(x)`` that waits for the device before and after."""
-    def run() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn(x)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t0
-    return run
-
-
 def _device_timers(nets: dict[str, nn.Module], compiled: dict[str, Any], sessions: dict[str, dict[int, Any]] | None,
                    b: int, size: int, device: torch.device, vocab: int | None = None) -> dict[str, Callable[[], float]]:
     x = example(b, size, vocab).to(device)
     x = x.to(torch.bfloat16) if x.is_floating_point() else x
-    fns = {f"eager_{t}": _synced(m, x, device) for t, m in nets.items()}
-    fns.update({f"compile_{t}": _synced(m, x, device) for t, m in compiled.items()})
+    fns = {f"eager_{t}": synced(m, x, device) for t, m in nets.items()}
+    fns.update({f"compile_{t}": synced(m, x, device) for t, m in compiled.items()})
     if sessions is not None:
         host = x.float().cpu().numpy()
-        fns.update({f"ort_{t}": _synced(_ort_fn(s[b]), host, device) for t, s in sessions.items()})
+        fns.update({f"ort_{t}": synced(_ort_fn(s[b]), host, device) for t, s in sessions.items()})
     return {k: fns[k] for k in DEVICE_VARIANTS if k in fns}
 
 
@@ -504,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.device == "cpu":  # on a GPU machine the CPU work (pruning, ONNX export) keeps torch's threads
         torch.set_num_threads(args.threads)
-    run = {"command": ("PYTHONPATH=src python bench/deploy_latency.py "
+    run = {"command": ("python -m bench.deploy_latency "
                        + " ".join(argv if argv is not None else sys.argv[1:])).strip(),
            "commit": _commit(), "date": datetime.date.today().isoformat(),
            "machine": _machine(args.threads, args.device)}

@@ -1,6 +1,6 @@
 """What an export at half the MACs still moves: MACs, weights and activations, pruned over original.
 
-    PYTHONPATH=src python bench/deploy_traffic.py [--models vit_base resnet50 llama yolov8n]
+    python -m bench.deploy_traffic [--models vit_base resnet50 llama yolov8n]
         [--quick --workdir DIR]     # resnet18 at 96 px only, under DIR/quick
 
 ``bench/deploy_latency.py --device cuda`` times the exports of the device table on a GPU: at half
@@ -32,10 +32,8 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-import deploy_latency as dl  # noqa: E402
-from benchlib import (add_quick_flags, command_line, environment, git_commit, load_cache, quick_mode,  # noqa: E402
+from bench.lib import deploy_models as dl
+from bench.lib.benchlib import (add_quick_flags, command_line, environment, git_commit, load_cache, quick_mode,  # noqa: E402
                       save_cache, write_md)
 
 RESULTS = ROOT / "bench" / "results"
@@ -123,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     deploy = dl.models(deploy_sizes=not args.quick)
     env = environment(1)
-    cache: dict[str, Any] = {"models": {}, "command": command_line("bench/deploy_traffic.py", argv),
+    cache: dict[str, Any] = {"models": {}, "command": command_line("-m bench.deploy_traffic", argv),
                              "commit": git_commit(ROOT), "machine": f"{env['machine']}, torch {env['torch']}"}
     for key in args.models:
         name = CHOICES[key]

@@ -1,6 +1,6 @@
 """Search cost of DMS_p- vs evolutionary search on the same pretrained supernet (issue 10, table 3).
 
-    PYTHONPATH=src python bench/evolution.py [--quick] [--seeds 0 1 2] [--generations 10] [--name evolution] [--table-only]
+    python -m bench.evolution [--quick] [--seeds 0 1 2] [--generations 10] [--name evolution] [--table-only]
 
 The analog of the paper's Table 3 (search cost of DMS vs evolutionary / NAS methods). Per
 seed, the pretrained supernet of bench/gates.py (ResNet-20 width 8 on the 8x8 digits,
@@ -42,11 +42,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-import evolution_lib as el  # noqa: E402
-from benchlib import (add_quick_flags, command_line, git_commit, hand_reading, invocations_text, load_cache,  # noqa: E402
+from bench.lib import evolution_lib as el  # noqa: E402
+from bench.lib.benchlib import (add_quick_flags, command_line, git_commit, hand_reading, invocations_text, load_cache,  # noqa: E402
                       locked, mean_std, pyplot, quick_mode, record_invocation, save_cache, save_figure,
                       shared_machine, widths, write_md)
 import dmscale as dms  # noqa: E402
@@ -375,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
         with locked(CACHE):  # adding other seeds to the same cache may run at the same time
             cache = load_cache(CACHE)
             cache.setdefault("settings", {})[key] = bc.as_dict()
-            record_invocation(cache.setdefault("info", {}), key, command_line("bench/evolution.py", argv),
+            record_invocation(cache.setdefault("info", {}), key, command_line("-m bench.evolution", argv),
                               git_commit(ROOT), args.seeds)
             save_cache(CACHE, cache)
         for seed in args.seeds:

@@ -1,6 +1,6 @@
 """DMS_p- against the paper's other gradient-based gates at equal MACs (issue 10, table 1; paper Table 2 + 12).
 
-    PYTHONPATH=src python bench/gates.py [--quick] [--seeds 0 1 2] [--target 0.5] [--search-epochs 36.36] [--table-only]
+    python -m bench.gates [--quick] [--seeds 0 1 2] [--target 0.5] [--search-epochs 36.36] [--table-only]
 
 Per seed, one pretrained supernet (the project's ``pretrain`` phase; ResNet-20 of width 8
 on the bundled 8x8 digits, the protocol of bench/peers.py), then the same ``--pipeline p-``
@@ -37,12 +37,9 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-import gates_lib as gl  # noqa: E402
-import peers_lib as pl  # noqa: E402
-from benchlib import (add_quick_flags, ci_text, command_line, git_commit, hand_reading, invocations_text,  # noqa: E402
+from bench.lib import gates_lib as gl  # noqa: E402
+from bench.lib import peers_lib as pl  # noqa: E402
+from bench.lib.benchlib import (add_quick_flags, ci_text, command_line, git_commit, hand_reading, invocations_text,  # noqa: E402
                       load_cache, mean_std, pyplot, quick_mode, record_invocation, save_figure, save_merged,
                       shared_machine, widths, write_md)
 import dmscale as dms  # noqa: E402
@@ -68,10 +65,7 @@ class GatePipeline(Pipeline):
 
     def __init__(self, cfg: RunConfig, factory: Any) -> None:
         self._factory = factory
-        super().__init__(cfg)
-
-    def search_config(self, exclude: list[str]) -> dms.SearchConfig:
-        return dataclasses.replace(super().search_config(exclude), gate_factory=self._factory)
+        super().__init__(cfg, search_overrides={"gate_factory": factory})
 
 
 def _run(out: Path, factory: Any = None, **fields: Any) -> dict[str, Any]:
@@ -293,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.table_only:
         print(f"wrote {write_table(cache, key)} and {plot(cache, key)}")
         return
-    command = command_line("bench/gates.py", argv)
+    command = command_line("-m bench.gates", argv)
     cache.setdefault("runs", {}).setdefault(key, {})
     cache.setdefault("settings", {})[key] = cfg
     record_invocation(cache.setdefault("info", {}), key, command, git_commit(ROOT), args.seeds)

@@ -3,8 +3,8 @@
 Make the snapshot of today's code once, where git is (``bench/_baseline/`` is git-ignored),
 then run from the repository root (any PYTHONPATH: each worker sets its own):
 
-    python bench/gpu_check.py --make-baseline 340ec91    # -> bench/_baseline/src/dmscale, bench/_baseline/COMMIT
-    python bench/gpu_check.py --out OUT --new-commit HASH
+    python -m bench.gpu_check --make-baseline 340ec91    # -> bench/_baseline/src/dmscale, bench/_baseline/COMMIT
+    python -m bench.gpu_check --out OUT --new-commit HASH
 
 ``HASH``: the commit of the working tree's ``src`` (git names it when ``.git`` is there; on a
 machine without it, pass it, and carry the git-ignored ``bench/_baseline`` along with the
@@ -61,10 +61,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import RUNS, command_line, git_commit  # noqa: E402
-from gpu_check_lib import SPECS  # noqa: E402
+from bench.lib.benchlib import RUNS, command_line, git_commit  # noqa: E402
+from bench.lib.gpu_check_lib import SPECS  # noqa: E402
 
 __all__ = ["IMPLS", "make_baseline", "plan", "run_job", "render", "main"]
 
@@ -163,7 +161,7 @@ def _missing(job: dict[str, Any], impls: dict[str, Any]) -> str | None:
     """Why a job cannot run at all (no snapshot, a module the model needs is absent), or None."""
     impl = impls[job["impl"]]
     if not impl["present"]:
-        return f"no dmscale under {impl['src']} (make it: python bench/gpu_check.py --make-baseline COMMIT)"
+        return f"no dmscale under {impl['src']} (make it: python -m bench.gpu_check --make-baseline COMMIT)"
     needs = SPECS[job["model"]].needs
     if needs and importlib.util.find_spec(needs) is None:
         return f"{needs} is not installed"
@@ -205,7 +203,7 @@ def run_job(job: dict[str, Any], args: argparse.Namespace, impls: dict[str, Any]
         env["OMP_NUM_THREADS"] = str(args.threads)
     t0, seen = time.time(), 0.0
     with open(log, "w") as handle:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "lib" / "gpu_check_lib.py"), str(spec_path)],
+        proc = subprocess.Popen([sys.executable, "-m", "bench.lib.gpu_check_lib", str(spec_path)],
                                 cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             while proc.poll() is None:
@@ -513,7 +511,7 @@ def main(argv: list[str] | None = None) -> None:
     impls = {"today": _impl_info(args.baseline_src.resolve(), None),
              "new": _impl_info(args.new_src.resolve(), args.new_commit)}
     state: dict[str, Any] = {
-        "run": {"command": command_line("bench/gpu_check.py", argv), "date": datetime.datetime.now().isoformat(" ", "seconds"),
+        "run": {"command": command_line("-m bench.gpu_check", argv), "date": datetime.datetime.now().isoformat(" ", "seconds"),
                 "t0": t0, "budget_s": args.budget_s, "quick": args.quick, "device": args.device, "host": _gpu_line(),
                 "models": args.models, "tables": args.tables, "compile": args.compile, "steps": args.steps,
                 "eager_norms": args.eager_norms, "per_layer_folds": args.per_layer_folds,

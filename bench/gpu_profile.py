@@ -1,6 +1,6 @@
 """Where a DMS training step spends its time on a GPU: the top operators of one profiled step.
 
-    PYTHONPATH=src:tests:bench python bench/gpu_profile.py [--models llama_135m vit_b16 resnet50] [--out DIR]
+    PYTHONPATH=src:tests python -m bench.gpu_profile [--models llama_135m vit_b16 resnet50] [--out DIR]
 
 For each model of ``bench/lib/gpu_check_lib.py`` (the same inputs, bf16 autocast, SGD + Adam, the
 library API as the README shows it), a plain step and a DMS step are profiled once after
@@ -24,10 +24,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-import gpu_check_lib as lib  # noqa: E402
-from benchlib import RUNS  # noqa: E402
+from bench.lib import gpu_check_lib as lib  # noqa: E402
+from bench.lib.benchlib import RUNS  # noqa: E402
 
 __all__ = ["profile_step", "main"]
 

@@ -1,9 +1,9 @@
 """Issue 29's GPU evidence in one call: the prepared benchmarks in order of what they decide, each
 with its own time limit, under one deadline.
 
-    python bench/gpu_session.py OUT [--commit HASH] [--budget-s 540]
-    python bench/gpu_session.py OUT --quick     # the same steps as CPU smoke runs (tiny models)
-    python bench/gpu_session.py OUT --dry-run   # print the steps and their limits
+    python -m bench.gpu_session OUT [--commit HASH] [--budget-s 540]
+    python -m bench.gpu_session OUT --quick     # the same steps as CPU smoke runs (tiny models)
+    python -m bench.gpu_session OUT --dry-run   # print the steps and their limits
 
 Steps (each a subprocess with ``PYTHONPATH=src:tests:bench:bench/lib``, its output under
 ``OUT/<step>``, its log in ``OUT/<step>.log``; a step that fails or runs out of time does not stop
@@ -51,20 +51,20 @@ def steps(out: Path, commit: str, quick: bool = False) -> list[Step]:
     """The session's steps in the order they run (the first answers the first question)."""
     if quick:
         return [
-            Step("train", ["bench/gpu_check.py", "--quick", "--out", str(out / "train"), "--new-commit", commit,
+            Step("train", ["-m", "bench.gpu_check", "--quick", "--out", str(out / "train"), "--new-commit", commit,
                            "--models", "vit_b16", "--tables", "1", "--impls", "new", "--per-layer-folds"], 240),
-            Step("profile", ["bench/gpu_profile.py", "--quick", "--models", "vit_b16", "--out",
+            Step("profile", ["-m", "bench.gpu_profile", "--quick", "--models", "vit_b16", "--out",
                              str(out / "profile")], 240),
-            Step("latency", ["bench/latency_target.py", "--quick", "--workdir", str(out / "latency")], 240),
+            Step("latency", ["-m", "bench.latency_target", "--quick", "--workdir", str(out / "latency")], 240),
         ]
     return [
-        Step("train", ["bench/gpu_check.py", "--out", str(out / "train"), "--new-commit", commit,
+        Step("train", ["-m", "bench.gpu_check", "--out", str(out / "train"), "--new-commit", commit,
                        "--models", "vit_b16", "llama_135m", "resnet50", "--tables", "1", "--impls", "new",
                        "--per-layer-folds", "--compile", "module", "module_cudagraphs",
                        "--budget-s", "270", "--grace-s", "30"], 320),
-        Step("profile", ["bench/gpu_profile.py", "--models", "vit_b16", "llama_135m", "--out",
+        Step("profile", ["-m", "bench.gpu_profile", "--models", "vit_b16", "llama_135m", "--out",
                          str(out / "profile")], 100),
-        Step("latency", ["bench/latency_target.py", "--device", "cuda", "--bf16", "--models", "vit_base", "resnet50",
+        Step("latency", ["-m", "bench.latency_target", "--device", "cuda", "--bf16", "--models", "vit_base", "resnet50",
                          "--batches", "64", "--runs", "1", "--budget-s", "10", "--rounds", "15",
                          "--out", str(out / "latency")], 120),
     ]
@@ -80,7 +80,7 @@ def _commit() -> str:
 
 def _run(step: Step, out: Path, limit_s: float) -> str:
     """Run one step with its output logged; its outcome in words."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / p) for p in ("src", "tests", "bench", "bench/lib")))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(ROOT / p) for p in ("src", "tests")))
     t0 = time.time()
     with open(out / f"{step.name}.log", "w") as log:
         proc = subprocess.Popen([sys.executable, *step.argv], cwd=ROOT, env=env, stdout=log,

@@ -1,6 +1,6 @@
 """Host time of a DMS training step, measured without a GPU (issue 29).
 
-    PYTHONPATH=src:tests python bench/host_time.py [--models resnet50 vit_b16 llama_135m] [--rounds 30]
+    PYTHONPATH=src:tests python -m bench.host_time [--models resnet50 vit_b16 llama_135m] [--rounds 30]
         [--compiled]     # also both under torch.compile(model)
         [--per-layer-folds]   # also DMS with the eager fold batch off (each layer folds alone)
 
@@ -42,10 +42,8 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import child_json, git_commit, load_cache, save_cache, snapshot_commit  # noqa: E402
-from search_proxies import ProxyModel, _ce, _images, _llama, _lm, _prepare, _step_fn, _tokens  # noqa: E402
+from bench.lib.benchlib import child_json, git_commit, load_cache, save_cache, snapshot_commit  # noqa: E402
+from bench.lib.proxy_models import ProxyModel, _ce, _images, _llama, _lm, _prepare, _step_fn, _tokens  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -226,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder of host_time.{json,md}")
     ap.add_argument("--baseline-src", type=Path, default=None,
-                    help="also the package snapshot in this src folder (python bench/gpu_check.py --make-baseline "
+                    help="also the package snapshot in this src folder (python -m bench.gpu_check --make-baseline "
                          "COMMIT makes one): rows 'before'")
     ap.add_argument("--compiled", action="store_true",
                     help="also the plain and the DMS step under torch.compile(model) (the new code only; minutes)")
@@ -243,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "host_time.json"
     cache = load_cache(path, {"rows": {}})
-    cache["command"] = "PYTHONPATH=src:tests python bench/host_time.py " + " ".join(
+    cache["command"] = "PYTHONPATH=src:tests python -m bench.host_time " + " ".join(
         argv if argv is not None else sys.argv[1:])
     cache["commit"] = git_commit(ROOT)
     cache["machine"] = f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, one thread"
@@ -254,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
         for code, suffix, src in impls:  # one process per row: no compiled code or allocator state shared
             flags = (["--child-compiled"] if args.compiled and not suffix else []) + (
                 ["--child-per-layer"] if args.per_layer_folds and not suffix else [])
-            row = child_json(__file__, ["--child", name, "--rounds", str(args.rounds), *flags], [src, ROOT / "tests"])
+            row = child_json("bench.host_time", ["--child", name, "--rounds", str(args.rounds), *flags], [src, ROOT / "tests"])
             row["code"] = code
             cache["rows"][name + suffix] = row
             save_cache(path, cache, sort_keys=False)

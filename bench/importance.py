@@ -1,6 +1,6 @@
 """Element importance metrics of DMS_np, retrained from scratch (issue 10; paper Table 8, Sec. 5.1).
 
-    PYTHONPATH=src python bench/importance.py [--seeds 0 1 ... 9] [--quick] [--table-only]
+    python -m bench.importance [--seeds 0 1 ... 9] [--quick] [--table-only]
 
 The paper's ablation: the same DMS_np search with another element importance (its Eq. 4
 moving average of a per-element score), then the found structure retrained from scratch. Here
@@ -39,11 +39,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-sys.path.insert(0, str(ROOT / "src"))
-import np_uniform  # noqa: E402
-from benchlib import (add_quick_flags, hand_reading, load_cache, locked, paired_ci, pyplot, quick_mode,  # noqa: E402
+from bench.lib import np_uniform_runs as np_uniform  # noqa: E402
+from bench.lib.benchlib import (add_quick_flags, hand_reading, load_cache, locked, paired_ci, pyplot, quick_mode,  # noqa: E402
                       save_cache, save_figure, write_md)
 from dmscale.core.topk import DifferentiableTopK  # noqa: E402
 
@@ -231,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
                 with locked(CACHE):  # read-modify-write: invocations with other seeds share the cache
                     cache = load_cache(CACHE, {"runs": {}})
                     cache["runs"][key] = row
-                    cache["machine"], cache["last_command"] = machine, "python bench/importance.py " + " ".join(argv)
+                    cache["machine"], cache["last_command"] = machine, "python -m bench.importance " + " ".join(argv)
                     save_cache(CACHE, cache)
                 print(f"{key}: top-1 {100 * row['acc_search']:.2f} % before, {100 * row['acc']:.2f} % after "
                       f"retraining; search end {row['search_end']:.3f} x target", flush=True)

@@ -12,10 +12,10 @@ models and the supernet are measured interleaved, in shuffled order, over ``--ro
 rounds, so a slow spell of the machine hits all of them alike.
 
 Usage:
-    PYTHONPATH=src:tests python bench/latency_fit.py                       # current threads
-    PYTHONPATH=src:tests python bench/latency_fit.py --threads 1 2 --runs 3  # both, 3 runs each
-    PYTHONPATH=src:tests python bench/latency_fit.py --out bench/results/latency.md
-    PYTHONPATH=src:tests python bench/latency_fit.py --quick   # smoke run: WORKDIR/quick/latency.md
+    PYTHONPATH=src:tests python -m bench.latency_fit                       # current threads
+    PYTHONPATH=src:tests python -m bench.latency_fit --threads 1 2 --runs 3  # both, 3 runs each
+    PYTHONPATH=src:tests python -m bench.latency_fit --out bench/results/latency.md
+    PYTHONPATH=src:tests python -m bench.latency_fit --quick   # smoke run: WORKDIR/quick/latency.md
 
 ``--quick`` profiles small_cnn only (unless ``--models`` says otherwise) on one thread, two
 structures, 3 rounds, and writes its table to ``WORKDIR/quick/`` (``--workdir``, default
@@ -39,12 +39,8 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-for sub in ("src", "tests", "bench", "bench/lib"):
-    if str(ROOT / sub) not in sys.path:
-        sys.path.insert(0, str(ROOT / sub))
-
 import dmscale as dms  # noqa: E402
-from benchlib import RESULTS, add_quick_flags, quick_mode  # noqa: E402
+from bench.lib.benchlib import RESULTS, add_quick_flags, quick_mode  # noqa: E402
 from dmscale.cost.latency import measure_latency  # noqa: E402
 from zoo import ZOO  # noqa: E402
 
@@ -144,7 +140,7 @@ def to_markdown(results: list[dict], args: argparse.Namespace, load_before: tupl
         "supernet); `uncalibrated` is the plain sum of the parts timed alone; `MACs-prop.` is the "
         "naive reference \"re-measured supernet latency x MACs ratio\".",
         "",
-        "- command: `PYTHONPATH=src:tests python bench/latency_fit.py "
+        "- command: `PYTHONPATH=src:tests python -m bench.latency_fit "
         f"{' '.join(shlex.quote(a) for a in getattr(args, 'argv', sys.argv[1:]))}`",
         f"- machine: {platform.platform()}, {_cpu_name()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}, torch {torch.__version__}",

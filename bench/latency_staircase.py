@@ -12,8 +12,8 @@ them) and compares each timing with the fitted prediction:
   the unaligned ones, and
 * the step a width pays for leaving alignment (time at k + 1 over time at k, k aligned).
 
-    python bench/latency_staircase.py --device cuda [--model vit_b16] [--batch 64] [--align 8]
-    python bench/latency_staircase.py --quick          # a small ViT on the CPU, seconds
+    python -m bench.latency_staircase --device cuda [--model vit_b16] [--batch 64] [--align 8]
+    python -m bench.latency_staircase --quick          # a small ViT on the CPU, seconds
 
 Writes ``bench/results/latency_staircase_<device>.{json,md}`` (``--quick``: under
 ``bench/runs/latency_staircase/quick/``). On a busy CPU the timings are noise; the table is
@@ -36,9 +36,7 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import RESULTS, add_quick_flags, git_commit, quick_mode  # noqa: E402
+from bench.lib.benchlib import RESULTS, add_quick_flags, git_commit, quick_mode  # noqa: E402
 
 __all__ = ["MODELS", "sweep", "staircase", "render", "main"]
 
@@ -170,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     run = staircase(args.model, device, args.batch, args.align, args.points, args.repeats, args.budget_s)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
-    result = {"command": "python bench/latency_staircase.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": "python -m bench.latency_staircase " + " ".join(argv if argv is not None else sys.argv[1:]),
               "commit": git_commit(ROOT), "machine": f"{platform.platform()}, {name}", "device": name,
               "torch": torch.__version__, "runs": [run]}
     stem = f"latency_staircase_{device.type}"

@@ -1,10 +1,10 @@
 """Does a latency budget land on the latency? Half the MACs against half the time (issue 29).
 
-    PYTHONPATH=src:tests python bench/latency_target.py [--models resnet18 vit mobilenet yolo]
+    PYTHONPATH=src:tests python -m bench.latency_target [--models resnet18 vit mobilenet yolo]
         [--batches 1 8] [--runs 3] [--rounds 30] [--threads 1]
-    PYTHONPATH=src:tests python bench/latency_target.py --device cuda --bf16 [--out OUT]   # on a GPU
-    PYTHONPATH=src:tests python bench/latency_target.py --table-only           # md from the json
-    PYTHONPATH=src:tests python bench/latency_target.py --quick                # smoke run, bench/runs/
+    PYTHONPATH=src:tests python -m bench.latency_target --device cuda --bf16 [--out OUT]   # on a GPU
+    PYTHONPATH=src:tests python -m bench.latency_target --table-only           # md from the json
+    PYTHONPATH=src:tests python -m bench.latency_target --quick                # smoke run, bench/runs/
 
 An export at half the MACs is not half as fast (``deploy_latency.md``: 0.53-1.07x on a CPU,
 0.69-0.92x on an H200; ``deploy_traffic.md`` counts why). ``SearchConfig(resource="latency")``
@@ -42,10 +42,8 @@ from torch import nn
 import dmscale as dms
 from dmscale.errors import ConfigError
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))  # the shared helpers
-import deploy_latency as dl  # noqa: E402
-from benchlib import (RESULTS, add_quick_flags, command_line, environment, git_commit, hand_reading,  # noqa: E402
+from bench.lib import deploy_models as dl
+from bench.lib.benchlib import (RESULTS, add_quick_flags, command_line, environment, git_commit, hand_reading,  # noqa: E402
                       load_cache, quick_mode, save_cache, write_md)
 
 __all__ = ["TARGET", "LLM_TARGET", "pruned", "time_ratios", "measure", "render", "main"]
@@ -77,7 +75,7 @@ def time_ratios(original: nn.Module, exports: dict[str, nn.Module], x: torch.Ten
     """Run the original and ``exports`` interleaved (order rotated each round) after one warm-up
     call each; per export the quartiles of its per-round ratio to the original, and the
     original's median milliseconds."""
-    timers = {k: dl._synced(m, x, x.device) for k, m in {"original": original, **exports}.items()}
+    timers = {k: dl.synced(m, x, x.device) for k, m in {"original": original, **exports}.items()}
     times: dict[str, list[float]] = {k: [] for k in timers}
     keys = list(timers)
     with torch.no_grad():
@@ -198,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         table = dl.models(deploy_sizes=args.device == "cuda")
         names = [n for n in table if args.models is None or any(m in n for m in args.models)]
         batches = args.batches or ([1, 8] if args.device == "cpu" else [1, dl.SERVING_BATCH])
-        cache.update(command=command_line("bench/latency_target.py", argv), commit=git_commit(ROOT),
+        cache.update(command=command_line("-m bench.latency_target", argv), commit=git_commit(ROOT),
                      environment=environment(args.threads, args.device))
         for name in names:
             build, size = table[name]

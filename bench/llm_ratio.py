@@ -2,7 +2,7 @@
 the same budget (issue 48's bar: within 1.2x of its perplexity), under several training
 protocols that each arm shares.
 
-    PYTHONPATH=src python bench/llm_ratio.py            # the table from the caches below
+    python -m bench.llm_ratio            # the table from the caches below
 
 Each row pairs a DMS arm (``dmscale search --model hf:SmolLM2 --task text --pipeline p
 --resource params --target 0.8`` at the library's defaults, run in-process by
@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))
-from benchlib import RESULTS, git_commit, write_md  # noqa: E402
+from bench.lib.benchlib import RESULTS, git_commit, write_md  # noqa: E402
 
 BAR = 1.2  # issue 48: the pruned model's perplexity at most 1.2x the finetuned original's
 

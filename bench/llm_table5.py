@@ -1,11 +1,11 @@
 """Table 5 analog, longer protocol: SmolLM2-135M at a parameter target, DMS_p against the LLM
 pruning baselines with **equal weight steps**, several seeds (issue 10).
 
-    PYTHONPATH=src python bench/llm_table5.py --method dms --target 0.8 --seed 0
-    PYTHONPATH=src python bench/llm_table5.py --method taylor --target 0.8 --seed 0
-    PYTHONPATH=src python bench/llm_table5.py --table      # rewrite the table from the cache
-    PYTHONPATH=src python bench/llm_table5.py --quick      # smoke: dms then taylor, under bench/runs/
-    PYTHONPATH=src python bench/llm_table5.py --name llm_table5_long --search-steps 60 \
+    python -m bench.llm_table5 --method dms --target 0.8 --seed 0
+    python -m bench.llm_table5 --method taylor --target 0.8 --seed 0
+    python -m bench.llm_table5 --table      # rewrite the table from the cache
+    python -m bench.llm_table5 --quick      # smoke: dms then taylor, under bench/runs/
+    python -m bench.llm_table5 --name llm_table5_long --search-steps 60 \
         --finetune-steps 240 --method shortgpt --weight-steps 300   # a longer budget, its own table
 
 One arm per invocation, cached as ``bench/results/llm_table5/{method}_t{target}_s{seed}.json``
@@ -25,7 +25,7 @@ weights), ``taylor`` (LLM-Pruner-style, uniform per layer), ``tp_taylor`` (the T
 Taylor pruner, uniform per layer, FFN units only on this GQA model), ``tp_hidden`` (the same
 package in its LLM example's scope: the hidden size and the FFN units at one ratio), ``minitron``
 (Minitron's activation importance of query heads, FFN units and hidden channels, uniform widths:
-``bench/llm_minitron.py``; ``minitron_keep_heads`` the same with every head kept), ``magnitude``
+``bench/lib/llm_minitron.py``; ``minitron_keep_heads`` the same with every head kept), ``magnitude``
 (L2, uniform), ``shortgpt``
 (block-influence layer removal) and ``original`` (the unpruned model, finetuned: a reference).
 What differs from the short table: ``--search-steps`` and ``--finetune-steps`` (default 30 and
@@ -52,12 +52,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-sys.path.insert(0, str(ROOT / "src"))
-import llm_baselines  # noqa: E402
-import smollm2_prune  # noqa: E402
-from benchlib import (add_quick_flags, hand_reading, paired_ci, pyplot, quick_mode, save_cache,  # noqa: E402
+from bench.lib import llm_baselines_runs as llm_baselines  # noqa: E402
+from bench.lib import smollm2_runs as smollm2_prune  # noqa: E402
+from bench.lib.benchlib import (add_quick_flags, hand_reading, paired_ci, pyplot, quick_mode, save_cache,  # noqa: E402
                       save_figure, write_md)
 
 RESULTS = ROOT / "bench" / "results"

@@ -3,10 +3,10 @@ parameters, finetuned on Alpaca with the original as teacher, scored as the fiel
 pruned LLMs: WikiText-2 and PTB perplexity (LLM-Pruner's protocol) and zero-shot BoolQ,
 WinoGrande, ARC-e, ARC-c through lm-evaluation-harness (issue 55).
 
-    PYTHONPATH=src python bench/llm_table7.py --method dms_p --target 0.81 --seed 0
-    PYTHONPATH=src python bench/llm_table7.py --method taylor --target 0.81 --seed 0
-    PYTHONPATH=src python bench/llm_table7.py --table     # rewrite the table from the cache
-    PYTHONPATH=src python bench/llm_table7.py --quick     # smoke run of dms_p, under bench/runs/
+    python -m bench.llm_table7 --method dms_p --target 0.81 --seed 0
+    python -m bench.llm_table7 --method taylor --target 0.81 --seed 0
+    python -m bench.llm_table7 --table     # rewrite the table from the cache
+    python -m bench.llm_table7 --quick     # smoke run of dms_p, under bench/runs/
 
 One arm per invocation, cached as ``bench/results/llm_table7/{method}_t{target}_s{seed}.json``.
 
@@ -55,12 +55,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-sys.path.insert(0, str(ROOT / "src"))
-from benchlib import (add_quick_flags, git_commit, hand_reading, paired_ci, quick_mode, save_cache,  # noqa: E402
+from bench.lib.benchlib import (add_quick_flags, git_commit, hand_reading, paired_ci, quick_mode, save_cache,  # noqa: E402
                       write_md)
-from smollm2_prune import smollm2_path  # noqa: E402
+from bench.lib.smollm2_runs import smollm2_path  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "llm_table7"
@@ -153,7 +150,7 @@ def _baseline(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     import torch
 
     import dmscale as dms
-    import llm_baselines
+    from bench.lib import llm_baselines_runs as llm_baselines
     from dmscale.run.pipeline import Pipeline
     from dmscale.run.saved_runs import load_teacher
 

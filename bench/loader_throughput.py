@@ -1,6 +1,6 @@
 """Image-folder loader throughput vs the training step it feeds (``--task imagefolder``).
 
-    PYTHONPATH=src:tests python bench/loader_throughput.py [--quick] [--images 256] [--size 224]
+    PYTHONPATH=src:tests python -m bench.loader_throughput [--quick] [--images 256] [--size 224]
         [--model timm:resnet50] [--batch 32] [--workers 0 W ...] [--threads T] [--rounds 3] [--steps 2]
 
 A JPEG image folder of ``--images`` training images (``--size`` px, 2 classes; generated once
@@ -41,10 +41,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import command_line, git_commit, mean_std  # noqa: E402
+from bench.lib.benchlib import command_line, git_commit, mean_std  # noqa: E402
 from image_folders import make_image_folder  # noqa: E402
 
 from dmscale.config.run_config import RunConfig  # noqa: E402
@@ -120,7 +117,7 @@ def write_table(rows: list[dict[str, Any]], args: argparse.Namespace, out_dir: P
         "Written by `bench/loader_throughput.py` (see its docstring for the protocol). Images/s are",
         "mean ± std over rounds (loader: one epoch per round, its first batch timed apart) or over",
         "timed steps (training: after one warm-up step).", "",
-        f"- command: `PYTHONPATH=src:tests {command_line('bench/loader_throughput.py', argv)}`",
+        f"- command: `PYTHONPATH=src:tests {command_line('-m bench.loader_throughput', argv)}`",
         f"- commit: `{commit}`; machine: {platform.platform()}, {os.cpu_count()} CPUs "
         f"({len(os.sched_getaffinity(0))} usable, shared with other jobs: load average {load:.1f} at the "
         f"start), Python {platform.python_version()}, torch {torch.__version__}, {args.threads} torch "

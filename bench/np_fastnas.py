@@ -1,7 +1,7 @@
 """NVIDIA ModelOpt FastNAS as an arm of the DMS_np vs uniform-width table (issue 50, item 1):
 its structure at equal MACs, retrained from scratch exactly like the table's other arms.
 
-    PYTHONPATH=src python bench/np_fastnas.py [--width 4] [--targets 0.25 0.5] [--seeds 0 1 2]
+    python -m bench.np_fastnas [--width 4] [--targets 0.25 0.5] [--seeds 0 1 2]
         [--pretrain-epochs 10] [--retrain-epochs 20] [--threads 1]
 
 Per seed and target (ResNet-20 of ``--width`` on the 8x8 digits, the protocol of
@@ -38,14 +38,11 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-sys.path.insert(0, str(ROOT / "src"))
-import np_uniform as nu  # noqa: E402
-import peers  # noqa: E402
-import peers_lib as pl  # noqa: E402
-import random_control_lib as rl  # noqa: E402
-from benchlib import RUNS, command_line, git_commit, load_cache, locked, save_cache, shared_machine  # noqa: E402
+from bench.lib import np_uniform_runs as nu  # noqa: E402
+from bench.lib import peers_runs as peers  # noqa: E402
+from bench.lib import peers_lib as pl  # noqa: E402
+from bench.lib import random_control_lib as rl  # noqa: E402
+from bench.lib.benchlib import RUNS, command_line, git_commit, load_cache, locked, save_cache, shared_machine  # noqa: E402
 from dmscale.config.run_config import RunConfig, save_config  # noqa: E402
 from dmscale.errors import StructureError  # noqa: E402
 from dmscale.run.pipeline import load_run_model  # noqa: E402
@@ -85,7 +82,7 @@ def in_np_space(model: torch.nn.Module, example: torch.Tensor, structure: dict[s
 def run_fastnas(target: float, seed: int, pretrain_epochs: float, retrain_epochs: float, threads: int,
                 base: tuple[int, Any], width: int) -> dict[str, Any]:
     """One ``fastnas`` row: pretrain, FastNAS to ``target``, its structure retrained from scratch."""
-    import peers_modelopt as pm
+    from bench.lib import peers_modelopt as pm
 
     base_macs, (model, example) = base
     work = WORK / f"w{width}"
@@ -133,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.width != 8:
         nu.use_width(args.width)
     torch.set_num_threads(args.threads)
-    command = command_line("bench/np_fastnas.py", argv)
+    command = command_line("-m bench.np_fastnas", argv)
     if not args.table_only:
         machine = shared_machine(f"{args.threads} thread(s)")
         base = nu.baseline()
@@ -153,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{key}: top-1 {100 * row['acc']:.2f} %, exported {row['exported']:.4f} x target, "
                       f"constraint {row['constraint_percent']:.2f} % ({row['bisect_runs']} runs), "
                       f"{row['structure']} ({row['search_seconds']} + {row['retrain_seconds']} s)", flush=True)
-    from np_uniform_table import write_table
+    from bench.lib.np_uniform_table import write_table
 
     cache = load_cache(nu.CACHE, {"runs": {}})
     print(f"wrote {write_table(cache, cache.get('last_command', command), name=nu.CACHE.stem, width=args.width)}")

@@ -1,9 +1,9 @@
 """Random-architecture control (issue 50, item 3): where does DMS's structure rank among
 structures drawn at random from the same search space at the same MACs, trained the same way?
 
-    PYTHONPATH=src python bench/random_control.py --setting np [--width 4] [--target 0.25]
+    python -m bench.random_control --setting np [--width 4] [--target 0.25]
         [--seeds 0 1 2] [--structures 20] [--table-only] [--quick]
-    PYTHONPATH=src python bench/random_control.py --setting p [--width 8] [--target 0.25] ...
+    python -m bench.random_control --setting p [--width 8] [--target 0.25] ...
 
 Random structures (``random_control_lib.sample``): per width dim a kept count, per stage a kept
 block count, each uniform over what the search may choose, accepted when ``dms.count`` puts the
@@ -43,15 +43,12 @@ from typing import Any, Callable
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-sys.path.insert(0, str(ROOT / "src"))
-import np_uniform as nu  # noqa: E402
-import peers  # noqa: E402
-import peers_lib as pl  # noqa: E402
-import random_control_lib as rl  # noqa: E402
-import random_control_table as rt  # noqa: E402
-from benchlib import (RUNS, add_quick_flags, command_line, git_commit, load_cache, locked, quick_mode,  # noqa: E402
+from bench.lib import np_uniform_runs as nu  # noqa: E402
+from bench.lib import peers_runs as peers  # noqa: E402
+from bench.lib import peers_lib as pl  # noqa: E402
+from bench.lib import random_control_lib as rl  # noqa: E402
+from bench.lib import random_control_table as rt  # noqa: E402
+from bench.lib.benchlib import (RUNS, add_quick_flags, command_line, git_commit, load_cache, locked, quick_mode,  # noqa: E402
                       record_invocation, save_cache, shared_machine, widths)
 from dmscale.config.run_config import RunConfig, save_config  # noqa: E402
 from dmscale.run.pipeline import load_run_model  # noqa: E402
@@ -251,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
             if old is None or len(record["counts"]) >= len(old):
                 entry["sampler"] = record
             entry.update(kind=args.setting, width=width, target=args.target, protocol=dict(protocol))
-            record_invocation(cache.setdefault("info", {}), key, command_line("bench/random_control.py", argv),
+            record_invocation(cache.setdefault("info", {}), key, command_line("-m bench.random_control", argv),
                               git_commit(ROOT), args.seeds)
             cache["machine"] = shared_machine(f"{args.threads} thread(s)")
             save_cache(CACHE, cache)

@@ -1,8 +1,8 @@
 """Schedule ablation: r_t decayed over the whole search (Eq. 10) vs its first 60 % then held,
 with and without a width-only phase (issue 10, table 7).
 
-    PYTHONPATH=src python bench/schedule_ablation.py [--quick] [--seeds 0 1 2] [--epochs 3] [--threads 1]
-    PYTHONPATH=src python bench/schedule_ablation.py --table-only   # rewrite table and plot from the cache
+    python -m bench.schedule_ablation [--quick] [--seeds 0 1 2] [--epochs 3] [--threads 1]
+    python -m bench.schedule_ablation --table-only   # rewrite table and plot from the cache
 
 The protocol of ``bench/budget.py`` (DMS_np on the bundled 8x8 digits, the built-in ResNet-20
 of width 8, a 0.5 x MACs budget, the CLI's pipeline with its defaults), now with the retrain
@@ -38,11 +38,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import (add_quick_flags, command_line, git_commit, load_cache, quick_mode, save_cache, spread,  # noqa: E402
+from bench.lib.benchlib import (add_quick_flags, command_line, git_commit, load_cache, quick_mode, save_cache, spread,  # noqa: E402
                       write_md)
-sys.path.insert(0, str(ROOT / "src"))
 from dmscale.config.run_config import RunConfig  # noqa: E402
 from dmscale.run.pipeline import Pipeline  # noqa: E402
 
@@ -149,7 +146,7 @@ def write_table(cache: dict[str, Any], epochs: float, seeds: list[int], command:
 
 def plot(cache: dict[str, Any]) -> Path:
     """The table's plot, drawn by bench/results_plots.py like every cached table's."""
-    from results_plots import plot_schedule
+    from bench.lib.plots import plot_schedule
 
     return plot_schedule(cache, RESULTS / "schedule.png")
 
@@ -172,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     cache = load_cache(CACHE, {"runs": {}})
-    command = command_line("bench/schedule_ablation.py", argv)
+    command = command_line("-m bench.schedule_ablation", argv)
     if args.table_only:
         if not cache["runs"]:
             sys.exit(f"--table-only: no cached run in {CACHE}")

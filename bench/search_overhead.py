@@ -1,6 +1,6 @@
 """Cost of searching: a DMS training step vs a plain training step, side by side (issue 10, table 8).
 
-    PYTHONPATH=src:tests python bench/search_overhead.py [--quick] [--threads 1] [--rounds 15] [--models ...]
+    PYTHONPATH=src:tests python -m bench.search_overhead [--quick] [--threads 1] [--rounds 15] [--models ...]
 
 Step time: for each model, a plain copy and a prepared copy (masks + importance hooks +
 resource loss) run the same forward + backward + SGD step on the same batch, interleaved
@@ -44,11 +44,8 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
 import dmscale as dms  # noqa: E402
-from benchlib import add_quick_flags, git_commit, load_cache, quick_mode, save_cache, write_md  # noqa: E402
+from bench.lib.benchlib import add_quick_flags, git_commit, load_cache, quick_mode, save_cache, write_md  # noqa: E402
 
 __all__ = ["Bench", "BENCHES", "measure_time", "measure_memory", "main"]
 
@@ -219,9 +216,9 @@ def measure_memory(name: str, batch: int, steps: int, threads: int) -> dict[str,
     out = {}
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     for variant in ("plain", "dms"):
-        cmd = [sys.executable, __file__, "--child", name, variant, "--batch", str(batch),
+        cmd = [sys.executable, "-m", "bench.search_overhead", "--child", name, variant, "--batch", str(batch),
                "--mem-steps", str(steps), "--threads", str(threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"memory subprocess for {name}/{variant} failed:\n{proc.stderr[-2000:]}")
         out[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -303,7 +300,7 @@ def _proxies_section() -> list[str]:
     path = RESULTS / "search_proxies.json"
     if not path.exists():
         return []
-    from search_proxies import render
+    from bench.lib.proxy_table import render
     table = render(json.loads(path.read_text())).splitlines()
     start = next(i for i, line in enumerate(table) if line.startswith("| model"))
     return ["## What a step adds, device-independent, before and after (issue 29)", "",

@@ -1,7 +1,7 @@
 """What a DMS training step adds on a GPU, measured without one (issue 29): operators per step,
 bytes saved for the backward pass, host synchronisations.
 
-    PYTHONPATH=src:tests python bench/search_proxies.py [--models resnet50 vit_b16 llama_135m]
+    PYTHONPATH=src:tests python -m bench.search_proxies [--models resnet50 vit_b16 llama_135m]
         [--baseline-src bench/_baseline/src]     # also "before": the package snapshot there
 
 On a GPU a DMS step is launch-bound (thousands of tiny kernels) and memory-bound (masked
@@ -32,7 +32,7 @@ Both optimisers run with ``foreach=True``, as they do by default on a GPU.
 The step is the README's: ``dms.prepare(model, example, SearchConfig(resource="macs",
 target=0.5))`` (0.8 for the Llama), SGD on the model's parameters, Adam on the structural
 ones, loss = task + ``resource_loss(0.5)``. With ``--baseline-src`` every model is measured
-again in a subprocess whose ``PYTHONPATH`` is that snapshot (``python bench/gpu_check.py
+again in a subprocess whose ``PYTHONPATH`` is that snapshot (``python -m bench.gpu_check
 --make-baseline COMMIT`` makes one) and the table shows before and after side by side.
 Results: ``bench/results/search_proxies.{json,md}`` (cached per model and implementation, the md
 rewritten after each row and at the end; ``--fresh`` re-measures); ``--fuse-norms`` adds rows of
@@ -59,112 +59,14 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import RUNS, child_json, git_commit, load_cache, save_cache, snapshot_commit  # noqa: E402
+from bench.lib.benchlib import RUNS, child_json, git_commit, load_cache, save_cache, snapshot_commit  # noqa: E402
+from bench.lib.proxy_models import PROXY_MODELS, QUICK, ProxyModel, _call, _prepare, _step_fn  # noqa: E402
+from bench.lib.proxy_table import render  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
 __all__ = ["ProxyModel", "PROXY_MODELS", "top_level_operators", "launching_operators", "saved_bytes", "measure",
            "measure_compiled", "main"]
-
-
-@dataclass(frozen=True)
-class ProxyModel:
-    """A model, its inputs at a batch size, its task loss and its search target."""
-
-    name: str
-    build: Callable[[], nn.Module]
-    inputs: Callable[[int], Any]
-    loss: Callable[[Any, Any], torch.Tensor]
-    batch: int  # the batch of the bytes-saved trace (the GPU benchmark's)
-    target: float = 0.5
-    shape: str = ""
-    # the batch the operators are counted at: the smallest at which every mask takes the path it
-    # takes at ``batch`` (a fold multiplies the smaller of a layer's weight and its input or output,
-    # call by call: core.weight_masks), so that the counts are the real batch's
-    ops_batch: int = 2
-
-
-def _images(size: int, channels: int = 3) -> Callable[[int], torch.Tensor]:
-    return lambda b: torch.randn(b, channels, size, size, generator=torch.Generator().manual_seed(0))
-
-
-def _tokens(length: int, vocab: int) -> Callable[[int], dict[str, torch.Tensor]]:
-    return lambda b: {"input_ids": torch.randint(0, vocab, (b, length), generator=torch.Generator().manual_seed(0))}
-
-
-def _ce(out: Any, x: Any) -> torch.Tensor:
-    out = out.float()
-    return nn.functional.cross_entropy(out, torch.arange(out.shape[0], device=out.device) % out.shape[1])
-
-
-def _lm(out: Any, x: dict[str, torch.Tensor]) -> torch.Tensor:
-    logits, ids = out.logits[:, :-1].float(), x["input_ids"][:, 1:]
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
-
-
-def _tv(name: str) -> Callable[[], nn.Module]:
-    def build() -> nn.Module:
-        import dmscale as dms
-        dms.ensure_torchvision()
-        import torchvision
-        torch.manual_seed(0)
-        return getattr(torchvision.models, name)()
-    return build
-
-
-def _timm(name: str, **kw: Any) -> Callable[[], nn.Module]:
-    def build() -> nn.Module:
-        import dmscale as dms
-        dms.ensure_torchvision()
-        import timm
-        torch.manual_seed(0)
-        return timm.create_model(name, pretrained=False, **kw)
-    return build
-
-
-def _llama(layers: int, hidden: int, ffn: int, heads: int, kv: int, vocab: int) -> Callable[[], nn.Module]:
-    def build() -> nn.Module:
-        import dmscale as dms
-        dms.ensure_torchvision()
-        import transformers
-        torch.manual_seed(0)
-        cfg = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-                                       num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
-                                       max_position_embeddings=2048, tie_word_embeddings=True)
-        return transformers.LlamaForCausalLM(cfg)
-    return build
-
-
-def _small_cnn() -> nn.Module:
-    from dmscale.tasks.models import SmallCNN
-    torch.manual_seed(0)
-    return SmallCNN()
-
-
-PROXY_MODELS: dict[str, ProxyModel] = {m.name: m for m in [
-    # ops_batch 42: from there on only layer4's 3x3 convolutions (7 px) and fc multiply their input, as at
-    # batch 64 (below, layer4's 1x1 convolutions and, below 12, layer3's take their inputs too)
-    ProxyModel("resnet50", _tv("resnet50"), _images(224), _ce, 64, shape="torchvision, 224 px, batch 64",
-               ops_batch=42),
-    # 16 x 197 tokens: fc2's output (3152 x 768) outgrows its weight (768 x 3072) as at batch 64
-    ProxyModel("vit_b16", _timm("vit_base_patch16_224"), _images(224), _ce, 64, shape="timm, 224 px, batch 64",
-               ops_batch=16),
-    # 4 x 512 tokens: down_proj's output (2048 x 576) outgrows its weight (576 x 1536)
-    ProxyModel("llama_135m", _llama(30, 576, 1536, 9, 3, 49152), _tokens(512, 49152), _lm, 16, target=0.8,
-               shape="SmolLM2-135M's shape, random init, 16 x 512 tokens", ops_batch=4),
-    ProxyModel("small_cnn", _small_cnn, _images(28, 1), _ce, 64, shape="dmscale SmallCNN, 28 px, batch 64"),
-    ProxyModel("vit_s16", _timm("vit_small_patch16_224", num_classes=10), _images(224), _ce, 64,
-               shape="timm ViT-S/16, 224 px, batch 64", ops_batch=8),  # fc2: 1576 x 384 outputs, 384 x 1536 weight
-    ProxyModel("llama_small", _llama(4, 64, 128, 4, 2, 256), _tokens(32, 256), _lm, 8, target=0.8,
-               shape="Llama, 4 layers, d 64, GQA 4/2, random init, 8 x 32 tokens", ops_batch=8),
-]}
-QUICK = ["small_cnn", "vit_s16"]
-
-
-def _call(model: nn.Module, x: Any) -> Any:
-    return model(**x) if isinstance(x, dict) else model(x)
 
 
 def _events(step: Callable[[], Any]) -> list[Any]:
@@ -291,35 +193,6 @@ def saved_bytes(forward_loss: Callable[[], torch.Tensor], held_anyway: Iterable[
     return sum(held.values())
 
 
-def _prepare(spec: ProxyModel, model: nn.Module, x: Any, fuse_norms: bool = False) -> Any:
-    import dmscale as dms
-    example = {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
-    extra = {"fuse_norms": True} if fuse_norms else {}  # (the old code has no such option)
-    return dms.prepare(model, example, dms.SearchConfig(resource="macs", target=spec.target, **extra))
-
-
-def _step_fn(spec: ProxyModel, model: nn.Module, x: Any, searcher: Any) -> Callable[[], None]:
-    params = list(searcher.model_parameters()) if searcher is not None else list(model.parameters())
-    # foreach: the multi-tensor optimiser a GPU runs by default (on a CPU torch would loop)
-    opt_w = torch.optim.SGD(params, lr=1e-4, foreach=True)
-    opt_s = torch.optim.Adam(searcher.structure_parameters(), lr=1e-3, foreach=True) if searcher is not None else None
-
-    def step(optimise: bool = True) -> None:
-        loss = spec.loss(_call(model, x), x)
-        if searcher is not None:
-            loss = loss + searcher.resource_loss(0.5)
-        opt_w.zero_grad()
-        if opt_s is not None:
-            opt_s.zero_grad()
-        loss.backward()
-        if not optimise:
-            return
-        opt_w.step()
-        if opt_s is not None:
-            opt_s.step()
-    return step
-
-
 def _arms(spec: ProxyModel, fuse_norms: bool = False) -> tuple[Any, int, list[tuple[str, nn.Module, Any]]]:
     """The inputs of ``ops_batch``, the number of searched dims and the two arms: ("plain", a copy of the
     model, None) and ("dms", the model prepared for a search, its searcher)."""
@@ -411,74 +284,7 @@ def measure(name: str, fuse_norms: bool = False) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- driver
 def _in_subprocess(name: str, src: Path, compiled: bool = False, fuse_norms: bool = False) -> dict[str, Any]:
     flags = ["--child-compiled", name] if compiled else ["--child", name] + (["--child-fuse"] if fuse_norms else [])
-    return child_json(__file__, flags, [src, ROOT / "tests"])
-
-
-def _launch_cells(r: dict[str, Any]) -> str:
-    if "dms_launch" not in r:  # rows measured before the launch count existed
-        return "- | -"
-    return f"{r['plain_launch']:,} / {r['dms_launch']:,} | {r['launch_ratio']:.2f}"
-
-
-def _order(key: str) -> tuple[int, int, str]:
-    names = list(PROXY_MODELS)  # rows of models no longer in the list (older caches) last
-    name, _, impl = key.partition("@")
-    impls = ["before", "now", "fused"]
-    return (names.index(name) if name in names else len(names)), (impls.index(impl) if impl in impls else 3), key
-
-
-def render(cache: dict[str, Any]) -> str:
-    """The markdown tables of a cache (rows: model x implementation; compiled: model)."""
-    lines = [
-        "# What a DMS step adds, measured without a GPU (issue 29)", "",
-        "Written by `bench/search_proxies.py` (see its docstring for the method). Operators: top-level "
-        "`aten::` operators of one training step (forward, task loss, `resource_loss(0.5)`, backward, SGD "
-        "on the weights, Adam on the ratios), DMS over plain; independent of the device and of the batch. "
-        "Launching: those of them that run device work (views such as `detach`, `select`, a `reshape` "
-        "without a copy, casts to the dtype a tensor has and bare allocations left out), the closer proxy "
-        "of kernel launches on a GPU. "
-        "Saved: bytes the autograd graph holds for the backward pass when the loss is computed, at the "
-        "real batch, bf16 autocast, traced with FakeTensorMode, DMS over plain (the model's own parameters "
-        "and buffers, which the graph of a masked weight `W * m` refers to, are held anyway and not "
-        "counted). Syncs: "
-        "`aten::_local_scalar_dense` per DMS step (progress 0.5, outside the settle phase). Goals of "
-        "issue 29: operators <= 1.5x, saved bytes <= 1.10x, 0 syncs.", "",
-        f"- command: `{cache.get('command', '')}`",
-        f"- machine: {cache.get('machine', '')}", "",
-        "| model | input | code | dims | operators plain / DMS | ratio | launching plain / DMS | ratio "
-        "| saved GiB plain / DMS | ratio | syncs |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for key in sorted(cache["rows"], key=_order):
-        r = cache["rows"][key]
-        lines.append(
-            f"| {r['model']} | {r['shape']} | {r['impl']} | {r['dims']} | {r['plain_ops']:,} / {r['dms_ops']:,} "
-            f"| {r['ops_ratio']:.2f} | {_launch_cells(r)} "
-            f"| {r['plain_bytes'] / 2**30:.2f} / {r['dms_bytes'] / 2**30:.2f} | {r['bytes_ratio']:.3f} "
-            f"| {r['dms_sync']} |")
-    compiled = cache.get("compiled") or {}
-    if compiled:
-        lines += [
-            "", "## Under torch.compile(model)", "",
-            "The same step with the model (plain, or with DMS attached) under `torch.compile(model)` "
-            "(inductor, CPU kernels profiled): launching operators per step, a generated kernel counting "
-            "as one; graph kernels alone in their own column. The forward and backward of the model "
-            "become fused kernels; the gates' mask computation, the resource loss, the optimisers and "
-            "the backward of the eager parts stay eager, a fixed number of operators per step whatever "
-            "the model's depth. Inductor fuses differently on a GPU (Triton): the kernel counts are a "
-            "proxy for the launches there, not a count of them.", "",
-            f"- command: `{compiled.get('command', '')}`", "",
-            "| model | input | code | dims | launching plain / DMS | ratio | of which graph kernels plain / DMS "
-            "| added outside the graphs |",
-            "|---|---|---|---:|---:|---:|---:|---:|",
-        ]
-        for key in sorted(compiled["rows"], key=_order):
-            r = compiled["rows"][key]
-            lines.append(
-                f"| {r['model']} | {r['shape']} | {r['impl']} | {r['dims']} | {r['plain_launch']:,} / "
-                f"{r['dms_launch']:,} | {r['launch_ratio']:.2f} | {r['plain_kernels']:,} / {r['dms_kernels']:,} "
-                f"| {r['dms_launch'] - r['plain_launch'] - (r['dms_kernels'] - r['plain_kernels']):,} |")
-    return "\n".join(lines) + "\n"
+    return child_json("bench.search_proxies", flags, [src, ROOT / "tests"])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -504,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     models = args.models or (QUICK if args.quick else list(PROXY_MODELS))
     path = out_dir / "search_proxies.json"
     cache = load_cache(path, {"rows": {}})
-    command = "PYTHONPATH=src:tests python bench/search_proxies.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "PYTHONPATH=src:tests python -m bench.search_proxies " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.compiled:  # the compiled table keeps its own command; the eager table's stays
         table = cache.setdefault("compiled", {"rows": {}})
         table["command"] = command

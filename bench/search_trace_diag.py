@@ -1,7 +1,7 @@
 """Issue 56, item 1: what moves each dimension's ratio in DMS_p's search, residual streams
 against a block's own widths, from the search trace (``search_trace.jsonl``).
 
-    PYTHONPATH=src python bench/search_trace_diag.py --width 4 --target 0.5 --seeds 0 1 2 3 4 [--table-only]
+    python -m bench.search_trace_diag --width 4 --target 0.5 --seeds 0 1 2 3 4 [--table-only]
 
 Per seed, the DMS_p search of ``bench/peers.py``'s protocol (``--pipeline p --init`` the seed's
 pretrained supernet of ``peers_diag``, 2 epochs, ``--settle 0.4 --settle-hold``, no retrain) is
@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import command_line, git_commit, load_cache, mean_std, save_cache, shared_machine, widths, write_md  # noqa: E402
+from bench.lib.benchlib import command_line, git_commit, load_cache, mean_std, save_cache, shared_machine, widths, write_md  # noqa: E402
 from dmscale.config.run_config import RunConfig  # noqa: E402
 from dmscale.run.pipeline import Pipeline  # noqa: E402
 from dmscale.run.report_plots import write_plots  # noqa: E402
@@ -141,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.table_only:  # the commit and machine the runs ran on
         cache.update(commit=git_commit(ROOT), machine=shared_machine(f"{args.threads} thread(s)"))
         setting = cache["settings"].setdefault(key, {"runs": {}})
-        setting["command"] = command_line("bench/search_trace_diag.py", argv)
+        setting["command"] = command_line("-m bench.search_trace_diag", argv)
         for seed in args.seeds:
             run = run_search(args.width, args.target, seed, args.threads)
             setting["runs"][str(seed)] = summarise(run)

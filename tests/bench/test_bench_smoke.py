@@ -84,8 +84,8 @@ def test_quick_run_writes_its_table_under_the_workdir_only(script: str, table: s
         else:
             pytest.importorskip(module)
     before = _owned(owns)
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), "--quick", "--workdir", str(tmp_path)],
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", f"bench.{script}", "--quick", "--workdir", str(tmp_path)],
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"bench/{script}.py --quick failed:\n{proc.stderr[-3000:]}"
     out = tmp_path / "quick" / table
@@ -97,10 +97,8 @@ def test_quick_run_writes_its_table_under_the_workdir_only(script: str, table: s
 def test_latency_fit_names_the_arguments_it_was_called_with(tmp_path: Path) -> None:
     """Called as ``main(argv)`` (not from a shell), the table's command line is ``argv``; it
     was the calling process's ``sys.argv``."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    sys.path.insert(0, str(ROOT / "tests"))
-    import latency_fit
+    from bench import latency_fit
 
     latency_fit.main(["--quick", "--workdir", str(tmp_path), "--rounds", "2"])
     md = (tmp_path / "quick" / "latency.md").read_text()
-    assert f"python bench/latency_fit.py --quick --workdir {tmp_path} --rounds 2`" in md
+    assert f"python -m bench.latency_fit --quick --workdir {tmp_path} --rounds 2`" in md

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "lib"))
-import benchlib  # noqa: E402
+from bench.lib import benchlib  # noqa: E402
 
 
 def test_doctests_pass() -> None:
@@ -85,16 +83,17 @@ def test_a_rerun_that_completes_a_cut_off_invocation_is_named_once() -> None:
 
 
 def test_child_json_returns_the_last_line_and_a_failure_carries_its_error_output(tmp_path):
-    from benchlib import child_json, snapshot_commit
+    from bench.lib.benchlib import child_json, snapshot_commit
 
-    script = tmp_path / "child.py"
+    (tmp_path / "src").mkdir()
+    script = tmp_path / "src" / "child_mod.py"  # run as ``python -m child_mod`` with src on PYTHONPATH
     script.write_text("import json, os, sys\nprint('progress')\n"
                       "if sys.argv[1] == 'fail': sys.exit('no such model')\n"
                       "print(json.dumps({'arg': sys.argv[1], 'path': os.environ['PYTHONPATH']}))\n")
-    out = child_json(str(script), ["x"], [tmp_path / "src", tmp_path / "tests"])
+    out = child_json("child_mod", ["x"], [tmp_path / "src", tmp_path / "tests"])
     assert out == {"arg": "x", "path": os.pathsep.join([str(tmp_path / "src"), str(tmp_path / "tests")])}
     with pytest.raises(RuntimeError, match="no such model"):
-        child_json(str(script), ["fail"], [tmp_path / "src"])
+        child_json("child_mod", ["fail"], [tmp_path / "src"])
     assert snapshot_commit(tmp_path / "src") == "?"
     (tmp_path / "COMMIT").write_text("340ec91143e7\n")
     assert snapshot_commit(tmp_path / "src") == "340ec91"

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import deploy_latency  # noqa: E402
+from bench import deploy_latency  # noqa: E402
+from bench.lib import deploy_models  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 COLS = 15
@@ -29,7 +29,7 @@ def _rows(md: str) -> list[list[str]]:
 
 def _quick(tmp_path: Path, *extra: str) -> list[list[str]]:
     before = {p: p.stat().st_mtime_ns for p in RESULTS.glob("deploy_latency*")}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "deploy_latency.py"), "--quick", "--bf16",
+    proc = subprocess.run([sys.executable, "-m", "bench.deploy_latency", "--quick", "--bf16",
                            "--workdir", str(tmp_path), *extra], env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -102,7 +102,7 @@ def test_the_device_table_times_a_language_model_on_token_ids(tmp_path: Path) ->
     """The Llama row: token ids in, pruned to half the MACs, both nets timed in bfloat16; no
     ONNX for token inputs (n/a, not an error)."""
     pytest.importorskip("transformers")
-    entry = deploy_latency.bench_one_device(deploy_latency._llama(small=True), 16, torch.device("cpu"), {1: 1, 2: 1},
+    entry = deploy_latency.bench_one_device(deploy_models._llama(small=True), 16, torch.device("cpu"), {1: 1, 2: 1},
                                             tmp_path, compile_=False, vocab=256)
     assert entry["errors"] == [] and entry["ort"].startswith("n/a")
     assert 0.45 <= entry["macs_ratio"] <= 0.5

@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import deploy_traffic  # noqa: E402
+from bench import deploy_traffic  # noqa: E402
 
 
 def test_activation_elements_count_every_leaf_output_once():

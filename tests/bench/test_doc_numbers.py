@@ -1,4 +1,4 @@
-"""The result numbers of README.md, docs/ and bench/RESULTS.md are the caches' numbers:
+"""The result numbers of README.md, docs/, bench/RESULTS.md and the readings in bench/results are the caches' numbers:
 ``scripts/doc_numbers.py --check`` finds no marked span whose text differs from what
 bench/results gives, and a number altered by hand is reported (file, line, key, both texts)
 and put back by ``--write``."""
@@ -33,7 +33,7 @@ def test_the_documents_agree_with_the_caches(dn) -> None:
 
 
 def test_every_number_is_shown_and_every_span_has_a_number(dn) -> None:
-    used = {key for doc in dn.DOCUMENTS for key, _, _ in dn.spans((ROOT / doc).read_text(encoding="utf-8"))}
+    used = {key for doc in dn.documents() for key, _, _ in dn.spans(doc.read_text(encoding="utf-8"))}
     assert used <= set(dn.NUMBERS)
     assert set(dn.NUMBERS) <= used, f"keys no document shows: {sorted(set(dn.NUMBERS) - used)}"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -60,7 +60,8 @@ def _alter(text: str, key: str) -> tuple[str, str]:
 @pytest.mark.parametrize("name, key", [("README.md", "peers.w8.t0.25"), ("README.md", "default_run.table"),
                                        ("docs/benchmarks.md", "llm5.t0.8.headline"),
                                        ("docs/gpus.md", "gpu.cost"), ("docs/deploy.md", "deploy.cuda.compiled"),
-                                       ("bench/RESULTS.md", "llm5.band")])
+                                       ("bench/RESULTS.md", "llm5.band"), ("bench/RESULTS.md", "results.machines"),
+                                       ("bench/results/llm_table5_results_reading.md", "llm5.band")])
 def test_an_altered_number_is_reported_and_written_back(dn, tmp_path: Path, name: str, key: str) -> None:
     doc = _copy(tmp_path, name)
     original = doc.read_text(encoding="utf-8")
@@ -115,3 +116,18 @@ def test_the_gpu_step_line_counts_the_models_over_the_goal(dn) -> None:
         "all 3 within the 1.2x goal")
     assert dn.gpu_step_text({"resnet50": 1.1, "vit_b16": 2.47, "llama_135m": 1.0}).endswith(
         "1 of 3 over the 1.2x goal")
+
+
+def test_the_readings_are_documents_and_the_caches_can_be_read_from_a_copy(dn, tmp_path: Path) -> None:
+    """The hand-written readings in bench/results are checked like the documents; ``use_results``
+    points every key at a copy of the caches (the check of bench/lib/results_doc.py reads one)."""
+    names = {p.relative_to(ROOT).as_posix() for p in dn.documents()}
+    assert {"bench/RESULTS.md", "bench/results/llm_table5_results_reading.md"} <= names
+    shutil.copy(ROOT / "bench" / "results" / "default_run.json", tmp_path / "default_run.json")
+    before = dn.use_results(tmp_path)
+    try:
+        assert dn.value("results.machines") == "2 CPUs (x86_64), torch 2.13.0+cpu (1 row)"
+    finally:
+        dn.use_results(before)
+    assert dn.value("results.machines").startswith("2 CPUs (x86_64), torch 2.13.0+cpu (")
+    assert dn.value("results.machines") != "2 CPUs (x86_64), torch 2.13.0+cpu (1 row)"

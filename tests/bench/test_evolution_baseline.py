@@ -21,9 +21,7 @@ import dmscale as dms
 from dmscale.tasks.models import ResNetCifar
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))
-import evolution_lib as el  # noqa: E402
+from bench.lib import evolution_lib as el  # noqa: E402
 
 
 def _setup() -> tuple[torch.nn.Module, dms.Searcher, torch.Tensor, torch.Tensor]:
@@ -100,8 +98,8 @@ def test_quick_smoke_run_writes_its_table_under_the_workdir(tmp_path: Path) -> N
     """``bench/evolution.py --quick`` (no CPU-second cap) runs end to end and leaves
     bench/results alone; it crashed formatting the missing cap."""
     before = {p: p.stat().st_mtime_ns for p in (ROOT / "bench" / "results").glob("evolution*")}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "evolution.py"), "--quick", "--workdir", str(tmp_path)],
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    proc = subprocess.run([sys.executable, "-m", "bench.evolution", "--quick", "--workdir", str(tmp_path)],
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = (tmp_path / "quick" / "evolution.md").read_text()
@@ -113,7 +111,7 @@ def test_quick_smoke_run_writes_its_table_under_the_workdir(tmp_path: Path) -> N
 def test_cache_key_names_depth_hold_and_cap_only_when_set() -> None:
     """The cached ResNet-20 rows keep their keys; ``--depth``, ``--settle-hold`` and a cap other
     than 420 s each get their own."""
-    import evolution
+    from bench import evolution
     base = evolution.BenchConfig(settle=0.4)
     assert base.key() == "t0.5-pre10.0-s36.36-evo50x10-imp20-bn5-settle0.4"
     deep = evolution.BenchConfig(settle=0.4, settle_hold=True, depth=56,
@@ -130,8 +128,7 @@ def test_cache_key_names_depth_hold_and_cap_only_when_set() -> None:
 _DRIVER = """
 import sys, time
 from pathlib import Path
-sys.path.insert(0, {bench!r})
-import evolution as ev
+from bench import evolution as ev
 out = Path({out!r})
 ev.RESULTS = out
 ev._pretrain = lambda bc, seed, work: out
@@ -148,8 +145,8 @@ def test_two_invocations_adding_seeds_at_once_keep_both(tmp_path: Path) -> None:
     """Each invocation loaded the cache once and saved its whole copy: the one that saved last
     dropped the other's seed. Runs and table stubbed; the cache handling is the real one."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    procs = [subprocess.Popen([sys.executable, "-c", _DRIVER.format(bench=str(ROOT / "bench"), out=str(tmp_path),
-                                                                   seed=str(seed))], env=env)
+    procs = [subprocess.Popen([sys.executable, "-c", _DRIVER.format(out=str(tmp_path),
+                                                                   seed=str(seed))], env=env, cwd=ROOT)
              for seed in (0, 1)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
     cache = json.loads((tmp_path / "evolution.json").read_text())

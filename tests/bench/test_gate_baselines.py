@@ -19,9 +19,7 @@ import dmscale as dms
 from dmscale.tasks.models import ResNetCifar
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))
-import gates_lib as gl  # noqa: E402
+from bench.lib import gates_lib as gl  # noqa: E402
 
 TARGET = 0.5
 
@@ -60,8 +58,8 @@ def test_baseline_gate_reaches_target_and_exports_exactly(name: str) -> None:
         want = model(x)
     assert torch.allclose(small.eval()(x), want, atol=1e-5)
     state = searcher.state_dict()
-    assert state["config"]["gate_factory"] in (None, f"gates_lib.{getattr(kind, '__qualname__', '')}",
-                                               "gates_lib.no_normalization")
+    assert state["config"]["gate_factory"] in (None, f"bench.lib.gates_lib.{getattr(kind, '__qualname__', '')}",
+                                               "bench.lib.gates_lib.no_normalization")
 
 
 def test_default_gate_is_dms() -> None:

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import gpu_check  # noqa: E402
+from bench import gpu_check  # noqa: E402
 
 T1_COLS, T2_COLS = 12, 9
 
@@ -71,7 +70,7 @@ def test_a_spent_budget_and_a_missing_snapshot_still_give_every_row(tmp_path: Pa
     assert all(r[3] == "n/a" for r in t1[0::2]) and all(r[3] == "skipped" for r in t1[1::2])
     state = json.loads((tmp_path / "gpu_check.json").read_text())
     assert state["impls"]["today"]["present"] is False and state["run"]["finished"]
-    assert "make it: python bench/gpu_check.py --make-baseline COMMIT" in state["jobs"]["today/resnet50"]["na"]
+    assert "make it: python -m bench.gpu_check --make-baseline COMMIT" in state["jobs"]["today/resnet50"]["na"]
 
 
 def test_a_worker_stopped_after_the_plain_arm_leaves_its_numbers() -> None:
@@ -93,7 +92,7 @@ def test_a_worker_stopped_after_the_plain_arm_leaves_its_numbers() -> None:
 
 
 def _quick(baseline: Path, out: Path, models: list[str], *extra: str) -> tuple[dict, str]:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--quick", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--quick", "--out", str(out),
                            "--baseline-src", str(baseline), "--models", *models, *extra],
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)

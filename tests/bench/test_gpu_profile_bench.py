@@ -8,8 +8,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import gpu_profile  # noqa: E402
+from bench import gpu_profile  # noqa: E402
 
 
 def test_a_profiled_step_reports_its_wall_and_host_time_and_top_operators() -> None:

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import gpu_check  # noqa: E402
-import gpu_session  # noqa: E402
+from bench import gpu_check  # noqa: E402
+from bench import gpu_session  # noqa: E402
 
 
 def test_the_steps_fit_the_budget_and_ask_gpu_check_for_the_fold_batch_rows(tmp_path: Path) -> None:
@@ -19,7 +18,8 @@ def test_the_steps_fit_the_budget_and_ask_gpu_check_for_the_fold_batch_rows(tmp_
     assert [s.name for s in plan] == ["train", "profile", "latency"]
     assert sum(s.limit_s for s in plan) <= 540
     train = plan[0].argv
-    args = gpu_check._parse(train[1:])
+    assert train[:2] == ["-m", "bench.gpu_check"]
+    args = gpu_check._parse(train[2:])
     keys = [j["key"] for j in gpu_check.plan(args)]
     # the batch's question first: the new code with and without it, per model, before the compiled rows
     assert keys[:6] == ["new/vit_b16", "new/llama_135m", "new/resnet50", "new+per_layer_folds/vit_b16",

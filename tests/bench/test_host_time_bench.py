@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import host_time  # noqa: E402
+from bench import host_time  # noqa: E402
 
 
 def test_the_tiny_models_keep_the_real_models_layers():
     import torch
 
-    from search_proxies import PROXY_MODELS
+    from bench.search_proxies import PROXY_MODELS
 
     def kinds(model: torch.nn.Module) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -14,8 +14,7 @@ import torch
 import dmscale as dms
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import importance  # noqa: E402
+from bench import importance  # noqa: E402
 
 
 def _gates(metric: str) -> list:

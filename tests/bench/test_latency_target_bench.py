@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import latency_target  # noqa: E402
+from bench import latency_target  # noqa: E402
 
 
 def test_quick_run_meets_both_budgets_and_tables_them(tmp_path: Path) -> None:

@@ -22,11 +22,10 @@ import torch
 import dmscale as dms
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))
 dms.ensure_torchvision()
 transformers = pytest.importorskip("transformers")
-import llm_baselines_lib as lib  # noqa: E402
+from bench.lib import llm_baselines_lib as lib  # noqa: E402
+from bench.lib import llm_baselines_runs  # noqa: E402
 
 VOCAB, HIDDEN, FFN = 40, 24, 32
 
@@ -290,12 +289,12 @@ def test_torch_pruning_hidden_cuts_every_hidden_channel_alike_and_lands_nearest(
 def test_a_hidden_size_off_the_head_count_cannot_be_saved() -> None:
     """What the tp_hidden rows record: transformers refuses to save a config whose hidden size is
     no multiple of the query heads (SmolLM2 cut to hidden 500 with 9 heads)."""
-    import llm_baselines
+    from bench import llm_baselines
 
     lm = _lm3()
-    assert llm_baselines._config_saves(lm) == "ok"
+    assert llm_baselines_runs._config_saves(lm) == "ok"
     lm.config.hidden_size = 44
-    assert "not a multiple of the number of attention heads" in llm_baselines._config_saves(lm)
+    assert "not a multiple of the number of attention heads" in llm_baselines_runs._config_saves(lm)
 
 
 def test_ffn_keep_for_target_refuses_what_ffn_units_cannot_reach() -> None:
@@ -336,7 +335,7 @@ def test_table5_epochs_give_the_exact_step_counts() -> None:
     import argparse
     import math
 
-    import llm_table5
+    from bench import llm_table5
 
     args = argparse.Namespace(batch_size=4, seq_len=128)
     spe = 1_407_001 // (4 * 128)
@@ -346,7 +345,7 @@ def test_table5_epochs_give_the_exact_step_counts() -> None:
 def test_table5_table_pairs_dms_with_the_best_baseline_by_seed(tmp_path: Path) -> None:
     import json
 
-    from table5_records import record as rec, table5_markdown
+    from table5_fakes import record as rec, table5_markdown
 
     rows = [rec("dms", 0, 80.0), rec("dms", 1, 90.0), rec("shortgpt", 0, 100.0), rec("shortgpt", 1, 100.0),
             rec("taylor", 0, 120.0), rec("taylor", 1, 60.0)]  # taylor: mean 90 < shortgpt's 100
@@ -361,7 +360,7 @@ def test_table5_table_pairs_dms_with_the_best_baseline_by_seed(tmp_path: Path) -
 def test_table5_pairs_each_dms_search_space_with_the_best_baseline(tmp_path: Path) -> None:
     """The FFN-only DMS rows (attention excluded) get their own comparison line and their own
     structure line (no KV groups to report), beside the default DMS rows."""
-    from table5_records import record, table5_markdown
+    from table5_fakes import record, table5_markdown
 
     def rec(method: str, seed: int, ppl: float, kv: list[int]) -> dict:
         if not method.startswith("dms"):
@@ -382,7 +381,7 @@ def test_table5_reports_dms_widths_alone_against_dms_and_the_best_baseline(tmp_p
     """The ``dms_widths`` ablation (DMS's per-layer widths, finetuned from the original) is a row
     of its own and is compared, paired by seed, with DMS and with the best baseline, never
     counted as a baseline."""
-    from table5_records import record, table5_markdown
+    from table5_fakes import record, table5_markdown
 
     def rec(method: str, seed: int, ppl: float) -> dict:
         if method != "dms":
@@ -404,7 +403,7 @@ def test_table5_dms_widths_needs_the_kept_layers_of_a_shallower_structure(tmp_pa
     import argparse
     import json
 
-    import llm_table5
+    from bench import llm_table5
 
     (tmp_path / "dms_t0.8_s0.json").write_text(json.dumps(
         {"structure": {"layers": [29], "kv_groups": [3] * 29, "ffn": [900] * 29}}))  # an older record
@@ -425,7 +424,7 @@ def test_table5_dms_widths_needs_the_kept_layers_of_a_shallower_structure(tmp_pa
 def test_table5_structure_summary_names_the_kept_layers(tmp_path: Path) -> None:
     import json
 
-    import llm_table5
+    from bench import llm_table5
 
     layers = [f"lm.model.layers.{i}" for i in range(30)]
     width = [{"name": f"{n}.self_attn.heads", "kept": 2} for n in layers] + [
@@ -441,7 +440,7 @@ def test_table5_checks_equal_weight_steps_seed_by_seed(tmp_path: Path) -> None:
     """A seed whose DMS search took a finish step (71 weight steps) is paired with baselines that
     finetuned 71 too: no flag. The flag is raised only where a seed's two arms differ (it was
     raised for any mix of step counts across seeds)."""
-    from table5_records import record as rec, table5_markdown
+    from table5_fakes import record as rec, table5_markdown
 
     rows = [rec("dms", 0, 80.0, 70), rec("dms", 1, 80.0, 71), rec("tp_taylor", 0, 90.0, 70),
             rec("tp_taylor", 1, 90.0, 71)]
@@ -453,7 +452,7 @@ def test_table5_checks_equal_weight_steps_seed_by_seed(tmp_path: Path) -> None:
 def test_results_record_the_workdir_relative_to_the_checkout():
     """The json of a run names ``--workdir`` relative to the checkout (no machine's paths in
     bench/results), a path outside it as given."""
-    import llm_baselines
+    from bench import llm_baselines
 
     assert llm_baselines._shown(llm_baselines.ROOT / "bench" / "runs" / "x") == "bench/runs/x"
     assert llm_baselines._shown(Path("/elsewhere/runs")) == "/elsewhere/runs"

@@ -20,13 +20,12 @@ import torch
 import dmscale as dms
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))
 dms.ensure_torchvision()
 transformers = pytest.importorskip("transformers")
-import llm_baselines  # noqa: E402
-import llm_baselines_lib as lib  # noqa: E402
-import llm_minitron as mt  # noqa: E402
+from bench import llm_baselines  # noqa: E402
+from bench.lib import llm_baselines_runs  # noqa: E402
+from bench.lib import llm_baselines_lib as lib  # noqa: E402
+from bench.lib import llm_minitron as mt  # noqa: E402
 
 VOCAB, HIDDEN, FFN, HD = 40, 72, 64, 4
 
@@ -62,7 +61,7 @@ def test_minitron_hits_the_target_and_saves(fraction: float) -> None:
     assert mt.kept_widths(lm) == {"q_heads": 3 * w["q_per_group"], "kv_heads": 3, "hidden": w["hidden"],
                                   "ffn": w["ffn"]}
     assert lm(_ids()).logits.shape == (3, 10, VOCAB)
-    assert llm_baselines._config_saves(lm) == "ok"
+    assert llm_baselines_runs._config_saves(lm) == "ok"
     assert lm.lm_head.weight is lm.model.embed_tokens.weight
 
 
@@ -144,8 +143,8 @@ def test_prune_refuses_widths_before_cutting() -> None:
 def test_table5_pairs_minitron_with_dms_the_best_other_baseline_and_tp_hidden(tmp_path: Path) -> None:
     """The Minitron arm is a row of the table and a baseline; its own line pairs it by seed with
     DMS, the best of the other baselines and the Torch-Pruning arm of the same scope."""
-    import llm_table5
-    from table5_records import record as rec, table5_markdown
+    from bench import llm_table5
+    from table5_fakes import record as rec, table5_markdown
 
     rows = [rec("dms", 0, 80.0), rec("dms", 1, 80.0), rec("minitron", 0, 88.0), rec("minitron", 1, 96.0),
             rec("tp_taylor", 0, 80.0), rec("tp_taylor", 1, 100.0), rec("tp_hidden", 0, 110.0),

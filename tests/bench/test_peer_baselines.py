@@ -16,9 +16,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))
-import peers_lib as pl  # noqa: E402
+from bench.lib import peers_lib as pl  # noqa: E402
 from dmscale.tasks.models import ResNetCifar  # noqa: E402
 
 TARGET = 0.5
@@ -72,7 +70,8 @@ def test_torch_pruning_reaches_target(importance: str) -> None:
 def test_table_reads_each_method_against_the_unpruned_ceiling() -> None:
     """Table 4's section adds the unpruned supernet (same finetune) as a reference row and
     each method's paired difference from it, once every seed has it; not before."""
-    import peers
+    from bench import peers
+    from bench.lib import peers_runs
 
     def row(method: str, acc: float, seed: int) -> dict:
         return {"seed": seed, "method": method, "acc": acc, "macs": 10, "params": 5, "macs_frac": 0.5,
@@ -94,30 +93,32 @@ def test_table_reads_each_method_against_the_unpruned_ceiling() -> None:
 def test_cache_keys_of_another_width_leave_the_width8_keys_alone() -> None:
     """``peers.py --width 4`` stores under its own keys; a width-8 setting keeps the key its
     cached rows were stored under (no width in it)."""
-    import peers
+    from bench import peers
+    from bench.lib import peers_runs
 
     cfg = {"target": 0.5, "pretrain_epochs": 10.0, "search_epochs": 2.0, "finetune_epochs": 4.0, "settle": 0.4,
            "settle_hold": True}
-    assert peers._key(cfg) == "t0.5-pre10.0-s2.0-ft4.0-settle0.4-hold"
-    assert peers._key({**cfg, "width": 8}) == peers._key(cfg)
-    assert peers._key({**cfg, "width": 4}) == "w4-t0.5-pre10.0-s2.0-ft4.0-settle0.4-hold"
-    assert peers._model(4)["model_args"] == {"width": 4} and peers.MODEL["model_args"] == {"width": 8}
+    assert peers_runs._key(cfg) == "t0.5-pre10.0-s2.0-ft4.0-settle0.4-hold"
+    assert peers_runs._key({**cfg, "width": 8}) == peers_runs._key(cfg)
+    assert peers_runs._key({**cfg, "width": 4}) == "w4-t0.5-pre10.0-s2.0-ft4.0-settle0.4-hold"
+    assert peers_runs._model(4)["model_args"] == {"width": 4} and peers_runs.MODEL["model_args"] == {"width": 8}
 
 
 def test_a_setting_names_its_task_and_model_in_its_key_and_run_config():
     """``--task mnist --model tv:resnet18`` settings get keys and run directories of their own;
-    the ResNet-20 settings keep the RunConfig fields every caller of ``peers._run`` passes
-    (``random_control`` and ``np_fastnas`` build theirs with ``peers._setting``)."""
-    import peers
+    the ResNet-20 settings keep the RunConfig fields every caller of ``peers_runs._run`` passes
+    (``random_control`` and ``np_fastnas`` build theirs with ``peers_runs._setting``)."""
+    from bench import peers
+    from bench.lib import peers_runs
     from dmscale.config.run_config import RunConfig
 
     cfg = {"target": 0.5, "pretrain_epochs": 3.0, "search_epochs": 1.0, "finetune_epochs": 2.0}
-    assert peers._setting({**cfg, "width": 4}) == {"task": "digits", "model": "resnet", "model_args": {"width": 4}}
+    assert peers_runs._setting({**cfg, "width": 4}) == {"task": "digits", "model": "resnet", "model_args": {"width": 4}}
     tv = {**cfg, "task": "mnist", "model": "tv:resnet18", "train_limit": 5000}
-    assert peers._setting(tv) == {"task": "mnist", "model": "tv:resnet18", "train_limit": 5000}
-    assert peers._key(tv) == "mnist-tv_resnet18-n5000-t0.5-pre3.0-s1.0-ft2.0"
-    assert peers._key(cfg) == "t0.5-pre3.0-s1.0-ft2.0"
-    for setting in (peers._setting(cfg), peers._setting(tv)):
+    assert peers_runs._setting(tv) == {"task": "mnist", "model": "tv:resnet18", "train_limit": 5000}
+    assert peers_runs._key(tv) == "mnist-tv_resnet18-n5000-t0.5-pre3.0-s1.0-ft2.0"
+    assert peers_runs._key(cfg) == "t0.5-pre3.0-s1.0-ft2.0"
+    for setting in (peers_runs._setting(cfg), peers_runs._setting(tv)):
         RunConfig(command="pretrain", **setting).resolved()  # fields a run accepts
 
 
@@ -156,7 +157,7 @@ def _fastnas_case(depth: int, target: float, tmp_path: Path) -> dict:
     calibration and scoring come from the training split only; the exported sub-net loads into
     the dmscale structure built from its shapes (the shared finetune's form)."""
     pytest.importorskip("modelopt")
-    import peers_modelopt as pm
+    from bench.lib import peers_modelopt as pm
 
     model, task = _digits_resnet(depth)
     x = torch.randn(1, 1, 8, 8)
@@ -194,7 +195,7 @@ def test_modelopt_fastnas_on_resnet20(target: float, tmp_path: Path) -> None:
 
 
 def test_fastnas_holdout_is_disjoint_and_covers_the_training_split() -> None:
-    import peers_modelopt as pm
+    from bench.lib import peers_modelopt as pm
 
     x, y = torch.arange(50.0).reshape(50, 1, 1, 1), torch.arange(50)
     cal, score = pm.holdout_split(x, y, seed=3, holdout=0.2, batch_size=16)
@@ -207,7 +208,8 @@ def test_fastnas_holdout_is_disjoint_and_covers_the_training_split() -> None:
 def test_table_adds_fastnas_rows_over_the_seeds_that_ran_it() -> None:
     """FastNAS rows, the paired interval against DMS_p and per-stage widths appear for the
     seeds that have a FastNAS row; the main table keeps every seed of the core methods."""
-    import peers
+    from bench import peers
+    from bench.lib import peers_runs
 
     groups = ["conv1", "layer1.0.conv1", "layer2.0.conv1", "layer2.0.conv2"]
 
@@ -237,7 +239,8 @@ def test_table_adds_fastnas_rows_over_the_seeds_that_ran_it() -> None:
 def test_the_random_control_ranks_dms_p_among_its_seeds_draws() -> None:
     """Issue 56: with ``--methods random`` the section says where DMS_p falls among the random
     structures of its seed (share below it, its 75th-percentile draw, paired over seeds)."""
-    import peers
+    from bench import peers
+    from bench.lib import peers_runs
 
     def row(method: str, acc: float, seed: int) -> dict:
         return {"seed": seed, "method": method, "acc": acc, "macs": 10, "params": 5, "macs_frac": 0.995,
@@ -247,24 +250,25 @@ def test_the_random_control_ranks_dms_p_among_its_seeds_draws() -> None:
     runs = {str(s): {m: row(m, a, s) for m, a in accs.items()} for s in (0, 1)}
     draws = (0.90, 0.92, 0.94, 0.98, 0.99)  # DMS_p (0.96) above 3 of 5; the 75th percentile 0.98
     for s in (0, 1):
-        runs[str(s)].update({m: row(m, a, s) for a, m in zip(draws, peers.RANDOM)})
+        runs[str(s)].update({m: row(m, a, s) for a, m in zip(draws, peers_runs.RANDOM)})
     cache = {"settings": {"k": {"target": 0.5, "pretrain_epochs": 1, "search_epochs": 1, "finetune_epochs": 1}},
              "runs": {"k": runs}, "info": {}}
     text = "\n".join(peers._section(cache, "k"))
     line = next(t for t in text.splitlines() if t.startswith("**Random structures**"))
     assert "5 per seed" in line and "DMS_p is above 60 % of its seed's draws (per seed 60, 60)" in line
     assert "75th-percentile draw, pt: -2.00" in line and "best draw: -3.00" in line
-    assert peers._key({"target": 0.5, "pretrain_epochs": 1.0, "search_epochs": 1.0, "finetune_epochs": 1.0,
+    assert peers_runs._key({"target": 0.5, "pretrain_epochs": 1.0, "search_epochs": 1.0, "finetune_epochs": 1.0,
                        "width": 4, "depth": 32}).startswith("w4-d32-t0.5")
-    assert peers._model(4, 32)["model_args"] == {"width": 4, "depth": 32}
+    assert peers_runs._model(4, 32)["model_args"] == {"width": 4, "depth": 32}
 
 
 def test_a_weight_frozen_search_gets_the_peers_finetune() -> None:
     """p- trains no weights in its search: with --equal-training it is finetuned as long as
     the peers, DMS_p and its other variants as long as DMS_p."""
-    import peers
+    from bench import peers
+    from bench.lib import peers_runs
 
     cfg = {"search_epochs": 2.0, "finetune_epochs": 4.0, "equal_training": True}
-    assert peers._finetune_epochs(cfg, "dms_pminus") == peers._finetune_epochs(cfg, "uniform") == 6.0
-    assert peers._finetune_epochs(cfg, "dms_p") == peers._finetune_epochs(cfg, "dms_p_keep_residual") == 4.0
-    assert peers._finetune_epochs(cfg, "dms_p_long") == 2.0  # 4 search epochs + 2: DMS_p's 2 + 4
+    assert peers_runs._finetune_epochs(cfg, "dms_pminus") == peers_runs._finetune_epochs(cfg, "uniform") == 6.0
+    assert peers_runs._finetune_epochs(cfg, "dms_p") == peers_runs._finetune_epochs(cfg, "dms_p_keep_residual") == 4.0
+    assert peers_runs._finetune_epochs(cfg, "dms_p_long") == 2.0  # 4 search epochs + 2: DMS_p's 2 + 4

@@ -12,9 +12,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))
-import random_control_lib as rl  # noqa: E402
+from bench.lib import random_control_lib as rl  # noqa: E402
 import dmscale as dms  # noqa: E402
 from dmscale.tasks.models import ResNetCifar  # noqa: E402
 

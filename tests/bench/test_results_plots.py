@@ -15,8 +15,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import results_plots  # noqa: E402
+from bench import results_plots  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(results_plots.PLOTS))

@@ -12,16 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "lib"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-import peers_lib  # noqa: E402
-import scaling_claim as sc  # noqa: E402
-import scaling_claim_table as st  # noqa: E402
+from bench.lib import peers_lib  # noqa: E402
+from bench import scaling_claim as sc  # noqa: E402
+from bench.lib import scaling_claim_settings as scs  # noqa: E402
+from bench.lib import scaling_claim_table as st  # noqa: E402
 
 
 def test_doctests_pass() -> None:
-    for module in (sc, st):
+    for module in (scs, st):
         result = doctest.testmod(module)
         assert result.attempted >= 2 and result.failed == 0
 

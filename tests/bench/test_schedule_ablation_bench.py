@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import schedule_ablation as sa  # noqa: E402
+from bench import schedule_ablation as sa  # noqa: E402
 
 
 def _fake_run(arm: sa.Arm, seed: int, epochs: float, threads: int) -> dict[str, Any]:
@@ -36,7 +35,7 @@ def test_table_only_runs_nothing_and_keeps_the_last_command(tmp_path: Path,
     sa.main(["--seeds", "0", "1", "--epochs", "0.5"])
     assert len(calls) == 2 * len(sa.ARMS)
     first = (tmp_path / "schedule.md").read_text()
-    assert "- command: `python bench/schedule_ablation.py --seeds 0 1 --epochs 0.5`" in first
+    assert "- command: `python -m bench.schedule_ablation --seeds 0 1 --epochs 0.5`" in first
     assert "`abc1234`" in first
 
     sa.main(["--table-only", "--seeds", "0", "1", "--epochs", "0.5"])

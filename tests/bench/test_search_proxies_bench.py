@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import search_proxies  # noqa: E402
+from bench import search_proxies  # noqa: E402
 
 # (operators, bytes) DMS over plain; measured 2.85 / 1.001 and 2.67 / 1.026 when set, after the
 # masked norms shared their weights per width and every depth read got its own scalar (2.89 and

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import table16 as t16  # noqa: E402
+from bench import table16 as t16  # noqa: E402
 
 
 def _row(weight: float, lr: float, seed: int, acc: float, end: float) -> dict:

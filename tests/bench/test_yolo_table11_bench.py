@@ -12,8 +12,7 @@ import pytest
 pytest.importorskip("dmscale.integrations.ultralytics", reason="the detection benchmark needs ultralytics")
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import yolo_table11 as yt  # noqa: E402
+from bench import yolo_table11 as yt  # noqa: E402
 
 
 def _settings() -> dict:
@@ -58,7 +57,7 @@ def test_table_from_cache_pairs_seeds_and_keeps_the_reading(tmp_path: Path) -> N
     assert [r["seed"] for r in cached["rows"]["yolov8n"]] == [0, 1]
 
     pytest.importorskip("matplotlib")
-    import results_plots
+    from bench.lib import plots as results_plots
 
     png = results_plots.plot_yolo(cached, tmp_path / "t.png")
     assert png.stat().st_size > 1000

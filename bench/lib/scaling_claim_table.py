@@ -27,10 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import ci_text, invocations_text, kept_reading, paired_ci, write_md  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+from bench.lib import scaling_claim_settings as sc
+from bench.lib.benchlib import ci_text, invocations_text, kept_reading, paired_ci, write_md  # noqa: E402
 
 __all__ = ["IMAGE_BAR", "TEXT_BAR", "differences", "verdict", "summary_rows", "write_table"]
 
@@ -81,8 +80,6 @@ def _span(vals: list[float]) -> str:
 
 def summary_rows(cache: dict[str, Any], settings: tuple[Any, ...]) -> list[dict[str, Any]]:
     """Per setting: the paired rows, the differences and the verdict (what the tables show)."""
-    import scaling_claim as sc
-
     runs = cache.get("runs", {})
     out = []
     for s in settings:

@@ -24,11 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import ci_text, paired_diff, spread  # noqa: E402
-from peers_extra import stage_widths  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+from bench.lib.benchlib import ci_text, paired_diff, spread  # noqa: E402
+from bench.lib.peers_extra import stage_widths  # noqa: E402
 
 __all__ = ["ARM", "REFERENCE", "stage_row", "fastnas_lines"]
 
@@ -80,7 +78,7 @@ def fastnas_lines(cache: dict[str, Any], s_ep: float = 10.0, r_ep: float = 20.0)
     targets = sorted({r["target"] for r in fn}, reverse=True)
     commits = sorted({r["commit"] for r in fn})
     lines = ["## Against NVIDIA ModelOpt FastNAS (issue 50)", "",
-             f"- command (last invocation): `{cache.get('fastnas_command', 'python bench/np_fastnas.py')}`; "
+             f"- command (last invocation): `{cache.get('fastnas_command', 'python -m bench.np_fastnas')}`; "
              f"commit(s) `{'`, `'.join(commits)}`; machine: {cache.get('fastnas_machine', cache.get('machine'))}; "
              f"NVIDIA ModelOpt {fn[0]['modelopt']}",
              f"- protocol: per seed, the ResNet-20 pretrained by `dmscale pretrain` for {fn[0]['search_epochs']:g} "

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from dmscale.errors import ConfigError
-from llm_baselines_lib import count_params, decoder, group_sizes, hidden_ffn_count, slice_linear
+from bench.lib.llm_baselines_lib import count_params, decoder, group_sizes, hidden_ffn_count, slice_linear
 
 __all__ = ["MinitronScores", "activation_scores", "minitron_count", "minitron_widths", "minitron_prune",
            "kept_widths"]

@@ -20,11 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-import random_control_lib as rl  # noqa: E402
-from benchlib import ci_text, invocations_text, kept_reading, mean_std, write_md  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+from bench.lib import random_control_lib as rl  # noqa: E402
+from bench.lib.benchlib import ci_text, invocations_text, kept_reading, mean_std, write_md  # noqa: E402
 
 __all__ = ["READING", "verdict", "complete_seeds", "arms_of", "section", "write_table"]
 

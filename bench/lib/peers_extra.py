@@ -18,7 +18,7 @@ import re
 import statistics
 from typing import Any
 
-from benchlib import ci_text, mean_std
+from bench.lib.benchlib import ci_text, mean_std
 
 __all__ = ["stage_widths", "extra_lines", "ablation_lines"]
 

@@ -16,11 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))  # the shared helpers
-from benchlib import ci_text, kept_reading, paired_diff, pyplot, save_figure, spread, write_md  # noqa: E402
-from np_fastnas_table import fastnas_lines  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+from bench.lib.benchlib import ci_text, kept_reading, paired_diff, pyplot, save_figure, spread, write_md  # noqa: E402
+from bench.lib.np_fastnas_table import fastnas_lines  # noqa: E402
 
 __all__ = ["paired_gap", "write_table", "plot", "FINDINGS"]
 

@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+from dmscale.run.supernets import pretrained_supernet
+from dmscale.run.training import cosine_schedule, train, weight_optimizer
 from bench.lib.benchlib import (add_quick_flags, git_commit, hand_reading, paired_ci, quick_mode, save_cache,  # noqa: E402
                       write_md)
 from bench.lib.smollm2_runs import smollm2_path  # noqa: E402
@@ -158,15 +160,15 @@ def _baseline(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     pipe = Pipeline(_config(args, out, epochs=_epochs(1, args), retrain_epochs=_epochs(steps, args)))
     pipe.rd.path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed * 10 + 4)
-    model, _ = pipe._pretrained_supernet()
+    model, _ = pretrained_supernet(pipe.ctx)
     full = dms.count(model, pipe.example)["params"]
     teacher = load_teacher("supernet", pipe.device, supernet=model)  # a frozen copy of the original
     chosen = {}
     if args.method != "original":
         chosen = llm_baselines.prune(args.method, model, pipe, int(round(args.target * full)), 2)
-    total = pipe._steps(pipe.cfg.retrain_epochs)
-    opt = pipe._weight_optimizer(list(model.parameters()))
-    pipe._train("retrain", model, total, [opt], [pipe._schedule(opt, total)], teacher=teacher)
+    total = pipe.ctx.steps(pipe.cfg.retrain_epochs)
+    opt = weight_optimizer(pipe.cfg, list(model.parameters()))
+    train(pipe.ctx, "retrain", model, total, [opt], [cosine_schedule(pipe.cfg, opt, total)], teacher=teacher)
     return {"after": _evaluate(model, pipe.task.tokenizer, args), "weight_steps": total,
             "params": dms.count(model, pipe.example)["params"], "supernet": full,
             "chosen": {k: v for k, v in chosen.items() if k != "block_influence"},

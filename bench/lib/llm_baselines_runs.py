@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dmscale.run.supernets import pretrained_supernet
+from dmscale.run.training import cosine_schedule, train, weight_optimizer
 from bench.lib import llm_baselines_lib as lib
 from bench.lib import llm_minitron
 from bench.lib.benchlib import git_commit
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     pipe = make_pipeline(args, Path(args.out or tempfile.mkdtemp(prefix="llmb-")) / f"{args.method}{args.target}")
     torch.manual_seed(pipe.cfg.seed * 10 + 4)
-    original, _ = pipe._pretrained_supernet()
+    original, _ = pretrained_supernet(pipe.ctx)
     full = dms.count(original, pipe.example)["params"]
     target = int(round(args.target * full)) if args.method != "original" else full
     teacher = load_teacher("supernet", pipe.device, supernet=original)  # a frozen copy
@@ -139,9 +141,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with torch.no_grad():
         assert pipe.task.forward(model, pipe.example).shape[-1] == pipe.task.info["vocab_size"]
     before = pipe.evaluate("search", model, None, 0) if args.method != "original" else _original_eval(args)
-    total = pipe._steps(pipe.cfg.retrain_epochs)
-    opt = pipe._weight_optimizer(list(model.parameters()))
-    pipe._train("retrain", model, total, [opt], [pipe._schedule(opt, total)], teacher=teacher)
+    total = pipe.ctx.steps(pipe.cfg.retrain_epochs)
+    opt = weight_optimizer(pipe.cfg, list(model.parameters()))
+    train(pipe.ctx, "retrain", model, total, [opt], [cosine_schedule(pipe.cfg, opt, total)], teacher=teacher)
     after = pipe.evaluate("retrain", model, None, total)
     # json: --workdir, relative to the checkout when inside it (no machine's paths in the results)
     plain = {k: _shown(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

@@ -31,6 +31,8 @@ PUBLIC = {"dmscale", "dmscale.deploy", "dmscale.distributed", "dmscale.errors"}
 INTERNAL: dict[str, str] = {
     "dmscale.config.run_config": "RunConfig: the CLI's own configuration, to run a pipeline in-process",
     "dmscale.run.pipeline": "Pipeline: the CLI's pipelines, instrumented phase by phase (traced searches)",
+    "dmscale.run.supernets": "the pipeline's pretrained supernet, for the LLM tables' own finetune loop",
+    "dmscale.run.training": "the retrain phase's optimiser, schedule and step loop, reused by the LLM tables' baselines",
     "dmscale.run.saved_runs": "a run directory's structure, teacher and config, as eval/export read them",
     "dmscale.tasks.registry": "the task's model and data, built as the run builds them",
     "dmscale.tasks.text": "the text task's token stream (equal batches for the LLM baselines)",

@@ -16,10 +16,9 @@ Example:
     >>> import tempfile
     >>> from dmscale.config.run_config import RunConfig
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     cfg = RunConfig(command="pretrain", task="digits", train_limit=64, test_limit=32,
-    ...                     model="smallcnn", model_args={"width": 4, "blocks": 1},
-    ...                     batch_size=32, epochs=1, quiet=True, out=tmp + "/run")
-    ...     ctx = RunContext.build(cfg)
+    ...     ctx = RunContext.build(RunConfig(
+    ...         command="pretrain", task="digits", model="smallcnn", model_args={"width": 4, "blocks": 1},
+    ...         train_limit=64, test_limit=32, batch_size=32, epochs=1, quiet=True, out=tmp + "/run"))
     ...     ctx.phases, ctx.global_step, ctx.steps(1.0), ctx.checkpoint_for("pretrain")
     (['pretrain'], 0, 2, None)
 """

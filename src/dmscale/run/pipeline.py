@@ -1,14 +1,7 @@
 """The pipelines of the ``dmscale`` command: phases and the orchestration of a run, resume.
 
-A run is a sequence of *phases* (paper Table 1):
-
-============  ==========================================================
-``np``        search (randomly initialised supernet) -> retrain
-``p``         pretrain (or ``--init``) -> search -> retrain
-``p-``        pretrain (or ``--init``) -> search of the structure only
-``pretrain``  pretrain (the ``dmscale pretrain`` command)
-``retrain``   retrain a found structure (the ``dmscale retrain`` command)
-============  ==========================================================
+A run is a sequence of *phases* (paper Table 1), listed per pipeline in
+:mod:`dmscale.run.phase_list`.
 
 Search loss: ``task + searcher.resource_loss(progress=step / total)`` (+ distillation);
 weights use SGD or AdamW with warm-up + cosine decay, the structural parameters Adam with

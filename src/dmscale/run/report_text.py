@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dmscale.cost.registry import format_value
 from dmscale.trace.naming import dim_label
 
 __all__ = ["REACH", "format_count", "metric_name", "detect_text", "lm_metrics_text", "metric_line", "original_line",
@@ -26,14 +27,8 @@ __all__ = ["REACH", "format_count", "metric_name", "detect_text", "lm_metrics_te
 REACH = 0.3
 
 
-def format_count(value: float | None) -> str:
-    """A count with a K/M/G suffix."""
-    if value is None:
-        return "-"
-    for unit, div in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(value) >= div:
-            return f"{value / div:.2f}{unit}"
-    return f"{value:.0f}"
+# a count with a K/M/G suffix (``-`` for None): the registry's display of counts
+format_count = format_value
 
 
 def budgets_of(resources: dict[str, Any] | None) -> dict[str, dict[str, Any]]:

@@ -198,12 +198,9 @@ def test_fuse_norms_is_checked_and_reaches_the_gates_and_the_command_line():
 
 @pytest.mark.slow
 def test_inductor_fuses_a_masked_layer_norm_into_few_kernels(monkeypatch):
-    import sys
-    from pathlib import Path
-
     import torch._inductor.config as inductor_config
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    import search_proxies
+
+    from bench import search_proxies
 
     monkeypatch.setattr(fused_norms, "_compiled", {})
     monkeypatch.setattr(fused_norms, "_failure", [])

@@ -4,19 +4,17 @@ fractions, the paired gap, and a traced pipeline that records without changing t
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from bench.lib import np_uniform_lib as nl
+from bench.lib.np_uniform_table import paired_gap
+from dmscale.config.run_config import RunConfig
+from dmscale.run.pipeline import Pipeline
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "lib"))
-import np_uniform_lib as nl  # noqa: E402
-from np_uniform_table import paired_gap  # noqa: E402
-from dmscale.config.run_config import RunConfig  # noqa: E402
-from dmscale.run.pipeline import Pipeline  # noqa: E402
 
 
 def test_spearman_matches_pearson_of_ranks_with_ties() -> None:
@@ -90,7 +88,7 @@ def test_traced_pipeline_records_without_changing_the_run(tmp_path: Path) -> Non
 
 
 def test_plot_and_paired_intervals_from_the_committed_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import np_uniform_table as nt
+    from bench.lib import np_uniform_table as nt
 
     cache = json.loads((ROOT / "bench" / "results" / "np_uniform.json").read_text())
     monkeypatch.setattr(nt, "RESULTS", tmp_path)
@@ -104,15 +102,15 @@ def test_plot_and_paired_intervals_from_the_committed_cache(tmp_path: Path, monk
 def test_table_of_another_width_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``np_uniform.py --width 4`` keeps its own cache and table, and the table says which
     ResNet-20 it measured (a target of 1.0 is the baseline itself, its accuracy ceiling)."""
-    import np_uniform
-    import np_uniform_table as nt
+    from bench.lib import np_uniform_runs as nr
+    from bench.lib import np_uniform_table as nt
 
-    monkeypatch.setattr(np_uniform, "CACHE", np_uniform.CACHE)
-    monkeypatch.setattr(np_uniform, "WORK", np_uniform.WORK)
-    monkeypatch.setattr(np_uniform, "MODEL", np_uniform.MODEL)
-    np_uniform.use_width(4)
-    assert np_uniform.CACHE.name == "np_uniform_w4.json" and np_uniform.MODEL["model_args"] == {"width": 4}
-    assert np_uniform.WORK.name == "w4"
+    monkeypatch.setattr(nr, "CACHE", nr.CACHE)
+    monkeypatch.setattr(nr, "WORK", nr.WORK)
+    monkeypatch.setattr(nr, "MODEL", nr.MODEL)
+    nr.use_width(4)
+    assert nr.CACHE.name == "np_uniform_w4.json" and nr.MODEL["model_args"] == {"width": 4}
+    assert nr.WORK.name == "w4"
     cache = json.loads((ROOT / "bench" / "results" / "np_uniform.json").read_text())
     monkeypatch.setattr(nt, "RESULTS", tmp_path)
     md = nt.write_table(cache, "python bench/np_uniform.py --width 4", name="np_uniform_w4", width=4).read_text()
@@ -122,13 +120,17 @@ def test_table_of_another_width_names_it(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_table_only_keeps_the_last_invocation_that_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--table-only`` rewrote the table's "command (last invocation)" with itself."""
-    import np_uniform
+    from bench import np_uniform
+    from bench.lib import np_uniform_runs as nr
+    from bench.lib import np_uniform_table as nt
 
     cache = json.loads((ROOT / "bench" / "results" / "np_uniform.json").read_text())
     cache["last_command"] = "python bench/np_uniform.py --arms dms --seeds 3 4"
     (tmp_path / "np_uniform.json").write_text(json.dumps(cache))
-    monkeypatch.setattr(np_uniform, "RESULTS", tmp_path)
-    monkeypatch.setattr(np_uniform, "CACHE", tmp_path / "np_uniform.json")
+    monkeypatch.setattr(nr, "RESULTS", tmp_path)
+    monkeypatch.setattr(nr, "CACHE", tmp_path / "np_uniform.json")
+    monkeypatch.setattr(nr, "WORK", nr.WORK)
+    monkeypatch.setattr(nt, "RESULTS", nt.RESULTS)
     np_uniform.main(["--table-only"])
     md = (tmp_path / "np_uniform.md").read_text()
     assert "- command (last invocation): `python bench/np_uniform.py --arms dms --seeds 3 4`" in md
@@ -142,8 +144,8 @@ def test_fastnas_arm_gets_its_own_section_and_no_search_columns(tmp_path: Path,
     DMS_np over its seeds, and per-stage widths where a DMS block removed counts 0 channels."""
     import doctest
 
-    import np_fastnas_table as ft
-    import np_uniform_table as nt
+    from bench.lib import np_fastnas_table as ft
+    from bench.lib import np_uniform_table as nt
 
     assert doctest.testmod(ft).failed == 0
     w4 = json.loads((ROOT / "bench" / "results" / "np_uniform_w4.json").read_text())["runs"]

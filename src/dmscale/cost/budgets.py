@@ -58,6 +58,12 @@ def _band(value: Any) -> tuple[float, float]:
     return (float(band[0]), float(band[1]))
 
 
+def _require_mapping(targets: Any) -> None:
+    if not isinstance(targets, Mapping) or not targets:
+        raise ConfigError(f"targets must be a non-empty dict {{resource: target}} (e.g. "
+                          f"{{'params': 0.7, 'kv_cache': 0.5}}), got {targets!r}")
+
+
 class Budgets(Mapping[str, float]):
     """One or several budgets ``{resource: target}`` (a target <= 1 is a fraction of the
     supernet's cost, > 1 an absolute count in the resource's unit) and the band
@@ -69,9 +75,7 @@ class Budgets(Mapping[str, float]):
     """
 
     def __init__(self, targets: Mapping[str, Any], band: Any = DEFAULT_BAND) -> None:
-        if not isinstance(targets, Mapping) or not targets:
-            raise ConfigError(f"targets must be a non-empty dict {{resource: target}} (e.g. "
-                              f"{{'params': 0.7, 'kv_cache': 0.5}}), got {targets!r}")
+        _require_mapping(targets)
         items: dict[str, float] = {}
         for name, value in targets.items():
             resource_named(name)  # a registered resource
@@ -96,9 +100,7 @@ class Budgets(Mapping[str, float]):
         if isinstance(target, str) or isinstance(target, Mapping):
             target = parse_targets(target)
         if targets is not None:
-            if not isinstance(targets, Mapping) or not targets:
-                raise ConfigError(f"targets must be a non-empty dict {{resource: target}} (e.g. "
-                                  f"{{'params': 0.7, 'kv_cache': 0.5}}), got {targets!r}")
+            _require_mapping(targets)
             if isinstance(target, dict) or target != DEFAULT_TARGET and target != targets.get(resource):
                 raise ConfigError(f"pass either resource={resource!r}, target={target!r} (one "
                                   f"budget) or targets={dict(targets)!r} (several), not both")

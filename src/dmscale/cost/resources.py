@@ -292,7 +292,7 @@ class CostModel(DeviceCache):
             if where is not None and not where(owner, modules[owner]):
                 continue
             f_in, f_out = covered.get(pname, (-1, -1))
-            rows.append((float(p.numel()), f_in, f_out, self.block(pname.rpartition(".")[0])))
+            rows.append((float(p.numel()), f_in, f_out, self.block(owner)))
         return rows
 
     def kv_rows(self, model: nn.Module, space: SearchSpace) -> list[Row]:

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from dmscale.core.errors import ConfigError, WriteError
+from dmscale.cost.registry import format_value
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -275,9 +276,5 @@ def fmt_time(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-def fmt_count(value: float) -> str:
-    """12_345_678 -> '12.35M'."""
-    for unit, div in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(value) >= div:
-            return f"{value / div:.2f}{unit}"
-    return f"{value:.0f}"
+# 12_345_678 -> '12.35M': the resources' display of a count
+fmt_count = format_value

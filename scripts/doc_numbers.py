@@ -200,7 +200,7 @@ def _default_measured() -> str:
             if 0.98 <= ratio <= 1.0 else
             "outside the settle phase's band of [0.98, 1.00], so the finish phase and budget solver set the "
             "exported structure")
-    return (f"Wall time {_minutes(d['wall_seconds'])} (`python bench/default_run.py`: `dmscale search` with no "
+    return (f"Wall time {_minutes(d['wall_seconds'])} (`python -m bench.default_run`: `dmscale search` with no "
             f"flags, seed {d['seed']}, {threads} thread{'s' if threads != 1 else ''} as the CLI chose from the "
             f"machine's load{_load(d)}, commit `{env['commit']}`, {d['date']}, torch {env['torch']}). This search ended at "
             f"{ratio:.3f} x target by its loss alone, {band}")

@@ -130,12 +130,12 @@ def _dms(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     steps = {ph: max((r["step"] for r in records if r.get("phase") == ph and "step" in r), default=0)
              for ph in ("search", "finish", "retrain")}
     model = load_run_model(out)[0]
-    res = {"after": _evaluate(model, pipe.task.tokenizer, args), "phase_steps": steps,
+    res = {"after": _evaluate(model, pipe.ctx.task.tokenizer, args), "phase_steps": steps,
            "weight_steps": steps["search"] + steps["retrain"], "params": summary["counts"]["found"]["params"],
            "supernet": summary["counts"]["supernet"]["params"], "cost": summary["resources"],
            "structure": _structure(json.loads((out / "structure.json").read_text())),
-           "task": pipe.task.describe().replace(str(DATA) + os.sep, "")}
-    res["served"] = _served(model, pipe.task.tokenizer, out / "model.gguf", args)
+           "task": pipe.ctx.task.describe().replace(str(DATA) + os.sep, "")}
+    res["served"] = _served(model, pipe.ctx.task.tokenizer, out / "model.gguf", args)
     return res
 
 
@@ -158,21 +158,21 @@ def _baseline(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
     steps = args.search_steps + args.finetune_steps
     pipe = Pipeline(_config(args, out, epochs=_epochs(1, args), retrain_epochs=_epochs(steps, args)))
-    pipe.rd.path.mkdir(parents=True, exist_ok=True)
+    pipe.ctx.rd.path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed * 10 + 4)
     model, _ = pretrained_supernet(pipe.ctx)
-    full = dms.count(model, pipe.example)["params"]
-    teacher = load_teacher("supernet", pipe.device, supernet=model)  # a frozen copy of the original
+    full = dms.count(model, pipe.ctx.example)["params"]
+    teacher = load_teacher("supernet", pipe.ctx.device, supernet=model)  # a frozen copy of the original
     chosen = {}
     if args.method != "original":
         chosen = llm_baselines.prune(args.method, model, pipe, int(round(args.target * full)), 2)
-    total = pipe.ctx.steps(pipe.cfg.retrain_epochs)
-    opt = weight_optimizer(pipe.cfg, list(model.parameters()))
-    train(pipe.ctx, "retrain", model, total, [opt], [cosine_schedule(pipe.cfg, opt, total)], teacher=teacher)
-    return {"after": _evaluate(model, pipe.task.tokenizer, args), "weight_steps": total,
-            "params": dms.count(model, pipe.example)["params"], "supernet": full,
+    total = pipe.ctx.steps(pipe.ctx.cfg.retrain_epochs)
+    opt = weight_optimizer(pipe.ctx.cfg, list(model.parameters()))
+    train(pipe.ctx, "retrain", model, total, [opt], [cosine_schedule(pipe.ctx.cfg, opt, total)], teacher=teacher)
+    return {"after": _evaluate(model, pipe.ctx.task.tokenizer, args), "weight_steps": total,
+            "params": dms.count(model, pipe.ctx.example)["params"], "supernet": full,
             "chosen": {k: v for k, v in chosen.items() if k != "block_influence"},
-            "task": pipe.task.describe().replace(str(DATA) + os.sep, "")}
+            "task": pipe.ctx.task.describe().replace(str(DATA) + os.sep, "")}
 
 
 def _llamacpp() -> Path | None:

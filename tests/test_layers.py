@@ -122,8 +122,6 @@ HARD_LINES = 600  # no module is longer
 # to look for a second job inside it, not a reason to cut a class in two
 LONG_MODULES = {
     "dmscale/config/options.py": "the one table of the run's options: a declared field per option, no logic",
-    "dmscale/search/searcher.py": "the Searcher's public API: most methods one call of the object "
-                                  "that owns the job (costs, budget, importance)",
 }
 
 

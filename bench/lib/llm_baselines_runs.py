@@ -48,14 +48,14 @@ def make_pipeline(args: argparse.Namespace, out: Path) -> Any:
                     settle=0.0,  # the cached rows' protocol (before the settle phase)
                     seed=getattr(args, "seed", 0), **protocol(args))
     pipe = Pipeline(cfg)
-    assert pipe.cfg.teacher == "supernet" and (pipe.cfg.distills or not pipe.cfg.distill_weight), pipe.cfg
-    pipe.rd.path.mkdir(parents=True, exist_ok=True)
+    assert pipe.ctx.cfg.teacher == "supernet" and (pipe.ctx.cfg.distills or not pipe.ctx.cfg.distill_weight), pipe.ctx.cfg
+    pipe.ctx.rd.path.mkdir(parents=True, exist_ok=True)
     return pipe
 
 
 def _taylor(model: Any, pipe: Any, calib: list[Any]) -> lib.Scores:
     """LLM-Pruner's Taylor scores from the task loss summed over ``calib``; gradients cleared after."""
-    lib.accumulate_grads(model, calib, lambda logits, y: pipe.task.task_loss(logits, y))
+    lib.accumulate_grads(model, calib, lambda logits, y: pipe.ctx.task.task_loss(logits, y))
     scores = lib.taylor_scores(model)
     model.zero_grad(set_to_none=True)
     return scores
@@ -66,7 +66,7 @@ def prune(method: str, model: Any, pipe: Any, target: int, n_calib: int,
     """Prune ``model`` in place with ``method``; returns what was chosen. ``per_layer_taylor``
     keeps the given per-layer ``widths`` (``{"kv_groups": [...], "ffn": [...]}``, one entry per
     layer; ``target`` is then unused), the units chosen by the same Taylor importance."""
-    calib = [pipe.task.train_batch(i, pipe.cfg.batch_size, CALIB_SEED) for i in range(n_calib)]
+    calib = [pipe.ctx.task.train_batch(i, pipe.ctx.cfg.batch_size, CALIB_SEED) for i in range(n_calib)]
     if method == "per_layer_taylor":
         if widths is None:
             raise ValueError("per_layer_taylor needs the per-layer widths to keep")
@@ -80,11 +80,11 @@ def prune(method: str, model: Any, pipe: Any, target: int, n_calib: int,
         lib.prune_uniform(model, scores, kv, ffn)
         return {"kv_groups": kv, "ffn": ffn, "calib_batches": n_calib if method == "taylor" else 0}
     if method == "tp_taylor":
-        chosen = lib.tp_taylor_prune(model, calib, lambda logits, y: pipe.task.task_loss(logits, y),
+        chosen = lib.tp_taylor_prune(model, calib, lambda logits, y: pipe.ctx.task.task_loss(logits, y),
                                      lib.ffn_keep_for_target(model, target))
         return {**chosen, "calib_batches": n_calib}
     if method == "tp_hidden":
-        chosen = lib.tp_hidden_prune(model, calib, lambda logits, y: pipe.task.task_loss(logits, y),
+        chosen = lib.tp_hidden_prune(model, calib, lambda logits, y: pipe.ctx.task.task_loss(logits, y),
                                      lib.tp_hidden_ratio_for_target(model, target))
         return {**chosen, "calib_batches": n_calib, "save_pretrained": _config_saves(model)}
     if method in ("minitron", "minitron_keep_heads"):
@@ -122,36 +122,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     pipe = make_pipeline(args, Path(args.out or tempfile.mkdtemp(prefix="llmb-")) / f"{args.method}{args.target}")
-    torch.manual_seed(pipe.cfg.seed * 10 + 4)
+    torch.manual_seed(pipe.ctx.cfg.seed * 10 + 4)
     original, _ = pretrained_supernet(pipe.ctx)
-    full = dms.count(original, pipe.example)["params"]
+    full = dms.count(original, pipe.ctx.example)["params"]
     target = int(round(args.target * full)) if args.method != "original" else full
-    teacher = load_teacher("supernet", pipe.device, supernet=original)  # a frozen copy
+    teacher = load_teacher("supernet", pipe.ctx.device, supernet=original)  # a frozen copy
     if getattr(args, "quick", False):  # the original's evaluation that the table reads (the DMS arm's, otherwise)
         path = DMS_CACHE / f"original_seq{args.seq_len}_test{args.test_limit}.json"
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(pipe.task.evaluate(teacher), indent=1), encoding="utf-8")
+            path.write_text(json.dumps(pipe.ctx.task.evaluate(teacher), indent=1), encoding="utf-8")
     model = original
     tp0 = time.perf_counter()
     chosen = prune(getattr(args, "prune", args.method), model, pipe, target, args.calib_batches,
                    getattr(args, "widths", None))
     prune_s = time.perf_counter() - tp0
-    params = dms.count(model, pipe.example)["params"]
+    params = dms.count(model, pipe.ctx.example)["params"]
     with torch.no_grad():
-        assert pipe.task.forward(model, pipe.example).shape[-1] == pipe.task.info["vocab_size"]
-    before = pipe.evaluate("search", model, None, 0) if args.method != "original" else _original_eval(args)
-    total = pipe.ctx.steps(pipe.cfg.retrain_epochs)
-    opt = weight_optimizer(pipe.cfg, list(model.parameters()))
-    train(pipe.ctx, "retrain", model, total, [opt], [cosine_schedule(pipe.cfg, opt, total)], teacher=teacher)
-    after = pipe.evaluate("retrain", model, None, total)
+        assert pipe.ctx.task.forward(model, pipe.ctx.example).shape[-1] == pipe.ctx.task.info["vocab_size"]
+    before = pipe.ctx.evaluate("search", model, None, 0) if args.method != "original" else _original_eval(args)
+    total = pipe.ctx.steps(pipe.ctx.cfg.retrain_epochs)
+    opt = weight_optimizer(pipe.ctx.cfg, list(model.parameters()))
+    train(pipe.ctx, "retrain", model, total, [opt], [cosine_schedule(pipe.ctx.cfg, opt, total)], teacher=teacher)
+    after = pipe.ctx.evaluate("retrain", model, None, total)
     # json: --workdir, relative to the checkout when inside it (no machine's paths in the results)
     plain = {k: _shown(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     return {"method": args.method, "target": args.target, "args": plain, "commit": git_commit(ROOT),
             "machine": platform.platform(), "cpus": os.cpu_count(), "params": params,
             "supernet": full, "target_params": target, "chosen": chosen, "before": before,
             "after": after, "finetune_steps": total, "prune_s": prune_s,
-            "wall_s": time.perf_counter() - t0, "task": pipe.task.describe(),
+            "wall_s": time.perf_counter() - t0, "task": pipe.ctx.task.describe(),
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 

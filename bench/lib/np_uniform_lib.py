@@ -157,13 +157,13 @@ class TracedPipeline(Pipeline):
 
     def _on_finish(self, searcher: Any) -> None:
         self.trace["search_end"] = snapshot(searcher, 1.0)
-        self._step0 = self.global_step
+        self._step0 = self.ctx.global_step
 
     def _on_solver(self, searcher: Any) -> None:
         self.trace["after_finish"] = snapshot(searcher, 1.0)
         self.trace["solver_ran"] = True
 
     def _on_finished(self, searcher: Any) -> None:
-        self.trace["finish_steps"] = self.global_step - self._step0
+        self.trace["finish_steps"] = self.ctx.global_step - self._step0
         self.trace.setdefault("after_finish", snapshot(searcher, 1.0))
         self.trace["final"] = snapshot(searcher, 1.0)

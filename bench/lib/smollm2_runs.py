@@ -47,8 +47,8 @@ def _original_eval(pipe: Any, args: argparse.Namespace) -> dict[str, float]:
         return json.loads(path.read_text())
     from dmscale.tasks.registry import build_model
 
-    original, _ = build_model(pipe.cfg, pipe.task.info)
-    ev = pipe.task.evaluate(original)
+    original, _ = build_model(pipe.ctx.cfg, pipe.ctx.task.info)
+    ev = pipe.ctx.task.evaluate(original)
     save_cache(path, ev, sort_keys=False)
     return ev
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plain = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}  # json: --workdir
     return {"args": plain, "commit": commit, "machine": platform.platform(),
             "cpus": os.cpu_count(), "original": orig, "before": ev["search"], "after": ev.get("retrain"),
-            "wall_s": wall, "peak_rss_mib": peak, "task": pipe.task.describe(),
+            "wall_s": wall, "peak_rss_mib": peak, "task": pipe.ctx.task.describe(),
             "steps": summary["steps"], "phase_steps": phase_steps, "elapsed": summary.get("elapsed"),
             "params": {"supernet": summary["counts"]["supernet"]["params"],
                        "found": summary["counts"]["found"]["params"]},

@@ -96,7 +96,7 @@ def test_resume_keeps_the_runs_choices_and_refuses_a_changed_flag(tmp_path: Path
     with pytest.raises(Stopped):
         Pipeline(cfg).run()
     again = RunConfig(**{**cfg.__dict__, "stop_after": None})  # still auto: the run's values
-    assert Pipeline(again, resume=True).cfg.structure_lr == 0.5 / 3
+    assert Pipeline(again, resume=True).ctx.cfg.structure_lr == 0.5 / 3
     with pytest.raises(ConfigError, match="--optimizer"):
         Pipeline(RunConfig(**{**again.__dict__, "optimizer": "adamw"}), resume=True)
 

@@ -73,7 +73,7 @@ def test_a_layer_dropped_by_depth_caches_nothing():
             t.a.fill_(0.0)
     assert searcher.resources()["hard"] == 2 * 2 * 2 * 16 * 4
     # the soft count follows the depth mask too: lower the layer's mask, lower the cost
-    cost = searcher.soft_cost("kv_cache")
+    cost = searcher.costs.soft("kv_cache")
     cost.backward()
     assert searcher.gates.depth[0].a.grad is not None and float(searcher.gates.depth[0].a.grad) != 0.0
 

@@ -255,7 +255,7 @@ def test_total_cost_grows_with_width_and_depth(prepared) -> None:
     assert np.all(np.diff(values, axis=0) >= -1e-6)  # wider never costs less
     assert np.all(np.diff(values, axis=1) >= -1e-6)  # deeper never costs less
     assert values[0, 0] < values[-1, -1]
-    profile = searcher.profile()
+    profile = searcher.costs.profile()
     assert profile["min"] < 0.6 * profile["max"] <= profile["max"]
 
 
@@ -264,7 +264,7 @@ def test_soft_cost_is_differentiable_in_every_structural_parameter(prepared) -> 
     params = list(searcher.structure_parameters())
     for p in params:
         p.grad = None
-    r_c = searcher.soft_cost()
+    r_c = searcher.costs.soft()
     assert r_c.dtype == torch.float64 and r_c.requires_grad
     r_c.backward()
     for p in params:
@@ -287,7 +287,7 @@ def test_resource_loss_with_latency(prepared) -> None:
     for p in params:
         p.grad = None
     searcher.resource_loss(progress=1.0).backward()  # settle phase: the band loss on the exact latency
-    assert all(float(t.ratio_grad) <= 0 for t in searcher.gates.width) and searcher.settled_at is None
+    assert all(float(t.ratio_grad) <= 0 for t in searcher.gates.width) and searcher.budget.settled_at is None
     searcher.freeze_depth(False)
     res = searcher.resources()
     assert res["resource"] == "latency" and res["target"] == pytest.approx(0.6 * res["supernet"])
@@ -350,12 +350,12 @@ def test_searcher_state_dict_carries_the_latency_profile(prepared) -> None:
     resumed = dms.prepare(model2, x, dms.SearchConfig(resource="latency", target=searcher.config.target,
                                                       latency_options={"profile": state["latency_profile"]}))
     resumed.load_state_dict(state)
-    assert float(resumed.soft_cost().detach()) == pytest.approx(float(searcher.soft_cost().detach()))
+    assert float(resumed.costs.soft().detach()) == pytest.approx(float(searcher.costs.soft().detach()))
 
 
 def test_searcher_reports_the_latency_fit(prepared) -> None:
     _, _, searcher, _ = prepared
-    fit = searcher.latency_fit()
+    fit = searcher.costs.latency_fit()
     assert 0 <= fit["fit_rmse_rel"] < 0.5 and fit["calibration"] > 0
     assert set(fit["layers"]) <= set(searcher.space.layers)
 
@@ -364,4 +364,4 @@ def test_latency_fit_needs_a_latency_search() -> None:
     entry = ZOO["small_cnn"]
     searcher = dms.prepare(entry.build(), torch.randn(*entry.input_shape))
     with pytest.raises(ValueError, match="needs resource='latency'"):
-        searcher.latency_fit()
+        searcher.costs.latency_fit()

@@ -96,30 +96,30 @@ def test_precision_is_validated() -> None:
 # ----------------------------------------------------------------------------- fp16 overflow
 def _search_loop(tmp_path: Path, precision: str) -> tuple[Pipeline, StepLoop]:
     pipe = Pipeline(_cfg(tmp_path / "r", precision=precision))
-    pipe.rd.path.mkdir(parents=True)
-    model, exclude = new_supernet(pipe.cfg, pipe.task.info, 0)
-    searcher = pipe._make_searcher(model, exclude)
+    pipe.ctx.rd.path.mkdir(parents=True)
+    model, exclude = new_supernet(pipe.ctx.cfg, pipe.ctx.task.info, 0)
+    searcher = pipe.make_searcher(model, exclude)
     w_opt = torch.optim.SGD(list(searcher.model_parameters()), lr=0.1, momentum=0.9)
     s_opt = torch.optim.Adam(list(searcher.structure_parameters()), lr=0.05)
-    loop = StepLoop(pipe, "search", model, 1, [w_opt, s_opt], searcher=searcher, seed=1)
+    loop = StepLoop(pipe.ctx, "search", model, 1, [w_opt, s_opt], searcher=searcher, seed=1)
     return pipe, loop
 
 
 def test_an_fp16_overflow_skips_every_optimizer_and_keeps_importance(tmp_path: Path) -> None:
     pipe, loop = _search_loop(tmp_path, "fp16")
-    pipe.precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)  # grads overflow in fp16
+    pipe.ctx.precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)  # grads overflow in fp16
     weights = {n: p.detach().clone() for n, p in loop.model.named_parameters()}
     gates = _gate_tensors(loop.searcher)
     loop.run()
-    assert pipe.precision.scaler.get_scale() == 2.0 ** 39  # backed off
+    assert pipe.ctx.precision.scaler.get_scale() == 2.0 ** 39  # backed off
     assert all(torch.equal(p, weights[n]) for n, p in loop.model.named_parameters())  # a included
     assert all(torch.equal(t, gates[n]) for n, t in _gate_tensors(loop.searcher).items())
-    events = [json.loads(line) for line in pipe.rd.metrics.read_text().splitlines()]
+    events = [json.loads(line) for line in pipe.ctx.rd.metrics.read_text().splitlines()]
     assert [e["event"] for e in events if "event" in e] == ["grad_overflow"]
     # at a sane scale the same step changes weights, structure and importance
-    pipe.precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    pipe.ctx.precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
     loop.run()
-    assert pipe.precision.scaler.get_scale() == 2.0 ** 8
+    assert pipe.ctx.precision.scaler.get_scale() == 2.0 ** 8
     assert not torch.equal(loop.searcher.gates.width_ratios, gates["width_ratios"])
     imp = [t for n, t in _gate_tensors(loop.searcher).items() if n.endswith("importance")]
     assert all(torch.isfinite(t).all() for t in imp) and any(bool((t > 0).any()) for t in imp)
@@ -137,7 +137,7 @@ def test_a_compiled_search_equals_the_eager_one(monkeypatch: pytest.MonkeyPatch,
     try:
         for compiled in (False, True):
             pipe, loop = _search_loop(tmp_path / str(compiled), "32")
-            pipe.cfg.compile = compiled
+            pipe.ctx.cfg.compile = compiled
             loop.total = 2
             torch.manual_seed(0)
             loop.run()
@@ -182,12 +182,12 @@ def test_compile_and_precision_on_the_command_line(tmp_path: Path, capsys: pytes
 # ----------------------------------------------------------------------------- cost model
 def test_the_cost_model_moves_its_index_tensors_once(tmp_path: Path) -> None:
     _, loop = _search_loop(tmp_path, "32")
-    before = float(loop.searcher.soft_cost().detach())
+    before = float(loop.searcher.costs.soft().detach())
     cost = loop.searcher.costs.models["macs"]
     first = cost.on(torch.device("cpu"), cost._seg, cost.terms.base)
     again = cost.on(torch.device("cpu"), cost._seg, cost.terms.base)
     assert all(a is b for a, b in zip(first, again))
-    assert float(loop.searcher.soft_cost().detach()) == before
+    assert float(loop.searcher.costs.soft().detach()) == before
 
 
 # ----------------------------------------------------------------------------- devices

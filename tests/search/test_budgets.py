@@ -50,7 +50,7 @@ def test_two_budgets_on_a_small_llama_both_land_in_the_band(seed):
         assert b["target"] == pytest.approx({"params": 0.7, "kv_cache": 0.5}[name] * b["supernet"])
         assert 0.98 * b["target"] <= b["hard"] <= b["target"], (name, b["hard"] / b["target"])
         assert counts[name] == round(b["hard"])  # the export costs what the solver measured
-    assert searcher.within_budgets() and searcher.fills_budgets()
+    assert searcher.budget.within() and searcher.budget.fills()
 
 
 def test_each_budget_has_its_own_loss_term():
@@ -60,8 +60,8 @@ def test_each_budget_has_its_own_loss_term():
                                                    cost_forward="exact"))
     # all open (r_c the exact cost), at the end of the schedule: each term is log(supernet / target)
     assert float(both.resource_loss(1.0).detach()) == pytest.approx(math.log(1 / 0.7) + math.log(1 / 0.5), rel=1e-5)
-    assert both.target_at(0.0, "kv_cache") == both.supernet_costs["kv_cache"]
-    assert both.target_at(1.0, "kv_cache") == pytest.approx(both.target_costs["kv_cache"])
+    assert both.budget.target_at(0.0, "kv_cache") == both.budget.supernet_costs["kv_cache"]
+    assert both.budget.target_at(1.0, "kv_cache") == pytest.approx(both.budget.target_costs["kv_cache"])
     dms.detach(model)
     one = dms.prepare(model, x, dms.SearchConfig("params", 0.7, settle=0.0, cost_forward="exact"))
     assert float(one.resource_loss(1.0).detach()) == pytest.approx(math.log(1 / 0.7), rel=1e-5)
@@ -82,14 +82,14 @@ def test_state_dict_carries_every_budget_and_a_single_budget_state_is_unchanged(
     x = torch.randint(0, 64, (2, 8))
     cfg = dms.SearchConfig(targets={"params": 0.7, "kv_cache": 0.5})
     a = dms.prepare(model, x, cfg)
-    a.settle_states["kv_cache"].weight = 7.0
-    a.target_costs["kv_cache"] = 123.0
+    a.budget.settle_states["kv_cache"].weight = 7.0
+    a.budget.target_costs["kv_cache"] = 123.0
     state = a.state_dict()
     assert set(state["budgets"]) == {"params", "kv_cache"} and state["config"]["targets"] == cfg.targets
     dms.detach(model)
     b = dms.prepare(model, x, cfg)
     b.load_state_dict(state)
-    assert b.settle_states["kv_cache"].weight == 7.0 and b.target_costs["kv_cache"] == 123.0
+    assert b.budget.settle_states["kv_cache"].weight == 7.0 and b.budget.target_costs["kv_cache"] == 123.0
     assert b.target_cost == a.target_cost
     dms.detach(model)
     with pytest.raises(ValueError, match="targets"):  # a resume with other budgets is refused

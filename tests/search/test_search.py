@@ -61,7 +61,7 @@ def test_infeasible_target_states_both_bounds_and_leaves_model_untouched():
 def test_profile_bounds_and_absolute_target():
     model, x = _resnet20()
     searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5))
-    prof = searcher.profile()
+    prof = searcher.costs.profile()
     assert prof["max"] == dms.count(model, x)["macs"] == searcher.supernet_cost
     assert 0 < prof["min"] < 0.1 * prof["max"]
     dms.detach(model)
@@ -75,10 +75,10 @@ def test_schedule_matches_eq10_and_constant():
     rs, rf = searcher.supernet_cost, searcher.target_cost
     assert rf == pytest.approx(0.25 * rs)
     for p in (0.0, 0.1, 0.5, 0.9, 1.0):
-        assert searcher.target_at(p) == pytest.approx((rf / rs) ** p * rs)
-    assert searcher.target_at(2.0) == pytest.approx(rf)  # clamped progress
+        assert searcher.budget.target_at(p) == pytest.approx((rf / rs) ** p * rs)
+    assert searcher.budget.target_at(2.0) == pytest.approx(rf)  # clamped progress
     searcher.config.schedule = "constant"
-    assert searcher.target_at(0.0) == pytest.approx(rf)
+    assert searcher.budget.target_at(0.0) == pytest.approx(rf)
 
 
 def test_schedule_end_decays_then_holds_and_default_is_eq10():
@@ -86,15 +86,15 @@ def test_schedule_end_decays_then_holds_and_default_is_eq10():
     searcher = dms.prepare(model, x, dms.SearchConfig(target=0.25, settle=0.0))
     assert searcher.config.schedule_end == 1.0
     rs, rf = searcher.supernet_cost, searcher.target_cost
-    eq10 = [searcher.target_at(p) for p in (0.0, 0.3, 0.6, 1.0)]
+    eq10 = [searcher.budget.target_at(p) for p in (0.0, 0.3, 0.6, 1.0)]
     searcher.config.schedule_end = 0.6
-    assert searcher.target_at(0.0) == pytest.approx(rs)
-    assert searcher.target_at(0.3) == pytest.approx((rf / rs) ** 0.5 * rs)  # halfway through the decay
+    assert searcher.budget.target_at(0.0) == pytest.approx(rs)
+    assert searcher.budget.target_at(0.3) == pytest.approx((rf / rs) ** 0.5 * rs)  # halfway through the decay
     for p in (0.6, 0.8, 1.0, 2.0):
-        assert searcher.target_at(p) == pytest.approx(rf)  # held at the final target
-    assert searcher.target_at(0.3) < eq10[1]  # a shorter decay is ahead of Eq. 10
+        assert searcher.budget.target_at(p) == pytest.approx(rf)  # held at the final target
+    assert searcher.budget.target_at(0.3) < eq10[1]  # a shorter decay is ahead of Eq. 10
     searcher.config.schedule_end = 1.0
-    assert [searcher.target_at(p) for p in (0.0, 0.3, 0.6, 1.0)] == eq10
+    assert [searcher.budget.target_at(p) for p in (0.0, 0.3, 0.6, 1.0)] == eq10
 
 
 def test_state_saved_before_schedule_end_existed_resumes_and_another_end_is_refused():
@@ -112,7 +112,7 @@ def test_resource_loss_eq6_and_it_does_not_feed_importance():
     model, x = _resnet20()
     searcher = dms.prepare(model, x, dms.SearchConfig(target=0.5, resource_weight=2.0, settle=0.0))
     model.train()
-    r_c = float(searcher.soft_cost().detach())
+    r_c = float(searcher.costs.soft().detach())
     loss = searcher.resource_loss(progress=1.0)
     assert float(loss) == pytest.approx(2.0 * math.log(r_c / searcher.target_cost), rel=1e-5)
     loss.backward()
@@ -154,7 +154,7 @@ def test_soft_cost_differentiable_in_every_structural_parameter():
     model, x = _resnet20()
     for resource in ("macs", "params"):
         searcher = dms.prepare(model, x, dms.SearchConfig(resource=resource, target=0.5))
-        searcher.soft_cost().backward()
+        searcher.costs.soft().backward()
         for t in _all_topks(searcher):
             assert t.ratio_grad is not None and float(t.ratio_grad) != 0
         dms.detach(model)
@@ -254,7 +254,7 @@ def test_profile_min_counts_the_short_last_unit():
         topk.importance.copy_(torch.tensor([0.0, 0.0, 1.0]))  # the short last unit ranks first
         topk.set_count(1)
     assert searcher.resources()["hard"] == 4 * 2 + 2 * 2
-    assert searcher.profile()["min"] == 4 * 2 + 2 * 2
+    assert searcher.costs.profile()["min"] == 4 * 2 + 2 * 2
     again = dms.prepare(nn.Sequential(nn.Linear(4, 10), nn.ReLU(), nn.Linear(10, 2)), x,
                         dms.SearchConfig(resource="macs", target=12.0, width_step=4))
     assert again.target_cost == pytest.approx(12.0)

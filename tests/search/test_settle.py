@@ -41,31 +41,31 @@ def test_settle_config_validation(kwargs, pattern):
 def test_schedule_decays_before_the_settle_phase_and_holds_in_it():
     s = _prepared(target=0.25, settle=0.4)
     rs, rf = s.supernet_cost, s.target_cost
-    assert s.target_at(0.3) == pytest.approx((rf / rs) ** 0.5 * rs)  # halfway through 0.6 of decay
+    assert s.budget.target_at(0.3) == pytest.approx((rf / rs) ** 0.5 * rs)  # halfway through 0.6 of decay
     for p in (0.6, 0.8, 1.0):
-        assert s.target_at(p) == pytest.approx(rf)
-        assert s.settling(p)
-    assert not s.settling(0.59)
+        assert s.budget.target_at(p) == pytest.approx(rf)
+        assert s.budget.settling(p)
+    assert not s.budget.settling(0.59)
     s.config.schedule_end = 0.3  # the shorter of the two decays wins
-    assert s.target_at(0.3) == pytest.approx(rf)
+    assert s.budget.target_at(0.3) == pytest.approx(rf)
 
 
 def test_structure_lr_scale_is_one_until_the_target_is_reached_then_a_cosine_to_zero():
     s = _prepared(target=0.5, settle=0.4)
     assert s.resource_loss(progress=0.7).requires_grad  # all open: over the target
-    assert s.settled_at is None and not s.gates.depth_frozen
+    assert s.budget.settled_at is None and not s.gates.depth_frozen
     assert [s.structure_lr_scale(p) for p in (0.0, 0.7, 1.0)] == [1.0, 1.0, 1.0]  # too short: full lr
     _set_all(s, 0.6)
     assert s.resources()["hard"] <= s.target_cost
     s.resource_loss(progress=0.8)  # reached at 0.8: from here depth frozen, lr annealed
-    assert s.settled_at == 0.8 and s.gates.depth_frozen
+    assert s.budget.settled_at == 0.8 and s.gates.depth_frozen
     assert s.structure_lr_scale(0.5) == 1.0 and s.structure_lr_scale(0.8) == pytest.approx(1.0)
     assert s.structure_lr_scale(0.9) == pytest.approx(0.5)
     assert s.structure_lr_scale(1.0) == pytest.approx(0.0, abs=1e-12)
     state = s.state_dict()
     again = _prepared(target=0.5, settle=0.4)
     again.load_state_dict(state)
-    assert again.settled_at == 0.8 and again.structure_lr_scale(0.9) == pytest.approx(0.5)
+    assert again.budget.settled_at == 0.8 and again.structure_lr_scale(0.9) == pytest.approx(0.5)
     assert _prepared(target=0.5, settle=0.0).structure_lr_scale(1.0) == 1.0
 
 
@@ -87,8 +87,8 @@ def test_band_loss_is_zero_inside_and_pulls_towards_the_band_from_both_sides():
     loss.backward()
     assert all(float(t.ratio_grad) < 0 for t in s.gates.width)
     assert all(float(t.ratio_grad) < 0 for t in s.gates.depth)  # not at the target yet: depth moves
-    assert not s.gates.depth_frozen and s.settled_at is None
-    assert s.settle_state.weight == pytest.approx(1.1)  # over the band: the weight grows (dual ascent)
+    assert not s.gates.depth_frozen and s.budget.settled_at is None
+    assert s.budget.settle_state.weight == pytest.approx(1.1)  # over the band: the weight grows (dual ascent)
     # below it: log(low / hard), pulls every a down (keep more), where Eq. 6 gives 0
     for p in s.structure_parameters():
         p.grad = None
@@ -97,12 +97,12 @@ def test_band_loss_is_zero_inside_and_pulls_towards_the_band_from_both_sides():
     assert hard < low
     loss = s.resource_loss(progress=0.9)
     assert float(loss) == pytest.approx(1.1 * math.log(low / hard), rel=1e-5)
-    assert s.settle_state.weight == pytest.approx(1.1)  # under it: unchanged
+    assert s.budget.settle_state.weight == pytest.approx(1.1)  # under it: unchanged
     loss.backward()
     grads = [float(t.ratio_grad) for t in s.gates.width]  # 0 for the widths inside removed blocks
     assert all(g >= 0 for g in grads) and sum(g > 0 for g in grads) >= 6
     assert all(t.ratio_grad is None for t in s.gates.depth)  # at the target: depth frozen from here
-    assert s.gates.depth_frozen and s.settled_at == 0.9
+    assert s.gates.depth_frozen and s.budget.settled_at == 0.9
     assert float(s.resource_loss(progress=0.5)) == 0.0  # before the phase: the hinge of Eq. 6
     # inside: no resource gradient at all
     s.meet_target()
@@ -159,15 +159,15 @@ def test_the_loss_alone_lands_in_the_band_where_eq10_to_the_last_step_does_not(t
 def test_settle_weight_grows_while_over_the_band_and_resumes():
     s = _prepared(target=0.5, settle=0.4, resource_weight=2.0)
     losses = [float(s.resource_loss(progress=p)) for p in (0.7, 0.8, 0.9)]  # all open: over the band
-    assert s.settle_state.weight == pytest.approx(2.0 * 1.1 ** 3)
+    assert s.budget.settle_state.weight == pytest.approx(2.0 * 1.1 ** 3)
     s.resource_loss(progress=0.9)  # another micro-batch of the same step: no growth
-    assert s.settle_state.weight == pytest.approx(2.0 * 1.1 ** 3)
+    assert s.budget.settle_state.weight == pytest.approx(2.0 * 1.1 ** 3)
     assert losses[1] == pytest.approx(1.1 * losses[0]) and losses[2] == pytest.approx(1.21 * losses[0])
     again = _prepared(target=0.5, settle=0.4, resource_weight=2.0)
     again.load_state_dict(s.state_dict())
-    assert again.settle_state.weight == pytest.approx(s.settle_state.weight)
-    soft = float(s.soft_cost().detach())  # before the phase: Eq. 6 with the configured weight
-    assert float(s.resource_loss(progress=0.5)) == pytest.approx(2.0 * math.log(soft / s.target_at(0.5)), rel=1e-5)
+    assert again.budget.settle_state.weight == pytest.approx(s.budget.settle_state.weight)
+    soft = float(s.costs.soft().detach())  # before the phase: Eq. 6 with the configured weight
+    assert float(s.resource_loss(progress=0.5)) == pytest.approx(2.0 * math.log(soft / s.budget.target_at(0.5)), rel=1e-5)
 
 
 def test_settle_hold_stops_the_ratios_inside_the_band():
@@ -177,7 +177,7 @@ def test_settle_hold_stops_the_ratios_inside_the_band():
     _set_all(s, 0.6)
     s.resource_loss(progress=0.8)  # landed at 0.8
     s.meet_target()  # the largest structure not over the target: inside [0.98, 1.00]
-    assert s.in_band() and s.structure_lr_scale(0.9) == 0.0
+    assert s.budget.in_band() and s.structure_lr_scale(0.9) == 0.0
     opt = torch.optim.Adam(list(s.structure_parameters()), lr=0.05)
     before = [p.detach().clone() for p in s.structure_parameters()]
     for _ in range(5):
@@ -187,14 +187,14 @@ def test_settle_hold_stops_the_ratios_inside_the_band():
         sum(p.sum() for p in s.structure_parameters()).backward()  # a pull on every ratio
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(before, s.structure_parameters()))
-    assert s.in_band()
+    assert s.budget.in_band()
     _set_all(s, 0.0)  # everything kept: over the band, the cosine again
-    assert not s.in_band() and s.structure_lr_scale(0.9) == pytest.approx(0.5)
+    assert not s.budget.in_band() and s.structure_lr_scale(0.9) == pytest.approx(0.5)
     off = _prepared(target=0.5, settle=0.4, settle_hold=False)
     _set_all(off, 0.6)
     off.resource_loss(progress=0.8)
     off.meet_target()
-    assert off.in_band() and off.structure_lr_scale(0.9) == pytest.approx(0.5)
+    assert off.budget.in_band() and off.structure_lr_scale(0.9) == pytest.approx(0.5)
 
 
 def test_settle_hold_lands_runs_the_anneal_alone_leaves_over_the_band(tmp_path):

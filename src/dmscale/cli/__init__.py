@@ -110,7 +110,7 @@ def _cmd_train(args: argparse.Namespace, command: str) -> int:
         cfg.out = from_rank0(cfg.out)
         pipe = on_all_ranks(lambda: Pipeline(cfg, resume=resume is not None, explicit=set(options)))
         summary = pipe.run()
-    if not pipe.cfg.quiet and main_rank_env():
+    if not pipe.ctx.cfg.quiet and main_rank_env():
         print(format_summary(summary))
     return 0
 

@@ -155,8 +155,8 @@ class PhaseWatch:
         if self.searcher is not None:
             res = self.searcher.resources()
             extra = {"cost_hard": res["hard"], "cost_final": res["target"],
-                     "cost_target": self.searcher.target_at((done - 1) / self.total),
-                     "within_budget": self.searcher.within_budgets()}
+                     "cost_target": self.searcher.budget.target_at((done - 1) / self.total),
+                     "within_budget": self.searcher.budget.within()}
         with torch.no_grad():
             metrics = self.host.evaluate(self.phase, self.model, self.searcher, done, extra=extra)
         if self.keeps_best:

@@ -28,8 +28,8 @@ structure and RNG state, and the same model (or its shard of it).
 Evaluations during a phase (``--eval-every``, the best weights) are :mod:`dmscale.engine.evaluation`;
 a ``host.logger`` (``--logger``) gets each record's scalars (:mod:`dmscale.engine.loggers`).
 
-The loop talks to its run through :class:`LoopHost` (what :class:`dmscale.run.pipeline.Pipeline`
-provides): configuration, task, device, precision, run directory, state and step counter.
+The loop talks to its run through :class:`LoopHost` (a :class:`dmscale.run.context.RunContext`):
+configuration, task, device, precision, run directory, state and step counter.
 
 Example:
     >>> import tempfile, torch
@@ -40,11 +40,11 @@ Example:
     ...                     model="smallcnn", model_args={"width": 4, "blocks": 1},
     ...                     batch_size=32, quiet=True, out=tmp + "/run", precision="bf16")
     ...     pipe = Pipeline(cfg)
-    ...     pipe.rd.path.mkdir(parents=True)
+    ...     pipe.ctx.rd.path.mkdir(parents=True)
     ...     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
     ...     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ...     StepLoop(pipe, "pretrain", model, total=3, optimizers=[opt]).run()
-    ...     pipe.global_step, model[1].weight.dtype
+    ...     StepLoop(pipe.ctx, "pretrain", model, total=3, optimizers=[opt]).run()
+    ...     pipe.ctx.global_step, model[1].weight.dtype
     (3, torch.float32)
 """
 
@@ -74,7 +74,7 @@ MAX_NON_FINITE_STEPS = 3  # a run stops after this many consecutive non-finite l
 
 
 class LoopHost(Protocol):
-    """What a :class:`StepLoop` needs from its run (a :class:`dmscale.run.pipeline.Pipeline`)."""
+    """What a :class:`StepLoop` needs from its run (a :class:`dmscale.run.context.RunContext`)."""
 
     cfg: Any  # RunConfig: batch_size, seed, stop_after, checkpoint_every, compile, quiet
     task: Any  # Task: train_batch, forward, task_loss, batch_metric, steps_per_epoch
@@ -240,7 +240,7 @@ class StepLoop:
         if self.searcher is not None:
             progress = step / self.total if self.phase == "search" else 1.0
             if self.phase == "finish":
-                r_loss = self.searcher.calibrated_resource_loss(cfg.resource_weight)
+                r_loss = self.searcher.budget.calibrated_loss(cfg.resource_weight)
             else:
                 r_loss = self.searcher.resource_loss(progress=progress)
             loss = loss + r_loss
@@ -346,7 +346,7 @@ class StepLoop:
         if self.searcher is not None:
             res = self.searcher.resources()
             record.update(cost_soft=res["soft"], cost_hard=res["hard"],
-                          cost_target=self.searcher.target_at(out.progress),
+                          cost_target=self.searcher.budget.target_at(out.progress),
                           cost_final=res["target"], cost_supernet=res["supernet"])
             text += (f" | {res['resource']} {fmt_count(res['hard'])} "
                      f"(target now {fmt_count(record['cost_target'])}, "

@@ -203,7 +203,7 @@ class DMSTrainerMixin:
             res = self.searcher.resources()
             sup = self.searcher.supernet_cost
             logs = {**logs, **self._dms_log, "dms_cost_soft": res["soft"] / sup,
-                    "dms_cost_hard": res["hard"] / sup, "dms_target_now": self.searcher.target_at(self.progress()) / sup}
+                    "dms_cost_hard": res["hard"] / sup, "dms_target_now": self.searcher.budget.target_at(self.progress()) / sup}
         super().log(logs, *args, **kwargs)  # type: ignore[misc]
 
     def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:

@@ -49,7 +49,7 @@ def inspect_space(cfg: RunConfig) -> dict[str, Any]:
         width = [{"name": d.name, "label": dim_label(d.name, d.producers), "kind": d.kind, "size": d.size,
                   "unit": int(g.step), "layers": len(d.producers)} for d, g in zip(space.width, gates.width)]
         depth = [{"name": d.name, "blocks": len(d.blocks), "min_keep": d.min_keep} for d in space.depth]
-        reach = searcher.profile()
+        reach = searcher.costs.profile()
         target = cfg.budgets[cfg.resource]  # the primary budget's
         counts = dms.count(model, example)
         return {

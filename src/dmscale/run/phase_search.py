@@ -197,7 +197,7 @@ class SearchPhase:
         budget solver when the cost is still over, or under ``budget_band[0]`` x target (a
         budget left unused is capacity the found model could have had)."""
         self._call(self.hooks.finish, searcher)
-        under = searcher.within_budgets  # every budget at or under its target
+        under = searcher.budget.within  # every budget at or under its target
         if ctx.checkpoint_for("finish") is None:
             end = ctx.state["resources_search_end"] = searcher.resources()
             hint = reach_hint(ctx.cfg.structure_lr, ctx.steps(ctx.cfg.epochs), end["hard"] / end["target"])
@@ -205,7 +205,7 @@ class SearchPhase:
                 ctx.state["warnings"].append(hint)
         if ctx.checkpoint_for("finish") is not None or not under():
             self._finish_steps(ctx, model, searcher, teacher, s_opt)
-        if not under() or not searcher.fills_budgets():  # common shift of every ratio, then refill
+        if not under() or not searcher.budget.fills():  # common shift of every ratio, then refill
             self._call(self.hooks.solver, searcher)
             searcher.meet_target()
         moved = posthoc_line(ctx.state.get("resources_search_end"), searcher.resources())
@@ -225,7 +225,7 @@ class SearchPhase:
         for prm in frozen:
             prm.requires_grad_(False)
         try:
-            train(ctx, "finish", model, FINISH_STEPS, [s_opt], [], searcher, teacher, until=searcher.within_budgets)
+            train(ctx, "finish", model, FINISH_STEPS, [s_opt], [], searcher, teacher, until=searcher.budget.within)
         finally:
             for prm in frozen:
                 prm.requires_grad_(True)

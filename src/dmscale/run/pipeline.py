@@ -54,7 +54,7 @@ from dmscale.config.run_config import ConfigError, RunConfig, save_config
 from dmscale.core.distributed import world_size
 from dmscale.core.fused_norms import fusion_state, reset_fusion
 from dmscale.engine.ddp import barrier
-from dmscale.engine.device import Precision, resolve_device, set_threads
+from dmscale.engine.device import resolve_device, set_threads
 from dmscale.engine.loop import MAX_NON_FINITE_STEPS
 from dmscale.engine.rundir import (
     CHECKPOINT_VERSION,
@@ -81,7 +81,6 @@ from dmscale.run.saved_runs import (
     load_weights,
     searcher_from_checkpoint,
 )
-from dmscale.tasks.registry import Task
 
 __all__ = [
     "PHASE_SEED",
@@ -131,64 +130,10 @@ class Pipeline:
         self.phase_objects = build_phases(search_overrides, search_hooks)
         self.results: dict[str, PhaseResult] = {}  # what each phase this process ran did
 
-    # ------------------------------------------------------------------ the context, read here
-    # bench scripts and tests read the run through its pipeline, or drive a StepLoop with it
-    # as the host: each of these is the context's
-    @property
-    def cfg(self) -> RunConfig:
-        return self.ctx.cfg
-
-    @property
-    def task(self) -> Task:
-        return self.ctx.task
-
-    @property
-    def rd(self) -> RunDir:
-        return self.ctx.rd
-
-    @property
-    def device(self) -> torch.device:
-        return self.ctx.device
-
-    @property
-    def precision(self) -> Precision:
-        return self.ctx.precision
-
-    @property
-    def example(self) -> torch.Tensor:
-        return self.ctx.example
-
-    @property
-    def phases(self) -> list[str]:
-        return self.ctx.phases
-
-    @property
-    def state(self) -> dict[str, Any]:
-        return self.ctx.state
-
-    @property
-    def global_step(self) -> int:
-        return self.ctx.global_step
-
-    @global_step.setter
-    def global_step(self, value: int) -> None:
-        self.ctx.global_step = value
-
-    def elapsed(self) -> float:
-        return self.ctx.elapsed()
-
-    def save_state(self, **updates: Any) -> None:
-        self.ctx.save_state(**updates)
-
-    def checkpoint_for(self, phase: str) -> dict[str, Any] | None:
-        return self.ctx.checkpoint_for(phase)
-
-    def evaluate(self, phase: str, model: nn.Module, searcher: Any, step: int,
-                 limit: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, float]:
-        return self.ctx.evaluate(phase, model, searcher, step, limit=limit, extra=extra)
-
-    def _make_searcher(self, model: nn.Module, extra_exclude: list[str]) -> dms.Searcher:
-        """The searcher the run's search phase would build for ``model``."""
+    def make_searcher(self, model: nn.Module, extra_exclude: list[str]) -> dms.Searcher:
+        """The searcher this run's search phase builds for ``model`` (its overrides and hooks
+        included). The run's configuration, task, device, run directory and state are
+        ``self.ctx``'s (:class:`~dmscale.run.context.RunContext`)."""
         search = cast(SearchPhase, self.phase_objects["search"])
         return search.make_searcher(self.ctx, model, extra_exclude)
 

@@ -168,7 +168,7 @@ class Searcher:
         back only while every budget stays at or under its target. Returns :meth:`resources`
         afterwards.
         """
-        self._require_synced("meet_target()")
+        self.importance.require_synced("meet_target()")
         depth = [] if self.gates.depth_frozen else list(self.gates.depth)
         widths = distinct_gates(list(self.gates.width))
         refill = widths if depth and widths else None
@@ -180,13 +180,13 @@ class Searcher:
             solve_budgets(widths, depth, list(self.structure_parameters()),
                           lambda cache=None: self.costs.exact_all("hard", cache=cache),
                           tuple(self.budget.target_costs[r] for r in self.config.budgets), iterations,
-                          self.fills_budgets)
+                          self.budget.fills)
         return self.resources()
 
     @contextlib.contextmanager
     def hardened(self) -> Iterator[nn.Module]:
         """Run the model with 0/1 masks: exactly the function :meth:`export` computes."""
-        self._require_synced("hardened()")
+        self.importance.require_synced("hardened()")
         with self.gates.use("hard"):
             yield self.model
 
@@ -199,8 +199,8 @@ class Searcher:
         Raises :class:`~dmscale.core.errors.NoImportanceError` before any importance exists
         (see :meth:`has_importance`).
         """
-        self._require_synced("structure()")
-        self._require_importance("structure()")
+        self.importance.require_synced("structure()")
+        self.importance.require("structure()")
         with torch.no_grad():
             width_mask, depth_mask = self.costs.masks("hard")
         structure = structure_of(self.model, self.space, width_mask.cpu().numpy() > 0.5,
@@ -220,57 +220,21 @@ class Searcher:
         importance exists yet: train at least one step with the task loss first, or search
         with ``SearchConfig(importance="index")`` to keep elements by position on purpose.
         """
-        self._require_synced("export()")
-        self._require_importance("export()")
+        self.importance.require_synced("export()")
+        self.importance.require("export()")
         structure = self.structure()
         small = export_model(self.model, structure)
         if self.config.verify if verify is None else verify:
             verify_export(self.model, self.example_inputs, self.hardened, structure["layers"], small)
         return small
 
-    # ------------------------------------------------------------------ costs (self.costs)
-    def soft_cost(self, resource: str | None = None) -> torch.Tensor:
-        """r_c of ``resource`` (default: the primary budget's) from the current soft masks
-        (differentiable in every ``a``)."""
-        return self.costs.soft(resource)
-
-    def soft_costs(self) -> dict[str, torch.Tensor]:
-        """r_c of every budget from one set of soft masks (:attr:`SearchConfig.budgets` order)."""
-        return self.costs.soft_all()
-
-    def latency_fit(self) -> dict[str, Any]:
-        """The latency model's fit report (per-layer and pooled relative RMSE, calibration,
-        how the parts add up to the timed model); see ``LatencyCostModel.fit_report``."""
-        return self.costs.latency_fit()
-
-    def profile(self, resource: str | None = None) -> dict[str, float]:
-        """Smallest and largest cost of ``resource`` (default: the primary budget's) this
-        search space can reach."""
-        return self.costs.profile(resource)
-
     # ------------------------------------------------------------------ budget (self.budget)
+    # the calls of the training loop; the rest of the budget (every budget's target and settle
+    # state, r_t at a progress, in band, within, fills) is read on ``searcher.budget``, the
+    # costs (soft, exact, profile, latency fit) on ``searcher.costs``
     target_cost = _delegate("budget", "target_cost", "the primary budget's final target.", settable=True)
     supernet_cost = _delegate("budget", "supernet_cost", "the supernet's cost in the primary budget's "
                               "resource.", settable=True)
-    settle_state = _delegate("budget", "settle_state", "the primary budget's settle state.", settable=True)
-    target_costs = _delegate("budget", "target_costs", "every budget's final target, by resource "
-                             "(:attr:`SearchConfig.budgets` order).")
-    supernet_costs = _delegate("budget", "supernet_costs", "the supernet's cost in every budget's resource.")
-    settle_states = _delegate("budget", "settle_states", "every budget's settle state (band loss weight, "
-                              "when it grew, when it landed).")
-    settled_at = _delegate("budget", "settled_at", "the progress at which the settle phase landed, or None.")
-
-    def target_at(self, progress: float, resource: str | None = None) -> float:
-        """:meth:`Budget.target_at <dmscale.search.budget.Budget.target_at>`: r_t (Eq. 10)."""
-        return self.budget.target_at(progress, resource)
-
-    def settling(self, progress: float) -> bool:
-        """:meth:`Budget.settling <dmscale.search.budget.Budget.settling>`: in the settle phase?"""
-        return self.budget.settling(progress)
-
-    def in_band(self) -> bool:
-        """:meth:`Budget.in_band <dmscale.search.budget.Budget.in_band>`: every exact cost in its band?"""
-        return self.budget.in_band()
 
     def structure_lr_scale(self, progress: float) -> float:
         """:meth:`Budget.structure_lr_scale <dmscale.search.budget.Budget.structure_lr_scale>`:
@@ -280,10 +244,10 @@ class Searcher:
 
     def resource_loss(self, progress: float = 1.0) -> torch.Tensor:
         """``resource_weight * log(r_c / r_t)`` when r_c > r_t, else 0 (Eq. 6); in the settle
-        phase (:meth:`settling`) the band loss of :func:`dmscale.search.settle.band_loss` instead.
+        phase (:meth:`Budget.settling <dmscale.search.budget.Budget.settling>`) the band loss of :func:`dmscale.search.settle.band_loss` instead.
 
         From ``width_only_from`` on, and in the settle phase once the exact cost has reached
-        the target (:attr:`settled_at`), depth masks are frozen at their hard values
+        the target (``searcher.budget.settled_at``), depth masks are frozen at their hard values
         (:meth:`advance`). See :meth:`Budget.loss <dmscale.search.budget.Budget.loss>`.
         """
         self.advance(progress)
@@ -302,24 +266,10 @@ class Searcher:
         for t in self.gates.depth:
             t.a.requires_grad_(not frozen)
 
-    def calibrated_resource_loss(self, weight: float) -> torch.Tensor:
-        """:meth:`Budget.calibrated_loss <dmscale.search.budget.Budget.calibrated_loss>`: the
-        resource loss against the final target on the soft cost scaled by hard / soft (the
-        finish phase's)."""
-        return self.budget.calibrated_loss(weight)
-
     def resources(self) -> dict[str, Any]:
         """:meth:`Budget.resources <dmscale.search.budget.Budget.resources>`: soft and hard cost
         now, final target and supernet cost (with several budgets also per budget)."""
         return self.budget.resources()
-
-    def within_budgets(self) -> bool:
-        """Whether the hard structure's exact cost is at or under every budget's target."""
-        return self.budget.within()
-
-    def fills_budgets(self) -> bool:
-        """Whether the hard structure's exact cost reaches ``budget_band[0]`` x every target."""
-        return self.budget.fills()
 
     # ------------------------------------------------------------------ importance (self.importance)
     def has_importance(self) -> bool:
@@ -350,12 +300,6 @@ class Searcher:
         <dmscale.search.importance_sync.ImportanceSync.use_process_group>`."""
         self.importance.use_process_group(group)
 
-    def _require_synced(self, what: str) -> None:
-        self.importance.require_synced(what)
-
-    def _require_importance(self, what: str) -> None:
-        self.importance.require(what)
-
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: structural parameters and importance (the gates'),
@@ -372,7 +316,7 @@ class Searcher:
             >>> s.load_state_dict(state); s.target_cost == state["target_cost"]
             True
         """
-        self._require_synced("state_dict()")
+        self.importance.require_synced("state_dict()")
         # the resolved align: an auto align on another device would search another space
         return {"gates": {k: v.detach().clone() for k, v in self.gates.state_dict().items()},
                 "config": {**config_state(self.config), "align": self.align},

@@ -186,8 +186,8 @@ def test_inside_a_compiled_model_the_norms_are_part_of_its_graph(aot_eager):
 
 def test_fuse_norms_is_checked_and_reaches_the_gates_and_the_command_line():
     from dmscale.core.errors import ConfigError
-    with pytest.raises(ConfigError, match="fuse_norms must be None"):
-        dms.SearchConfig(fuse_norms="yes")
+    with pytest.raises(ConfigError, match="fuse_norms: expected true or false, got 'sometimes'"):
+        dms.SearchConfig(fuse_norms="sometimes")
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
     s = dms.prepare(net, torch.randn(2, 4), dms.SearchConfig(fuse_norms=False))
     assert s.gates.fuse_norms is False

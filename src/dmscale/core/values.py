@@ -88,8 +88,8 @@ def align_value(value: Any) -> int | None:
     try:
         return positive_int(value)
     except ConfigError:
-        raise ConfigError(f"expected a positive integer (the multiple every searched width keeps, "
-                          f"e.g. 8) or auto, got {value!r}") from None
+        raise ConfigError(f"expected auto (8 on a CUDA device, 1 elsewhere) or an integer >= 1 (the "
+                          f"multiple every searched width keeps, e.g. 8), got {value!r}") from None
 
 
 def integer(value: Any) -> int:

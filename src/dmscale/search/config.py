@@ -16,8 +16,8 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -28,7 +28,7 @@ from dmscale.cost.registry import ResourceName
 from dmscale.core.options import OPTION_KEY, Option, option
 from dmscale.core.topk import GateFactory
 from dmscale.core.values import (align_value, auto_or, boolean, fraction, nonneg_float, open_fraction,
-                                 positive_int, str_list, unit_fraction)
+                                 positive_float, positive_int, str_list, unit_fraction)
 
 __all__ = ["SearchConfig", "COST_FORWARD", "DEPTH_UNITS", "BEFORE_OPTION", "CUDA_ALIGN", "resolve_align"]
 
@@ -41,15 +41,29 @@ BEFORE_OPTION: dict[str, Any] = {"settle": 0.0, "settle_hold": False, "align": 1
 CUDA_ALIGN = 8
 
 
-def _about(text: str) -> dict[str, Any]:
+def _about(text: str, convert: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """The metadata of a field that is not a command-line option: its description (``help``,
-    as an option's)."""
-    return {"help": text}
+    as an option's) and its converter (the one check of its value, as an option's)."""
+    return {"help": text, "convert": convert}
+
+
+def _gate_factory(value: Any) -> GateFactory | None:
+    """None (DMS's DifferentiableTopK) or a callable that builds a StructuralGate."""
+    if value is not None and not callable(value):
+        raise ConfigError(f"expected a callable that builds a StructuralGate (e.g. a gate class), or None "
+                          f"for DMS's DifferentiableTopK; got {value!r}")
+    return value
+
+
+def _converter(f: Field[Any]) -> Callable[[Any], Any] | None:
+    """The converter field ``f`` declares (an option's, or a plain field's), or None."""
+    spec = f.metadata.get(OPTION_KEY, f.metadata)
+    return spec.convert if isinstance(spec, Option) else spec.get("convert")
 
 
 class _Choice:
     """The converter of a choice field: ``choices`` for the parser, and the one check of the
-    value (the command line's and the library's), which names the field in its error."""
+    value (the command line's and the library's)."""
 
     def __init__(self, choices: Sequence[str], message: str) -> None:
         self.choices, self._message = tuple(choices), message
@@ -61,15 +75,13 @@ class _Choice:
         return str(value)
 
 
-_SCHEDULE = _Choice(("exp", "constant"), "schedule must be 'exp' or 'constant', got {value!r}")
-_IMPORTANCE = _Choice(tuple(IMPORTANCE_METRICS),
-                      "unknown importance {value!r}: expected one of {sorted}")
-_COST_FORWARD = _Choice(COST_FORWARD, "cost_forward must be one of {choices}, got {value!r}")
-_DEPTH_UNIT = _Choice(DEPTH_UNITS, "depth_unit must be one of {choices} (a whole residual block, or "
-                      "each residual branch of one: attention and FFN apart), got {value!r}")
-# the fields whose converter is their only check (the command line's and the library's)
-_CONVERTED = {"schedule": _SCHEDULE, "importance": _IMPORTANCE, "cost_forward": _COST_FORWARD,
-              "depth_unit": _DEPTH_UNIT}
+_SCHEDULE = _Choice(("exp", "constant"), "expected 'exp' or 'constant', got {value!r}")
+_IMPORTANCE = _Choice(tuple(IMPORTANCE_METRICS), "unknown importance {value!r}: expected one of {sorted}")
+_COST_FORWARD = _Choice(COST_FORWARD, "expected one of {choices}, got {value!r}")
+_DEPTH_UNIT = _Choice(DEPTH_UNITS, "expected one of {choices} (a whole residual block, or each residual "
+                      "branch of one: attention and FFN apart), got {value!r}")
+# validated together, once, by Budgets.of (SearchConfig._check_budgets)
+_BUDGET_FIELDS = ("resource", "target", "targets", "budget_band")
 
 
 def _search(*, group: str = "search", inspect: bool = False, **kw: Any) -> dict[str, Any]:
@@ -97,7 +109,7 @@ class SearchConfig:
         >>> SearchConfig(align=0)
         Traceback (most recent call last):
         ...
-        dmscale.core.errors.ConfigError: align must be None (auto: 8 on a CUDA device, 1 elsewhere) or an integer >= 1 (every searched width a multiple of it, e.g. 8), got 0
+        dmscale.core.errors.ConfigError: align: expected auto (8 on a CUDA device, 1 elsewhere) or an integer >= 1 (the multiple every searched width keeps, e.g. 8), got 0
         >>> print(SearchConfig.help("normalize"))
         rank-normalise importance (Eq. 2); False is the paper's ablation
     """
@@ -130,11 +142,11 @@ class SearchConfig:
         convert=_IMPORTANCE,
         help="element importance: taylor (Eq. 4, moving average of (m g)^2), snip, fisher, index"))
     normalize: bool = field(default=True, metadata=_about(
-        "rank-normalise importance (Eq. 2); False is the paper's ablation"))
+        "rank-normalise importance (Eq. 2); False is the paper's ablation", boolean))
     width_temperature: float = field(default=1.0, metadata=_about(
-        "lambda = temperature x N of a width dim's top-k (A.1.1)"))
+        "lambda = temperature x N of a width dim's top-k (A.1.1)", positive_float))
     depth_temperature: float = field(default=4.0, metadata=_about(
-        "lambda = temperature x N of a depth dim's (and a head count's) top-k (A.1.1)"))
+        "lambda = temperature x N of a depth dim's (and a head count's) top-k (A.1.1)", positive_float))
     min_width: int = field(default=1, metadata=_search(
         inspect=True, convert=positive_int, metavar="N",
         help="the smallest width any channel dimension may keep (x_min, A.1.1); attention heads and "
@@ -154,7 +166,7 @@ class SearchConfig:
     dim_overrides: dict[str, dict[str, int]] = field(default_factory=dict, metadata=_about(
         "per width-dimension name, {'min': int, 'step': int}; with align, the step of an aligned "
         "dim must be a multiple of it (checked at prepare)"))
-    search_width: bool = field(default=True, metadata=_about("search widths"))
+    search_width: bool = field(default=True, metadata=_about("search widths", boolean))
     search_depth: bool | list[str] = field(default=True, metadata=_about(
         "True: every residual stage found; False: none; a list: those stages"))
     exclude: list[str] = field(default_factory=list, metadata=_search(
@@ -198,7 +210,7 @@ class SearchConfig:
         "self-checks on the example inputs (one extra forward each, tolerance in "
         "dmscale.export.verify): prepare refuses a model whose output changes with all masks open, "
         "export raises when the export does not compute what the hardened supernet computes; both "
-        "name the first layer that diverges"))
+        "name the first layer that diverges", boolean))
     layer_uniform: bool = field(default=False, metadata=_search(
         inspect=True, convert=boolean, flag_kind="flag",
         help="every repeated layer keeps the same count per kind (heads, FFN width, ...), each its "
@@ -208,13 +220,13 @@ class SearchConfig:
         "builds the gate of every width and depth dimension (None: DMS's DifferentiableTopK); for "
         "baselines and ablations, any callable with DifferentiableTopK's signature returning a "
         "StructuralGate (e.g. the paper's baselines MES, SNS and GET); export, exact cost and the "
-        "export check are the same for every gate"))
+        "export check are the same for every gate", _gate_factory))
     fold_masks: bool = field(default=True, metadata=_about(
         "multiply the masks of convolution and linear layers into their weights instead of their "
         "input activations where that is the same function (the same output, mask gradient and "
         "importance; far less memory and work on a GPU, dmscale.core.weight_masks); False: every "
         "mask on the activations, as the paper writes it; does not change what is searched (a "
-        "resume may switch it)"))
+        "resume may switch it)", boolean))
     fuse_norms: bool | None = field(default=None, metadata=_search(
         convert=auto_or(boolean), group="run", metavar="BOOL|auto",
         help="run the search's masked LayerNorms / RMS norms under torch.compile (a few fused kernels "
@@ -282,56 +294,29 @@ class SearchConfig:
         budgets.check(self)
 
     def __post_init__(self) -> None:
-        for name, convert in _CONVERTED.items():
-            setattr(self, name, convert(getattr(self, name)))
+        for f in fields(self):  # every field's one check: its converter (the command line's too)
+            convert = _converter(f)
+            if convert is not None and f.name not in _BUDGET_FIELDS:
+                setattr(self, f.name, _converted(f, convert, getattr(self, f.name)))
         self._check_budgets()
-        if self.resource_weight < 0:
-            raise ConfigError(f"resource_weight must be >= 0, got {self.resource_weight}")
-        if not (isinstance(self.schedule_end, (int, float)) and not isinstance(self.schedule_end, bool)
-                and 0 < self.schedule_end <= 1):
-            raise ConfigError(f"schedule_end must be in (0, 1] (the fraction of the search over which "
-                              f"r_t decays; 1 = the whole search, Eq. 10), got {self.schedule_end!r}")
-        if not (isinstance(self.settle, (int, float)) and not isinstance(self.settle, bool)
-                and 0 <= self.settle < 1):
-            raise ConfigError(f"settle must be in [0, 1) (the last fraction of the search that lands on "
-                              f"the budget; 0 = off), got {self.settle!r}")
-        if not isinstance(self.settle_hold, bool):
-            raise ConfigError(f"settle_hold must be True or False, got {self.settle_hold!r}")
-        if self.min_width < 1:
-            raise ConfigError(f"min_width must be >= 1, got {self.min_width}")
-        if self.width_step < 1:
-            raise ConfigError(f"width_step must be >= 1, got {self.width_step}")
-        if self.align is not None and (isinstance(self.align, bool) or not isinstance(self.align, int)
-                                       or self.align < 1):
-            raise ConfigError(f"align must be None (auto: {CUDA_ALIGN} on a CUDA device, 1 elsewhere) "
-                              "or an integer >= 1 (every searched width a multiple of it, e.g. 8), "
-                              f"got {self.align!r}")
-        if self.width_temperature <= 0 or self.depth_temperature <= 0:
-            raise ConfigError("temperatures must be > 0, got "
-                             f"width={self.width_temperature}, depth={self.depth_temperature}")
-        if self.width_only_from is not None and not 0 <= self.width_only_from <= 1:
-            raise ConfigError(f"width_only_from must be in [0, 1] or None, got {self.width_only_from}")
         if not (self.search_width or self.search_depth):
             raise ConfigError("nothing to search: search_width and search_depth are both off")
-        if not isinstance(self.verify, bool):
-            raise ConfigError(f"verify must be True or False, got {self.verify!r}")
-        if not isinstance(self.fold_masks, bool):
-            raise ConfigError(f"fold_masks must be True or False, got {self.fold_masks!r}")
-        if self.fuse_norms is not None and not isinstance(self.fuse_norms, bool):
-            raise ConfigError(f"fuse_norms must be None (auto: on a CUDA device), True or False, "
-                              f"got {self.fuse_norms!r}")
-        if not isinstance(self.layer_uniform, bool):
-            raise ConfigError(f"layer_uniform must be True or False, got {self.layer_uniform!r}")
-        if self.gate_factory is not None and not callable(self.gate_factory):
-            raise ConfigError(f"gate_factory must be a callable that builds a StructuralGate (e.g. a gate "
-                              f"class), got {self.gate_factory!r}; None uses DMS's DifferentiableTopK")
-        self.exclude = list(self.exclude)
-        for name in ("keep_depth", "keep_width"):
-            if isinstance(getattr(self, name), str):
-                raise ConfigError(f"{name} must be a list of module names, got the string "
-                                  f"{getattr(self, name)!r}: pass [{getattr(self, name)!r}]")
-            setattr(self, name, list(getattr(self, name)))
 
+
+def _converted(f: Field[Any], convert: Callable[[Any], Any], value: Any) -> Any:
+    """``convert(value)``, its error naming field ``f``; None (an option's ``auto``, which a run
+    resolves) only where the field's own default is None."""
+    if value is None and f.default is None:
+        return None
+    try:
+        out = convert(value)
+    except ConfigError as err:
+        raise ConfigError(f"{f.name}: {err}") from None
+    if out is None and f.default is not None:
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        raise ConfigError(f"{f.name}: expected a value (auto is resolved by a dmscale run, not by "
+                          f"SearchConfig), got {value!r}; the default is {default!r}")
+    return out
 
 def resolve_align(align: int | None, device: torch.device | str | None) -> int:
     """The width multiple a search keeps: ``align`` itself, or for None ("auto") what fits

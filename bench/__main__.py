@@ -2,6 +2,7 @@
 
     python -m bench list                  # every table: name, script, cache, outputs, question
     python -m bench table NAME [--check]  # rewrite NAME's md (and plot) from its cache, running nothing
+    python -m bench check                 # table --check of every table with a cache, in this process
     python -m bench run NAME [ARGS...]    # run NAME's script with ARGS (its own flags: --quick, --seeds ...)
 
 ``table --check`` rewrites the outputs, compares them with what was there, puts the old files
@@ -12,7 +13,9 @@ cache gives. The tables and their scripts are listed in :mod:`bench.lib.tables`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import io
 import importlib
 import importlib.util
 import sys
@@ -71,6 +74,20 @@ def _table(name: str, check: bool) -> int:
     return 1 if changed else 0
 
 
+def _check_all() -> int:
+    """``table NAME --check`` for every table with a cache; 1 when any committed md differs."""
+    bad = []
+    for name, t in TABLES.items():
+        if t.rebuild is None:
+            continue
+        with contextlib.redirect_stdout(io.StringIO()):  # the scripts say what they wrote
+            if _table(name, check=True):
+                bad.append(name)
+    print(f"{len(bad)} of {sum(t.rebuild is not None for t in TABLES.values())} tables differ from their "
+          f"cache{': ' + ', '.join(bad) if bad else ''}")
+    return 1 if bad else 0
+
+
 def _results(argv: list[str]) -> int:
     if importlib.util.find_spec("bench.lib.results_doc") is None:
         sys.exit("no bench/lib/results_doc.py: bench/RESULTS.md has no generator in this checkout")
@@ -81,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="every table, its script, cache and outputs")
+    sub.add_parser("check", help="exit 1 when any table with a cache is not what its cache gives")
     tp = sub.add_parser("table", help="rewrite a table from its cache (runs nothing)")
     tp.add_argument("name", choices=list(TABLES), metavar="NAME")
     tp.add_argument("--check", action="store_true", help="exit 1 when the rewritten md differs; keep the old files")
@@ -95,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "list":
         return _list()
+    if args.command == "check":
+        return _check_all()
     if args.command == "table":
         return _table(args.name, args.check)
     importlib.import_module(table(args.name).module).main(args.args)

@@ -113,7 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", nargs="+", choices=sorted(CHOICES),
                     default=["vit_base", "resnet50", "llama", "yolov8n"])
     add_quick_flags(ap, "deploy_traffic", "smoke run: resnet18 at 96 px, under WORKDIR/quick")
+    ap.add_argument("--table-only", action="store_true", help="only rewrite deploy_traffic.md from its cache")
     args = ap.parse_args(argv)
+    if args.table_only:
+        write_md(RESULTS / "deploy_traffic.md", render(load_cache(RESULTS / "deploy_traffic.json")).splitlines())
+        return
     out = RESULTS
     if args.quick:
         out = quick_mode(args, RESULTS)

@@ -13,6 +13,7 @@ many weight steps under the same protocol (``--method original``). The caches ar
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -73,7 +74,8 @@ def row(protocol: str, dms_dir: str, original: str, flags: str) -> tuple[str, di
     return line, {"protocol": protocol, "flags": flags, "ratio": mean, "met": met, "seeds": len(ratios)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     rows = [r for r in (row(*spec) for spec in ROWS) if r is not None]
     lines = [
         "# SmolLM2-135M at 80 % of its parameters against the original finetuned as long (issue 48)",

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -41,7 +40,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-from bench.lib.benchlib import command_line, git_commit, mean_std  # noqa: E402
+from bench.lib.benchlib import command_line, git_commit, host, mean_std  # noqa: E402
 from image_folders import make_image_folder  # noqa: E402
 
 from dmscale.config.run_config import RunConfig  # noqa: E402
@@ -111,16 +110,16 @@ def _n(value: float) -> str:
 
 
 def write_table(rows: list[dict[str, Any]], args: argparse.Namespace, out_dir: Path, argv: list[str] | None,
-                load: float, commit: str, default: int) -> Path:
+                load: float, commit: str, default: int, machine: dict[str, Any]) -> Path:
     lines = [
         "# Image-folder loader throughput vs the training step it feeds", "",
         "Written by `bench/loader_throughput.py` (see its docstring for the protocol). Images/s are",
         "mean ± std over rounds (loader: one epoch per round, its first batch timed apart) or over",
         "timed steps (training: after one warm-up step).", "",
         f"- command: `PYTHONPATH=src:tests {command_line('-m bench.loader_throughput', argv)}`",
-        f"- commit: `{commit}`; machine: {platform.platform()}, {os.cpu_count()} CPUs "
-        f"({len(os.sched_getaffinity(0))} usable, shared with other jobs: load average {load:.1f} at the "
-        f"start), Python {platform.python_version()}, torch {torch.__version__}, {args.threads} torch "
+        f"- commit: `{commit}`; machine: {machine['platform']}, {machine['cpus']} CPUs "
+        f"({machine['usable']} usable, shared with other jobs: load average {load:.1f} at the "
+        f"start), Python {machine['python']}, torch {machine['torch']}, {args.threads} torch "
         f"thread(s) for the training steps; default loader workers here: {default}",
         f"- data: {args.images} JPEGs generated at {args.size} x {args.size} px (quality 90, 2 classes), "
         f"read with the transforms of --model {args.model} at {args.size} px (`{rows[0]['transforms']}`); "
@@ -195,7 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.table_only:
         saved = json.loads(cache.read_text())
         ns = argparse.Namespace(**saved["args"])
-        out = write_table(saved["rows"], ns, out_dir, saved["argv"], saved["load"], saved["commit"], saved["default"])
+        out = write_table(saved["rows"], ns, out_dir, saved["argv"], saved["load"], saved["commit"], saved["default"],
+                          saved["host"])
         print(f"wrote {out}")
         return
     torch.set_num_threads(args.threads)
@@ -226,9 +226,10 @@ def main(argv: list[str] | None = None) -> None:
     print(rows[-1]["what"], _spread(rows[-1]["rate"]), flush=True)
     commit, argv = git_commit(ROOT), sys.argv[1:] if argv is None else argv
     kept = {k: v for k, v in vars(args).items() if k not in ("workdir", "table_only")}
+    machine = host()
     cache.write_text(json.dumps({"args": kept, "argv": argv, "load": load, "commit": commit, "default": default,
-                                 "rows": rows}, indent=1) + "\n")
-    print(f"wrote {write_table(rows, args, out_dir, argv, load, commit, default)}")
+                                 "host": machine, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {write_table(rows, args, out_dir, argv, load, commit, default, machine)}")
 
 
 if __name__ == "__main__":

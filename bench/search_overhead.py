@@ -30,7 +30,6 @@ import argparse
 import copy
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -45,7 +44,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 import dmscale as dms  # noqa: E402
-from bench.lib.benchlib import add_quick_flags, git_commit, load_cache, quick_mode, save_cache, write_md  # noqa: E402
+from bench.lib.benchlib import add_quick_flags, git_commit, host, load_cache, quick_mode, save_cache, write_md  # noqa: E402
 
 __all__ = ["Bench", "BENCHES", "measure_time", "measure_memory", "main"]
 
@@ -258,6 +257,7 @@ def _protocol(args: argparse.Namespace) -> dict[str, int]:
 
 def write_table(cache: dict[str, Any], args: argparse.Namespace) -> Path:
     rows = [cache["rows"][n] for n in BENCHES if n in cache["rows"]]
+    machine = cache.setdefault("host", host())  # the machine the rows were measured on
     methods = sorted({r["mem"][v]["method"] for r in rows for v in ("plain", "dms")})
     lines = [
         "# Cost of the method: a DMS training step vs a plain one (issue 10, table 8)", "",
@@ -276,9 +276,9 @@ def write_table(cache: dict[str, Any], args: argparse.Namespace) -> Path:
         f"- command: `PYTHONPATH=src:tests python bench/search_overhead.py --threads {args.threads} "
         f"--rounds {args.rounds} --batch {args.batch} --mem-steps {args.mem_steps} --models MODEL ...` (one "
         "invocation per model or several; each row is cached in the json)",
-        f"- commits: {', '.join(sorted({'`' + r['commit'] + '`' for r in rows}))}; machine: {platform.platform()}, "
-        f"{os.cpu_count()} CPUs shared with other jobs, Python {platform.python_version()}, torch "
-        f"{torch.__version__}, {args.threads} thread(s); load average (1 min) when each row started: "
+        f"- commits: {', '.join(sorted({'`' + r['commit'] + '`' for r in rows}))}; machine: {machine['platform']}, "
+        f"{machine['cpus']} CPUs shared with other jobs, Python {machine['python']}, torch "
+        f"{machine['torch']}, {args.threads} thread(s); load average (1 min) when each row started: "
         + ", ".join(f"{r['name']} {r['load']:.1f}" for r in rows),
         f"- seeds: model init 0, batch generator 0; {args.rounds} rounds after 2 warm-up steps; one run "
         "(the spread is the per-round q1-q3, not across runs)", "", *_table(rows, args.batch)]

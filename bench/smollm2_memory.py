@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-from bench.lib.benchlib import add_quick_flags, git_commit, quick_mode, save_cache, write_md  # noqa: E402
+from bench.lib.benchlib import add_quick_flags, git_commit, host, quick_mode, save_cache, write_md  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "smollm2_memory"
@@ -89,7 +88,8 @@ def write_table() -> Path:
     lines = ["# Peak memory of a SmolLM2-135M search (issue 9)", "",
              "Command: `python -m bench.smollm2_memory`  ",
              f"Commit: `{rows[0].get('commit', git_commit(ROOT)) if rows else '?'}`; machine: "
-             f"{platform.platform()}, {os.cpu_count()} CPU cores (shared), float32, no GPU.", "",
+             f"{rows[0]['host']['platform'] if rows else '?'}, {rows[0]['host']['cpus'] if rows else '?'} CPU cores "
+             "(shared), float32, no GPU.", "",
              "Each row is a fresh process: `dmscale search --pipeline p --retrain-epochs 0` "
              "(load the GGUF, search, finish, export, evaluate, save `hf/`); peak = max RSS.", "",
              "| configuration | peak RSS | search steps | wall s / step (1 thread, contended) | batch x seq | test tokens |",
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.table:
         CACHE.mkdir(parents=True, exist_ok=True)
         for name in [args.only] if args.only else list(CONFIGS):
-            res = dict(_child(name, args), commit=git_commit(ROOT))
+            res = dict(_child(name, args), commit=git_commit(ROOT), host=host())
             save_cache(CACHE / f"{name}.json", res, sort_keys=False)
     print(write_table().read_text())
 

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "environment", "command_line", "paired_diff", "paired_ci", "ci_text",
+__all__ = ["git_commit", "spread", "mean_std", "widths", "shared_machine", "environment", "host", "command_line", "paired_diff", "paired_ci", "ci_text",
            "record_invocation", "invocations_text", "snapshot_commit", "child_json",
            "pyplot", "save_figure", "load_cache", "save_cache", "save_merged", "locked",
            "RESULTS", "RUNS", "add_quick_flags", "quick_mode", "hand_reading", "kept_reading", "write_md"]
@@ -115,6 +115,21 @@ def environment(threads: int | None = None, device: str = "cpu") -> dict[str, An
         device = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
     return {"machine": f"{os.cpu_count()} CPUs ({platform.machine()})", "device": device,
             "torch": torch.__version__, "threads": threads if threads is not None else torch.get_num_threads()}
+
+
+def host() -> dict[str, Any]:
+    """This machine as a cache stores it beside its measurements (platform, CPUs and the usable
+    ones, Python, torch), so that a table rebuilt from the cache elsewhere names the machine the
+    measurements ran on, not the one that rebuilt it.
+
+    Example:
+        >>> sorted(host())
+        ['cpus', 'platform', 'python', 'torch', 'usable']
+    """
+    import torch
+
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "usable": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(), "torch": torch.__version__}
 
 
 def command_line(script: str, argv: list[str] | None) -> str:

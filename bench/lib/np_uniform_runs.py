@@ -26,13 +26,14 @@ from dmscale.run.pipeline import Pipeline  # noqa: E402
 from dmscale.run.saved_runs import new_supernet  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 
-__all__ = ["ARMS", "run_key", "run_arm", "uniform_source", "baseline", "use_task", "use_width", "dataset_note", "store"]
+__all__ = ["ARMS", "DEFAULT_MODEL", "run_key", "run_arm", "uniform_source", "baseline", "use_task", "use_width", "dataset_note", "store"]
 
 RESULTS = ROOT / "bench" / "results"
 CACHE = RESULTS / "np_uniform.json"
 WORK = RUNS / "np_uniform"
 ARMS = ("uniform", "dms", "dms_expand", "dms_width")
-MODEL = {"task": "digits", "model": "resnet", "model_args": {"width": 8}}
+DEFAULT_MODEL = {"task": "digits", "model": "resnet", "model_args": {"width": 8}}
+MODEL = dict(DEFAULT_MODEL)  # use_task / use_width change it; np_uniform.main starts from the default
 EXPAND = {"width": 1.5, "depth": 2.0}
 # the budget solver's refill (rows without this field ran the earlier one: cheapest unit first)
 SOLVER = "widths offset + offset-order refill"

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from bench.lib.tables import TABLES
+
 __all__ = ["Include", "Section", "SECTIONS", "ROOT", "OUT", "anchor", "tables", "stray_numbers", "generate", "check",
            "main"]
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = "bench/RESULTS.md"
-PY = "PYTHONPATH=src python -m"
+PLOTS = ("python -m bench.results_plots",)  # the plots of several tables, from their caches
 
 
 @dataclass(frozen=True)
@@ -43,25 +45,35 @@ class Include:
 @dataclass(frozen=True)
 class Section:
     """One section of RESULTS.md: its heading (kept: docs link the anchors), the question the
-    table answers, the commands that rebuild its md from the cache, what it includes, its plots,
-    the hand-written files beside it, and the doc_numbers keys it quotes."""
+    table answers, the tables of :mod:`bench.lib.tables` it shows (their rebuild commands come
+    from there), what it includes, its plots, the hand-written files beside it, the doc_numbers
+    keys it quotes, and any other command its files need (``also``: the plots script)."""
     heading: str
     stem: str
     question: str
-    commands: tuple[str, ...]
+    tables: tuple[str, ...]
     include: tuple[Include, ...]
     plots: tuple[str, ...] = ()
     readings: tuple[str, ...] = ()
     numbers: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()
 
+    def commands(self) -> list[str]:
+        """How each of the section's files is rebuilt: ``python -m bench table NAME`` from its
+        cache, or, for a table without one, its rerun."""
+        out = []
+        for name in self.tables:
+            t = TABLES[name]
+            out.append(f"`python -m bench table {name}`" if t.rebuild is not None
+                       else f"no cache: `python -m bench run {name}` reruns it")
+        return out + [f"`{c}`" for c in self.also]
 
 S = Section
 I = Include  # noqa: E741
 SECTIONS: tuple[Section, ...] = (
     S("Table 1: DMS_p- vs the paper's other gradient-based gates (paper Tables 2 and 12)", "gates",
       "DMS's top-k vs the paper's other gradient-based gates, DMS_p-",
-      (f"{PY} bench.gates --table-only", f"{PY} bench.gates --settle 0.4 --table-only",
-       f"{PY} bench.gates --settle 0.4 --settle-hold --table-only"),
+      ("gates", "gates_settle0.4", "gates_settle0.4_hold"),
       (I("gates.md", note="`--settle 0`"), I("gates_settle0.4.md", note="the settle phase annealing alone"),
        I("gates_settle0.4_hold.md", note="the current default, settle + hold")),
       ("gates.png", "gates_settle0.4.png", "gates_settle0.4_hold.png"),
@@ -70,20 +82,12 @@ SECTIONS: tuple[Section, ...] = (
     S("Element importance metrics (paper Table 8, Sec. 5.1)", "importance",
       "DMS_np with the paper's element importance metrics (Taylor, Taylor without moving average, SNIP, "
       "Fisher, static index), retrained from scratch",
-      (f"{PY} bench.importance --table-only",), (I("importance.md"),), ("importance.png",),
+      ("importance",), (I("importance.md"),), ("importance.png",),
       ("importance_reading.md",), ("importance.after", "importance.fisher")),
     S("Table 3 analog: search cost of DMS_p- vs evolutionary search (paper Table 3)", "evolution",
       "CPU cost of DMS_p- vs evolutionary search to the same accuracy",
-      (f"{PY} bench.evolution --table-only",
-       f"{PY} bench.evolution --generations 20 --name evolution_long --table-only",
-       f"{PY} bench.evolution --settle 0.4 --name evolution_settle --table-only",
-       f"{PY} bench.evolution --settle 0.4 --generations 100 --name evolution_settle_long --table-only",
-       f"{PY} bench.evolution --settle 0.4 --settle-hold --generations 100 --max-seconds 1200 "
-       "--name evolution_d20 --table-only",
-       f"{PY} bench.evolution --depth 56 --settle 0.4 --settle-hold --generations 100 --max-seconds 1200 "
-       "--name evolution_d56 --table-only",
-       f"{PY} bench.evolution --depth 56 --settle 0.4 --settle-hold --generations 200 --max-seconds 1200 "
-       "--name evolution_d56_long --table-only"),
+      ("evolution", "evolution_long", "evolution_settle", "evolution_settle_long", "evolution_d20", "evolution_d56",
+       "evolution_d56_long"),
       (I("evolution.md"), I("evolution_long.md"), I("evolution_settle.md"), I("evolution_settle_long.md"),
        I("evolution_d20.md", note="ResNet-20 control"), I("evolution_d56.md", note="ResNet-56"),
        I("evolution_d56_long.md", note="ResNet-56, longer evolution")),
@@ -93,67 +97,63 @@ SECTIONS: tuple[Section, ...] = (
       ("evolution.eq10", "evolution.settle_long", "evolution.d56")),
     S("Issue table 3: DMS_np vs uniform width at equal MACs, retrained from scratch", "np_uniform",
       "DMS_np vs uniform width at equal MACs, same from-scratch training",
-      (f"{PY} bench.np_uniform --table-only", f"{PY} bench.np_uniform --width 4 --table-only",
-       f"{PY} bench.np_uniform --task mnist --train-limit 10000 --search-epochs 5 --retrain-epochs 10 "
-       "--table-only"),
+      ("np_uniform", "np_uniform_w4", "np_uniform_mnist"),
       (I("np_uniform.md", note="digits, width 8"), I("np_uniform_w4.md", (0, 3), note="width 4, with FastNAS"),
        I("np_uniform_mnist.md", note="MNIST")),
       ("np_uniform.png", "np_uniform_w4.png", "np_uniform_mnist.png"), (),
       ("np.expand.t0.25", "np.ceiling", "np.w4")),
     S("The scaling claim (issue 50)", "scaling_claim",
       "DMS_np from `--expand` at the baseline's own MACs vs the hand-designed baseline, both trained from scratch",
-      (f"{PY} bench.scaling_claim --table-only",), (I("scaling_claim.md"),)),
+      ("scaling_claim",), (I("scaling_claim.md"),)),
     S("Table 4: DMS_p vs Torch-Pruning vs uniform width at equal MACs", "peers",
       "DMS_p vs Torch-Pruning vs uniform width vs ModelOpt FastNAS, same finetune",
-      (f"{PY} bench.peers --table-only", f"{PY} bench.results_plots"),
+      ("peers",),
       (I("peers.md", "| method | top-1 after finetune"),), ("peers.png",), ("peers_reading.md",),
-      ("peers.first10", "peers.default", "peers.ceiling", "peers.w4", "peers.fastnas.readme")),
+      ("peers.first10", "peers.default", "peers.ceiling", "peers.w4", "peers.fastnas.readme"), also=PLOTS),
     S("Random-architecture control (issue 50)", "random_control",
       "where DMS's structure ranks among random structures of the same search space at the same MACs, "
       "trained the same way",
-      (f"{PY} bench.random_control --table-only",), (I("random_control.md", "| arm |"),)),
+      ("random_control",), (I("random_control.md", "| arm |"),)),
     S("Structures against FastNAS, diagnosed (issue 56)", "peers_diag",
       "why DMS_p does not lead FastNAS: every arm on one machine's supernets, and the search's trace",
-      (f"{PY} bench.peers --name peers_diag --table-only", f"{PY} bench.search_trace_diag --table-only"),
+      ("peers_diag", "search_trace_diag"),
       (I("peers_diag.md", "| method | top-1 after finetune"), I("search_trace_diag.md", "all")),
       ("search_trace_diag_w4-t0.25.png", "search_trace_diag_w4-t0.5.png"),
       ("peers_diag_reading.md", "search_trace_diag_reading.md", "peers_structure_setting.md"),
       ("diag.w4", "diag.d32", "diag.w8", "diag.r18")),
     S("Table 6: does the resource loss alone land on the budget?", "budget",
       "does the resource loss alone land on the budget?",
-      (f"{PY} bench.budget --table-only", f"{PY} bench.results_plots"), (I("budget.md", "all"),),
-      ("budget.png",), ("budget_reading.md",), ("budget.hold", "budget.others", "budget.gain", "budget.expand")),
+      ("budget",), (I("budget.md", "all"),),
+      ("budget.png",), ("budget_reading.md",), ("budget.hold", "budget.others", "budget.gain", "budget.expand"),
+      also=PLOTS),
     S("Table 16: resource-loss weight x structure learning rate (paper Table 16)", "table16",
       "resource-loss weight x structure lr, over the paper's grid",
-      (f"{PY} bench.table16 --table-only", f"{PY} bench.table16 --name table16_settle --table-only"),
+      ("table16", "table16_settle"),
       (I("table16.md", (0, 1), note="`--settle 0`"), I("table16_settle.md", (0, 1), note="settle + hold")),
       ("table16.png", "table16_settle.png"), (), ("table16.acc", "table16.settle")),
     S("Table 7: the r_t schedule, Eq. 10 over the whole search vs its first 60 % then held", "schedule",
       "r_t decayed over the whole search (the paper's schedule) vs over its first part then held; a width-only phase",
-      (f"{PY} bench.schedule_ablation --table-only",), (I("schedule.md"),), ("schedule.png",)),
+      ("schedule",), (I("schedule.md"),), ("schedule.png",)),
     S("Table 11 analog: YOLOv8n vs DMS_np (generated MNIST detection)", "yolo_table11",
       "DMS_np YOLOv8n vs YOLOv8n vs uniform vs a hand-made P3-only YOLOv8n",
-      (f"{PY} bench.yolo_table11 --train 256 --val 64 --epochs 20 --search-epochs 10 --batch-size 8 "
-       "--augment fliplr=0,mosaic=0 --seeds 0 1 2 3 4 5 6 7 8 9 --table-only", f"{PY} bench.results_plots"),
-      (I("yolo_table11.md"),), ("yolo_table11.png",), (), ("yolo.first", "yolo.default")),
+      ("yolo_table11",),
+      (I("yolo_table11.md"),), ("yolo_table11.png",), (), ("yolo.first", "yolo.default"), also=PLOTS),
     S("Deployment latency at half the MACs (PyTorch and onnxruntime)", "deploy_latency",
       "does half the MACs halve CPU latency?",
-      (f"{PY} bench.deploy_latency --table-only", f"{PY} bench.results_plots"), (I("deploy_latency.md"),),
-      ("deploy_latency.png",), ("deploy_latency_reading.md",), ("deploy.cpu",)),
+      ("deploy_latency",), (I("deploy_latency.md"),),
+      ("deploy_latency.png",), ("deploy_latency_reading.md",), ("deploy.cpu",), also=PLOTS),
     S("Latency model: predicted vs measured CPU latency", "latency",
       "does the fitted latency model predict exports?",
-      ("no cache: `PYTHONPATH=src:tests python -m bench.latency_fit` reruns it (the flags in its md)",),
+      ("latency",),
       (I("latency.md"),)),
     S("Table 8: cost of the method, a DMS training step and its memory vs a plain one", "search_overhead",
       "cost of a DMS training step and its memory vs a plain one",
-      ("PYTHONPATH=src:tests python -m bench.search_overhead --table-only", f"{PY} bench.results_plots"),
+      ("search_overhead",),
       (I("search_overhead.md", (0, 1)),), ("search_overhead.png",), (),
-      ("cpu.step.detail", "cpu.step.commits", "cpu.host", "cpu.proxies")),
+      ("cpu.step.detail", "cpu.step.commits", "cpu.host", "cpu.proxies"), also=PLOTS),
     S("Table 8 on a GPU: the search step and the exports on one NVIDIA H200 (issue 29)", "gpu_check",
       "a DMS step and exports on a GPU, before and after the GPU work, and the CPU proxies of it",
-      ("no cache to rebuild from: `python -m bench.gpu_check` rewrites its md while it runs on a GPU",
-       f"{PY} bench.deploy_latency --device cuda --table-only",
-       "`bench/search_proxies.py`, `bench/host_time.py`: the md is rewritten after each measured row"),
+      ("gpu_check", "gpu_check_compile", "deploy_latency_cuda", "deploy_traffic", "latency_target", "latency_staircase_cuda", "search_proxies", "host_time"),
       (I("gpu_check.md", (0, 1)), I("gpu_check_compile.md", (0,), note="`torch.compile`"),
        I("deploy_latency_cuda.md"), I("deploy_traffic.md"), I("latency_target.md"),
        I("latency_staircase_cuda.md"), I("search_proxies.md", (0, 1)), I("host_time.md")),
@@ -162,19 +162,18 @@ SECTIONS: tuple[Section, ...] = (
        "cpu.host.ratios")),
     S("SmolLM2-135M pruned to 80 % and 50 % of its parameters (DMS_p + distillation)", "smollm2_prune",
       "SmolLM2-135M pruned to two parameter targets with DMS_p and distillation, end to end on a CPU",
-      (f"{PY} bench.smollm2_prune --table", f"{PY} bench.smollm2_memory --table"),
+      ("smollm2_prune", "smollm2_memory"),
       (I("smollm2_prune.md"), I("smollm2_memory.md")), (), ("smollm2_prune_notes.md",)),
     S("Table 7 at CPU scale: SmolLM2-135M, Alpaca finetune, WikiText-2 / PTB / zero-shot (issue 55)", "llm_table7",
       "the paper's LLM protocol at CPU scale: Alpaca finetune with the original as teacher, WikiText-2 / "
       "PTB perplexity and zero-shot accuracy",
-      (f"{PY} bench.llm_table7 --table",), (I("llm_table7.md", (0, 1)),), (), ("llm_table7_notes.md",),
+      ("llm_table7",), (I("llm_table7.md", (0, 1)),), (), ("llm_table7_notes.md",),
       ("llm7.t0.81", "llm7.t0.5")),
     S("Table 5: SmolLM2-135M, DMS_p against LLM pruning baselines at equal weight steps (longer protocol)",
       "llm_table5",
       "SmolLM2-135M: DMS_p vs Torch-Pruning, Minitron-style, LLM-Pruner-style Taylor, L2 magnitude, ShortGPT, "
       "at equal weight steps",
-      (f"{PY} bench.llm_table5 --table", f"{PY} bench.llm_table5 --name llm_table5_long --table",
-       f"{PY} bench.llm_table5 --name llm_table5_hold --table", f"{PY} bench.llm_ratio"),
+      ("llm_table5", "llm_table5_long", "llm_table5_hold", "llm_ratio"),
       (I("llm_table5.md"), I("llm_table5_long.md", note="a longer budget"),
        I("llm_table5_hold.md", note="the current default"), I("llm_ratio.md", note="against the original")),
       ("llm_table5.png", "llm_table5_long.png", "llm_table5_hold.png"),
@@ -182,14 +181,14 @@ SECTIONS: tuple[Section, ...] = (
       ("llm5.t0.8.headline", "llm5.t0.5", "llm5.widths.t0.8", "llm5.hold.t0.8", "llm5.band")),
     S("Table 5 analog, first version: SmolLM2-135M, DMS_p against LLM pruning baselines at equal parameters",
       "llm_baselines", "the short first version of the LLM table: equal parameters and finetune, one seed",
-      (f"{PY} bench.llm_baselines --table", f"{PY} bench.results_plots"), (I("llm_baselines.md"),),
-      ("llm_baselines.png",), ("llm_baselines_notes.md",)),
+      ("llm_baselines",), (I("llm_baselines.md"),),
+      ("llm_baselines.png",), ("llm_baselines_notes.md",), also=PLOTS),
     S("Image-folder loader throughput vs the training step it feeds", "loader_throughput",
       "can the image-folder loader (`--task imagefolder`) feed a training step?",
-      ("PYTHONPATH=src:tests python -m bench.loader_throughput --table-only",), (I("loader_throughput.md"),)),
+      ("loader_throughput",), (I("loader_throughput.md"),)),
     S("llama.cpp speed of a DMS-pruned SmolLM2-135M", "llamacpp_speed",
       "what speed a DMS-pruned SmolLM2-135M gives where it is served (llama.cpp, GGUF, CPU)",
-      (f"{PY} bench.llamacpp_speed --table",), (I("llamacpp_speed.md", "all"),), (),
+      ("llamacpp_speed",), (I("llamacpp_speed.md", "all"),), (),
       ("llamacpp_speed_reading.md",), ("llamacpp.decode.readme",)),
 )
 
@@ -296,8 +295,7 @@ def _section(s: Section, results: Path, dn: ModuleType) -> list[str]:
     if s.plots:
         out += [f"![{s.stem}](results/{s.plots[0]})", ""]
     out += [f"- question: {s.question}"]
-    out += ["- rebuild from the cache: " + "; ".join(c if c.startswith(("no ", "`")) else f"`{c}`"
-                                                     for c in s.commands)]
+    out += ["- rebuild: " + "; ".join(s.commands())]
     out += [f"- tables: {_links(tuple(dict.fromkeys(i.md for i in s.include)))}"]
     if s.plots[1:]:
         out += [f"- plots: {_links(s.plots)}"]

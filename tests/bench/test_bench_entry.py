@@ -30,9 +30,9 @@ def test_every_table_names_a_script_and_its_files() -> None:
         table("no_such_table")
 
 
-def _bench(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def _bench(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bench", *cmd], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})})
 
 
 def test_list_shows_every_table() -> None:
@@ -89,3 +89,18 @@ def test_table_only_keeps_the_machine_its_runs_ran_on(copy: Path) -> None:
 def test_a_table_without_a_cache_is_refused() -> None:
     done = _bench(["table", "latency"], ROOT)
     assert done.returncode != 0 and "no cache" in done.stderr
+
+
+
+def test_every_table_is_what_its_cache_gives(tmp_path: Path) -> None:
+    """``python -m bench check`` on a copy of the bench: every committed md with a cache is what
+    its script writes from it; an altered cached number makes it fail, naming the table."""
+    shutil.copytree(ROOT / "bench", tmp_path / "bench", ignore=lambda d, names: [
+        n for n in names if n in ("__pycache__", "runs", "_baseline")])
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
+    done = _bench(["check"], tmp_path, env)
+    assert done.returncode == 0 and "0 of" in done.stdout, done.stdout + done.stderr[-2000:]
+    cache = tmp_path / "bench" / "results" / "budget.json"
+    cache.write_text(cache.read_text().replace('"acc": 0.', '"acc": 0.0', 1))
+    done = _bench(["check"], tmp_path, env)
+    assert done.returncode == 1 and "1 of" in done.stdout and ": budget" in done.stdout, done.stdout

@@ -6,9 +6,10 @@
 Every table of RESULTS.md is copied here from its per-table md in ``bench/results`` (each written
 by its script from its json cache), between ``<!-- from: FILE, table N -->`` markers, and every
 other number is a ``scripts/doc_numbers.py`` span computed from a json cache. What the sections
-say in prose is plain data below (``SECTIONS``: heading, question, commands, files), free of
-numbers; the hand-written readings that RESULTS.md held before are the ``*_results_reading.md``
-files beside the tables, linked from each section. ``tests/bench/test_results_doc.py`` checks
+say in prose is plain data below (``SECTIONS``: heading, question, the tables of
+:mod:`bench.lib.tables` whose rebuild commands they print, files), free of numbers; the
+hand-written readings that RESULTS.md held before are the ``*_results_reading.md`` files beside
+the tables, linked from each section. ``tests/bench/test_results_doc.py`` checks
 that the committed file is what this module writes, and that a number changed in a cached md or
 json makes the check fail.
 """

@@ -318,6 +318,7 @@ def _converted(f: Field[Any], convert: Callable[[Any], Any], value: Any) -> Any:
                           f"SearchConfig), got {value!r}; the default is {default!r}")
     return out
 
+
 def resolve_align(align: int | None, device: torch.device | str | None) -> int:
     """The width multiple a search keeps: ``align`` itself, or for None ("auto") what fits
     the device the model is on: :data:`CUDA_ALIGN` (8) on CUDA, whose bf16/fp16 tensor cores

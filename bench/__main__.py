@@ -2,7 +2,7 @@
 
     python -m bench list                  # every table: name, script, cache, outputs, question
     python -m bench table NAME [--check]  # rewrite NAME's md (and plot) from its cache, running nothing
-    python -m bench check                 # table --check of every table with a cache, in this process
+    python -m bench check [NAME ...]      # table --check of every table with a cache (or those named), in one process
     python -m bench run NAME [ARGS...]    # run NAME's script with ARGS (its own flags: --quick, --seeds ...)
 
 ``table --check`` rewrites the outputs, compares them with what was there, puts the old files
@@ -74,16 +74,18 @@ def _table(name: str, check: bool) -> int:
     return 1 if changed else 0
 
 
-def _check_all() -> int:
-    """``table NAME --check`` for every table with a cache; 1 when any committed md differs."""
-    bad = []
-    for name, t in TABLES.items():
-        if t.rebuild is None:
-            continue
+def _check_all(names: list[str]) -> int:
+    """``table NAME --check`` for every table with a cache (or each of ``names``); 1 when any
+    committed md differs."""
+    bad, chosen = [], [n for n, t in TABLES.items() if t.rebuild is not None] if not names else names
+    unknown = [n for n in names if n not in TABLES]
+    if unknown:
+        sys.exit(f"no table {', '.join(unknown)}; python -m bench list shows every one")
+    for name in chosen:
         with contextlib.redirect_stdout(io.StringIO()):  # the scripts say what they wrote
             if _table(name, check=True):
                 bad.append(name)
-    print(f"{len(bad)} of {sum(t.rebuild is not None for t in TABLES.values())} tables differ from their "
+    print(f"{len(bad)} of {len(chosen)} tables differ from their "
           f"cache{': ' + ', '.join(bad) if bad else ''}")
     return 1 if bad else 0
 
@@ -98,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="every table, its script, cache and outputs")
-    sub.add_parser("check", help="exit 1 when any table with a cache is not what its cache gives")
+    cp = sub.add_parser("check", help="exit 1 when any table with a cache is not what its cache gives")
+    cp.add_argument("names", nargs="*", metavar="NAME", help="only these tables (default: every one with a cache)")
     tp = sub.add_parser("table", help="rewrite a table from its cache (runs nothing)")
     tp.add_argument("name", choices=list(TABLES), metavar="NAME")
     tp.add_argument("--check", action="store_true", help="exit 1 when the rewritten md differs; keep the old files")
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "list":
         return _list()
     if args.command == "check":
-        return _check_all()
+        return _check_all(args.names)
     if args.command == "table":
         return _table(args.name, args.check)
     importlib.import_module(table(args.name).module).main(args.args)

@@ -102,5 +102,5 @@ def test_every_table_is_what_its_cache_gives(tmp_path: Path) -> None:
     assert done.returncode == 0 and "0 of" in done.stdout, done.stdout + done.stderr[-2000:]
     cache = tmp_path / "bench" / "results" / "budget.json"
     cache.write_text(cache.read_text().replace('"acc": 0.', '"acc": 0.0', 1))
-    done = _bench(["check"], tmp_path, env)
-    assert done.returncode == 1 and "1 of" in done.stdout and ": budget" in done.stdout, done.stdout
+    done = _bench(["check", "budget", "peers"], tmp_path, env)
+    assert done.returncode == 1 and "1 of 2 tables" in done.stdout and ": budget" in done.stdout, done.stdout

@@ -77,10 +77,11 @@ def _table(name: str, check: bool) -> int:
 def _check_all(names: list[str]) -> int:
     """``table NAME --check`` for every table with a cache (or each of ``names``); 1 when any
     committed md differs."""
-    bad, chosen = [], [n for n, t in TABLES.items() if t.rebuild is not None] if not names else names
     unknown = [n for n in names if n not in TABLES]
     if unknown:
         sys.exit(f"no table {', '.join(unknown)}; python -m bench list shows every one")
+    chosen = names or [n for n, t in TABLES.items() if t.rebuild is not None]
+    bad = []
     for name in chosen:
         with contextlib.redirect_stdout(io.StringIO()):  # the scripts say what they wrote
             if _table(name, check=True):

@@ -257,7 +257,7 @@ def _protocol(args: argparse.Namespace) -> dict[str, int]:
 
 def write_table(cache: dict[str, Any], args: argparse.Namespace) -> Path:
     rows = [cache["rows"][n] for n in BENCHES if n in cache["rows"]]
-    machine = cache.setdefault("host", host())  # the machine the rows were measured on
+    machine = cache["host"]  # the machine the rows were measured on
     methods = sorted({r["mem"][v]["method"] for r in rows for v in ("plain", "dms")})
     lines = [
         "# Cost of the method: a DMS training step vs a plain one (issue 10, table 8)", "",
@@ -347,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if cache.get("args") != _protocol(args):  # another protocol: start a new table
         cache = {"args": _protocol(args), "rows": {}}
+    cache.setdefault("host", host())  # where the rows are measured (kept when rows are added)
     for name in args.models:
         if args.memory_only and name in cache["rows"]:
             cache["rows"][name]["mem"] = measure_memory(name, args.batch, args.mem_steps, args.threads)

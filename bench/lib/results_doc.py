@@ -69,6 +69,7 @@ class Section:
                        else f"no cache: `python -m bench run {name}` reruns it")
         return out + [f"`{c}`" for c in self.also]
 
+
 S = Section
 I = Include  # noqa: E741
 SECTIONS: tuple[Section, ...] = (

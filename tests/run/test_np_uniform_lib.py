@@ -137,6 +137,32 @@ def test_table_only_keeps_the_last_invocation_that_ran(tmp_path: Path, monkeypat
     assert json.loads((tmp_path / "np_uniform.json").read_text())["last_command"] == cache["last_command"]
 
 
+def test_a_second_call_in_one_process_starts_from_the_defaults(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``main`` kept the previous call's task and cache: ``--width 4`` after ``--task mnist`` in
+    one process (``python -m bench check``) read np_uniform_mnist.json and wrote
+    np_uniform_mnist_w4.md instead of rewriting np_uniform_w4.md."""
+    import shutil
+
+    from bench import np_uniform
+    from bench.lib import np_uniform_runs as nr
+    from bench.lib import np_uniform_table as nt
+
+    for name in ("np_uniform_mnist.json", "np_uniform_w4.json", "np_uniform_mnist.md"):
+        shutil.copy(ROOT / "bench" / "results" / name, tmp_path / name)
+    committed = (ROOT / "bench" / "results" / "np_uniform_w4.md").read_text()
+    (tmp_path / "np_uniform_w4.md").write_text("stale\n" + committed.split("\n", 1)[1])  # its findings kept
+    for name in ("RESULTS", "CACHE", "WORK", "MODEL"):
+        monkeypatch.setattr(nr, name, getattr(nr, name))
+    nr.RESULTS = tmp_path
+    monkeypatch.setattr(nt, "RESULTS", nt.RESULTS)
+    np_uniform.main(["--task", "mnist", "--train-limit", "10000", "--search-epochs", "5", "--retrain-epochs", "10",
+                     "--table-only"])
+    np_uniform.main(["--width", "4", "--table-only"])
+    assert not (tmp_path / "np_uniform_mnist_w4.md").exists()
+    assert (tmp_path / "np_uniform_w4.md").read_text() == committed
+
+
 def test_fastnas_arm_gets_its_own_section_and_no_search_columns(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``fastnas`` row (bench/np_fastnas.py: no traced search) sits in the main table with "-"

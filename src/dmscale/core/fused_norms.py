@@ -37,7 +37,6 @@ import warnings
 from typing import Any, Callable
 
 import torch
-import torch._functorch.config
 from torch import nn
 
 from dmscale.core.masked_norm import MaskedLayerNorm, MaskedRMSNorm, MaskedRMSRescale
@@ -50,10 +49,6 @@ FUSE_BACKEND: Any = "inductor"  # tests use "aot_eager" (the same graphs, no ker
 # one compiled copy per function and norm configuration (see _fused)
 _compiled: dict[tuple, Callable[..., torch.Tensor]] = {}
 _copies = itertools.count()
-# compile the backward graph with the forward (torch >= 2.10 has the switch), so that its
-# failure is caught below and not raised in the user's loss.backward()
-_EAGER_BACKWARD = ({"force_non_lazy_backward_lowering": True}
-                   if hasattr(torch._functorch.config, "force_non_lazy_backward_lowering") else {})
 _failure: list[str] = []  # the first compilation error: every later call runs eagerly
 
 
@@ -104,8 +99,14 @@ def _fusable(fuse: bool | None, x: torch.Tensor) -> bool:
 def _backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
     """:data:`FUSE_BACKEND`, compiling the backward graph with the forward (dynamo calls it only
     when it compiles: nothing is added to a call that runs compiled code)."""
+    import torch._functorch.config as functorch_config  # (here: importing it imports dynamo, ~1 s)
+
     backend = torch._dynamo.lookup_backend(FUSE_BACKEND) if isinstance(FUSE_BACKEND, str) else FUSE_BACKEND
-    with torch._functorch.config.patch(**_EAGER_BACKWARD):
+    # compile the backward graph with the forward (torch >= 2.10 has the switch), so that its
+    # failure is caught below and not raised in the user's loss.backward()
+    eager_backward = ({"force_non_lazy_backward_lowering": True}
+                      if hasattr(functorch_config, "force_non_lazy_backward_lowering") else {})
+    with functorch_config.patch(**eager_backward):
         return backend(gm, example_inputs)
 
 
@@ -116,8 +117,12 @@ def _own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
     return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
-_DYNAMO_ERRORS = tuple(e for e in (torch._dynamo.exc.TorchDynamoException,  # tracing or the backend failed
-                                   getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None)) if e is not None)
+def _dynamo_errors() -> tuple[type[BaseException], ...]:
+    """What tracing or the backend raise (read when one is raised: dynamo is imported by then,
+    and importing it with this module would add a second to every ``import dmscale``)."""
+    exc = torch._dynamo.exc
+    return tuple(e for e in (exc.TorchDynamoException, getattr(exc, "FailOnRecompileLimitHit", None))
+                 if e is not None)
 
 
 def _bind(fn: Callable[..., torch.Tensor], constants: tuple) -> Callable[..., torch.Tensor]:
@@ -166,7 +171,7 @@ def _fused(name: str, fn: Callable[..., torch.Tensor], args: tuple, fuse: bool |
             # instantiates autograd functions): not the user's concern, errors under -W error
             warnings.filterwarnings("ignore", module=r"torch(\.|$)")
             return compiled(*args)
-    except _DYNAMO_ERRORS as err:  # (not a run error: those propagate)
+    except _dynamo_errors() as err:  # (not a run error: those propagate)
         cause = getattr(err, "inner_exception", None) or err
         first = (str(cause).strip().splitlines() or [""])[0][:200]
         _failure.append(f"{type(cause).__name__}: {first}")

@@ -191,6 +191,19 @@ def per_seed_gaps(arm: Sequence[float], randoms: Sequence[Sequence[float]], best
             "best": [100 * (a - randoms[best][i]) for i, a in enumerate(arm)]}
 
 
+def _gaps(a: torch.Tensor, r: torch.Tensor, stat: str) -> torch.Tensor:
+    """Per draw, ``a``'s mean (draws, seeds) minus the ``stat`` of ``r``'s per-structure means
+    (draws, structures, seeds), in points: the median as :func:`statistics.median` takes it (the
+    mean of the middle two of an even count)."""
+    means = r.mean(dim=2).sort(dim=1).values  # (draws, structures)
+    n = means.shape[1]
+    if stat == "best":
+        pick = means[:, -1]
+    else:
+        pick = means[:, n // 2] if n % 2 else (means[:, n // 2 - 1] + means[:, n // 2]) / 2
+    return 100 * (a.mean(dim=1) - pick)
+
+
 def bootstrap_gap(arm: Sequence[float], randoms: Sequence[Sequence[float]], stat: str = "median",
                   draws: int = 10_000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """``arm``'s mean top-1 minus the ``stat`` ("median" or "best") of the random structures'
@@ -203,20 +216,19 @@ def bootstrap_gap(arm: Sequence[float], randoms: Sequence[Sequence[float]], stat
     """
     if stat not in ("median", "best"):
         raise ValueError(f"stat must be 'median' or 'best', got {stat!r}")
-    pick = statistics.median if stat == "median" else max
     a = torch.tensor(arm, dtype=torch.float64)
     r = torch.tensor(randoms, dtype=torch.float64)  # (structures, seeds)
-
-    def gap(a_: torch.Tensor, r_: torch.Tensor) -> float:
-        return 100 * (float(a_.mean()) - pick(r_.mean(dim=1).tolist()))
-
-    g = torch.Generator().manual_seed(seed)
     n_s, n_seed = r.shape
-    values = []
+    g = torch.Generator().manual_seed(seed)
+    # the draws one at a time, structures then seeds (the generator's order: the intervals of
+    # the committed tables), then every draw's gap at once
+    js, ss = [], []
     for _ in range(draws):
-        js = torch.randint(0, n_s, (n_s,), generator=g)
-        ss = torch.randint(0, n_seed, (n_seed,), generator=g)
-        values.append(gap(a[ss], r[js][:, ss]))
+        js.append(torch.randint(0, n_s, (n_s,), generator=g))
+        ss.append(torch.randint(0, n_seed, (n_seed,), generator=g))
+    j, s = torch.stack(js), torch.stack(ss)  # (draws, structures), (draws, seeds)
+    values = _gaps(a[s], r[j.unsqueeze(2), s.unsqueeze(1)], stat).tolist()
     values.sort()
     tail = (1 - level) / 2
-    return gap(a, r), values[int(tail * draws)], values[min(draws - 1, int((1 - tail) * draws))]
+    gap = float(_gaps(a[None], r[None], stat)[0])
+    return gap, values[int(tail * draws)], values[min(draws - 1, int((1 - tail) * draws))]

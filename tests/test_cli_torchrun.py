@@ -9,6 +9,7 @@ does):
 * ``--stop-after`` then ``--resume`` under torchrun ends with the structure and weights of
   the uninterrupted torchrun run;
 * a second run into the same directory fails with one error message and no hang (``slow``);
+* a stopped run exits cleanly on every rank (once here; four times under ``slow``);
 * ``--shard fsdp`` (FSDP2 instead of DDP) finds the structure and weights of the DDP run, and
   (``slow``) ``--stop-after`` then ``--resume`` under it ends where the uninterrupted run does.
 """
@@ -97,6 +98,7 @@ def test_stop_after_then_resume_under_torchrun(two_ranks: tuple[Path, subprocess
     stopped = torchrun(*ARGS, "--quiet", "--stop-after", "5", "--out", str(out))
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert stopped.stderr.count("stopped after 5 steps") == 1
+    assert "terminate called" not in stopped.stderr  # (the ranks leave together: see the next test)
     assert (out / "checkpoint.pt").is_file() and not (out / "summary.json").exists()
     resumed = torchrun("search", "--resume", str(out), "--quiet")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -106,6 +108,7 @@ def test_stop_after_then_resume_under_torchrun(two_ranks: tuple[Path, subprocess
     assert json.loads((out / "summary.json").read_text())["processes"] == 2
 
 
+@pytest.mark.slow  # four torchrun launches (~30 s); the default run stops once, in the resume test
 def test_a_stopped_torchrun_exits_cleanly_on_every_rank(tmp_path: Path) -> None:
     """Regression: a rank that destroyed the gloo process group while the other still used it
     aborted at exit ("terminate called without an active exception", exit -6) on about 1 stop

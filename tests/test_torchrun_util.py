@@ -23,6 +23,7 @@ parent_waits()
 """
 
 
+@pytest.mark.slow  # waits out its 8 s timeout
 def test_a_hang_fails_with_every_process_stack_and_kills_them(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     with pytest.raises(AssertionError, match="did not finish in 8 s") as info:

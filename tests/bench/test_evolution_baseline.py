@@ -94,6 +94,7 @@ def test_time_guard_stops_early() -> None:
     assert all(b >= a for a, b in zip(result.best_per_generation, result.best_per_generation[1:]))
 
 
+@pytest.mark.slow  # ~20 s on 2 cores; the search, the cache and the table are tested here without it
 def test_quick_smoke_run_writes_its_table_under_the_workdir(tmp_path: Path) -> None:
     """``bench/evolution.py --quick`` (no CPU-second cap) runs end to end and leaves
     bench/results alone; it crashed formatting the missing cap."""

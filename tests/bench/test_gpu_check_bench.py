@@ -119,6 +119,7 @@ def _check_quick(state: dict, md: str, models: list[str]) -> None:
     assert state["impls"]["today"]["commit"] == _git_head()[:7]
 
 
+@pytest.mark.slow  # ~30 s on 2 cores; the plan, the worker and the table code are tested below
 def test_quick_run_measures_both_tables_with_both_implementations(baseline: Path, tmp_path: Path) -> None:
     models = ["vit_b16", "llama_135m"]  # the two transformers: ~30 s on 2 shared cores
     state, md = _quick(baseline, tmp_path, models)

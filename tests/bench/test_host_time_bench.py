@@ -90,6 +90,7 @@ def test_the_per_layer_arm_runs_with_the_fold_batch_off_and_switches_it_back():
         fold_batch.ENABLED = True
 
 
+@pytest.mark.slow  # builds every arm of a ViT-B/16 (~12 s on 2 cores)
 def test_the_per_layer_arm_is_built_only_when_asked_for():
     spec = host_time.TINY_MODELS["vit_b16"]
     assert list(host_time._arms(spec)) == ["plain", "dms", "dms_fused"]

@@ -51,7 +51,8 @@ def test_pretrained_supernet_is_good(pretrained):
     assert _accuracy(model, x_test, y_test) > 0.85
 
 
-@pytest.mark.parametrize(("resource", "target"), [("macs", 0.5), ("macs", 0.25), ("params", 0.5)])
+@pytest.mark.parametrize(("resource", "target"),
+                         [("macs", 0.5), pytest.param("macs", 0.25, marks=pytest.mark.slow), ("params", 0.5)])
 def test_structure_only_search_meets_budget(pretrained, resource, target):
     base, (x_train, y_train, x_test, y_test) = pretrained
     model = copy.deepcopy(base)

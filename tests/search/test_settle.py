@@ -140,6 +140,7 @@ def _search_end(settle: float, seed: int, tmp_path, target: float = 0.5,
     return end["hard"] / end["target"], final["hard"] / final["target"]
 
 
+@pytest.mark.slow  # four searches (~20 s on 2 cores); bench/results/budget.md measures it over 5 seeds
 def test_the_loss_alone_lands_in_the_band_where_eq10_to_the_last_step_does_not(tmp_path):
     """Issue 10, table 6: measured in bench/results/budget.md over 5 seeds x 2 targets. Which
     seeds end outside the band with settle=0 depends on the last bits of the masks, and so on
@@ -197,6 +198,7 @@ def test_settle_hold_stops_the_ratios_inside_the_band():
     assert off.budget.in_band() and off.structure_lr_scale(0.9) == pytest.approx(0.5)
 
 
+@pytest.mark.slow  # a search per candidate seed (~11 s on 2 cores)
 def test_settle_hold_lands_runs_the_anneal_alone_leaves_over_the_band(tmp_path):
     """Issue 10, table 6 at width 8 and 0.25 x MACs: the anneal alone can end a search just over
     the band (it keeps pulling after the structure entered it); holding the structure once inside

@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     CACHE = RESULTS / CACHE.name
     RESULTS.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
-    np_uniform.use_width(WIDTH)
+    np_uniform.use(width=WIDTH)
     if not args.table_only:
         base = np_uniform.baseline()
         machine = f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, {args.threads} thread(s)"

@@ -127,8 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args(argv)
-    if args.width != 8:
-        nu.use_width(args.width)
+    nu.use(width=args.width)
     torch.set_num_threads(args.threads)
     command = command_line("-m bench.np_fastnas", argv)
     if not args.table_only:

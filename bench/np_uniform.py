@@ -70,16 +70,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--train-limit", type=int, default=None,
                    help="train on the first N training images (--train-limit of every search and retrain)")
     args = p.parse_args(argv)
-    nr.WORK = args.workdir
-    nr.RESULTS = results = quick_mode(args, nr.RESULTS, seeds=[0], targets=[0.5], search_epochs=[0.5],
-                                      retrain_epochs=0.5)
-    nr.MODEL, nr.CACHE = dict(nr.DEFAULT_MODEL), results / "np_uniform.json"  # a second call in a process starts over
-    if args.task != "digits":
-        nr.use_task(args.task, args.train_limit)
-    elif args.train_limit is not None:
+    if args.task == "digits" and args.train_limit is not None:
         p.error("--train-limit is for --task mnist (the digits cache holds full-split runs)")
-    if args.width != 8:
-        nr.use_width(args.width)
+    results = quick_mode(args, nr.RESULTS, seeds=[0], targets=[0.5], search_epochs=[0.5], retrain_epochs=0.5)
+    nr.use(args.task, args.width, args.train_limit, results, args.workdir)
     torch.set_num_threads(args.threads)
     results.mkdir(parents=True, exist_ok=True)
     machine = (f"{os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__}, "

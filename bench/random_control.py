@@ -122,8 +122,7 @@ def _train_missing(runs: dict[str, Any], structures: dict[str, dict[str, Any]], 
 def run_np(width: int, target: float, seeds: list[int], n_dms: int, threads: int, work: Path,
            runs: dict[str, Any], store: Callable[[str, dict[str, Any]], None], sampler: dict[str, Any]) -> None:
     """Every missing run of the np setting (each ``store``d at once)."""
-    if width != 8:
-        nu.use_width(width)
+    nu.use(width=width)
     nu.WORK = work / "np" / f"w{width}"
     base = nu.baseline()
     s_ep, r_ep = NP["search_epochs"], NP["retrain_epochs"]

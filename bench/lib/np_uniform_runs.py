@@ -26,33 +26,36 @@ from dmscale.run.pipeline import Pipeline  # noqa: E402
 from dmscale.run.saved_runs import new_supernet  # noqa: E402
 from dmscale.tasks.registry import build_task  # noqa: E402
 
-__all__ = ["ARMS", "DEFAULT_MODEL", "run_key", "run_arm", "uniform_source", "baseline", "use_task", "use_width", "dataset_note", "store"]
+__all__ = ["ARMS", "DEFAULT_MODEL", "run_key", "run_arm", "uniform_source", "baseline", "use", "dataset_note", "store"]
 
 RESULTS = ROOT / "bench" / "results"
-CACHE = RESULTS / "np_uniform.json"
+CACHE = RESULTS / "np_uniform.json"  # CACHE, WORK, MODEL: what use() sets
 WORK = RUNS / "np_uniform"
 ARMS = ("uniform", "dms", "dms_expand", "dms_width")
 DEFAULT_MODEL = {"task": "digits", "model": "resnet", "model_args": {"width": 8}}
-MODEL = dict(DEFAULT_MODEL)  # use_task / use_width change it; np_uniform.main starts from the default
+MODEL = dict(DEFAULT_MODEL)
 EXPAND = {"width": 1.5, "depth": 2.0}
 # the budget solver's refill (rows without this field ran the earlier one: cheapest unit first)
 SOLVER = "widths offset + offset-order refill"
 
 
-def use_task(task: str, train_limit: int | None) -> None:
-    """Point the model, cache and run directories at ``task`` (the digits keep the defaults)."""
+def use(task: str = "digits", width: int = 8, train_limit: int | None = None,
+        results: Path | None = None, work: Path = RUNS / "np_uniform") -> None:
+    """Point the model, the cache and the run directories at a ResNet-20 of base ``width`` on
+    ``task``, from the defaults (not from what an earlier call set: several scripts share this
+    module in one process, ``python -m bench check``). The digits at width 8 are
+    ``np_uniform.json`` in ``results`` (None: :data:`RESULTS`) and runs under ``work``; another
+    task or width adds ``_TASK`` / ``_wWIDTH`` to the cache's name and ``TASK/`` / ``wWIDTH/``
+    to the run directories (tests/run/test_np_uniform_lib.py)."""
     global MODEL, CACHE, WORK
-    MODEL = {**MODEL, "task": task, "train_limit": train_limit}
-    CACHE = RESULTS / f"np_uniform_{task}.json"
-    WORK = WORK / task
-
-
-def use_width(width: int) -> None:
-    """ResNet-20 of another base width (its own cache, run directories and table)."""
-    global MODEL, CACHE, WORK
-    MODEL = {**MODEL, "model_args": {"width": width}}
-    CACHE = CACHE.with_name(CACHE.stem + f"_w{width}.json")
-    WORK = WORK / f"w{width}"
+    results = RESULTS if results is None else results
+    MODEL, CACHE, WORK = dict(DEFAULT_MODEL), results / "np_uniform.json", work
+    if task != "digits":
+        MODEL.update(task=task, train_limit=train_limit)
+        CACHE, WORK = results / f"np_uniform_{task}.json", work / task
+    if width != 8:
+        MODEL["model_args"] = {"width": width}
+        CACHE, WORK = CACHE.with_name(f"{CACHE.stem}_w{width}.json"), WORK / f"w{width}"
 
 
 def dataset_note(task: str, train_limit: int | None) -> str:

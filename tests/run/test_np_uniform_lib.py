@@ -99,6 +99,22 @@ def test_plot_and_paired_intervals_from_the_committed_cache(tmp_path: Path, monk
     assert dms_rows and "], p = " in dms_rows[0]
 
 
+def test_use_starts_from_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``use`` composed its changes with the previous call's (``use_task`` then ``use_width``):
+    np_fastnas, random_control and importance share the module in ``python -m bench check``."""
+    from bench.lib import np_uniform_runs as nr
+
+    for name in ("CACHE", "WORK", "MODEL"):
+        monkeypatch.setattr(nr, name, getattr(nr, name))
+    nr.use("mnist", 4, 1000, Path("r"), Path("w"))
+    assert (nr.CACHE.as_posix(), nr.WORK.as_posix()) == ("r/np_uniform_mnist_w4.json", "w/mnist/w4")
+    assert nr.MODEL == {**nr.DEFAULT_MODEL, "task": "mnist", "train_limit": 1000, "model_args": {"width": 4}}
+    nr.use(width=4)
+    assert nr.CACHE == nr.RESULTS / "np_uniform_w4.json" and nr.MODEL["task"] == "digits"
+    nr.use()
+    assert nr.CACHE == nr.RESULTS / "np_uniform.json" and nr.MODEL == nr.DEFAULT_MODEL
+
+
 def test_table_of_another_width_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``np_uniform.py --width 4`` keeps its own cache and table, and the table says which
     ResNet-20 it measured (a target of 1.0 is the baseline itself, its accuracy ceiling)."""
@@ -108,7 +124,7 @@ def test_table_of_another_width_names_it(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(nr, "CACHE", nr.CACHE)
     monkeypatch.setattr(nr, "WORK", nr.WORK)
     monkeypatch.setattr(nr, "MODEL", nr.MODEL)
-    nr.use_width(4)
+    nr.use(width=4)
     assert nr.CACHE.name == "np_uniform_w4.json" and nr.MODEL["model_args"] == {"width": 4}
     assert nr.WORK.name == "w4"
     cache = json.loads((ROOT / "bench" / "results" / "np_uniform.json").read_text())

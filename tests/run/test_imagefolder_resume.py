@@ -75,6 +75,7 @@ def test_shards_stop_then_resume_end_as_the_folder_run(args: list[str], uninterr
         assert json.loads((tmp_path / "m.json").read_text())["examples"] == n
 
 
+@pytest.mark.slow  # ~11 s on 2 cores; the default run stops and resumes with workers in the next test
 def test_sigkill_with_running_workers_then_resume(args: list[str], uninterrupted: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")

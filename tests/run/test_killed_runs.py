@@ -131,7 +131,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(uninterrupted:
     _assert_same_result(out, uninterrupted)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])  # one handler
 def test_sigterm_and_sigint_stop_with_a_checkpoint(sig: int, uninterrupted: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = _start(out)

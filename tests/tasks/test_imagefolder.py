@@ -168,6 +168,7 @@ _PEAK = textwrap.dedent("""
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status; ru_maxrss in KiB")
+@pytest.mark.slow  # four training processes over two image folders (~10 s on 2 cores)
 def test_peak_memory_does_not_grow_with_the_data_set(tmp_path: Path) -> None:
     """Peak RSS of 4 training steps and a full evaluation on N and on 4N images (96 x 96 crops),
     training process and loader workers, over the RSS with torch, the libraries and the model
